@@ -1,0 +1,268 @@
+//! The backend seam: the [`LeaseBackend`] trait with the four verbs every
+//! coordination backend offers (campaign, renew, resign, watch), the values
+//! they exchange ([`Term`], [`Holder`], [`Campaign`], [`Renewal`]) and the
+//! shared [`BackendError`].
+//!
+//! Invariant: backends never sleep, never spawn tasks and never decide when to
+//! call themselves. The [`crate::elector::Elector`] owns all timing, wraps
+//! every call in a timeout and applies the safety rule.
+
+pub mod etcd;
+pub mod memory;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+/// The candidate that holds an election's key, as a backend last observed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder identity stored in the key (a Pod name, usually).
+    pub identity: String,
+    /// The fencing token of the holder's term (etcd: the key's `create_revision`).
+    pub fencing_token: u64,
+    /// Opaque per-term id used to decide ownership and to follow the term
+    /// (etcd: the lease id in hex). Never compared with an identity.
+    pub term_id: String,
+    /// Backend position of this observation; a watch reports changes after it
+    /// (etcd: the header revision of the read).
+    pub revision: i64,
+    /// How long the backend will keep the key without a renewal, when the
+    /// backend knows it cheaply (Redis `PTTL`); `None` when a watch reports the
+    /// end of the term exactly (etcd).
+    pub expires_in: Option<Duration>,
+}
+
+/// One term held by this candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Term {
+    /// This candidate as the holder of the key; `holder.term_id` proves ownership.
+    pub holder: Holder,
+    /// The lease TTL the backend actually granted (etcd raises small TTLs to
+    /// its minimum and counts in whole seconds).
+    pub ttl: Duration,
+}
+
+/// What one campaign attempt found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Campaign {
+    /// The key was free and the previous term over: this candidate now leads.
+    Elected(Term),
+    /// Another term (possibly an earlier process of this same identity) holds the key.
+    Following(Holder),
+    /// The key is gone but the previous holder's term has not ended yet (its
+    /// lease is still alive, e.g. the key was deleted by hand). Campaign again
+    /// after `retry_after`.
+    Waiting {
+        /// The previous holder whose term is still running.
+        previous: Holder,
+        /// Remaining lifetime of the previous term, as the backend reports it.
+        retry_after: Duration,
+    },
+}
+
+/// Why a term ended without this candidate resigning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// The backend reports the lease as gone (etcd keep-alive TTL <= 0).
+    LeaseExpired,
+    /// The key no longer exists.
+    KeyDeleted,
+    /// The key now belongs to another term.
+    KeyOverwritten,
+}
+
+impl LostReason {
+    /// A short label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::LeaseExpired => "lease_expired",
+            LostReason::KeyDeleted => "key_deleted",
+            LostReason::KeyOverwritten => "key_overwritten",
+        }
+    }
+}
+
+/// The answer to a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease was extended; the backend keeps the key for `ttl` from when it
+    /// received the request.
+    Renewed {
+        /// The TTL the backend reports after the renewal.
+        ttl: Duration,
+    },
+    /// The term is over; it must not be re-created.
+    Lost(LostReason),
+}
+
+/// Errors of any backend call. `Display` describes what failed; the cause is
+/// in `source()`; [`BackendError::hint`] says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend could not be reached (connection refused, reset, DNS).
+    #[error("cannot reach {backend} at {endpoints}")]
+    Unreachable {
+        /// Backend name (`etcd`, `redis`).
+        backend: &'static str,
+        /// The configured endpoints, comma-separated.
+        endpoints: String,
+        /// The transport error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The TLS handshake failed (unknown CA, bad certificate, name mismatch).
+    #[error("TLS handshake with {backend} at {endpoints} failed")]
+    Tls {
+        /// Backend name.
+        backend: &'static str,
+        /// The configured endpoints.
+        endpoints: String,
+        /// The TLS error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The backend rejected our credentials or permissions.
+    #[error("{backend} rejected the credentials or permissions")]
+    Auth {
+        /// Backend name.
+        backend: &'static str,
+        /// The server's answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A call did not finish within its deadline.
+    #[error("{backend} {call} timed out after {timeout_ms} ms")]
+    Timeout {
+        /// Backend name.
+        backend: &'static str,
+        /// The verb that timed out (`campaign`, `renew`, `resign`).
+        call: &'static str,
+        /// The deadline in milliseconds.
+        timeout_ms: u64,
+    },
+    /// A watch ended on the server's side (cancelled, or its revision compacted).
+    #[error("{backend} watch ended: {reason}")]
+    WatchEnded {
+        /// Backend name.
+        backend: &'static str,
+        /// What the server said.
+        reason: String,
+    },
+    /// The backend answered with an error not covered above.
+    #[error("{backend} answered an error")]
+    Server {
+        /// Backend name.
+        backend: &'static str,
+        /// The error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl BackendError {
+    /// A short, stable label for the `reason` label of failure metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BackendError::Unreachable { .. } => "unreachable",
+            BackendError::Tls { .. } => "tls",
+            BackendError::Auth { .. } => "auth",
+            BackendError::Timeout { .. } => "timeout",
+            BackendError::WatchEnded { .. } => "watch_ended",
+            BackendError::Server { .. } => "server",
+        }
+    }
+
+    /// Whether trying again can help without a change of configuration.
+    /// TLS and auth failures are retried anyway (a certificate or a user may be
+    /// fixed while we run), but they are reported as configuration problems.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, BackendError::Tls { .. } | BackendError::Auth { .. })
+    }
+
+    /// What an operator should do about this error.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            BackendError::Unreachable { .. } => {
+                "check that the backend runs and that the endpoints are right; retrying with backoff"
+            }
+            BackendError::Tls { .. } => {
+                "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates"
+            }
+            BackendError::Auth { .. } => {
+                "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix"
+            }
+            BackendError::Timeout { .. } => {
+                "the backend is slow or the network drops packets; retrying with backoff"
+            }
+            BackendError::WatchEnded { .. } => "re-reading the key and watching again",
+            BackendError::Server { .. } => "retrying with backoff",
+        }
+    }
+
+    /// The whole error as one line: this layer, its causes, and the hint.
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            out.push_str(": ");
+            out.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        out.push_str(" (hint: ");
+        out.push_str(self.hint());
+        out.push(')');
+        out
+    }
+}
+
+/// Shorthand for backend results.
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// A coordination backend for one election key.
+///
+/// Implementations are cheap to call concurrently through `&self` but the
+/// Elector calls `campaign`, `renew` and `resign` one at a time; `watch` may
+/// run concurrently with them.
+#[async_trait]
+pub trait LeaseBackend: Send + Sync {
+    /// The backend's name for logs, metrics and `/leader` (`etcd`, `redis`, `memory`).
+    fn name(&self) -> &'static str;
+
+    /// Try once to take the election key for a new term of `identity` with a
+    /// lease of `ttl` (the backend may grant a longer TTL; the granted one is in
+    /// the returned [`Term`]). `previous` is the holder this candidate last saw;
+    /// the backend does not start a new term while that holder's term is still
+    /// alive, even if its key is gone.
+    ///
+    /// # Errors
+    /// Any [`BackendError`]; nothing is held when an error is returned.
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<Campaign>;
+
+    /// Extend the lease of `term` once. Never re-creates a key that is gone.
+    ///
+    /// # Errors
+    /// Any [`BackendError`]; the term's state is then unknown.
+    async fn renew(&self, term: &Term) -> Result<Renewal>;
+
+    /// End `term` now (etcd: revoke the lease, which deletes the key), so a
+    /// follower can take over at once. Ending a term that is already over is not
+    /// an error.
+    ///
+    /// # Errors
+    /// Any [`BackendError`]; the term then ends by TTL.
+    async fn resign(&self, term: &Term) -> Result<()>;
+
+    /// Resolve when the key changes after `seen` (deleted, or taken by a term
+    /// other than `seen`'s). Pending forever while nothing changes.
+    ///
+    /// # Errors
+    /// [`BackendError::WatchEnded`] when the server cancels the watch, or a
+    /// transport error; the caller reads the key again.
+    async fn watch(&self, seen: &Holder) -> Result<()>;
+}

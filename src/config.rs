@@ -1,0 +1,517 @@
+//! Command line and environment (DESIGN.md, "CLI contract"): clap derive with
+//! `env =` on every flag, and the cross-field validation that turns a [`Cli`]
+//! into a checked [`Config`].
+//!
+//! Invariant: every value the rest of the program sees has been validated
+//! here; a bad value is reported with the flag's name, what is allowed, and a
+//! hint, and `main` exits with code 2.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, ValueEnum};
+
+use crate::backend::etcd::EtcdOptions;
+use crate::elector::ElectorConfig;
+
+/// `leader-elector`: one active replica at a time for a singleton workload.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "leader-elector", version, about, long_about = None)]
+pub struct Cli {
+    /// Name of the election; candidates with the same name compete for one leadership.
+    #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
+    pub election: String,
+
+    /// Holder identity of this candidate [default: $POD_NAME, else the host name].
+    #[arg(
+        long,
+        visible_alias = "id",
+        env = "LEADER_ELECTOR_IDENTITY",
+        value_name = "ID"
+    )]
+    pub identity: Option<String>,
+
+    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "LEADER_ELECTOR_BACKEND"
+    )]
+    pub backend: BackendKind,
+
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Lease TTL: how long the backend keeps the key without a renewal (e.g. 15s).
+    #[arg(long, visible_alias = "ttl", default_value = "15s", env = "LEADER_ELECTOR_LEASE_DURATION", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_duration: Duration,
+
+    /// How often the leader renews its lease [default: a third of --lease-duration].
+    #[arg(long, env = "LEADER_ELECTOR_RENEW_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    pub renew_interval: Option<Duration>,
+
+    /// Longest wait between attempts after a backend error (capped, jittered backoff).
+    #[arg(long, default_value = "2s", env = "LEADER_ELECTOR_RETRY_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
+    pub retry_period: Duration,
+
+    /// Safety margin subtracted from each lease's validity [default: max(1% of TTL, 2 x renew round trip, 50ms)].
+    #[arg(long, env = "LEADER_ELECTOR_DRIFT_MARGIN", value_parser = parse_duration, value_name = "DURATION")]
+    pub drift_margin: Option<Duration>,
+
+    /// Address of the read-only HTTP API (/leader, /healthz, /readyz, /metrics).
+    #[arg(long, visible_alias = "http", default_value = "0.0.0.0:4040", env = "LEADER_ELECTOR_HTTP_ADDR", value_parser = parse_addr, value_name = "HOST:PORT")]
+    pub http_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "LEADER_ELECTOR_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing EnvFilter syntax), e.g. info or leader_elector=debug.
+    #[arg(
+        long,
+        default_value = "info",
+        env = "LEADER_ELECTOR_LOG_LEVEL",
+        value_name = "FILTER"
+    )]
+    pub log_level: String,
+}
+
+/// The etcd flags.
+#[derive(Args, Debug, Clone)]
+pub struct EtcdArgs {
+    /// etcd client URLs, comma-separated (http://host:port or https://host:port).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_ENDPOINTS", value_delimiter = ',', value_parser = parse_endpoint, value_name = "URL[,URL...]")]
+    pub etcd_endpoints: Vec<String>,
+
+    /// Key prefix; the election key is <prefix><election>.
+    #[arg(
+        long,
+        default_value = "/leader-elector/",
+        env = "LEADER_ELECTOR_ETCD_PREFIX",
+        value_name = "PREFIX"
+    )]
+    pub etcd_prefix: String,
+
+    /// PEM file of the CA that signed etcd's server certificates (turns on TLS; endpoints must be https://).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_CA_FILE", value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --etcd-key-file).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_CERT_FILE", value_name = "FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --etcd-cert-file.
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_KEY_FILE", value_name = "FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+
+    /// etcd user name (etcd auth; with --etcd-password-file).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_USERNAME", value_name = "USER")]
+    pub etcd_username: Option<String>,
+
+    /// File holding the etcd password (its first line), so it is not in the process list.
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_PASSWORD_FILE", value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+/// Backend selection (`--backend`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// etcd when --etcd-endpoints is given.
+    Auto,
+    /// etcd (--etcd-endpoints).
+    Etcd,
+}
+
+/// Log output format (`--log-format`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A configuration error: the flag at fault and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    /// The whole message, naming the flag and the fix.
+    pub message: String,
+}
+
+fn config_error(message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        message: message.into(),
+    }
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Timing and identity of the Elector.
+    pub elector: ElectorConfig,
+    /// The backend to use, with its connection settings.
+    pub backend: BackendConfig,
+    /// Address of the read-only API.
+    pub http_addr: SocketAddr,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log_level: String,
+}
+
+/// The chosen backend, decided once at start-up.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// etcd: the election key and how to connect.
+    Etcd {
+        /// `<prefix><election>`.
+        key: String,
+        /// Connection settings.
+        options: EtcdOptions,
+    },
+}
+
+/// Parse a humantime duration (`15s`, `500ms`, `1m30s`).
+///
+/// # Errors
+/// A message with the value and an example.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e}; use a duration such as 15s, 500ms or 1m30s"))
+}
+
+/// Parse `host:port`, `:port` (all interfaces) or `localhost:port`.
+///
+/// # Errors
+/// A message with the value and an example.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    let text = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    match text.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("{s} resolves to no address")),
+        Err(_) => Err(format!(
+            "{s} is not a listen address; use HOST:PORT such as 0.0.0.0:4040 or 127.0.0.1:4040"
+        )),
+    }
+}
+
+/// Check one etcd endpoint: `http://host:port` or `https://host:port`.
+///
+/// # Errors
+/// A message with the value and an example.
+pub fn parse_endpoint(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let uri: axum::http::Uri = s.parse().map_err(|_| {
+        format!("{s} is not a URL; use http://HOST:PORT, e.g. http://127.0.0.1:2379")
+    })?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => {
+            return Err(format!(
+                "{s} needs the scheme http:// or https://, e.g. http://127.0.0.1:2379"
+            ));
+        }
+    }
+    let has_port = uri.authority().and_then(|a| a.port_u16()).is_some();
+    if !has_port || !matches!(uri.path(), "" | "/") {
+        return Err(format!(
+            "{s} must be http(s)://HOST:PORT with a port and no path, e.g. http://127.0.0.1:2379"
+        ));
+    }
+    Ok(s.trim_end_matches('/').to_owned())
+}
+
+fn read_file(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| {
+        config_error(format!(
+            "{flag} ({}) cannot be read: {e}\nhint: give the path of a readable file",
+            path.display()
+        ))
+    })
+}
+
+/// The default identity: `POD_NAME`, else the host name.
+fn default_identity() -> Option<String> {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| gethostname::gethostname().into_string().ok())
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// Longest accepted election name, in bytes.
+pub const MAX_ELECTION_LEN: usize = 128;
+
+fn check_election(name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(config_error(
+            "--election must not be empty\nhint: name the singleton, e.g. --election billing-scheduler",
+        ));
+    }
+    if name.len() > MAX_ELECTION_LEN
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(config_error(format!(
+            "--election ({name}) may hold only letters, digits, '-', '_' and '.', at most {MAX_ELECTION_LEN} characters"
+        )));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Validate `cli` and read the files it names.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag at fault and the fix.
+    pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
+        check_election(&cli.election)?;
+        let identity = match cli.identity {
+            Some(id) if id.trim().is_empty() => {
+                return Err(config_error(
+                    "--identity must not be empty\nhint: leave it out to use $POD_NAME or the host name",
+                ));
+            }
+            Some(id) => id,
+            None => default_identity().ok_or_else(|| {
+                config_error("--identity is not set and neither $POD_NAME nor the host name is available\nhint: pass --identity")
+            })?,
+        };
+        if cli.lease_duration < Duration::from_secs(1) {
+            return Err(config_error(format!(
+                "--lease-duration ({}) must be at least 1s",
+                humantime::format_duration(cli.lease_duration)
+            )));
+        }
+        let renew_interval = cli.renew_interval.unwrap_or(cli.lease_duration / 3);
+        if cli.retry_period.is_zero() {
+            return Err(config_error("--retry-period must be greater than 0"));
+        }
+        let elector = ElectorConfig {
+            election: cli.election.clone(),
+            identity,
+            lease_duration: cli.lease_duration,
+            renew_interval,
+            retry_period: cli.retry_period,
+            drift_margin: cli.drift_margin,
+        };
+        elector.validate().map_err(config_error)?;
+
+        let e = &cli.etcd;
+        let backend = match cli.backend {
+            BackendKind::Auto | BackendKind::Etcd => {
+                if e.etcd_endpoints.is_empty() {
+                    return Err(config_error(
+                        "--etcd-endpoints is required: no backend is configured\nhint: e.g. --etcd-endpoints http://127.0.0.1:2379",
+                    ));
+                }
+                let tls = e.etcd_ca_file.is_some();
+                for ep in &e.etcd_endpoints {
+                    if tls && ep.starts_with("http://") {
+                        return Err(config_error(format!(
+                            "--etcd-endpoints ({ep}) must use https:// when --etcd-ca-file is given"
+                        )));
+                    }
+                    if !tls && ep.starts_with("https://") {
+                        return Err(config_error(format!(
+                            "--etcd-endpoints ({ep}) uses https:// but --etcd-ca-file is not set\nhint: pass the CA that signed etcd's certificate with --etcd-ca-file"
+                        )));
+                    }
+                }
+                let ca_pem = e
+                    .etcd_ca_file
+                    .as_deref()
+                    .map(|p| read_file("--etcd-ca-file", p))
+                    .transpose()?;
+                let client_cert_pem = match (&e.etcd_cert_file, &e.etcd_key_file) {
+                    (None, None) => None,
+                    (Some(c), Some(k)) => {
+                        if !tls {
+                            return Err(config_error(
+                                "--etcd-cert-file needs --etcd-ca-file (client certificates are sent over TLS)",
+                            ));
+                        }
+                        Some((
+                            read_file("--etcd-cert-file", c)?,
+                            read_file("--etcd-key-file", k)?,
+                        ))
+                    }
+                    (Some(_), None) => {
+                        return Err(config_error(
+                            "--etcd-cert-file needs --etcd-key-file (the certificate's private key)",
+                        ));
+                    }
+                    (None, Some(_)) => {
+                        return Err(config_error(
+                            "--etcd-key-file needs --etcd-cert-file (the client certificate)",
+                        ));
+                    }
+                };
+                let credentials = match (&e.etcd_username, &e.etcd_password_file) {
+                    (None, None) => None,
+                    (Some(user), Some(file)) => {
+                        let raw = read_file("--etcd-password-file", file)?;
+                        let text = String::from_utf8(raw).map_err(|_| {
+                            config_error("--etcd-password-file must hold UTF-8 text")
+                        })?;
+                        let password = text.lines().next().unwrap_or("").to_owned();
+                        if password.is_empty() {
+                            return Err(config_error(format!(
+                                "--etcd-password-file ({}) is empty",
+                                file.display()
+                            )));
+                        }
+                        Some((user.clone(), password))
+                    }
+                    (Some(_), None) => {
+                        return Err(config_error(
+                            "--etcd-username needs --etcd-password-file (a file holding the password)",
+                        ));
+                    }
+                    (None, Some(_)) => {
+                        return Err(config_error("--etcd-password-file needs --etcd-username"));
+                    }
+                };
+                BackendConfig::Etcd {
+                    key: format!("{}{}", e.etcd_prefix, cli.election),
+                    options: EtcdOptions {
+                        endpoints: e.etcd_endpoints.clone(),
+                        ca_pem,
+                        client_cert_pem,
+                        credentials,
+                        connect_timeout: elector.call_timeout(),
+                        keepalive_interval: renew_interval
+                            .clamp(Duration::from_millis(500), Duration::from_secs(10)),
+                    },
+                }
+            }
+        };
+        Ok(Config {
+            elector,
+            backend,
+            http_addr: cli.http_addr,
+            log_format: cli.log_format,
+            log_level: cli.log_level,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Result<Config, String> {
+        let mut full = vec!["leader-elector"];
+        full.extend_from_slice(args);
+        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+        Config::from_cli(cli).map_err(|e| e.to_string())
+    }
+
+    const EP: &str = "--etcd-endpoints=http://127.0.0.1:2379";
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let c = cli(&["--election", "a", "--identity", "me", EP]).unwrap();
+        assert_eq!(c.elector.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.elector.renew_interval, Duration::from_secs(5));
+        assert_eq!(c.elector.retry_period, Duration::from_secs(2));
+        assert_eq!(c.http_addr, "0.0.0.0:4040".parse().unwrap());
+        let BackendConfig::Etcd { key, .. } = c.backend;
+        assert_eq!(key, "/leader-elector/a");
+    }
+
+    #[test]
+    fn old_sidecar_aliases_are_accepted() {
+        let c = cli(&["--election=a", "--id=me", "--ttl=10s", "--http=:4041", EP]).unwrap();
+        assert_eq!(c.elector.identity, "me");
+        assert_eq!(c.elector.lease_duration, Duration::from_secs(10));
+        assert_eq!(c.http_addr, "0.0.0.0:4041".parse().unwrap());
+    }
+
+    #[test]
+    fn renew_interval_must_be_shorter_than_the_ttl() {
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--lease-duration=15s",
+            "--renew-interval=20s",
+            EP,
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--renew-interval (20s) must be shorter than --lease-duration (15s)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = cli(&["--election=a", "--id=me", "--lease-duration=fast", EP]).unwrap_err();
+        assert!(e.contains("--lease-duration"), "{e}");
+        let e = cli(&["--election=", "--id=me", EP]).unwrap_err();
+        assert!(e.contains("--election"), "{e}");
+        let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=127.0.0.1:2379"]).unwrap_err();
+        assert!(e.contains("--etcd-endpoints"), "{e}");
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--etcd-endpoints=http://h:1/path",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--etcd-endpoints"), "{e}");
+        let e = cli(&["--election=a", "--id=me"]).unwrap_err();
+        assert!(e.contains("--etcd-endpoints is required"), "{e}");
+        let e = cli(&["--election=a b", "--id=me", EP]).unwrap_err();
+        assert!(e.contains("--election (a b)"), "{e}");
+    }
+
+    #[test]
+    fn tls_flags_are_checked_together() {
+        let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=https://h:2379"]).unwrap_err();
+        assert!(e.contains("--etcd-ca-file"), "{e}");
+        let e = cli(&["--election=a", "--id=me", EP, "--etcd-username=u"]).unwrap_err();
+        assert!(e.contains("--etcd-password-file"), "{e}");
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--etcd-endpoints=https://h:2379",
+            "--etcd-ca-file=/nonexistent",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--etcd-ca-file (/nonexistent) cannot be read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn several_endpoints_split_on_commas() {
+        let c = cli(&[
+            "--election=a",
+            "--id=me",
+            "--etcd-endpoints=http://a:1,http://b:2",
+        ])
+        .unwrap();
+        let BackendConfig::Etcd { options, .. } = c.backend;
+        assert_eq!(options.endpoints, vec!["http://a:1", "http://b:2"]);
+    }
+}

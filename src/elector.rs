@@ -1,0 +1,556 @@
+//! The Elector: campaign, renew and step-down loop for one candidate, and the
+//! [`LeaderState`] it publishes.
+//!
+//! Invariant (DESIGN.md, "The safety rule"): this candidate may say it leads
+//! only while `now < valid_until`, where `valid_until` is the instant the last
+//! acknowledged renewal (or the acquisition) was *sent*, plus the granted TTL,
+//! minus a drift margin. The backend keeps the key at least that long (it
+//! starts counting when it receives the request, later than we sent it), so no
+//! follower can take over while we still claim. Readers compute
+//! [`LeaderState::is_leader`] at the moment they answer, from the monotonic
+//! tokio clock, so a paused process resumes as "not leader".
+//!
+//! The Elector is the only writer of the `watch` channel and owns all timing:
+//! backends are called one verb at a time, each under a deadline shorter than
+//! the renew interval.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Renewal, Term};
+use crate::metrics::Metrics;
+
+/// Timing and identity of one candidate. Durations are validated by
+/// [`crate::config`]; see [`ElectorConfig::validate`].
+#[derive(Clone, Debug)]
+pub struct ElectorConfig {
+    /// Election name (the key suffix).
+    pub election: String,
+    /// This candidate's holder identity.
+    pub identity: String,
+    /// Requested lease TTL. The backend may grant more (etcd: whole seconds, at least its minimum).
+    pub lease_duration: Duration,
+    /// How often the leader renews (client-go's retry of the renew loop; default TTL/3).
+    pub renew_interval: Duration,
+    /// Upper bound of the backoff between failed attempts, and of a follower's
+    /// wait when the backend cannot notify it.
+    pub retry_period: Duration,
+    /// Fixed drift margin; `None` means max(1% of TTL, 2 × renew round trip, 50 ms).
+    pub drift_margin: Option<Duration>,
+}
+
+impl ElectorConfig {
+    /// Deadline of every backend call: two thirds of the renew interval, so a
+    /// hung call cannot delay the next renewal past its slot.
+    pub fn call_timeout(&self) -> Duration {
+        self.renew_interval * 2 / 3
+    }
+
+    /// Check the timing rules (client-go: RenewDeadline < LeaseDuration).
+    ///
+    /// # Errors
+    /// A message naming the flags involved and their values.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.election.is_empty() {
+            return Err("--election must not be empty".into());
+        }
+        if self.renew_interval.is_zero() || self.renew_interval >= self.lease_duration {
+            return Err(format!(
+                "--renew-interval ({}) must be shorter than --lease-duration ({})\nhint: the default is a third of the lease duration",
+                humantime::format_duration(self.renew_interval),
+                humantime::format_duration(self.lease_duration)
+            ));
+        }
+        if let Some(m) = self.drift_margin
+            && m + self.renew_interval >= self.lease_duration
+        {
+            return Err(format!(
+                "--drift-margin ({}) plus --renew-interval ({}) must be shorter than --lease-duration ({})",
+                humantime::format_duration(m),
+                humantime::format_duration(self.renew_interval),
+                humantime::format_duration(self.lease_duration)
+            ));
+        }
+        Ok(())
+    }
+
+    fn margin(&self, ttl: Duration, rtt: Duration) -> Duration {
+        self.drift_margin
+            .unwrap_or_else(|| (ttl / 100).max(rtt * 2).max(Duration::from_millis(50)))
+    }
+}
+
+/// This candidate's own term, present only while it holds the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnTerm {
+    /// The instant (monotonic) after which this candidate must not claim to lead.
+    pub valid_until: Instant,
+    /// The term's fencing token.
+    pub fencing_token: u64,
+}
+
+/// What one candidate knows about its election. Published by the Elector on a
+/// `tokio::sync::watch` channel; readers call [`LeaderState::is_leader`] with
+/// the current instant each time they answer.
+#[derive(Clone, Debug)]
+pub struct LeaderState {
+    /// Election name.
+    pub election: String,
+    /// This candidate's identity.
+    pub identity: String,
+    /// Backend name (`etcd`, `redis`, `memory`).
+    pub backend: &'static str,
+    /// Identity of the holder this candidate last observed; `None` for nobody
+    /// (or not yet known).
+    pub leader: Option<String>,
+    /// Fencing token of the observed holder's term.
+    pub fencing_token: Option<u64>,
+    /// Wall-clock time at which this candidate first observed the current term.
+    pub term_observed_at: Option<SystemTime>,
+    /// Set while this candidate holds a term.
+    pub own_term: Option<OwnTerm>,
+    /// The lease TTL in force (granted by the backend once known).
+    pub lease_duration: Duration,
+    /// Whether the last backend call succeeded.
+    pub backend_healthy: bool,
+    /// The last backend error, as one line with its hint; `None` when healthy.
+    pub error: Option<String>,
+    /// The candidate has reached the backend and knows the leader (or that there is none).
+    pub ready: bool,
+    /// Shutdown started: never claim again.
+    pub stopping: bool,
+    /// Count of leader changes this candidate observed, including to nobody;
+    /// the long-poll index of `/leader`.
+    pub transitions: u64,
+}
+
+impl LeaderState {
+    fn new(cfg: &ElectorConfig, backend: &'static str) -> Self {
+        LeaderState {
+            election: cfg.election.clone(),
+            identity: cfg.identity.clone(),
+            backend,
+            leader: None,
+            fencing_token: None,
+            term_observed_at: None,
+            own_term: None,
+            lease_duration: cfg.lease_duration,
+            backend_healthy: false,
+            error: None,
+            ready: false,
+            stopping: false,
+            transitions: 0,
+        }
+    }
+
+    /// Whether this candidate leads at `now`: it holds a term whose
+    /// `valid_until` lies after `now`, and shutdown has not started.
+    pub fn is_leader(&self, now: Instant) -> bool {
+        !self.stopping && self.own_term.is_some_and(|t| now < t.valid_until)
+    }
+
+    /// How long this candidate may still claim to lead at `now` (zero when it does not lead).
+    pub fn valid_for(&self, now: Instant) -> Duration {
+        match self.own_term {
+            Some(t) if !self.stopping => t.valid_until.saturating_duration_since(now),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The leader as this candidate may report it at `now`: the observed
+    /// holder, except that our own term past `valid_until` is reported as
+    /// unknown (`None`) rather than as us.
+    pub fn leader_at(&self, now: Instant) -> Option<&str> {
+        if self.own_term.is_some() && !self.is_leader(now) {
+            return None;
+        }
+        self.leader.as_deref()
+    }
+}
+
+/// Capped, jittered exponential backoff (full jitter between half and all of the step).
+#[derive(Debug)]
+struct Backoff {
+    base: Duration,
+    cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    fn new(base: Duration, cap: Duration) -> Self {
+        Backoff {
+            base,
+            cap: cap.max(base),
+            attempt: 0,
+        }
+    }
+    fn next(&mut self) -> Duration {
+        let step = self
+            .base
+            .saturating_mul(1u32 << self.attempt.min(16))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        step.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// How a term ended, for logs.
+#[derive(Debug)]
+enum StepDown {
+    Shutdown,
+    Deadline,
+    Lost(&'static str),
+}
+
+/// Runs the campaign of one candidate. Create with [`Elector::new`], then
+/// drive [`Elector::run`] on a task; read the state from the receiver.
+pub struct Elector {
+    cfg: ElectorConfig,
+    backend: Arc<dyn LeaseBackend>,
+    state: watch::Sender<LeaderState>,
+    metrics: Option<Arc<Metrics>>,
+    backoff: Backoff,
+    /// A term we stopped claiming but could not resign; resigned before the next campaign.
+    abandoned: Option<Term>,
+    /// The holder we saw last, so the backend can wait for its term to end.
+    last_seen: Option<Holder>,
+}
+
+impl Elector {
+    /// A new Elector and the receiver of its state.
+    pub fn new(
+        cfg: ElectorConfig,
+        backend: Arc<dyn LeaseBackend>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> (Self, watch::Receiver<LeaderState>) {
+        let (state, rx) = watch::channel(LeaderState::new(&cfg, backend.name()));
+        let backoff = Backoff::new(Duration::from_millis(100), cfg.retry_period);
+        (
+            Elector {
+                cfg,
+                backend,
+                state,
+                metrics,
+                backoff,
+                abandoned: None,
+                last_seen: None,
+            },
+            rx,
+        )
+    }
+
+    /// Campaign until `shutdown` is cancelled; on shutdown stop claiming at
+    /// once, resign a held term (bounded by the call timeout) and return.
+    /// Backend faults never end this loop.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let backend = self.backend.clone();
+        while !shutdown.is_cancelled() {
+            if let Some(term) = self.abandoned.take()
+                && let Err(e) = self.call("resign", backend.resign(&term)).await
+            {
+                debug!(error = %e.report(), "could not resign an abandoned term yet");
+                self.abandoned = Some(term);
+            }
+            if let Some(m) = &self.metrics {
+                m.acquire_attempts.inc();
+            }
+            let sent = Instant::now();
+            let attempt = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                r = self.call("campaign", backend.campaign(&self.cfg.identity, self.cfg.lease_duration, self.last_seen.as_ref())) => r,
+            };
+            match attempt {
+                Ok(Campaign::Elected(term)) => {
+                    self.backend_ok();
+                    self.lead(term, sent, &shutdown).await;
+                }
+                Ok(Campaign::Following(holder)) => {
+                    self.backend_ok();
+                    self.observe(Some(&holder));
+                    self.last_seen = Some(holder.clone());
+                    self.follow(&holder, &shutdown).await;
+                }
+                Ok(Campaign::Waiting {
+                    previous,
+                    retry_after,
+                }) => {
+                    self.backend_ok();
+                    self.observe(None);
+                    debug!(previous = %previous.identity, ?retry_after, "key is free but the previous term is still alive");
+                    if !previous.term_id.is_empty() {
+                        self.last_seen = Some(previous);
+                    }
+                    let wait =
+                        retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20));
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = sleep(wait) => {}
+                    }
+                }
+                Err(e) => {
+                    if let Some(m) = &self.metrics {
+                        m.acquire_failures.with_label_values(&[e.reason()]).inc();
+                    }
+                    self.backend_failed(&e);
+                    let wait = self.backoff.next();
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = sleep(wait) => {}
+                    }
+                }
+            }
+        }
+        self.state.send_modify(|s| {
+            s.stopping = true;
+            s.ready = false;
+        });
+        if let Some(term) = self.abandoned.take() {
+            let _ = self.call("resign", backend.resign(&term)).await;
+        }
+    }
+
+    /// Follow `holder` until its key changes, the backend's hint of its expiry
+    /// passes, shutdown, or the watch fails.
+    async fn follow(&mut self, holder: &Holder, shutdown: &CancellationToken) {
+        let backend = self.backend.clone();
+        let recheck = holder
+            .expires_in
+            .map(|d| d.min(self.cfg.retry_period) + jitter(Duration::from_millis(20)));
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            r = backend.watch(holder) => match r {
+                Ok(()) => debug!("the key changed; campaigning"),
+                Err(e) => {
+                    self.backend_failed(&e);
+                    let wait = self.backoff.next();
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = sleep(wait) => {}
+                    }
+                }
+            },
+            _ = sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => {}
+        }
+    }
+
+    /// Hold `term` (acquired by a request sent at `sent`) until it is lost,
+    /// its deadline passes, or shutdown; then stop claiming and resign.
+    async fn lead(&mut self, term: Term, sent: Instant, shutdown: &CancellationToken) {
+        let backend = self.backend.clone();
+        let now = Instant::now();
+        let ttl = term.ttl;
+        let mut valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
+        self.state.send_modify(|s| s.lease_duration = ttl);
+        self.set_own_term(&term, valid_until);
+        self.last_seen = Some(term.holder.clone());
+
+        let mut watch = Some(Box::pin(backend.watch(&term.holder)));
+        let mut next_renew = sent + self.cfg.renew_interval;
+        let mut retry = Backoff::new(Duration::from_millis(50), self.cfg.renew_interval / 4);
+        let why = loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break StepDown::Shutdown,
+                _ = sleep_until(valid_until) => break StepDown::Deadline,
+                r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => {
+                    match r {
+                        Ok(()) => break StepDown::Lost("key deleted or overwritten"),
+                        Err(e) => {
+                            // Renewals also verify the key, so a lost watch
+                            // only slows detection; it is opened again after
+                            // the next successful renewal.
+                            warn!(error = %e.report(), "watch on own key failed");
+                            watch = None;
+                        }
+                    }
+                }
+                _ = sleep_until(next_renew) => {
+                    let send = Instant::now();
+                    let deadline = self.cfg.call_timeout().min(valid_until.saturating_duration_since(send));
+                    if let Some(m) = &self.metrics { m.renew_attempts.inc(); }
+                    let r = match timeout(deadline, backend.renew(&term)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(BackendError::Timeout { backend: backend.name(), call: "renew", timeout_ms: deadline.as_millis() as u64 }),
+                    };
+                    match r {
+                        Ok(Renewal::Renewed { ttl }) => {
+                            let rtt = send.elapsed();
+                            valid_until = send + ttl.saturating_sub(self.cfg.margin(ttl, rtt));
+                            next_renew = send + self.cfg.renew_interval;
+                            retry.reset();
+                            if let Some(m) = &self.metrics { m.renew_latency.observe(rtt.as_secs_f64()); }
+                            self.backend_ok();
+                            self.state.send_modify(|s| {
+                                if let Some(t) = &mut s.own_term { t.valid_until = valid_until; }
+                                s.lease_duration = ttl;
+                            });
+                            if watch.is_none() {
+                                watch = Some(Box::pin(backend.watch(&term.holder)));
+                            }
+                        }
+                        Ok(Renewal::Lost(reason)) => break StepDown::Lost(reason.as_str()),
+                        Err(e) => {
+                            if let Some(m) = &self.metrics {
+                                m.renew_failures.with_label_values(&[e.reason()]).inc();
+                                m.slowpath.inc();
+                            }
+                            self.backend_failed(&e);
+                            next_renew = Instant::now() + retry.next();
+                        }
+                    }
+                }
+            }
+        };
+        drop(watch);
+        // Stop claiming first, then release the key.
+        match why {
+            StepDown::Shutdown => self.state.send_modify(|s| {
+                s.stopping = true;
+                s.ready = false;
+            }),
+            _ => self.observe(None),
+        }
+        match &why {
+            StepDown::Shutdown => {
+                info!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, "resigning for shutdown")
+            }
+            StepDown::Deadline => {
+                warn!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, "stepped down: no renewal acknowledged before the validity deadline")
+            }
+            StepDown::Lost(reason) => {
+                warn!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, reason, "stepped down: term lost")
+            }
+        }
+        if let Err(e) = self.call("resign", backend.resign(&term)).await {
+            debug!(error = %e.report(), "resign failed; the lease will expire by TTL");
+            if !matches!(why, StepDown::Shutdown) {
+                self.abandoned = Some(term);
+            }
+        }
+    }
+
+    /// Run one backend call under the call timeout.
+    async fn call<T>(
+        &self,
+        verb: &'static str,
+        fut: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        let limit = self.cfg.call_timeout();
+        match timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout {
+                backend: self.backend.name(),
+                call: verb,
+                timeout_ms: limit.as_millis() as u64,
+            }),
+        }
+    }
+
+    fn backend_ok(&mut self) {
+        self.backoff.reset();
+        if let Some(m) = &self.metrics {
+            m.backend_up.set(1);
+        }
+        self.state.send_if_modified(|s| {
+            let changed = !s.backend_healthy || !s.ready || s.error.is_some();
+            if s.error.is_some() {
+                info!(election = %s.election, "backend reachable again");
+            }
+            s.backend_healthy = true;
+            s.ready = !s.stopping;
+            s.error = None;
+            changed
+        });
+    }
+
+    fn backend_failed(&mut self, e: &BackendError) {
+        if let Some(m) = &self.metrics {
+            m.backend_up.set(0);
+        }
+        let report = e.report();
+        self.state.send_if_modified(|s| {
+            let first = s.error.as_deref() != Some(report.as_str());
+            if first {
+                if e.is_retryable() {
+                    warn!(election = %s.election, error = %report, "backend call failed");
+                } else {
+                    tracing::error!(election = %s.election, error = %report, "backend call failed: configuration problem");
+                }
+            }
+            let changed = s.backend_healthy || s.ready || first;
+            s.backend_healthy = false;
+            s.ready = false;
+            s.error = Some(report.clone());
+            changed
+        });
+    }
+
+    fn set_own_term(&mut self, term: &Term, valid_until: Instant) {
+        let own = OwnTerm {
+            valid_until,
+            fencing_token: term.holder.fencing_token,
+        };
+        self.publish(
+            Some(term.holder.identity.clone()),
+            Some(term.holder.fencing_token),
+            Some(own),
+        );
+    }
+
+    /// Record the holder observed as a follower (`None`: nobody holds the key).
+    fn observe(&mut self, holder: Option<&Holder>) {
+        self.publish(
+            holder.map(|h| h.identity.clone()),
+            holder.map(|h| h.fencing_token),
+            None,
+        );
+    }
+
+    /// The single place where a change of leader is recorded, counted and logged.
+    fn publish(&mut self, leader: Option<String>, token: Option<u64>, own: Option<OwnTerm>) {
+        let metrics = self.metrics.clone();
+        self.state.send_if_modified(|s| {
+            let was_leading = s.own_term.is_some();
+            let leading = own.is_some();
+            let same = s.leader == leader && s.fencing_token == token && was_leading == leading;
+            s.own_term = own;
+            if same {
+                return false;
+            }
+            s.leader = leader;
+            s.fencing_token = token;
+            s.term_observed_at = s.leader.as_ref().map(|_| SystemTime::now());
+            s.transitions += 1;
+            if let Some(m) = &metrics {
+                m.transitions.inc();
+            }
+            let event = match (was_leading, leading) {
+                (false, true) => "became leader",
+                (true, false) => "stopped leading",
+                _ => "leader changed",
+            };
+            info!(
+                election = %s.election,
+                identity = %s.identity,
+                leader = s.leader.as_deref().unwrap_or(""),
+                fencing_token = s.fencing_token.unwrap_or(0),
+                transitions = s.transitions,
+                "{event}"
+            );
+            true
+        });
+    }
+}
+
+fn jitter(max: Duration) -> Duration {
+    max.mul_f64(rand::rng().random_range(0.0..=1.0))
+}

@@ -1,0 +1,261 @@
+//! The read-only HTTP API (DESIGN.md, "HTTP contract"): `/leader`, the old
+//! `leader-elector` sidecar's `/` and `/isLeader`, `/healthz`, `/readyz` and
+//! `/metrics`.
+//!
+//! Invariant: every answer computes `is_leader` from the state at the moment it
+//! is answered (`tokio::time::Instant::now()`), never from a cached boolean.
+//! Handlers never call the backend. [`router`] is a pure function of the state
+//! so handlers are tested with `tower::ServiceExt::oneshot`, without a socket.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::elector::LeaderState;
+use crate::metrics::Metrics;
+
+/// Response header carrying the long-poll index (`transitions`).
+pub const INDEX_HEADER: &str = "x-leader-index";
+/// Response header carrying the fencing token of the observed term.
+pub const FENCING_TOKEN_HEADER: &str = "x-fencing-token";
+/// Longest accepted `wait` of a `/leader` long-poll.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+/// `wait` of a long-poll that gives `index` without `wait`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct AppState {
+    /// The Elector's state.
+    pub state: watch::Receiver<LeaderState>,
+    /// Metrics to render on `/metrics`; `None` serves an empty page.
+    pub metrics: Option<Arc<Metrics>>,
+}
+
+/// The JSON body of `GET /leader`.
+#[derive(Debug, Serialize)]
+pub struct LeaderBody {
+    /// Election name.
+    pub election: String,
+    /// This candidate's identity.
+    pub identity: String,
+    /// Identity of the leader as this candidate knows it; `null` for nobody or unknown.
+    pub leader: Option<String>,
+    /// Whether this candidate leads at the instant of the answer.
+    pub is_leader: bool,
+    /// Fencing token of the observed term.
+    pub fencing_token: Option<u64>,
+    /// RFC 3339 time at which this candidate first observed the current term.
+    pub term_started_at: Option<String>,
+    /// Lease TTL in force, in seconds.
+    pub lease_duration_seconds: f64,
+    /// Milliseconds this candidate may still claim to lead (0 when not leading).
+    pub valid_for_ms: u64,
+    /// Backend name.
+    pub backend: &'static str,
+    /// Whether the last backend call succeeded.
+    pub backend_healthy: bool,
+    /// The long-poll index: leader changes observed.
+    pub transitions: u64,
+    /// Why this candidate cannot currently tell (backend error, validity expired).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl LeaderBody {
+    /// The body for `state` at `now`.
+    pub fn at(state: &LeaderState, now: Instant) -> Self {
+        let is_leader = state.is_leader(now);
+        let mut error = state.error.clone();
+        if state.own_term.is_some() && !is_leader && !state.stopping && error.is_none() {
+            error = Some("leadership validity expired before a renewal was acknowledged".into());
+        }
+        if error.is_none() && !state.ready && !state.stopping {
+            error = Some("not ready: the backend has not answered yet".into());
+        }
+        LeaderBody {
+            election: state.election.clone(),
+            identity: state.identity.clone(),
+            leader: state.leader_at(now).map(str::to_owned),
+            is_leader,
+            fencing_token: state.fencing_token,
+            term_started_at: state
+                .term_observed_at
+                .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+            lease_duration_seconds: state.lease_duration.as_secs_f64(),
+            valid_for_ms: state.valid_for(now).as_millis() as u64,
+            backend: state.backend,
+            backend_healthy: state.backend_healthy,
+            transitions: state.transitions,
+            error,
+        }
+    }
+}
+
+/// The read-only API router over `app`.
+pub fn router(app: AppState) -> Router {
+    Router::new()
+        .route("/leader", get(leader))
+        .route("/", get(compat_name))
+        .route("/isLeader", get(compat_is_leader))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+fn json_response(status: StatusCode, body: impl Serialize) -> Response {
+    let mut resp = (status, axum::Json(body)).into_response();
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// A JSON error body `{"error": message}` with `status`.
+pub fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
+    json_response(status, json!({ "error": message.into() }))
+}
+
+fn parse_poll(params: &HashMap<String, String>) -> Result<Option<(u64, Duration)>, String> {
+    let Some(index) = params.get("index") else {
+        if params.contains_key("wait") {
+            return Err("query parameter wait needs index: pass the transitions value of your last answer as ?index=N".into());
+        }
+        return Ok(None);
+    };
+    let index: u64 = index.parse().map_err(|_| {
+        format!("query parameter index ({index}) must be a non-negative integer: the transitions value of your last answer")
+    })?;
+    let wait = match params.get("wait") {
+        None => DEFAULT_WAIT,
+        Some(w) => humantime::parse_duration(w).map_err(|e| {
+            format!("query parameter wait ({w}) is not a duration: {e}; use e.g. wait=30s")
+        })?,
+    };
+    if wait > MAX_WAIT {
+        return Err(format!(
+            "query parameter wait ({}) must be at most {}",
+            params["wait"],
+            humantime::format_duration(MAX_WAIT)
+        ));
+    }
+    Ok(Some((index, wait)))
+}
+
+async fn leader(
+    State(app): State<AppState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let poll = match parse_poll(&params) {
+        Ok(p) => p,
+        Err(msg) => return error_response(StatusCode::BAD_REQUEST, msg),
+    };
+    let mut rx = app.state.clone();
+    if let Some((index, wait)) = poll {
+        let deadline = Instant::now() + wait;
+        loop {
+            if rx.borrow_and_update().transitions != index {
+                break;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { break },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+    }
+    let now = Instant::now();
+    let body = LeaderBody::at(&rx.borrow(), now);
+    let status = if body.is_leader {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(INDEX_HEADER, HeaderValue::from(body.transitions));
+    if let Some(token) = body.fencing_token {
+        headers.insert(FENCING_TOKEN_HEADER, HeaderValue::from(token));
+    }
+    let mut resp = json_response(status, body);
+    resp.headers_mut().extend(headers);
+    resp
+}
+
+async fn compat_name(State(app): State<AppState>) -> Response {
+    let now = Instant::now();
+    let name = app.state.borrow().leader_at(now).unwrap_or("").to_owned();
+    json_response(StatusCode::OK, json!({ "name": name }))
+}
+
+async fn compat_is_leader(State(app): State<AppState>) -> Response {
+    let is_leader = app.state.borrow().is_leader(Instant::now());
+    json_response(StatusCode::OK, json!({ "isLeader": is_leader }))
+}
+
+async fn healthz() -> Response {
+    json_response(StatusCode::OK, json!({ "status": "ok" }))
+}
+
+async fn readyz(State(app): State<AppState>) -> Response {
+    let (ready, stopping, error) = {
+        let s = app.state.borrow();
+        (s.ready, s.stopping, s.error.clone())
+    };
+    if ready {
+        json_response(StatusCode::OK, json!({ "status": "ready" }))
+    } else {
+        let reason = if stopping {
+            "shutting down".to_owned()
+        } else {
+            error.unwrap_or_else(|| "the backend has not answered yet".into())
+        };
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "status": "not ready", "error": reason }),
+        )
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    let Some(m) = &app.metrics else {
+        return (StatusCode::OK, "").into_response();
+    };
+    m.refresh(&app.state.borrow(), Instant::now());
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        m.render(),
+    )
+        .into_response()
+}
+
+async fn not_found(uri: Uri) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such path: {}; paths are /leader, /, /isLeader, /healthz, /readyz, /metrics",
+            uri.path()
+        ),
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed: this API is read-only, use GET",
+    )
+}

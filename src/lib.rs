@@ -1,0 +1,20 @@
+//! `leader-elector`: a sidecar that gives a singleton workload one active
+//! replica at a time, on etcd.
+//!
+//! The library holds everything; the binary is a thin `main.rs` over
+//! [`app::run`]. The [`elector::Elector`] can be embedded in a Rust program
+//! with any [`backend::LeaseBackend`].
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod backend;
+pub mod config;
+pub mod elector;
+pub mod http;
+pub mod metrics;
+pub mod shutdown;
+
+pub use backend::{Campaign, Holder, LeaseBackend, Term};
+pub use elector::{Elector, ElectorConfig, LeaderState};

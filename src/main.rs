@@ -1,0 +1,58 @@
+//! CLI entry: parse and validate the configuration (exit 2 on a bad flag),
+//! set up logging, run the sidecar (exit 1 on a runtime failure, 0 after a
+//! clean shutdown).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use leader_elector::config::{Cli, Config, LogFormat};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::from_cli(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = match EnvFilter::try_new(&config.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "error: --log-level ({}) is not a log filter: {e}\nhint: use e.g. info or leader_elector=debug",
+                config.log_level
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Text => logs.init(),
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(leader_elector::app::run(config, CancellationToken::new())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let e = anyhow::Error::new(e);
+            tracing::error!(error = format!("{e:#}"), "leader-elector failed");
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

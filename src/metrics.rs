@@ -1,0 +1,142 @@
+//! Prometheus metrics of one candidate, registered on a registry passed in
+//! (never the global one). Names follow client-go where it has one
+//! (`leader_election_master_status`, `leader_election_slowpath_total`); every
+//! series carries the election as the constant label `name`.
+//!
+//! The Elector increments the counters; the gauges that depend on the clock
+//! (`master_status`, `valid_for_seconds`) are computed at scrape time by
+//! [`Metrics::refresh`], so they can never be staler than the answer of `/leader`.
+
+use std::sync::Arc;
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+use tokio::time::Instant;
+
+use crate::elector::LeaderState;
+
+/// The metric handles of one candidate.
+pub struct Metrics {
+    registry: Registry,
+    /// `leader_election_master_status{name}`: 1 while this candidate leads, else 0.
+    pub master_status: IntGauge,
+    /// `leader_election_slowpath_total{name}`: renewals that failed and had to
+    /// be retried inside a renew cycle (client-go counts its slow path, a
+    /// renewal that needed more than the fast optimistic update).
+    pub slowpath: IntCounter,
+    /// `leader_election_transitions_total{name}`: leader changes observed (including to nobody).
+    pub transitions: IntCounter,
+    /// `leader_election_acquire_attempts_total{name}`: campaign attempts.
+    pub acquire_attempts: IntCounter,
+    /// `leader_election_acquire_failures_total{name,reason}`: campaign attempts that failed, by error reason.
+    pub acquire_failures: IntCounterVec,
+    /// `leader_election_renew_attempts_total{name}`: renewals sent.
+    pub renew_attempts: IntCounter,
+    /// `leader_election_renew_failures_total{name,reason}`: renewals that failed, by error reason.
+    pub renew_failures: IntCounterVec,
+    /// `leader_election_renew_duration_seconds{name}`: round trip of acknowledged renewals, in seconds.
+    pub renew_latency: Histogram,
+    /// `leader_election_backend_up{name,backend}`: 1 if the last backend call succeeded.
+    pub backend_up: IntGauge,
+    /// `leader_election_valid_for_seconds{name}`: seconds until `valid_until` (0 when not leading).
+    pub valid_for: Gauge,
+}
+
+impl Metrics {
+    /// Register the metrics of election `election` on `backend` in `registry`.
+    ///
+    /// # Errors
+    /// A [`prometheus::Error`] if a metric with the same name is already registered.
+    pub fn new(
+        registry: Registry,
+        election: &str,
+        backend: &str,
+    ) -> Result<Arc<Self>, prometheus::Error> {
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label("name", election);
+        let m = Metrics {
+            master_status: IntGauge::with_opts(opts(
+                "leader_election_master_status",
+                "1 while this candidate leads the election, else 0.",
+            ))?,
+            slowpath: IntCounter::with_opts(opts(
+                "leader_election_slowpath_total",
+                "Renewals that failed and were retried within a renew cycle.",
+            ))?,
+            transitions: IntCounter::with_opts(opts(
+                "leader_election_transitions_total",
+                "Leader changes observed by this candidate, including to nobody.",
+            ))?,
+            acquire_attempts: IntCounter::with_opts(opts(
+                "leader_election_acquire_attempts_total",
+                "Campaign attempts.",
+            ))?,
+            acquire_failures: IntCounterVec::new(
+                opts(
+                    "leader_election_acquire_failures_total",
+                    "Campaign attempts that failed, by reason.",
+                ),
+                &["reason"],
+            )?,
+            renew_attempts: IntCounter::with_opts(opts(
+                "leader_election_renew_attempts_total",
+                "Lease renewals sent.",
+            ))?,
+            renew_failures: IntCounterVec::new(
+                opts(
+                    "leader_election_renew_failures_total",
+                    "Lease renewals that failed, by reason.",
+                ),
+                &["reason"],
+            )?,
+            renew_latency: Histogram::with_opts(
+                HistogramOpts::new(
+                    "leader_election_renew_duration_seconds",
+                    "Round trip of acknowledged lease renewals, in seconds.",
+                )
+                .const_label("name", election)
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ]),
+            )?,
+            backend_up: IntGauge::with_opts(
+                opts(
+                    "leader_election_backend_up",
+                    "1 if the last backend call succeeded, else 0.",
+                )
+                .const_label("backend", backend),
+            )?,
+            valid_for: Gauge::with_opts(opts(
+                "leader_election_valid_for_seconds",
+                "Seconds until this candidate's leadership validity ends (0 when not leading).",
+            ))?,
+            registry,
+        };
+        m.registry.register(Box::new(m.master_status.clone()))?;
+        m.registry.register(Box::new(m.slowpath.clone()))?;
+        m.registry.register(Box::new(m.transitions.clone()))?;
+        m.registry.register(Box::new(m.acquire_attempts.clone()))?;
+        m.registry.register(Box::new(m.acquire_failures.clone()))?;
+        m.registry.register(Box::new(m.renew_attempts.clone()))?;
+        m.registry.register(Box::new(m.renew_failures.clone()))?;
+        m.registry.register(Box::new(m.renew_latency.clone()))?;
+        m.registry.register(Box::new(m.backend_up.clone()))?;
+        m.registry.register(Box::new(m.valid_for.clone()))?;
+        Ok(Arc::new(m))
+    }
+
+    /// Set the clock-dependent gauges from `state` at `now`.
+    pub fn refresh(&self, state: &LeaderState, now: Instant) {
+        self.master_status.set(i64::from(state.is_leader(now)));
+        self.valid_for.set(state.valid_for(now).as_secs_f64());
+    }
+
+    /// The registry's metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for the text format.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
