@@ -554,3 +554,7 @@ impl Elector {
 fn jitter(max: Duration) -> Duration {
     max.mul_f64(rand::rng().random_range(0.0..=1.0))
 }
+
+#[cfg(test)]
+#[path = "elector_tests.rs"]
+mod tests;

@@ -259,3 +259,7 @@ async fn method_not_allowed() -> Response {
         "method not allowed: this API is read-only, use GET",
     )
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

@@ -1,0 +1,283 @@
+//! Unit tests of the Elector on a paused tokio clock against the in-memory
+//! backend: no real sleeps, exact timing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::{Instant, advance};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Renewal, Term};
+
+/// One candidate's view of the shared memory backend, with its own fault switch
+/// (its network link).
+struct Link {
+    inner: MemoryBackend,
+    cut: AtomicBool,
+}
+
+impl Link {
+    fn check(&self) -> Result<(), BackendError> {
+        if self.cut.load(Ordering::SeqCst) {
+            Err(BackendError::Unreachable {
+                backend: "memory",
+                endpoints: "memory".into(),
+                source: "link cut by the test".into(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for Link {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<Campaign, BackendError> {
+        self.check()?;
+        self.inner.campaign(identity, ttl, previous).await
+    }
+    async fn renew(&self, term: &Term) -> Result<Renewal, BackendError> {
+        self.check()?;
+        self.inner.renew(term).await
+    }
+    async fn resign(&self, term: &Term) -> Result<(), BackendError> {
+        self.check()?;
+        self.inner.resign(term).await
+    }
+    async fn watch(&self, seen: &Holder) -> Result<(), BackendError> {
+        self.check()?;
+        // A cut link breaks the watch too: poll the switch while waiting.
+        tokio::select! {
+            r = self.inner.watch(seen) => r,
+            _ = async { while !self.cut.load(Ordering::SeqCst) { tokio::time::sleep(Duration::from_millis(10)).await } } => self.check(),
+        }
+    }
+}
+
+struct Candidate {
+    link: Arc<Link>,
+    rx: watch::Receiver<LeaderState>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn cfg(identity: &str) -> ElectorConfig {
+    ElectorConfig {
+        election: "e".into(),
+        identity: identity.into(),
+        lease_duration: TTL,
+        renew_interval: Duration::from_secs(1),
+        retry_period: Duration::from_millis(500),
+        drift_margin: None,
+    }
+}
+
+fn start(backend: &MemoryBackend, identity: &str) -> Candidate {
+    let link = Arc::new(Link {
+        inner: backend.clone(),
+        cut: AtomicBool::new(false),
+    });
+    let (elector, rx) = Elector::new(cfg(identity), link.clone(), None);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(elector.run(stop.clone()));
+    Candidate {
+        link,
+        rx,
+        stop,
+        task,
+    }
+}
+
+fn leaders(cs: &[Candidate]) -> Vec<String> {
+    let now = Instant::now();
+    cs.iter()
+        .filter(|c| c.rx.borrow().is_leader(now))
+        .map(|c| c.rx.borrow().identity.clone())
+        .collect()
+}
+
+/// Advance the paused clock in small steps, checking at every step that at
+/// most one candidate claims to lead.
+async fn run_for(cs: &[Candidate], d: Duration) {
+    let step = Duration::from_millis(5);
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        advance(step).await;
+        tokio::task::yield_now().await;
+        let l = leaders(cs);
+        assert!(l.len() <= 1, "two candidates claim to lead: {l:?}");
+    }
+}
+
+fn leader_of(cs: &[Candidate]) -> usize {
+    let now = Instant::now();
+    let l: Vec<usize> = (0..cs.len())
+        .filter(|i| cs[*i].rx.borrow().is_leader(now))
+        .collect();
+    assert_eq!(l.len(), 1, "expected exactly one leader");
+    l[0]
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_candidates_elect_exactly_one_and_agree() {
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b", "c"].iter().map(|id| start(&b, id)).collect();
+    run_for(&cs, Duration::from_secs(10)).await;
+    let l = leader_of(&cs);
+    let name = cs[l].rx.borrow().identity.clone();
+    for c in &cs {
+        let s = c.rx.borrow();
+        assert_eq!(s.leader.as_deref(), Some(name.as_str()));
+        assert!(s.ready && s.backend_healthy);
+        assert_eq!(s.fencing_token, cs[l].rx.borrow().fencing_token);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_hands_over_at_once_with_a_larger_token() {
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b", "c"].iter().map(|id| start(&b, id)).collect();
+    run_for(&cs, Duration::from_secs(1)).await;
+    let old = leader_of(&cs);
+    let old_token = cs[old].rx.borrow().fencing_token.unwrap();
+    cs[old].stop.cancel();
+    // The old leader stops claiming before anything else happens.
+    tokio::task::yield_now().await;
+    assert!(!cs[old].rx.borrow().is_leader(Instant::now()));
+    run_for(&cs, Duration::from_millis(50)).await;
+    let new = leader_of(&cs);
+    assert_ne!(new, old);
+    assert!(cs[new].rx.borrow().fencing_token.unwrap() > old_token);
+    assert!(cs[old].task.is_finished());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_off_leader_steps_down_by_valid_until_and_nobody_overlaps() {
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b", "c"].iter().map(|id| start(&b, id)).collect();
+    run_for(&cs, Duration::from_secs(2)).await;
+    let old = leader_of(&cs);
+    let valid_until = cs[old].rx.borrow().own_term.unwrap().valid_until;
+    assert!(valid_until <= Instant::now() + TTL);
+    cs[old].link.cut.store(true, Ordering::SeqCst);
+    // run_for asserts no overlap at every 5 ms step.
+    run_for(&cs, TTL).await;
+    assert!(!cs[old].rx.borrow().is_leader(Instant::now()));
+    assert!(cs[old].rx.borrow().own_term.is_none(), "the Elector stepped down on its own clock");
+    assert!(!cs[old].rx.borrow().ready);
+    run_for(&cs, TTL).await;
+    let new = leader_of(&cs);
+    assert_ne!(new, old);
+    // The link heals: the old leader follows.
+    cs[old].link.cut.store(false, Ordering::SeqCst);
+    run_for(&cs, Duration::from_secs(3)).await;
+    assert_eq!(leader_of(&cs), new);
+    assert_eq!(
+        cs[old].rx.borrow().leader,
+        cs[new].rx.borrow().leader,
+        "the healed candidate agrees on the leader"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_deleted_by_hand_ends_the_term_and_the_election_recovers() {
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b", "c"].iter().map(|id| start(&b, id)).collect();
+    run_for(&cs, Duration::from_secs(1)).await;
+    let old = leader_of(&cs);
+    let old_token = cs[old].rx.borrow().fencing_token.unwrap();
+    b.delete_key();
+    run_for(&cs, Duration::from_millis(20)).await;
+    assert!(!cs[old].rx.borrow().is_leader(Instant::now()) || cs[old].rx.borrow().fencing_token.unwrap() > old_token);
+    run_for(&cs, Duration::from_secs(2)).await;
+    let new = leader_of(&cs);
+    assert!(cs[new].rx.borrow().fencing_token.unwrap() > old_token);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_identity_restarted_does_not_adopt_its_previous_term() {
+    let b = MemoryBackend::new();
+    let first = start(&b, "pod-0");
+    run_for(std::slice::from_ref(&first), Duration::from_millis(100)).await;
+    assert!(first.rx.borrow().is_leader(Instant::now()));
+    // The first process "dies" without resigning: its task stops renewing.
+    first.task.abort();
+    let second = start(&b, "pod-0");
+    let mut waited = Duration::ZERO;
+    while !second.rx.borrow().is_leader(Instant::now()) {
+        advance(Duration::from_millis(5)).await;
+        tokio::task::yield_now().await;
+        waited += Duration::from_millis(5);
+        assert!(waited < TTL * 2, "the restarted candidate never led");
+    }
+    assert!(
+        waited >= TTL - Duration::from_millis(200),
+        "led after {waited:?}, before the previous lease ended"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn transitions_count_leader_changes_including_to_nobody() {
+    let b = MemoryBackend::new();
+    let cs = vec![start(&b, "a")];
+    run_for(&cs, Duration::from_millis(100)).await;
+    assert_eq!(cs[0].rx.borrow().transitions, 1);
+    cs[0].link.cut.store(true, Ordering::SeqCst);
+    run_for(&cs, TTL).await;
+    assert_eq!(cs[0].rx.borrow().transitions, 2, "stepped down to nobody");
+    assert_eq!(cs[0].rx.borrow().leader, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn randomized_link_faults_never_give_two_leaders() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("ELECTOR_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b", "c", "d"].iter().map(|id| start(&b, id)).collect();
+    for _ in 0..60 {
+        let i = rng.random_range(0..cs.len());
+        let cut = rng.random_bool(0.5);
+        cs[i].link.cut.store(cut, Ordering::SeqCst);
+        run_for(&cs, Duration::from_millis(rng.random_range(10..2000))).await;
+    }
+    for c in &cs {
+        c.link.cut.store(false, Ordering::SeqCst);
+    }
+    run_for(&cs, TTL * 2).await;
+    leader_of(&cs);
+}
+
+#[test]
+fn validation_names_both_flags() {
+    let mut c = cfg("a");
+    c.renew_interval = Duration::from_secs(3);
+    let e = c.validate().unwrap_err();
+    assert!(e.contains("--renew-interval (3s) must be shorter than --lease-duration (3s)"), "{e}");
+}
+
+#[test]
+fn margin_is_the_largest_of_one_percent_two_rtts_and_50ms() {
+    let c = cfg("a");
+    assert_eq!(c.margin(Duration::from_secs(15), Duration::from_millis(1)), Duration::from_millis(150));
+    assert_eq!(c.margin(Duration::from_secs(2), Duration::from_millis(1)), Duration::from_millis(50));
+    assert_eq!(c.margin(Duration::from_secs(2), Duration::from_millis(40)), Duration::from_millis(80));
+}
