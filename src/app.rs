@@ -90,7 +90,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
         .instrument(info_span!("http")),
     );
 
-    let signals = tokio::spawn(crate::shutdown::on_signals(shutdown.clone()));
+    let mut signals = tokio::spawn(crate::shutdown::on_signals(shutdown.clone()));
 
     // Wait for shutdown, or for a task that ended on its own (a bug or a panic).
     tokio::select! {
@@ -103,11 +103,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
             error!(result = ?r, "the HTTP server ended unexpectedly");
             shutdown.cancel();
         }
-    }
-    if signals.is_finished() {
-        match signals.await {
-            Ok(Err(e)) => return Err(RunError::Signals(e)),
-            Ok(Ok(())) | Err(_) => {}
+        r = &mut signals => {
+            shutdown.cancel();
+            if let Ok(Err(e)) = r {
+                return Err(RunError::Signals(e));
+            }
         }
     }
     // The Elector stops claiming and resigns under its own call timeout.

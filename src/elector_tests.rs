@@ -178,7 +178,10 @@ async fn a_cut_off_leader_steps_down_by_valid_until_and_nobody_overlaps() {
     // run_for asserts no overlap at every 5 ms step.
     run_for(&cs, TTL).await;
     assert!(!cs[old].rx.borrow().is_leader(Instant::now()));
-    assert!(cs[old].rx.borrow().own_term.is_none(), "the Elector stepped down on its own clock");
+    assert!(
+        cs[old].rx.borrow().own_term.is_none(),
+        "the Elector stepped down on its own clock"
+    );
     assert!(!cs[old].rx.borrow().ready);
     run_for(&cs, TTL).await;
     let new = leader_of(&cs);
@@ -203,7 +206,10 @@ async fn a_key_deleted_by_hand_ends_the_term_and_the_election_recovers() {
     let old_token = cs[old].rx.borrow().fencing_token.unwrap();
     b.delete_key();
     run_for(&cs, Duration::from_millis(20)).await;
-    assert!(!cs[old].rx.borrow().is_leader(Instant::now()) || cs[old].rx.borrow().fencing_token.unwrap() > old_token);
+    assert!(
+        !cs[old].rx.borrow().is_leader(Instant::now())
+            || cs[old].rx.borrow().fencing_token.unwrap() > old_token
+    );
     run_for(&cs, Duration::from_secs(2)).await;
     let new = leader_of(&cs);
     assert!(cs[new].rx.borrow().fencing_token.unwrap() > old_token);
@@ -252,7 +258,10 @@ async fn randomized_link_faults_never_give_two_leaders() {
         .unwrap_or(7);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let b = MemoryBackend::new();
-    let cs: Vec<_> = ["a", "b", "c", "d"].iter().map(|id| start(&b, id)).collect();
+    let cs: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| start(&b, id))
+        .collect();
     for _ in 0..60 {
         let i = rng.random_range(0..cs.len());
         let cut = rng.random_bool(0.5);
@@ -271,13 +280,25 @@ fn validation_names_both_flags() {
     let mut c = cfg("a");
     c.renew_interval = Duration::from_secs(3);
     let e = c.validate().unwrap_err();
-    assert!(e.contains("--renew-interval (3s) must be shorter than --lease-duration (3s)"), "{e}");
+    assert!(
+        e.contains("--renew-interval (3s) must be shorter than --lease-duration (3s)"),
+        "{e}"
+    );
 }
 
 #[test]
 fn margin_is_the_largest_of_one_percent_two_rtts_and_50ms() {
     let c = cfg("a");
-    assert_eq!(c.margin(Duration::from_secs(15), Duration::from_millis(1)), Duration::from_millis(150));
-    assert_eq!(c.margin(Duration::from_secs(2), Duration::from_millis(1)), Duration::from_millis(50));
-    assert_eq!(c.margin(Duration::from_secs(2), Duration::from_millis(40)), Duration::from_millis(80));
+    assert_eq!(
+        c.margin(Duration::from_secs(15), Duration::from_millis(1)),
+        Duration::from_millis(150)
+    );
+    assert_eq!(
+        c.margin(Duration::from_secs(2), Duration::from_millis(1)),
+        Duration::from_millis(50)
+    );
+    assert_eq!(
+        c.margin(Duration::from_secs(2), Duration::from_millis(40)),
+        Duration::from_millis(80)
+    );
 }

@@ -59,7 +59,13 @@ async fn request(
         metrics: None,
     });
     let resp = app
-        .oneshot(Request::builder().method(method).uri(uri).body(Body::empty()).unwrap())
+        .oneshot(
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await
         .unwrap();
     let status = resp.status();
@@ -181,7 +187,10 @@ async fn long_poll_returns_on_a_transition_or_after_wait() {
     assert!(!poll.is_finished());
     tx.send_modify(|s| s.backend_healthy = true);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!poll.is_finished(), "a write without a transition does not end the poll");
+    assert!(
+        !poll.is_finished(),
+        "a write without a transition does not end the poll"
+    );
     tx.send_modify(|s| {
         s.transitions = 4;
         s.leader = Some("third".into());
@@ -209,8 +218,19 @@ async fn metrics_render_with_client_go_names() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    let text = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    assert!(text.contains("leader_election_master_status{name=\"e\"} 1"), "{text}");
+    let text = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        text.contains("leader_election_master_status{name=\"e\"} 1"),
+        "{text}"
+    );
     assert!(text.contains("leader_election_slowpath_total{name=\"e\"} 0"));
     assert!(text.contains("leader_election_backend_up{backend=\"memory\",name=\"e\"}"));
     assert!(text.contains("leader_election_valid_for_seconds{name=\"e\"} 4.9"));

@@ -131,7 +131,15 @@ impl EtcdBackend {
 
     fn classify(&self, err: etcd_client::Error, authenticating: bool) -> BackendError {
         use tonic::Code;
-        if is_tls_error(&err) {
+        // etcd_client::Error does not expose its cause through `source()`;
+        // start the walk at the wrapped status or transport error.
+        let tls = match &err {
+            etcd_client::Error::GRpcStatus(status) => is_tls_error(status),
+            etcd_client::Error::TransportError(t) => is_tls_error(t),
+            etcd_client::Error::IoError(io) => is_tls_error(io),
+            other => is_tls_error(other),
+        };
+        if tls {
             return BackendError::Tls {
                 backend: BACKEND,
                 endpoints: self.endpoints_text.clone(),

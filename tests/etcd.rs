@@ -1,0 +1,511 @@
+//! The sidecar against real etcd processes: election, handover, failover,
+//! pauses, outages, keys deleted by hand, restarts under the same identity,
+//! TLS and auth, and bad flags.
+
+mod support;
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use support::*;
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(2);
+const RENEW: Duration = Duration::from_millis(500);
+
+fn three(url: &str, election: &str) -> Vec<Sidecar> {
+    ["a", "b", "c"]
+        .iter()
+        .map(|id| Sidecar::start(url, election, id, FAST))
+        .collect()
+}
+
+/// Watch every sidecar until `limit` passes, failing if two ever answer 200 at once.
+async fn watch_no_overlap(sidecars: &[Sidecar], limit: Duration) {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let l = leaders(sidecars).await;
+        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_candidates_elect_one_and_hand_over_on_sigterm_and_sigkill() {
+    let etcd = Etcd::start().await;
+    let mut cs = three(&etcd.url, &election("handover"));
+    let first = one_leader(&cs, Duration::from_secs(10)).await;
+    let t1 = token_of(&cs[first]).await;
+
+    // Graceful handover.
+    let start = Instant::now();
+    cs[first].signal(Signal::SIGTERM);
+    let rest: Vec<usize> = (0..3).filter(|i| *i != first).collect();
+    loop {
+        let l = leaders(&cs).await;
+        assert!(l.len() <= 1, "overlap during handover: {l:?}");
+        if l.iter().any(|i| rest.contains(i)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "no handover after SIGTERM"
+        );
+    }
+    let handover = start.elapsed();
+    let status = cs[first].wait_exit(Duration::from_secs(3)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM exits 0");
+    let second = one_leader(&cs, Duration::from_secs(5)).await;
+    let t2 = token_of(&cs[second]).await;
+    assert!(t2 > t1, "fencing token grows: {t1} then {t2}");
+    eprintln!("graceful handover took {handover:?}");
+
+    // Crash failover: within TTL + renew interval + margin.
+    let start = Instant::now();
+    cs[second].signal(Signal::SIGKILL);
+    let third = loop {
+        let l = leaders(&cs).await;
+        if let Some(i) = l.first() {
+            break *i;
+        }
+        assert!(
+            start.elapsed() < TTL + RENEW + Duration::from_secs(1),
+            "no failover within TTL + renew interval + 1 s"
+        );
+        sleep(Duration::from_millis(5)).await;
+    };
+    assert!(third != first && third != second);
+    let t3 = token_of(&cs[third]).await;
+    assert!(t3 > t2, "fencing token grows: {t2} then {t3}");
+    eprintln!("crash failover took {:?}", start.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_answers_not_leader_to_its_first_request_after_sigcont() {
+    let etcd = Etcd::start().await;
+    let cs = three(&etcd.url, &election("pause"));
+    let old = one_leader(&cs, Duration::from_secs(10)).await;
+    cs[old].signal(Signal::SIGSTOP);
+    // Past the TTL another candidate takes over.
+    let others: Vec<&Sidecar> = cs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != old)
+        .map(|(_, s)| s)
+        .collect();
+    wait_for(
+        TTL * 3,
+        "another leader while the old one is paused",
+        || async {
+            for s in &others {
+                if s.is_leader().await {
+                    return true;
+                }
+            }
+            false
+        },
+    )
+    .await;
+    sleep(Duration::from_millis(200)).await;
+    cs[old].signal(Signal::SIGCONT);
+    let (status, body) = cs[old].leader().await.expect("the resumed sidecar answers");
+    assert_eq!(status, 503, "first answer after SIGCONT: {body}");
+    assert_eq!(body["is_leader"], false);
+    watch_no_overlap(&cs, Duration::from_secs(2)).await;
+    one_leader(&cs, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_down_longer_than_the_ttl_then_back() {
+    let mut etcd = Etcd::start().await;
+    let mut cs = three(&etcd.url, &election("outage"));
+    let old = one_leader(&cs, Duration::from_secs(10)).await;
+    let (_, body) = cs[old].leader().await.unwrap();
+    let valid_for = Duration::from_millis(body["valid_for_ms"].as_u64().unwrap());
+    let asked = Instant::now();
+    etcd.stop();
+    // The leader stops claiming by its valid_until, on its own clock.
+    let deadline = asked + valid_for;
+    loop {
+        let l = leaders(&cs).await;
+        let now = Instant::now();
+        if now > deadline + Duration::from_millis(20) {
+            assert!(l.is_empty(), "{l:?} still claims after valid_until");
+        }
+        assert!(
+            l.iter().all(|i| *i == old),
+            "a follower claimed while etcd was down: {l:?}"
+        );
+        if now > asked + TTL * 2 {
+            break;
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    for s in &cs {
+        assert_eq!(
+            http_get(s.port, "/healthz").await.unwrap().0,
+            200,
+            "healthz stays up"
+        );
+        assert_eq!(
+            http_get(s.port, "/readyz").await.unwrap().0,
+            503,
+            "readyz reports the outage"
+        );
+        let (_, body) = s.leader().await.unwrap();
+        assert_eq!(body["backend_healthy"], false);
+        assert!(body["error"].as_str().unwrap().contains("etcd"), "{body}");
+    }
+    etcd.restart().await;
+    // etcd gives leases their full TTL again on restart: allow 2 x TTL.
+    one_leader(&cs, TTL * 2 + Duration::from_secs(4)).await;
+    watch_no_overlap(&cs, Duration::from_secs(1)).await;
+    for s in &mut cs {
+        assert!(
+            s.exited().is_none(),
+            "{} exited during the outage",
+            s.identity
+        );
+        assert_eq!(http_get(s.port, "/readyz").await.unwrap().0, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_by_hand_makes_the_leader_step_down_at_once() {
+    let etcd = Etcd::start().await;
+    let name = election("delete");
+    let cs = three(&etcd.url, &name);
+    let old = one_leader(&cs, Duration::from_secs(10)).await;
+    let t1 = token_of(&cs[old]).await;
+    let mut client = etcd.client().await;
+    let deleted = Instant::now();
+    client
+        .delete(format!("/leader-elector/{name}"), None)
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_millis(500),
+        "the old leader to step down",
+        || async {
+            match cs[old].leader().await {
+                Some((200, body)) => body["fencing_token"].as_u64() != Some(t1),
+                _ => true,
+            }
+        },
+    )
+    .await;
+    eprintln!("stepped down {:?} after the delete", deleted.elapsed());
+    let new = one_leader(&cs, Duration::from_secs(5)).await;
+    assert!(token_of(&cs[new]).await > t1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_the_same_identity_waits_for_the_old_lease() {
+    let etcd = Etcd::start().await;
+    let name = election("restart");
+    let first = Sidecar::start(&etcd.url, &name, "pod-0", FAST);
+    wait_for(Duration::from_secs(10), "pod-0 to lead", || {
+        first.is_leader()
+    })
+    .await;
+    first.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    let second = Sidecar::start(&etcd.url, &name, "pod-0", FAST);
+    wait_for(
+        Duration::from_secs(5),
+        "the new process to answer",
+        || async { second.leader().await.is_some() },
+    )
+    .await;
+    loop {
+        let leads = second.is_leader().await;
+        if leads {
+            break;
+        }
+        assert!(
+            killed.elapsed() < TTL * 3,
+            "the restarted process never led"
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+    let waited = killed.elapsed();
+    assert!(
+        waited >= TTL - RENEW - Duration::from_millis(100),
+        "the restarted process led after {waited:?}: it adopted the previous process's key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elects_over_mutual_tls_and_reports_a_wrong_ca_as_tls() {
+    let certs = Certs::generate();
+    let etcd = Etcd::start_tls(&certs).await;
+    let name = election("tls");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let mut good_args: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
+    good_args.extend([
+        "--etcd-ca-file".into(),
+        path(&certs.ca),
+        "--etcd-cert-file".into(),
+        path(&certs.client_cert),
+        "--etcd-key-file".into(),
+        path(&certs.client_key),
+    ]);
+    let refs: Vec<&str> = good_args.iter().map(String::as_str).collect();
+    let good = Sidecar::start(&etcd.url, &name, "good", &refs);
+    wait_for(Duration::from_secs(15), "the TLS sidecar to lead", || {
+        good.is_leader()
+    })
+    .await;
+
+    let mut bad_args: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
+    bad_args.extend([
+        "--etcd-ca-file".into(),
+        path(&certs.other_ca),
+        "--etcd-cert-file".into(),
+        path(&certs.client_cert),
+        "--etcd-key-file".into(),
+        path(&certs.client_key),
+    ]);
+    let refs: Vec<&str> = bad_args.iter().map(String::as_str).collect();
+    let bad = Sidecar::start(&etcd.url, &name, "bad", &refs);
+    wait_for(
+        Duration::from_secs(10),
+        "the wrong-CA sidecar to report a TLS error",
+        || async {
+            match bad.leader().await {
+                Some((status, body)) => {
+                    assert_ne!(status, 200, "a sidecar with the wrong CA claims to lead");
+                    body["error"].as_str().is_some_and(|e| e.contains("TLS"))
+                }
+                None => false,
+            }
+        },
+    )
+    .await;
+    let (_, body) = bad.leader().await.unwrap();
+    let err = body["error"].as_str().unwrap();
+    assert!(
+        err.contains("--etcd-ca-file"),
+        "the error names the fix: {err}"
+    );
+    assert!(
+        !err.contains("cannot reach"),
+        "reported as unreachable: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elects_with_etcd_auth_and_reports_a_wrong_password_as_auth() {
+    let etcd = Etcd::start().await;
+    let mut client = etcd.client().await;
+    client.user_add("root", "s3cret-root", None).await.unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+    let dir = tempfile::TempDir::new().unwrap();
+    let good_pw = dir.path().join("good");
+    let bad_pw = dir.path().join("bad");
+    std::fs::write(&good_pw, "s3cret-root\n").unwrap();
+    std::fs::write(&bad_pw, "wrong-password\n").unwrap();
+    let name = election("auth");
+    let args = |pw: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
+        v.extend([
+            "--etcd-username".into(),
+            "root".into(),
+            "--etcd-password-file".into(),
+            pw.to_str().unwrap().into(),
+        ]);
+        v
+    };
+    let good_args = args(&good_pw);
+    let refs: Vec<&str> = good_args.iter().map(String::as_str).collect();
+    let good = Sidecar::start(&etcd.url, &name, "good", &refs);
+    wait_for(
+        Duration::from_secs(10),
+        "the authenticated sidecar to lead",
+        || good.is_leader(),
+    )
+    .await;
+
+    let bad_args = args(&bad_pw);
+    let refs: Vec<&str> = bad_args.iter().map(String::as_str).collect();
+    let bad = Sidecar::start(&etcd.url, &name, "bad", &refs);
+    wait_for(
+        Duration::from_secs(10),
+        "the wrong-password sidecar to report an auth error",
+        || async {
+            match bad.leader().await {
+                Some((status, body)) => {
+                    assert_ne!(status, 200);
+                    body["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("rejected the credentials"))
+                }
+                None => false,
+            }
+        },
+    )
+    .await;
+    let (_, body) = bad.leader().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("--etcd-password-file")
+    );
+    for s in [&good, &bad] {
+        assert!(!s.log().contains("s3cret-root"), "a password was logged");
+        assert!(!s.log().contains("wrong-password"), "a password was logged");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_resigns_and_exits_zero_quickly_and_metrics_are_served() {
+    let etcd = Etcd::start().await;
+    let name = election("shutdown");
+    let mut s = Sidecar::start(&etcd.url, &name, "solo", FAST);
+    wait_for(Duration::from_secs(10), "solo to lead", || s.is_leader()).await;
+    let (status, text) = http_get(s.port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(&format!(
+            "leader_election_master_status{{name=\"{name}\"}} 1"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("leader_election_renew_duration_seconds"));
+    let (status, body) = http_get(s.port, "/").await.unwrap();
+    assert_eq!((status, body.contains("\"name\":\"solo\"")), (200, true));
+    let start = Instant::now();
+    s.signal(Signal::SIGINT);
+    let code = s
+        .wait_exit(Duration::from_secs(3))
+        .await
+        .and_then(|c| c.code());
+    assert_eq!(code, Some(0));
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // The lease was revoked: the key is gone.
+    let mut client = etcd.client().await;
+    let resp = client
+        .get(format!("/leader-elector/{name}"), None)
+        .await
+        .unwrap();
+    assert!(
+        resp.kvs().is_empty(),
+        "the key outlived a graceful shutdown"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_started_before_etcd_keeps_trying_and_elects() {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut s = Sidecar::start(&url, &election("late"), "early", FAST);
+    wait_for(Duration::from_secs(5), "the sidecar to answer", || async {
+        s.leader().await.is_some()
+    })
+    .await;
+    let (status, body) = s.leader().await.unwrap();
+    assert_eq!(status, 503);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach etcd"),
+        "{body}"
+    );
+    assert_eq!(http_get(s.port, "/healthz").await.unwrap().0, 200);
+    sleep(Duration::from_secs(1)).await;
+    assert!(s.exited().is_none());
+    let _etcd = Etcd::start_on(port).await;
+    wait_for(
+        Duration::from_secs(5),
+        "the sidecar to lead once etcd is up",
+        || s.is_leader(),
+    )
+    .await;
+    assert_eq!(http_get(s.port, "/readyz").await.unwrap().0, 200);
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    let bin = env!("CARGO_BIN_EXE_leader-elector");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "--election",
+                "x",
+                "--etcd-endpoints",
+                "http://127.0.0.1:1",
+                "--lease-duration",
+                "soon",
+            ],
+            "--lease-duration",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--etcd-endpoints",
+                "http://127.0.0.1:1",
+                "--renew-interval",
+                "20s",
+            ],
+            "--renew-interval (20s) must be shorter than --lease-duration (15s)",
+        ),
+        (
+            &["--election", "", "--etcd-endpoints", "http://127.0.0.1:1"],
+            "--election",
+        ),
+        (
+            &["--election", "x", "--etcd-endpoints", "localhost:2379"],
+            "--etcd-endpoints",
+        ),
+        (&["--election", "x"], "--etcd-endpoints"),
+        (
+            &[
+                "--election",
+                "x",
+                "--etcd-endpoints",
+                "http://127.0.0.1:1",
+                "--http-addr",
+                "nowhere",
+            ],
+            "--http-addr",
+        ),
+        (&["--etcd-endpoints", "http://127.0.0.1:1"], "--election"),
+        (
+            &[
+                "--election",
+                "x",
+                "--etcd-endpoints",
+                "http://127.0.0.1:1",
+                "--log-format",
+                "xml",
+            ],
+            "--log-format",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = std::process::Command::new(bin)
+            .args(*args)
+            .env_remove("LEADER_ELECTOR_ELECTION")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in {stderr}"
+        );
+    }
+    // Every flag also reads LEADER_ELECTOR_*.
+    let out = std::process::Command::new(bin)
+        .env("LEADER_ELECTOR_ELECTION", "x")
+        .env("LEADER_ELECTOR_ETCD_ENDPOINTS", "http://127.0.0.1:1")
+        .env("LEADER_ELECTOR_LEASE_DURATION", "bogus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lease-duration"));
+}

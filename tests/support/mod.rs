@@ -1,0 +1,436 @@
+//! Test support: real `etcd` servers and real `leader-elector` processes on
+//! free loopback ports, each in its own temporary directory, killed on `Drop`.
+//! A missing binary fails the test loudly with the package to install; it
+//! never skips.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{Instant, sleep, timeout};
+
+/// The path of `bin` on `PATH`; panics naming the Debian package when missing.
+pub fn require(bin: &str, package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(bin);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "`{bin}` is not installed: this test needs a real {bin}. Install the Debian package `{package}` (sudo apt-get install -y {package}), or run scripts/test, which installs it."
+    );
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral loopback port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Poll `cond` every 5 ms until it holds; panic with `what` after `limit`.
+pub async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + limit;
+    loop {
+        if cond().await {
+            return;
+        }
+        if Instant::now() > end {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Certificates for a TLS etcd: a CA, a server certificate for 127.0.0.1 and
+/// localhost, a client certificate, and a second, unrelated CA.
+pub struct Certs {
+    pub dir: TempDir,
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub other_ca: PathBuf,
+}
+
+impl Certs {
+    pub fn generate() -> Certs {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
+            KeyPair,
+        };
+        let dir = TempDir::new().unwrap();
+        let write = |name: &str, text: String| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let make_ca = || {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+        };
+        let ca = make_ca();
+        let other = make_ca();
+        let leaf = |sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+            let mut params = CertificateParams::new(sans).unwrap();
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &ca).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server_cert, server_key) = leaf(
+            vec!["127.0.0.1".into(), "localhost".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let (client_cert, client_key) = leaf(
+            vec!["leader-elector".into()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        Certs {
+            ca: write("ca.pem", ca.pem()),
+            other_ca: write("other-ca.pem", other.pem()),
+            server_cert: write("server.pem", server_cert),
+            server_key: write("server-key.pem", server_key),
+            client_cert: write("client.pem", client_cert),
+            client_key: write("client-key.pem", client_key),
+            dir,
+        }
+    }
+}
+
+/// One etcd member on loopback, in a temporary data directory.
+pub struct Etcd {
+    dir: TempDir,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
+    /// The client URL.
+    pub url: String,
+}
+
+impl Etcd {
+    /// Start a plain (http) etcd and wait until it answers.
+    pub async fn start() -> Etcd {
+        Self::launch(None, free_port()).await
+    }
+
+    /// Start a plain etcd whose client URL is `http://127.0.0.1:<client_port>`.
+    pub async fn start_on(client_port: u16) -> Etcd {
+        Self::launch(None, client_port).await
+    }
+
+    /// Start an etcd that serves TLS with `certs` and requires client certificates.
+    pub async fn start_tls(certs: &Certs) -> Etcd {
+        Self::launch(
+            Some((
+                certs.ca.clone(),
+                certs.server_cert.clone(),
+                certs.server_key.clone(),
+            )),
+            free_port(),
+        )
+        .await
+    }
+
+    async fn launch(tls: Option<(PathBuf, PathBuf, PathBuf)>, client_port: u16) -> Etcd {
+        require("etcd", "etcd-server");
+        let dir = TempDir::new().unwrap();
+        let peer_port = free_port();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut etcd = Etcd {
+            dir,
+            client_port,
+            peer_port,
+            child: None,
+            url: format!("{scheme}://127.0.0.1:{client_port}"),
+            tls,
+        };
+        etcd.spawn();
+        etcd.wait_ready().await;
+        etcd
+    }
+
+    fn spawn(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "n", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.url])
+            .args(["--advertise-client-urls", &self.url])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("n={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some((ca, cert, key)) = &self.tls {
+            cmd.arg("--trusted-ca-file")
+                .arg(ca)
+                .arg("--cert-file")
+                .arg(cert)
+                .arg("--key-file")
+                .arg(key)
+                .arg("--client-cert-auth");
+        }
+        self.child = Some(cmd.spawn().expect("start etcd"));
+    }
+
+    async fn wait_ready(&self) {
+        let port = self.client_port;
+        wait_for(
+            Duration::from_secs(15),
+            "etcd to accept connections",
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+            },
+        )
+        .await;
+        if self.tls.is_none() {
+            let url = self.url.clone();
+            wait_for(Duration::from_secs(15), "etcd to answer status", || {
+                let url = url.clone();
+                async move {
+                    match etcd_client::Client::connect([url], None).await {
+                        Ok(mut c) => c.status().await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            })
+            .await;
+        } else {
+            // Leader election of a single member takes a moment after the port opens.
+            sleep(Duration::from_millis(1500)).await;
+        }
+    }
+
+    /// An etcd-client connected to this (plain) server.
+    pub async fn client(&self) -> etcd_client::Client {
+        timeout(
+            Duration::from_secs(5),
+            etcd_client::Client::connect([self.url.clone()], None),
+        )
+        .await
+        .expect("connecting the test's etcd client hung")
+        .expect("connect the test's etcd client")
+    }
+
+    /// Kill the server (SIGKILL), keeping its data directory.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start the server again on the same ports and data.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        self.wait_ready().await;
+    }
+
+    /// The server's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// GET `path` on a loopback port; returns the status code and body.
+pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad HTTP answer: {text:?}")))?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    };
+    timeout(Duration::from_secs(3), fut)
+        .await
+        .map_err(|_| std::io::Error::other("HTTP request timed out"))?
+}
+
+/// One `leader-elector` process with its HTTP API on a free loopback port.
+pub struct Sidecar {
+    pub identity: String,
+    pub port: u16,
+    child: Child,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+/// The flags every test sidecar gets: a short TTL so tests are quick.
+pub const FAST: &[&str] = &[
+    "--lease-duration",
+    "2s",
+    "--renew-interval",
+    "500ms",
+    "--retry-period",
+    "500ms",
+];
+
+impl Sidecar {
+    /// Start a sidecar for `election` on `etcd_url` with `extra` flags.
+    pub fn start(etcd_url: &str, election: &str, identity: &str, extra: &[&str]) -> Sidecar {
+        let dir = TempDir::new().unwrap();
+        let port = free_port();
+        let log = dir.path().join("sidecar.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(["--election", election, "--identity", identity])
+            .args(["--etcd-endpoints", etcd_url])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")])
+            .args(["--log-level", "leader_elector=debug"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start leader-elector");
+        Sidecar {
+            identity: identity.to_owned(),
+            port,
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// `GET /leader`: status and parsed body (`None` when it does not answer).
+    pub async fn leader(&self) -> Option<(u16, serde_json::Value)> {
+        let (status, body) = http_get(self.port, "/leader").await.ok()?;
+        Some((status, serde_json::from_str(&body).ok()?))
+    }
+
+    /// Whether `/leader` answers 200 right now.
+    pub async fn is_leader(&self) -> bool {
+        matches!(self.leader().await, Some((200, _)))
+    }
+
+    /// Send `sig` to the process.
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).expect("signal the sidecar");
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// Wait up to `limit` for the process to exit.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Some(s) = self.exited() {
+                return Some(s);
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+        None
+    }
+
+    /// What the process logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- log of {} ---\n{}", self.identity, self.log());
+        }
+    }
+}
+
+/// Indexes of the sidecars whose `/leader` answers 200 right now.
+pub async fn leaders(sidecars: &[Sidecar]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for (i, s) in sidecars.iter().enumerate() {
+        if s.is_leader().await {
+            out.push(i);
+        }
+    }
+    out
+}
+
+/// Wait until exactly one sidecar leads and every live one names it; return its index.
+pub async fn one_leader(sidecars: &[Sidecar], limit: Duration) -> usize {
+    let end = Instant::now() + limit;
+    loop {
+        let l = leaders(sidecars).await;
+        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
+        if l.len() == 1 {
+            let name = &sidecars[l[0]].identity;
+            let mut agree = true;
+            for s in sidecars {
+                if let Some((_, body)) = s.leader().await
+                    && body["leader"] != serde_json::json!(name)
+                {
+                    agree = false;
+                }
+            }
+            if agree {
+                return l[0];
+            }
+        }
+        if Instant::now() > end {
+            panic!("no single agreed leader within {limit:?} (leaders now: {l:?})");
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A unique election name per test.
+pub fn election(test: &str) -> String {
+    format!("{test}-{}", std::process::id())
+}
+
+/// The fencing token a sidecar reports.
+pub async fn token_of(s: &Sidecar) -> u64 {
+    s.leader().await.expect("sidecar answers").1["fencing_token"]
+        .as_u64()
+        .expect("a fencing token")
+}
