@@ -17,7 +17,7 @@ use crate::elector::ElectorConfig;
 
 /// `leader-elector`: one active replica at a time for a singleton workload.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "leader-elector", version, about, long_about = None)]
+#[command(name = "leader-elector", version, about, long_about = None, args_override_self = true)]
 pub struct Cli {
     /// Name of the election; candidates with the same name compete for one leadership.
     #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
@@ -257,6 +257,11 @@ fn default_identity() -> Option<String> {
         .filter(|s| !s.trim().is_empty())
 }
 
+/// HTTP/2 keep-alive ping interval towards etcd. etcd closes connections that
+/// ping more often than `--grpc-keepalive-min-time` (default 5 s) with
+/// GOAWAY `too_many_pings`, which would break every watch; 10 s stays clear.
+pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Longest accepted election name, in bytes.
 pub const MAX_ELECTION_LEN: usize = 128;
 
@@ -399,8 +404,7 @@ impl Config {
                         client_cert_pem,
                         credentials,
                         connect_timeout: elector.call_timeout(),
-                        keepalive_interval: renew_interval
-                            .clamp(Duration::from_millis(500), Duration::from_secs(10)),
+                        keepalive_interval: ETCD_KEEPALIVE_INTERVAL,
                     },
                 }
             }

@@ -509,3 +509,50 @@ fn bad_flags_exit_2_naming_the_flag() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--lease-duration"));
 }
+
+/// Sum of etcd's `grpc_server_msg_received_total` per method.
+async fn etcd_messages(etcd: &Etcd) -> std::collections::BTreeMap<String, f64> {
+    let port: u16 = etcd.url.rsplit(':').next().unwrap().parse().unwrap();
+    let (_, text) = http_get(port, "/metrics").await.expect("etcd metrics");
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{grpc_method=\"") {
+            let method = rest.split('"').next().unwrap().to_owned();
+            let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap_or(0.0);
+            *out.entry(method).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_at_rest_send_nothing_and_their_watch_survives() {
+    // Regression: HTTP/2 pings more often than etcd's grpc-keepalive-min-time
+    // (5 s) made etcd close the connection (GOAWAY too_many_pings) every few
+    // seconds, breaking followers' watches.
+    let etcd = Etcd::start().await;
+    let cs = three(&etcd.url, &election("rest"));
+    let leader = one_leader(&cs, Duration::from_secs(10)).await;
+    sleep(Duration::from_millis(500)).await;
+    let before = etcd_messages(&etcd).await;
+    sleep(Duration::from_secs(5)).await;
+    let after = etcd_messages(&etcd).await;
+    for (method, v) in &after {
+        let d = v - before.get(method).copied().unwrap_or(0.0);
+        // Only the leader renews: LeaseKeepAlive and the ownership read (Range).
+        if !["LeaseKeepAlive", "Range"].contains(&method.as_str()) {
+            assert_eq!(d, 0.0, "{d} {method} messages at rest");
+        }
+    }
+    for (i, s) in cs.iter().enumerate() {
+        assert!(
+            !s.log().contains("backend call failed"),
+            "{}: {}",
+            s.identity,
+            s.log()
+        );
+        let (_, body) = s.leader().await.unwrap();
+        assert_eq!(body["transitions"], 1, "{}", s.identity);
+        assert_eq!(i == leader, body["is_leader"] == true);
+    }
+}

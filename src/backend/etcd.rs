@@ -101,7 +101,7 @@ impl EtcdBackend {
         let o = &self.options;
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(o.connect_timeout)
-            .with_keep_alive(o.keepalive_interval, o.keepalive_interval)
+            .with_keep_alive(o.keepalive_interval, o.keepalive_interval / 2)
             .with_keep_alive_while_idle(true)
             .with_auto_token_refresh(true);
         if let Some(ca) = &o.ca_pem {
