@@ -120,8 +120,13 @@ async fn main() {
         ("crash failover (SIGKILL)", Signal::SIGKILL, &mut failover),
     ] {
         for run in 0..runs {
-            // Let the followers settle into their watches.
+            // Let the followers settle into their watches; for a crash, also
+            // hit a random point of the leader's renew cycle (TTL/3).
             sleep(Duration::from_millis(300)).await;
+            if sig == Signal::SIGKILL {
+                let cycle = humantime::parse_duration(&ttl).unwrap() / 3;
+                sleep(cycle.mul_f64(rand::random::<f64>())).await;
+            }
             let others: Vec<usize> = (0..cs.len()).filter(|i| *i != leader).collect();
             let t0 = Instant::now();
             cs[leader].signal(sig);

@@ -15,7 +15,7 @@ use clap::{Args, Parser, ValueEnum};
 use crate::backend::etcd::EtcdOptions;
 use crate::elector::ElectorConfig;
 
-/// `leader-elector`: one active replica at a time for a singleton workload.
+/// leader-elector: one active replica at a time for a singleton workload.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "leader-elector", version, about, long_about = None, args_override_self = true)]
 pub struct Cli {
