@@ -12,6 +12,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::backend::LeaseBackend;
 use crate::backend::etcd::EtcdBackend;
+use crate::backend::redis::RedisBackend;
 use crate::config::{BackendConfig, Config};
 use crate::elector::Elector;
 use crate::http::{AppState, router};
@@ -35,16 +36,27 @@ pub enum RunError {
     /// Metrics could not be registered.
     #[error("cannot register metrics")]
     Metrics(#[source] prometheus::Error),
+    /// The backend settings cannot be used.
+    #[error("cannot set up the backend: {0}")]
+    Backend(String),
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
 }
 
 /// Build the backend chosen at start-up. Never switched while running.
-pub fn connect(cfg: &BackendConfig) -> Arc<dyn LeaseBackend> {
-    match cfg {
+///
+/// # Errors
+/// [`RunError::Backend`] when the backend settings cannot be used.
+pub fn connect(cfg: &BackendConfig) -> Result<Arc<dyn LeaseBackend>, RunError> {
+    Ok(match cfg {
         BackendConfig::Etcd { key, options } => EtcdBackend::new(key.clone(), options.clone()),
-    }
+        BackendConfig::Redis {
+            prefix,
+            election,
+            options,
+        } => RedisBackend::new(prefix, election, options.clone()).map_err(RunError::Backend)?,
+    })
 }
 
 /// Run the sidecar until `shutdown` is cancelled (by a signal, or by the caller).
@@ -53,7 +65,7 @@ pub fn connect(cfg: &BackendConfig) -> Arc<dyn LeaseBackend> {
 /// [`RunError`] for failures that make running impossible; backend faults are
 /// never errors here.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunError> {
-    let backend = connect(&cfg.backend);
+    let backend = connect(&cfg.backend)?;
     let metrics = Metrics::new(Registry::new(), &cfg.elector.election, backend.name())
         .map_err(RunError::Metrics)?;
     let listener = TcpListener::bind(cfg.http_addr)
@@ -71,6 +83,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
         renew_interval = %humantime::format_duration(cfg.elector.renew_interval),
         "starting"
     );
+    if let BackendConfig::Redis { options, .. } = &cfg.backend {
+        let n = options.urls.len();
+        if n > 1 && n % 2 == 0 {
+            warn!(
+                servers = n,
+                quorum = n / 2 + 1,
+                "an even number of Redlock servers tolerates no more failures than one server fewer; use an odd number (3 or 5)"
+            );
+        }
+    }
     let (elector, state) = Elector::new(cfg.elector.clone(), backend, Some(metrics.clone()));
     let span = info_span!("elector", election = %cfg.elector.election);
     let mut elector_task = tokio::spawn(elector.run(shutdown.clone()).instrument(span));

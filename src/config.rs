@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, ValueEnum};
 
 use crate::backend::etcd::EtcdOptions;
+use crate::backend::redis::{RedisOptions, check_url, redact};
 use crate::elector::ElectorConfig;
 
 /// leader-elector: one active replica at a time for a singleton workload.
@@ -32,7 +33,7 @@ pub struct Cli {
     )]
     pub identity: Option<String>,
 
-    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given.
+    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given, else Redis.
     #[arg(
         long,
         value_enum,
@@ -44,6 +45,10 @@ pub struct Cli {
     /// etcd connection.
     #[command(flatten)]
     pub etcd: EtcdArgs,
+
+    /// Redis connection.
+    #[command(flatten)]
+    pub redis: RedisArgs,
 
     /// Lease TTL: how long the backend keeps the key without a renewal (e.g. 15s).
     #[arg(long, visible_alias = "ttl", default_value = "15s", env = "LEADER_ELECTOR_LEASE_DURATION", value_parser = parse_duration, value_name = "DURATION")]
@@ -121,13 +126,35 @@ pub struct EtcdArgs {
     pub etcd_password_file: Option<PathBuf>,
 }
 
+/// The Redis flags.
+#[derive(Args, Debug, Clone)]
+pub struct RedisArgs {
+    /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_URL", value_delimiter = ',', value_name = "URL")]
+    pub redis_url: Vec<String>,
+
+    /// File holding the Redis password (its first line), for URLs that carry none.
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_PASSWORD_FILE", value_name = "FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// PEM file of the CA that signed the Redis servers' certificates (rediss:// with a private CA).
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Key prefix; the election key is <prefix>{<election>}.
+    #[arg(long, default_value = "leader-elector:", env = "LEADER_ELECTOR_REDIS_PREFIX", value_name = "PREFIX")]
+    pub redis_prefix: String,
+}
+
 /// Backend selection (`--backend`).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
-    /// etcd when --etcd-endpoints is given.
+    /// etcd when --etcd-endpoints is given, else Redis when --redis-url is given.
     Auto,
     /// etcd (--etcd-endpoints).
     Etcd,
+    /// Redis (--redis-url), single instance or Redlock.
+    Redis,
 }
 
 /// Log output format (`--log-format`).
@@ -177,6 +204,15 @@ pub enum BackendConfig {
         key: String,
         /// Connection settings.
         options: EtcdOptions,
+    },
+    /// Redis: one server, or Redlock across several.
+    Redis {
+        /// Key prefix.
+        prefix: String,
+        /// Election name.
+        election: String,
+        /// Connection settings.
+        options: RedisOptions,
     },
 }
 
@@ -283,6 +319,69 @@ fn check_election(name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Per-server timeout of a Redlock group: short against the TTL (the spec's
+/// example is 5–50 ms for a 10 s TTL), but not so short that a busy loopback
+/// server misses it.
+pub fn redlock_server_timeout(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(50), Duration::from_millis(500))
+}
+
+fn redis_backend(cli: &Cli, elector: &ElectorConfig) -> Result<BackendConfig, ConfigError> {
+    let r = &cli.redis;
+    if r.redis_url.is_empty() {
+        return Err(config_error(
+            "--redis-url is required with --backend redis\nhint: e.g. --redis-url redis://127.0.0.1:6379",
+        ));
+    }
+    for url in &r.redis_url {
+        check_url(url).map_err(|e| config_error(format!("--redis-url: {e}")))?;
+    }
+    let n = r.redis_url.len();
+    let password = r
+        .redis_password_file
+        .as_deref()
+        .map(|p| {
+            let raw = read_file("--redis-password-file", p)?;
+            let text = String::from_utf8(raw)
+                .map_err(|_| config_error("--redis-password-file must hold UTF-8 text"))?;
+            let pw = text.lines().next().unwrap_or("").to_owned();
+            if pw.is_empty() {
+                return Err(config_error(format!(
+                    "--redis-password-file ({}) is empty",
+                    p.display()
+                )));
+            }
+            Ok(pw)
+        })
+        .transpose()?;
+    let ca_pem = r
+        .redis_ca_file
+        .as_deref()
+        .map(|p| read_file("--redis-ca-file", p))
+        .transpose()?;
+    if ca_pem.is_some() && !r.redis_url.iter().any(|u| u.starts_with("rediss://")) {
+        return Err(config_error(
+            "--redis-ca-file needs rediss:// URLs in --redis-url",
+        ));
+    }
+    let per_server_timeout = if n == 1 {
+        elector.call_timeout()
+    } else {
+        redlock_server_timeout(elector.lease_duration).min(elector.call_timeout())
+    };
+    tracing::debug!(urls = ?r.redis_url.iter().map(|u| redact(u)).collect::<Vec<_>>(), "redis backend");
+    Ok(BackendConfig::Redis {
+        prefix: r.redis_prefix.clone(),
+        election: cli.election.clone(),
+        options: RedisOptions {
+            urls: r.redis_url.clone(),
+            password,
+            ca_pem,
+            per_server_timeout,
+        },
+    })
+}
+
 impl Config {
     /// Validate `cli` and read the files it names.
     ///
@@ -290,7 +389,7 @@ impl Config {
     /// A [`ConfigError`] naming the flag at fault and the fix.
     pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
         check_election(&cli.election)?;
-        let identity = match cli.identity {
+        let identity = match cli.identity.clone() {
             Some(id) if id.trim().is_empty() => {
                 return Err(config_error(
                     "--identity must not be empty\nhint: leave it out to use $POD_NAME or the host name",
@@ -321,9 +420,29 @@ impl Config {
         };
         elector.validate().map_err(config_error)?;
 
-        let e = &cli.etcd;
-        let backend = match cli.backend {
+        let kind = match cli.backend {
+            BackendKind::Auto => {
+                match (cli.etcd.etcd_endpoints.is_empty(), cli.redis.redis_url.is_empty()) {
+                    (false, false) => {
+                        return Err(config_error(
+                            "both --etcd-endpoints and --redis-url are given: choose one with --backend etcd or --backend redis\nhint: the backend is fixed at start-up; two backends at once could elect two leaders",
+                        ));
+                    }
+                    (false, true) => BackendKind::Etcd,
+                    (true, false) => BackendKind::Redis,
+                    (true, true) => {
+                        return Err(config_error(
+                            "no backend is configured: give --etcd-endpoints (e.g. http://127.0.0.1:2379) or --redis-url (e.g. redis://127.0.0.1:6379)",
+                        ));
+                    }
+                }
+            }
+            k => k,
+        };
+        let backend = match kind {
+            BackendKind::Redis => redis_backend(&cli, &elector)?,
             BackendKind::Auto | BackendKind::Etcd => {
+                let e = &cli.etcd;
                 if e.etcd_endpoints.is_empty() {
                     return Err(config_error(
                         "--etcd-endpoints is required: no backend is configured\nhint: e.g. --etcd-endpoints http://127.0.0.1:2379",
@@ -439,7 +558,9 @@ mod tests {
         assert_eq!(c.elector.renew_interval, Duration::from_secs(5));
         assert_eq!(c.elector.retry_period, Duration::from_secs(2));
         assert_eq!(c.http_addr, "0.0.0.0:4040".parse().unwrap());
-        let BackendConfig::Etcd { key, .. } = c.backend;
+        let BackendConfig::Etcd { key, .. } = c.backend else {
+            panic!("etcd expected")
+        };
         assert_eq!(key, "/leader-elector/a");
     }
 
@@ -483,7 +604,7 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("--etcd-endpoints"), "{e}");
         let e = cli(&["--election=a", "--id=me"]).unwrap_err();
-        assert!(e.contains("--etcd-endpoints is required"), "{e}");
+        assert!(e.contains("no backend is configured"), "{e}");
         let e = cli(&["--election=a b", "--id=me", EP]).unwrap_err();
         assert!(e.contains("--election (a b)"), "{e}");
     }
@@ -515,7 +636,33 @@ mod tests {
             "--etcd-endpoints=http://a:1,http://b:2",
         ])
         .unwrap();
-        let BackendConfig::Etcd { options, .. } = c.backend;
+        let BackendConfig::Etcd { options, .. } = c.backend else {
+            panic!("etcd expected")
+        };
         assert_eq!(options.endpoints, vec!["http://a:1", "http://b:2"]);
+    }
+
+    #[test]
+    fn backend_choice_is_explicit_when_both_are_given() {
+        let e = cli(&["--election=a", "--id=me", EP, "--redis-url=redis://h:1"]).unwrap_err();
+        assert!(e.contains("--backend etcd or --backend redis"), "{e}");
+        let c = cli(&["--election=a", "--id=me", EP, "--redis-url=redis://h:1", "--backend=redis"]).unwrap();
+        assert!(matches!(c.backend, BackendConfig::Redis { .. }));
+        let c = cli(&["--election=a", "--id=me", "--redis-url=redis://h:1"]).unwrap();
+        assert!(matches!(c.backend, BackendConfig::Redis { .. }));
+        let e = cli(&["--election=a", "--id=me", "--backend=redis", EP]).unwrap_err();
+        assert!(e.contains("--redis-url is required"), "{e}");
+    }
+
+    #[test]
+    fn redis_urls_repeat_or_split_on_commas_and_are_checked() {
+        let c = cli(&["--election=a", "--id=me", "--redis-url=redis://h:1", "--redis-url=redis://h:2,redis://h:3"]).unwrap();
+        let BackendConfig::Redis { options, .. } = c.backend else {
+            panic!("redis expected")
+        };
+        assert_eq!(options.urls.len(), 3);
+        assert_eq!(options.per_server_timeout, Duration::from_millis(500));
+        let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
+        assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
     }
 }

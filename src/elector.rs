@@ -128,6 +128,9 @@ pub struct LeaderState {
     /// Count of leader changes this candidate observed, including to nobody;
     /// the long-poll index of `/leader`.
     pub transitions: u64,
+    /// Redlock: servers that answered the last acquisition or renewal of our
+    /// term, and servers in all.
+    pub servers: Option<(usize, usize)>,
 }
 
 impl LeaderState {
@@ -146,6 +149,7 @@ impl LeaderState {
             ready: false,
             stopping: false,
             transitions: 0,
+            servers: None,
         }
     }
 
@@ -349,7 +353,10 @@ impl Elector {
         let now = Instant::now();
         let ttl = term.ttl;
         let mut valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
-        self.state.send_modify(|s| s.lease_duration = ttl);
+        self.state.send_modify(|s| {
+            s.lease_duration = ttl;
+            s.servers = term.servers;
+        });
         self.set_own_term(&term, valid_until);
         self.last_seen = Some(term.holder.clone());
 
@@ -382,7 +389,7 @@ impl Elector {
                         Err(_) => Err(BackendError::Timeout { backend: backend.name(), call: "renew", timeout_ms: deadline.as_millis() as u64 }),
                     };
                     match r {
-                        Ok(Renewal::Renewed { ttl }) => {
+                        Ok(Renewal::Renewed { ttl, servers }) => {
                             let rtt = send.elapsed();
                             valid_until = send + ttl.saturating_sub(self.cfg.margin(ttl, rtt));
                             next_renew = send + self.cfg.renew_interval;
@@ -392,6 +399,7 @@ impl Elector {
                             self.state.send_modify(|s| {
                                 if let Some(t) = &mut s.own_term { t.valid_until = valid_until; }
                                 s.lease_duration = ttl;
+                                s.servers = servers;
                             });
                             if watch.is_none() {
                                 watch = Some(Box::pin(backend.watch(&term.holder)));
@@ -523,6 +531,9 @@ impl Elector {
             let leading = own.is_some();
             let same = s.leader == leader && s.fencing_token == token && was_leading == leading;
             s.own_term = own;
+            if !leading {
+                s.servers = None;
+            }
             if same {
                 return false;
             }

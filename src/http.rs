@@ -67,6 +67,12 @@ pub struct LeaderBody {
     pub backend_healthy: bool,
     /// The long-poll index: leader changes observed.
     pub transitions: u64,
+    /// Redlock, while leading: servers that answered the last renewal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub servers_answered: Option<usize>,
+    /// Redlock, while leading: servers in the group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub servers_total: Option<usize>,
     /// Why this candidate cannot currently tell (backend error, validity expired).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -97,6 +103,8 @@ impl LeaderBody {
             backend: state.backend,
             backend_healthy: state.backend_healthy,
             transitions: state.transitions,
+            servers_answered: state.servers.map(|(a, _)| a),
+            servers_total: state.servers.map(|(_, n)| n),
             error,
         }
     }

@@ -27,6 +27,7 @@ fn follower() -> LeaderState {
         ready: true,
         stopping: false,
         transitions: 3,
+        servers: None,
     }
 }
 

@@ -27,7 +27,7 @@ use etcd_client::{
 };
 use tokio::sync::Mutex;
 
-use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
+use super::{is_tls_error, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
 
 const BACKEND: &str = "etcd";
 
@@ -199,24 +199,6 @@ fn lease_of(term_id: &str) -> i64 {
     i64::from_str_radix(term_id, 16).unwrap_or(0)
 }
 
-/// Whether a rustls error sits anywhere in the error's cause chain.
-fn is_tls_error(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = current {
-        if e.is::<rustls::Error>() {
-            return true;
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-            && is_tls_error(inner)
-        {
-            return true;
-        }
-        current = e.source();
-    }
-    false
-}
-
 #[async_trait]
 impl LeaseBackend for EtcdBackend {
     fn name(&self) -> &'static str {
@@ -295,6 +277,7 @@ impl LeaseBackend for EtcdBackend {
                     expires_in: None,
                 },
                 ttl: granted,
+                servers: None,
             }));
         }
         // Not elected: the lease we granted is not needed.
@@ -375,6 +358,7 @@ impl LeaseBackend for EtcdBackend {
             Some(kv) if kv.lease() != lease => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
             Some(_) => Ok(Renewal::Renewed {
                 ttl: Duration::from_secs(answer.ttl() as u64),
+                servers: None,
             }),
         }
     }

@@ -142,7 +142,11 @@ impl LeaseBackend for MemoryBackend {
         let rev = inner.revision;
         drop(inner);
         self.changed.send_replace(rev);
-        Ok(Campaign::Elected(Term { holder, ttl }))
+        Ok(Campaign::Elected(Term {
+            holder,
+            ttl,
+            servers: None,
+        }))
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
@@ -163,7 +167,10 @@ impl LeaseBackend for MemoryBackend {
             }
             Some((_, until)) => {
                 *until = now + term.ttl;
-                Ok(Renewal::Renewed { ttl: term.ttl })
+                Ok(Renewal::Renewed {
+                    ttl: term.ttl,
+                    servers: None,
+                })
             }
         }
     }

@@ -9,6 +9,7 @@
 
 pub mod etcd;
 pub mod memory;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -39,8 +40,11 @@ pub struct Term {
     /// This candidate as the holder of the key; `holder.term_id` proves ownership.
     pub holder: Holder,
     /// The lease TTL the backend actually granted (etcd raises small TTLs to
-    /// its minimum and counts in whole seconds).
+    /// its minimum and counts in whole seconds; Redlock subtracts its drift).
     pub ttl: Duration,
+    /// Redlock: servers that granted the term, and servers in all. `None` for
+    /// a single server.
+    pub servers: Option<(usize, usize)>,
 }
 
 /// What one campaign attempt found.
@@ -91,6 +95,8 @@ pub enum Renewal {
     Renewed {
         /// The TTL the backend reports after the renewal.
         ttl: Duration,
+        /// Redlock: servers that renewed, and servers in all. `None` for a single server.
+        servers: Option<(usize, usize)>,
     },
     /// The term is over; it must not be re-created.
     Lost(LostReason),
@@ -149,6 +155,18 @@ pub enum BackendError {
         /// What the server said.
         reason: String,
     },
+    /// The backend refused the command for a reason an operator must fix or
+    /// wait out (Redis `WRONGTYPE`, `READONLY`, `LOADING`, `OOM`).
+    #[error("{backend} refused the command ({code})")]
+    Rejected {
+        /// Backend name.
+        backend: &'static str,
+        /// Short error code, also the metric reason.
+        code: &'static str,
+        /// The server's answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The backend answered with an error not covered above.
     #[error("{backend} answered an error")]
     Server {
@@ -169,6 +187,7 @@ impl BackendError {
             BackendError::Auth { .. } => "auth",
             BackendError::Timeout { .. } => "timeout",
             BackendError::WatchEnded { .. } => "watch_ended",
+            BackendError::Rejected { code, .. } => code,
             BackendError::Server { .. } => "server",
         }
     }
@@ -186,8 +205,14 @@ impl BackendError {
             BackendError::Unreachable { .. } => {
                 "check that the backend runs and that the endpoints are right; retrying with backoff"
             }
+            BackendError::Tls { backend: "redis", .. } => {
+                "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL"
+            }
             BackendError::Tls { .. } => {
                 "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates"
+            }
+            BackendError::Auth { backend: "redis", .. } => {
+                "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel"
             }
             BackendError::Auth { .. } => {
                 "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix"
@@ -196,6 +221,19 @@ impl BackendError {
                 "the backend is slow or the network drops packets; retrying with backoff"
             }
             BackendError::WatchEnded { .. } => "re-reading the key and watching again",
+            BackendError::Rejected { code: "wrongtype", .. } => {
+                "another program stored a key of another type under the election key: delete it or choose another --redis-prefix"
+            }
+            BackendError::Rejected { code: "readonly", .. } => {
+                "this Redis is a read-only replica (after a failover?): point --redis-url at the primary"
+            }
+            BackendError::Rejected { code: "loading", .. } => {
+                "Redis is loading its dataset after a restart; retrying"
+            }
+            BackendError::Rejected { code: "oom", .. } => {
+                "Redis is out of memory (maxmemory): free memory or raise maxmemory; retrying"
+            }
+            BackendError::Rejected { .. } => "retrying with backoff",
             BackendError::Server { .. } => "retrying with backoff",
         }
     }
@@ -214,6 +252,25 @@ impl BackendError {
         out.push(')');
         out
     }
+}
+
+/// Whether a rustls error sits anywhere in the error's cause chain
+/// (classification by type, never by message text).
+pub(crate) fn is_tls_error(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = current {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && is_tls_error(inner)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// Shorthand for backend results.

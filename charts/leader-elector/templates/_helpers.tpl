@@ -1,0 +1,126 @@
+{{/*
+Expand the name of the chart.
+*/}}
+{{- define "leader-elector.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create a default fully qualified app name.
+We truncate at 63 chars because some Kubernetes name fields are limited to this (by the DNS naming spec).
+If release name contains chart name it will be used as a full name.
+*/}}
+{{- define "leader-elector.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Create chart name and version as used by the chart label.
+*/}}
+{{- define "leader-elector.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels
+*/}}
+{{- define "leader-elector.labels" -}}
+helm.sh/chart: {{ include "leader-elector.chart" . }}
+{{ include "leader-elector.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels
+*/}}
+{{- define "leader-elector.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "leader-elector.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels that select the Pods running the sidecar: the example workload's, or
+.Values.podSelector when the example is off.
+*/}}
+{{- define "leader-elector.podSelectorLabels" -}}
+{{- if .Values.example.enabled }}
+{{- include "leader-elector.selectorLabels" . }}
+{{- else if .Values.podSelector }}
+{{- toYaml .Values.podSelector }}
+{{- else }}
+{{- fail "podSelector must name your workload's Pod labels when example.enabled is false and a Service or PodMonitor is enabled" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Create the name of the service account to use
+*/}}
+{{- define "leader-elector.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "leader-elector.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The election name: .Values.election, else the full name.
+*/}}
+{{- define "leader-elector.election" -}}
+{{- default (include "leader-elector.fullname" .) .Values.election }}
+{{- end }}
+
+{{/*
+The leader-elector release this chart deploys by default. Kept equal to
+Chart.yaml's appVersion (scripts/check-k8s checks it); used when the sidecar
+template is included from another chart, whose .Chart is not ours.
+*/}}
+{{- define "leader-elector.defaultAppVersion" -}}
+0.1.0
+{{- end }}
+
+{{/*
+The sidecar image: image.tag, else this chart's appVersion.
+*/}}
+{{- define "leader-elector.image" -}}
+{{- $tag := .Values.image.tag }}
+{{- if not $tag }}
+{{- if and .Chart (eq .Chart.Name "leader-elector") }}
+{{- $tag = .Chart.AppVersion }}
+{{- else }}
+{{- $tag = include "leader-elector.defaultAppVersion" . }}
+{{- end }}
+{{- end }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{/*
+RBAC rules the sidecar needs, for your own Role:
+  rules:
+    {{- include "leader-elector.rbacRules" . | nindent 4 }}
+*/}}
+{{- define "leader-elector.rbacRules" -}}
+# Read and label its own Pod (JSON merge patch on metadata.labels).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "patch"]
+# Record leadership transitions as Events on its Pod.
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -1,0 +1,208 @@
+{{/*
+Named templates for adding the leader-elector sidecar to your own chart's Pods.
+
+Add this chart as a dependency (Chart.yaml):
+
+  dependencies:
+    - name: leader-elector
+      version: 0.1.0
+      repository: <where you publish it>   # or file://../leader-elector
+
+and configure it under the `leader-elector` key of your values:
+
+  leader-elector:
+    election: billing-scheduler
+    etcd:
+      endpoints: ["http://etcd.infra:2379"]
+    example:
+      enabled: false          # no example workload
+    serviceAccount:
+      create: false
+      name: billing-scheduler # your Pods' ServiceAccount; the chart binds its Role to it
+    podSelector:              # your Pods' labels, for the leader Service
+      app.kubernetes.io/name: billing-scheduler
+    service:
+      targetPort: http        # your app's port name
+
+Then, in your Deployment's Pod spec, pass these values together with .Release
+and .Chart to the templates:
+
+  {{- $le := dict "Values" (index .Values "leader-elector") "Release" .Release "Chart" .Chart }}
+  spec:
+    serviceAccountName: billing-scheduler
+    containers:
+      - name: app
+        ...
+      {{- include "leader-elector.sidecar" $le | nindent 6 }}
+    volumes:
+      {{- include "leader-elector.volumes" $le | nindent 6 }}
+
+`leader-elector.sidecar` renders one list item (the container);
+`leader-elector.volumes` renders zero or more list items (the TLS and password
+Secrets), so it can stand beside your own volumes. RBAC: keep `rbac.create`
+true (the sub-chart creates the Role and binds it to serviceAccount.name), or
+put `include "leader-elector.rbacRules"` in your own Role.
+
+The sidecar's HTTP API is on localhost:<httpPort> (4040): your app asks
+GET /leader (200 = act, 503 = stand by).
+*/}}
+
+{{/*
+The sidecar container, as one item of a Pod's `containers` list.
+*/}}
+{{- define "leader-elector.sidecar" -}}
+{{- include "leader-elector.sidecar.body" . | trim }}
+{{- end }}
+
+{{- define "leader-elector.sidecar.body" -}}
+{{- $v := .Values }}
+{{- $etcd := and (ne $v.backend "redis") $v.etcd.endpoints }}
+{{- $redis := and (ne $v.backend "etcd") $v.redis.urlsSecret.name }}
+{{- if not (or $etcd $redis) }}
+{{- fail (printf "leader-elector: backend %q needs etcd.endpoints or redis.urlsSecret.name" $v.backend) }}
+{{- end }}
+{{- if and $etcd $v.etcd.auth.username (not $v.etcd.auth.passwordSecret.name) }}
+{{- fail "leader-elector: etcd.auth.username is set but etcd.auth.passwordSecret.name is empty" }}
+{{- end }}
+- name: leader-elector
+  image: {{ include "leader-elector.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- with $v.extraArgs }}
+  args:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  env:
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: LEADER_ELECTOR_ELECTION
+      value: {{ include "leader-elector.election" . | quote }}
+    - name: LEADER_ELECTOR_BACKEND
+      value: {{ $v.backend | quote }}
+    {{- if $etcd }}
+    - name: LEADER_ELECTOR_ETCD_ENDPOINTS
+      value: {{ join "," $v.etcd.endpoints | quote }}
+    {{- with $v.etcd.prefix }}
+    - name: LEADER_ELECTOR_ETCD_PREFIX
+      value: {{ . | quote }}
+    {{- end }}
+    {{- if $v.etcd.tls.secretName }}
+    - name: LEADER_ELECTOR_ETCD_CA_FILE
+      value: /etc/leader-elector/etcd-tls/ca.crt
+    {{- if $v.etcd.tls.clientCertificate }}
+    - name: LEADER_ELECTOR_ETCD_CERT_FILE
+      value: /etc/leader-elector/etcd-tls/tls.crt
+    - name: LEADER_ELECTOR_ETCD_KEY_FILE
+      value: /etc/leader-elector/etcd-tls/tls.key
+    {{- end }}
+    {{- end }}
+    {{- if $v.etcd.auth.username }}
+    - name: LEADER_ELECTOR_ETCD_USERNAME
+      value: {{ $v.etcd.auth.username | quote }}
+    - name: LEADER_ELECTOR_ETCD_PASSWORD_FILE
+      value: /etc/leader-elector/etcd-auth/password
+    {{- end }}
+    {{- end }}
+    {{- if $redis }}
+    - name: LEADER_ELECTOR_REDIS_URL
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.redis.urlsSecret.name | quote }}
+          key: {{ $v.redis.urlsSecret.key | quote }}
+    {{- end }}
+    - name: LEADER_ELECTOR_LEASE_DURATION
+      value: {{ $v.leaseDuration | quote }}
+    {{- with $v.renewInterval }}
+    - name: LEADER_ELECTOR_RENEW_INTERVAL
+      value: {{ . | quote }}
+    {{- end }}
+    - name: LEADER_ELECTOR_HTTP_ADDR
+      value: {{ printf "0.0.0.0:%d" (int $v.httpPort) | quote }}
+    - name: LEADER_ELECTOR_LOG_FORMAT
+      value: {{ $v.logFormat | quote }}
+    - name: LEADER_ELECTOR_LOG_LEVEL
+      value: {{ $v.logLevel | quote }}
+    # Empty turns labelling off.
+    - name: LEADER_ELECTOR_POD_LABEL_KEY
+      value: {{ $v.podLabelKey | quote }}
+    {{- with $v.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: leader-http
+      containerPort: {{ $v.httpPort }}
+      protocol: TCP
+  {{- with $v.livenessProbe }}
+  livenessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.readinessProbe }}
+  readinessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if and $etcd (or $v.etcd.tls.secretName $v.etcd.auth.username) }}
+  volumeMounts:
+    {{- if $v.etcd.tls.secretName }}
+    - name: leader-elector-etcd-tls
+      mountPath: /etc/leader-elector/etcd-tls
+      readOnly: true
+    {{- end }}
+    {{- if $v.etcd.auth.username }}
+    - name: leader-elector-etcd-auth
+      mountPath: /etc/leader-elector/etcd-auth
+      readOnly: true
+    {{- end }}
+  {{- end }}
+{{- end }}
+
+{{/*
+The sidecar's volumes, as zero or more items of a Pod's `volumes` list.
+Files are mode 0444 (292): readable by the sidecar's non-root user even in
+Pods without an fsGroup.
+*/}}
+{{- define "leader-elector.volumes" -}}
+{{- include "leader-elector.volumes.body" . | trim }}
+{{- end }}
+
+{{- define "leader-elector.volumes.body" -}}
+{{- $v := .Values }}
+{{- if and (ne $v.backend "redis") $v.etcd.endpoints }}
+{{- if $v.etcd.tls.secretName }}
+- name: leader-elector-etcd-tls
+  secret:
+    secretName: {{ $v.etcd.tls.secretName | quote }}
+    defaultMode: 292
+    items:
+      - key: ca.crt
+        path: ca.crt
+      {{- if $v.etcd.tls.clientCertificate }}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- if $v.etcd.auth.username }}
+- name: leader-elector-etcd-auth
+  secret:
+    secretName: {{ $v.etcd.auth.passwordSecret.name | quote }}
+    defaultMode: 292
+    items:
+      - key: {{ $v.etcd.auth.passwordSecret.key | quote }}
+        path: password
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,707 @@
+//! The Redis backend: a single Redis server, or **Redlock** across N
+//! independent servers (quorum N/2 + 1), following the algorithm on
+//! redis.io's "Distributed locks with Redis" page.
+//!
+//! - **Campaign** (one Lua script per server, atomic): if the key is free,
+//!   `INCR` the fencing counter kept beside it (same `{hash tag}`, so it also
+//!   runs on Redis Cluster) and `SET key "<token>|<fencing>|<identity>" PX ttl`;
+//!   else return the current value and its `PTTL`. The token is random per term
+//!   and decides ownership; the identity lets followers read who leads.
+//! - **Renew**: Lua check that the value carries our token, then `PEXPIRE`. A
+//!   key that is gone or someone else's is never re-created: the term is over.
+//! - **Resign**: Lua check-then-`DEL`, then `PUBLISH` the released value on the
+//!   election's channel, which followers subscribe to for a fast handover.
+//! - **Redlock**: every verb goes to all servers at once, each under a short
+//!   per-server timeout. A term is granted only with a quorum of servers, and
+//!   its TTL is shortened by the spec's drift (1 % of TTL + 2 ms); the Elector
+//!   counts validity from the instant the first request was sent, so the
+//!   elapsed acquisition time is subtracted too. A failed campaign releases what
+//!   it took. The fencing token is the largest counter in the quorum: any two
+//!   quorums share a server whose counter grew, so it only grows while servers
+//!   keep their data.
+//!
+//! Known limits (also in the README): a server restarted without persistence
+//! forgets keys and counters; process pauses are covered by the Elector's
+//! safety rule and by fencing tokens, not by Redis.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use rand::Rng;
+use redis::aio::{MultiplexedConnection, PubSub};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, Script, Value};
+use tokio::sync::Mutex;
+use tokio::time::{Instant, timeout};
+use tracing::{debug, warn};
+
+use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
+
+const BACKEND: &str = "redis";
+
+const ACQUIRE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then
+  return {0, current, redis.call('PTTL', KEYS[1])}
+end
+local fencing = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. fencing .. '|' .. ARGV[2], 'PX', ARGV[3])
+return {1, fencing}
+";
+
+const RENEW: &str = r"
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+if string.sub(current, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. '|' then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+const RELEASE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. '|' then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], current)
+  return 1
+end
+return 0
+";
+
+/// How to reach the Redis servers. Secrets are held in memory only; logs and
+/// errors use [`redact`]ed URLs.
+#[derive(Clone, Default)]
+pub struct RedisOptions {
+    /// `redis://` or `rediss://` URLs, one per independent server (1 = single
+    /// instance, 3 or more = Redlock).
+    pub urls: Vec<String>,
+    /// Password for every URL that does not carry one (`--redis-password-file`).
+    pub password: Option<String>,
+    /// PEM of the CA that signed the servers' certificates, for `rediss://`
+    /// with a private CA (else the system's roots).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Deadline of each request to one server (and of connecting to it).
+    pub per_server_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("per_server_timeout", &self.per_server_timeout)
+            .finish()
+    }
+}
+
+/// `url` with any password replaced by `***`, for logs and errors.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let creds = &url[scheme_end + 3..at];
+            let user = creds.split_once(':').map_or(creds, |(u, _)| u);
+            let user = if creds.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{}{}{}", &url[..scheme_end + 3], user, &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Check a Redis URL: `redis://[user[:password]@]host:port[/db]` or `rediss://…`.
+///
+/// # Errors
+/// A message with the redacted value and an example.
+pub fn check_url(url: &str) -> std::result::Result<(), String> {
+    let shown = redact(url);
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(format!(
+            "{shown} needs the scheme redis:// or rediss://, e.g. redis://127.0.0.1:6379"
+        ));
+    }
+    redis::Client::open(url)
+        .map(|_| ())
+        .map_err(|e| format!("{shown} is not a Redis URL ({e}); use e.g. redis://user@host:6379/0"))
+}
+
+struct Server {
+    label: String,
+    client: Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    pubsub: Mutex<Option<PubSub>>,
+    checked_config: std::sync::atomic::AtomicBool,
+}
+
+/// What one server answered to the campaign script.
+enum Answer {
+    Acquired(u64),
+    Held(String, i64),
+}
+
+/// The Redis [`LeaseBackend`] for one election, over one server or a Redlock group.
+pub struct RedisBackend {
+    key: String,
+    counter_key: String,
+    channel: String,
+    servers: Vec<Server>,
+    quorum: usize,
+    timeout: Duration,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+}
+
+/// A parsed holder value `<token>|<fencing>|<identity>`.
+fn parse_value(value: &str, pttl_ms: i64) -> Holder {
+    let mut parts = value.splitn(3, '|');
+    let token = parts.next().unwrap_or("").to_owned();
+    let fencing = parts.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+    let identity = parts.next().unwrap_or("").to_owned();
+    Holder {
+        identity,
+        fencing_token: fencing,
+        term_id: token,
+        revision: 0,
+        expires_in: Some(Duration::from_millis(pttl_ms.max(0) as u64)),
+    }
+}
+
+fn new_token() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Redlock spec's clock drift allowance: 1 % of the TTL plus 2 ms.
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+impl RedisBackend {
+    /// A backend for election keys under `prefix` (`<prefix>{<election>}`).
+    /// Does not connect: the first call does.
+    ///
+    /// # Errors
+    /// A message naming the (redacted) URL that cannot be used.
+    pub fn new(
+        prefix: &str,
+        election: &str,
+        options: RedisOptions,
+    ) -> std::result::Result<Arc<Self>, String> {
+        let mut servers = Vec::new();
+        for url in &options.urls {
+            let label = redact(url);
+            let mut info: redis::ConnectionInfo = url
+                .as_str()
+                .parse()
+                .map_err(|e| format!("{label} is not a Redis URL: {e}"))?;
+            if info.redis.password.is_none() {
+                info.redis.password = options.password.clone();
+            }
+            let tls = matches!(info.addr, ConnectionAddr::TcpTls { .. });
+            let client = match (&options.ca_pem, tls) {
+                (Some(ca), true) => Client::build_with_tls(
+                    info,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca.clone()),
+                    },
+                ),
+                _ => Client::open(info),
+            }
+            .map_err(|e| format!("{label}: {e}"))?;
+            servers.push(Server {
+                label,
+                client,
+                conn: Mutex::new(None),
+                pubsub: Mutex::new(None),
+                checked_config: std::sync::atomic::AtomicBool::new(false),
+            });
+        }
+        if servers.is_empty() {
+            return Err("no Redis URL given".into());
+        }
+        let quorum = servers.len() / 2 + 1;
+        let base = format!("{prefix}{{{election}}}");
+        Ok(Arc::new(RedisBackend {
+            counter_key: format!("{base}:fencing"),
+            channel: format!("{base}:released"),
+            key: base,
+            servers,
+            quorum,
+            timeout: options.per_server_timeout,
+            acquire: Script::new(ACQUIRE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+        }))
+    }
+
+    /// Number of servers that must agree (N/2 + 1).
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    fn endpoints(&self) -> String {
+        self.servers
+            .iter()
+            .map(|s| s.label.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn classify(&self, server: &Server, err: redis::RedisError) -> BackendError {
+        if super::is_tls_error(&err) {
+            return BackendError::Tls {
+                backend: BACKEND,
+                endpoints: server.label.clone(),
+                source: Box::new(err),
+            };
+        }
+        if err.kind() == redis::ErrorKind::AuthenticationFailed {
+            return BackendError::Auth {
+                backend: BACKEND,
+                source: Box::new(err),
+            };
+        }
+        let code = match err.code() {
+            Some("NOPERM") => {
+                return BackendError::Auth {
+                    backend: BACKEND,
+                    source: Box::new(err),
+                };
+            }
+            Some("WRONGTYPE") => Some("wrongtype"),
+            Some("READONLY") => Some("readonly"),
+            Some("LOADING") => Some("loading"),
+            Some("OOM") => Some("oom"),
+            Some("NOAUTH") | Some("WRONGPASS") => {
+                return BackendError::Auth {
+                    backend: BACKEND,
+                    source: Box::new(err),
+                };
+            }
+            _ => None,
+        };
+        if let Some(code) = code {
+            return BackendError::Rejected {
+                backend: BACKEND,
+                code,
+                source: Box::new(err),
+            };
+        }
+        if err.is_timeout() {
+            return BackendError::Timeout {
+                backend: BACKEND,
+                call: "request",
+                timeout_ms: self.timeout.as_millis() as u64,
+            };
+        }
+        if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+            return BackendError::Unreachable {
+                backend: BACKEND,
+                endpoints: server.label.clone(),
+                source: Box::new(err),
+            };
+        }
+        BackendError::Server {
+            backend: BACKEND,
+            source: Box::new(err),
+        }
+    }
+
+    async fn connection(&self, server: &Server) -> Result<MultiplexedConnection> {
+        let mut guard = server.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        let conn = server
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| self.classify(server, e))?;
+        *guard = Some(conn.clone());
+        drop(guard);
+        self.check_server_config(server, conn.clone()).await;
+        Ok(conn)
+    }
+
+    /// Warn once per server when it can forget or evict the election key.
+    async fn check_server_config(&self, server: &Server, mut conn: MultiplexedConnection) {
+        use std::sync::atomic::Ordering;
+        if server.checked_config.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let get = |name: &'static str| {
+            let mut conn = conn.clone();
+            async move {
+                let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg(name)
+                    .query_async(&mut conn)
+                    .await;
+                r.ok().and_then(|v| v.get(1).cloned())
+            }
+        };
+        if let Ok(Some(aof)) = timeout(self.timeout, get("appendonly")).await
+            && aof == "no"
+        {
+            warn!(server = %server.label, "appendonly is off: if this Redis restarts it forgets the election key and the fencing counter (run it with --appendonly yes, or keep a restarted server out for one TTL)");
+        }
+        if let Ok(Some(policy)) = timeout(self.timeout, get("maxmemory-policy")).await
+            && policy.starts_with("allkeys")
+        {
+            warn!(server = %server.label, policy = %policy, "maxmemory-policy can evict the election key: use noeviction or a volatile-* policy");
+        }
+        let _ = &mut conn;
+    }
+
+    async fn forget_on_transport_error(&self, server: &Server, err: &BackendError) {
+        if matches!(
+            err,
+            BackendError::Unreachable { .. } | BackendError::Timeout { .. }
+        ) {
+            *server.conn.lock().await = None;
+        }
+    }
+
+    /// Run `script` on one server under the per-server timeout.
+    async fn run_on(
+        &self,
+        server: &Server,
+        script: &Script,
+        args: &[&str],
+        with_counter: bool,
+    ) -> Result<Value> {
+        let work = async {
+            let mut conn = self.connection(server).await?;
+            let mut inv = script.key(&self.key);
+            if with_counter {
+                inv.key(&self.counter_key);
+            }
+            for a in args {
+                inv.arg(*a);
+            }
+            inv.invoke_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| self.classify(server, e))
+        };
+        let r = match timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout {
+                backend: BACKEND,
+                call: "request",
+                timeout_ms: self.timeout.as_millis() as u64,
+            }),
+        };
+        if let Err(e) = &r {
+            self.forget_on_transport_error(server, e).await;
+        }
+        r
+    }
+
+    async fn acquire_on(&self, server: &Server, token: &str, identity: &str, ttl_ms: &str) -> Result<Answer> {
+        let v = self
+            .run_on(server, &self.acquire, &[token, identity, ttl_ms], true)
+            .await?;
+        let bad = || BackendError::Server {
+            backend: BACKEND,
+            source: format!("unexpected answer to the campaign script: {v:?}").into(),
+        };
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        match items.as_slice() {
+            [Value::Int(1), Value::Int(fencing)] => Ok(Answer::Acquired(*fencing as u64)),
+            [Value::Int(0), Value::BulkString(value), Value::Int(pttl)] => Ok(Answer::Held(
+                String::from_utf8_lossy(value).into_owned(),
+                *pttl,
+            )),
+            _ => Err(bad()),
+        }
+    }
+
+    async fn release_on(&self, server: &Server, token: &str) -> Result<()> {
+        self.run_on(server, &self.release, &[token, &self.channel], false)
+            .await
+            .map(|_| ())
+    }
+
+    /// Subscribe every server's pub/sub connection to the election channel, once.
+    async fn ensure_subscribed(&self) {
+        for server in &self.servers {
+            let mut guard = server.pubsub.lock().await;
+            if guard.is_some() {
+                continue;
+            }
+            let sub = async {
+                let mut ps = server.client.get_async_pubsub().await?;
+                ps.subscribe(&self.channel).await?;
+                Ok::<_, redis::RedisError>(ps)
+            };
+            match timeout(self.timeout, sub).await {
+                Ok(Ok(ps)) => *guard = Some(ps),
+                Ok(Err(e)) => debug!(server = %server.label, error = %e, "cannot subscribe to the release channel yet"),
+                Err(_) => debug!(server = %server.label, "subscribing to the release channel timed out"),
+            }
+        }
+    }
+
+    /// Wait on one server's subscription for the release of `token`.
+    /// Returns `false` when the subscription broke.
+    async fn wait_release_on(&self, server: &Server, token: &str) -> bool {
+        let mut guard = server.pubsub.lock().await;
+        let Some(ps) = guard.as_mut() else {
+            return false;
+        };
+        let prefix = format!("{token}|");
+        let mut stream = ps.on_message();
+        while let Some(msg) = stream.next().await {
+            if msg.get_payload_bytes().starts_with(prefix.as_bytes()) {
+                return true;
+            }
+        }
+        drop(stream);
+        *guard = None;
+        false
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        _previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        // Subscribe before reading, so a release after our read is not missed.
+        self.ensure_subscribed().await;
+        let start = Instant::now();
+        let token = new_token();
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let answers = join_all(
+            self.servers
+                .iter()
+                .map(|s| self.acquire_on(s, &token, identity, &ttl_ms)),
+        )
+        .await;
+        let n = self.servers.len();
+        let mut acquired = Vec::new();
+        let mut held: Vec<Holder> = Vec::new();
+        let mut first_error = None;
+        for (i, a) in answers.into_iter().enumerate() {
+            match a {
+                Ok(Answer::Acquired(f)) => acquired.push((i, f)),
+                Ok(Answer::Held(v, pttl)) => held.push(parse_value(&v, pttl)),
+                Err(e) => {
+                    if first_error.is_none() {
+                        first_error = Some(e);
+                    }
+                }
+            }
+        }
+        let validity = ttl
+            .saturating_sub(drift(ttl))
+            .saturating_sub(start.elapsed());
+        if acquired.len() >= self.quorum && !validity.is_zero() {
+            let fencing = acquired.iter().map(|(_, f)| *f).max().unwrap_or(0);
+            return Ok(Campaign::Elected(Term {
+                holder: Holder {
+                    identity: identity.to_owned(),
+                    fencing_token: fencing,
+                    term_id: token,
+                    revision: 0,
+                    expires_in: None,
+                },
+                ttl: ttl.saturating_sub(drift(ttl)),
+                servers: (n > 1).then_some((acquired.len(), n)),
+            }));
+        }
+        // No quorum: give back what we took, everywhere.
+        if !acquired.is_empty() {
+            join_all(acquired.iter().map(|(i, _)| self.release_on(&self.servers[*i], &token))).await;
+        }
+        if acquired.len() + held.len() < self.quorum
+            && let Some(e) = first_error
+        {
+            return Err(e);
+        }
+        // The holder seen on a quorum of servers, if any.
+        for h in &held {
+            let same: Vec<&Holder> = held.iter().filter(|o| o.term_id == h.term_id).collect();
+            if same.len() >= self.quorum {
+                let mut holder = h.clone();
+                holder.expires_in = same.iter().filter_map(|o| o.expires_in).min();
+                return Ok(Campaign::Following(holder));
+            }
+        }
+        // A split: retry after a random delay (Redlock spec), or when the
+        // minority keys expire.
+        let random = Duration::from_millis(rand::rng().random_range(10..=200));
+        let retry_after = held
+            .iter()
+            .filter_map(|h| h.expires_in)
+            .min()
+            .map_or(random, |e| e.min(random));
+        Ok(Campaign::Waiting {
+            previous: held.into_iter().next().unwrap_or(Holder {
+                identity: String::new(),
+                fencing_token: 0,
+                term_id: String::new(),
+                revision: 0,
+                expires_in: None,
+            }),
+            retry_after,
+        })
+    }
+
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        let ttl_ms = term_full_ttl(term).as_millis().max(1).to_string();
+        let args = [term.holder.term_id.as_str(), ttl_ms.as_str()];
+        let answers = join_all(
+            self.servers
+                .iter()
+                .map(|s| self.run_on(s, &self.renew, &args, false)),
+        )
+        .await;
+        let n = self.servers.len();
+        let (mut ok, mut gone, mut taken) = (0, 0, 0);
+        let mut first_error = None;
+        for a in answers {
+            match a {
+                Ok(Value::Int(1)) => ok += 1,
+                Ok(Value::Int(0)) => gone += 1,
+                Ok(Value::Int(-1)) => taken += 1,
+                Ok(other) => {
+                    first_error.get_or_insert(BackendError::Server {
+                        backend: BACKEND,
+                        source: format!("unexpected answer to the renew script: {other:?}").into(),
+                    });
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if ok >= self.quorum {
+            return Ok(Renewal::Renewed {
+                ttl: term.ttl,
+                servers: (n > 1).then_some((ok, n)),
+            });
+        }
+        if gone + taken > n - self.quorum {
+            return Ok(Renewal::Lost(if taken > gone {
+                LostReason::KeyOverwritten
+            } else {
+                LostReason::KeyDeleted
+            }));
+        }
+        Err(first_error.unwrap_or_else(|| BackendError::Unreachable {
+            backend: BACKEND,
+            endpoints: self.endpoints(),
+            source: format!("only {ok} of {n} servers renewed; a quorum is {}", self.quorum).into(),
+        }))
+    }
+
+    async fn resign(&self, term: &Term) -> Result<()> {
+        let answers = join_all(
+            self.servers
+                .iter()
+                .map(|s| self.release_on(s, &term.holder.term_id)),
+        )
+        .await;
+        let failed: Vec<BackendError> = answers.into_iter().filter_map(|r| r.err()).collect();
+        // Resigned when no quorum can still hold the key.
+        if failed.len() >= self.quorum
+            && let Some(e) = failed.into_iter().next()
+        {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        self.ensure_subscribed().await;
+        let waits: Vec<_> = self
+            .servers
+            .iter()
+            .map(|s| Box::pin(self.wait_release_on(s, &seen.term_id)))
+            .collect();
+        let mut pending = waits;
+        while !pending.is_empty() {
+            let (released, _, rest) = futures_util::future::select_all(pending).await;
+            if released {
+                return Ok(());
+            }
+            pending = rest;
+        }
+        // Every subscription is broken: report it; the Elector backs off and
+        // campaigns again (which re-subscribes).
+        Err(BackendError::Unreachable {
+            backend: BACKEND,
+            endpoints: self.endpoints(),
+            source: "the release-channel subscription broke on every server".into(),
+        })
+    }
+}
+
+/// The TTL to set on renewal: the term's TTL is already shortened by the
+/// drift, so add it back for the server's PEXPIRE.
+fn term_full_ttl(term: &Term) -> Duration {
+    // term.ttl = ttl - (ttl/100 + 2ms)  =>  ttl = (term.ttl + 2ms) * 100/99
+    (term.ttl + Duration::from_millis(2)).mul_f64(100.0 / 99.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("rediss://pw@h:1"), "rediss://***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn values_parse_with_pipes_in_the_identity() {
+        let h = parse_value("abc|42|pod|x", 1500);
+        assert_eq!(h.term_id, "abc");
+        assert_eq!(h.fencing_token, 42);
+        assert_eq!(h.identity, "pod|x");
+        assert_eq!(h.expires_in, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn drift_follows_the_redlock_spec() {
+        assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
+        let term = Term {
+            holder: parse_value("t|1|i", 0),
+            ttl: Duration::from_secs(10) - drift(Duration::from_secs(10)),
+            servers: None,
+        };
+        let back = term_full_ttl(&term);
+        assert!(back >= Duration::from_millis(9999) && back <= Duration::from_millis(10001), "{back:?}");
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(check_url("redis://127.0.0.1:6379").is_ok());
+        assert!(check_url("http://127.0.0.1:6379").unwrap_err().contains("redis://"));
+        assert!(!check_url("localhost:6379").unwrap_err().contains("pw"));
+    }
+}
