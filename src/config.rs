@@ -130,7 +130,12 @@ pub struct EtcdArgs {
 #[derive(Args, Debug, Clone)]
 pub struct RedisArgs {
     /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
-    #[arg(long, env = "LEADER_ELECTOR_REDIS_URL", value_delimiter = ',', value_name = "URL")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_REDIS_URL",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
     pub redis_url: Vec<String>,
 
     /// File holding the Redis password (its first line), for URLs that carry none.
@@ -142,7 +147,12 @@ pub struct RedisArgs {
     pub redis_ca_file: Option<PathBuf>,
 
     /// Key prefix; the election key is <prefix>{<election>}.
-    #[arg(long, default_value = "leader-elector:", env = "LEADER_ELECTOR_REDIS_PREFIX", value_name = "PREFIX")]
+    #[arg(
+        long,
+        default_value = "leader-elector:",
+        env = "LEADER_ELECTOR_REDIS_PREFIX",
+        value_name = "PREFIX"
+    )]
     pub redis_prefix: String,
 }
 
@@ -422,7 +432,10 @@ impl Config {
 
         let kind = match cli.backend {
             BackendKind::Auto => {
-                match (cli.etcd.etcd_endpoints.is_empty(), cli.redis.redis_url.is_empty()) {
+                match (
+                    cli.etcd.etcd_endpoints.is_empty(),
+                    cli.redis.redis_url.is_empty(),
+                ) {
                     (false, false) => {
                         return Err(config_error(
                             "both --etcd-endpoints and --redis-url are given: choose one with --backend etcd or --backend redis\nhint: the backend is fixed at start-up; two backends at once could elect two leaders",
@@ -646,7 +659,14 @@ mod tests {
     fn backend_choice_is_explicit_when_both_are_given() {
         let e = cli(&["--election=a", "--id=me", EP, "--redis-url=redis://h:1"]).unwrap_err();
         assert!(e.contains("--backend etcd or --backend redis"), "{e}");
-        let c = cli(&["--election=a", "--id=me", EP, "--redis-url=redis://h:1", "--backend=redis"]).unwrap();
+        let c = cli(&[
+            "--election=a",
+            "--id=me",
+            EP,
+            "--redis-url=redis://h:1",
+            "--backend=redis",
+        ])
+        .unwrap();
         assert!(matches!(c.backend, BackendConfig::Redis { .. }));
         let c = cli(&["--election=a", "--id=me", "--redis-url=redis://h:1"]).unwrap();
         assert!(matches!(c.backend, BackendConfig::Redis { .. }));
@@ -656,7 +676,13 @@ mod tests {
 
     #[test]
     fn redis_urls_repeat_or_split_on_commas_and_are_checked() {
-        let c = cli(&["--election=a", "--id=me", "--redis-url=redis://h:1", "--redis-url=redis://h:2,redis://h:3"]).unwrap();
+        let c = cli(&[
+            "--election=a",
+            "--id=me",
+            "--redis-url=redis://h:1",
+            "--redis-url=redis://h:2,redis://h:3",
+        ])
+        .unwrap();
         let BackendConfig::Redis { options, .. } = c.backend else {
             panic!("redis expected")
         };

@@ -27,7 +27,9 @@ use etcd_client::{
 };
 use tokio::sync::Mutex;
 
-use super::{is_tls_error, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
+use super::{
+    BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, is_tls_error,
+};
 
 const BACKEND: &str = "etcd";
 

@@ -205,13 +205,17 @@ impl BackendError {
             BackendError::Unreachable { .. } => {
                 "check that the backend runs and that the endpoints are right; retrying with backoff"
             }
-            BackendError::Tls { backend: "redis", .. } => {
+            BackendError::Tls {
+                backend: "redis", ..
+            } => {
                 "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL"
             }
             BackendError::Tls { .. } => {
                 "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates"
             }
-            BackendError::Auth { backend: "redis", .. } => {
+            BackendError::Auth {
+                backend: "redis", ..
+            } => {
                 "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel"
             }
             BackendError::Auth { .. } => {
@@ -221,15 +225,19 @@ impl BackendError {
                 "the backend is slow or the network drops packets; retrying with backoff"
             }
             BackendError::WatchEnded { .. } => "re-reading the key and watching again",
-            BackendError::Rejected { code: "wrongtype", .. } => {
+            BackendError::Rejected {
+                code: "wrongtype", ..
+            } => {
                 "another program stored a key of another type under the election key: delete it or choose another --redis-prefix"
             }
-            BackendError::Rejected { code: "readonly", .. } => {
+            BackendError::Rejected {
+                code: "readonly", ..
+            } => {
                 "this Redis is a read-only replica (after a failover?): point --redis-url at the primary"
             }
-            BackendError::Rejected { code: "loading", .. } => {
-                "Redis is loading its dataset after a restart; retrying"
-            }
+            BackendError::Rejected {
+                code: "loading", ..
+            } => "Redis is loading its dataset after a restart; retrying",
             BackendError::Rejected { code: "oom", .. } => {
                 "Redis is out of memory (maxmemory): free memory or raise maxmemory; retrying"
             }

@@ -280,6 +280,19 @@ impl RedisBackend {
             Some("READONLY") => Some("readonly"),
             Some("LOADING") => Some("loading"),
             Some("OOM") => Some("oom"),
+            // Redis 7.0 reports an ACL denial inside a script with the generic
+            // ERR code; its wording is the only mark (the one place we read
+            // message text).
+            Some("ERR")
+                if err
+                    .detail()
+                    .is_some_and(|d| d.contains("can't run this command")) =>
+            {
+                return BackendError::Auth {
+                    backend: BACKEND,
+                    source: Box::new(err),
+                };
+            }
             Some("NOAUTH") | Some("WRONGPASS") => {
                 return BackendError::Auth {
                     backend: BACKEND,
@@ -408,7 +421,13 @@ impl RedisBackend {
         r
     }
 
-    async fn acquire_on(&self, server: &Server, token: &str, identity: &str, ttl_ms: &str) -> Result<Answer> {
+    async fn acquire_on(
+        &self,
+        server: &Server,
+        token: &str,
+        identity: &str,
+        ttl_ms: &str,
+    ) -> Result<Answer> {
         let v = self
             .run_on(server, &self.acquire, &[token, identity, ttl_ms], true)
             .await?;
@@ -449,8 +468,12 @@ impl RedisBackend {
             };
             match timeout(self.timeout, sub).await {
                 Ok(Ok(ps)) => *guard = Some(ps),
-                Ok(Err(e)) => debug!(server = %server.label, error = %e, "cannot subscribe to the release channel yet"),
-                Err(_) => debug!(server = %server.label, "subscribing to the release channel timed out"),
+                Ok(Err(e)) => {
+                    debug!(server = %server.label, error = %e, "cannot subscribe to the release channel yet")
+                }
+                Err(_) => {
+                    debug!(server = %server.label, "subscribing to the release channel timed out")
+                }
             }
         }
     }
@@ -532,7 +555,12 @@ impl LeaseBackend for RedisBackend {
         }
         // No quorum: give back what we took, everywhere.
         if !acquired.is_empty() {
-            join_all(acquired.iter().map(|(i, _)| self.release_on(&self.servers[*i], &token))).await;
+            join_all(
+                acquired
+                    .iter()
+                    .map(|(i, _)| self.release_on(&self.servers[*i], &token)),
+            )
+            .await;
         }
         if acquired.len() + held.len() < self.quorum
             && let Some(e) = first_error
@@ -612,7 +640,11 @@ impl LeaseBackend for RedisBackend {
         Err(first_error.unwrap_or_else(|| BackendError::Unreachable {
             backend: BACKEND,
             endpoints: self.endpoints(),
-            source: format!("only {ok} of {n} servers renewed; a quorum is {}", self.quorum).into(),
+            source: format!(
+                "only {ok} of {n} servers renewed; a quorum is {}",
+                self.quorum
+            )
+            .into(),
         }))
     }
 
@@ -695,13 +727,20 @@ mod tests {
             servers: None,
         };
         let back = term_full_ttl(&term);
-        assert!(back >= Duration::from_millis(9999) && back <= Duration::from_millis(10001), "{back:?}");
+        assert!(
+            back >= Duration::from_millis(9999) && back <= Duration::from_millis(10001),
+            "{back:?}"
+        );
     }
 
     #[test]
     fn urls_are_checked() {
         assert!(check_url("redis://127.0.0.1:6379").is_ok());
-        assert!(check_url("http://127.0.0.1:6379").unwrap_err().contains("redis://"));
+        assert!(
+            check_url("http://127.0.0.1:6379")
+                .unwrap_err()
+                .contains("redis://")
+        );
         assert!(!check_url("localhost:6379").unwrap_err().contains("pw"));
     }
 }

@@ -310,15 +310,21 @@ pub const FAST: &[&str] = &[
 impl Sidecar {
     /// Start a sidecar for `election` on `etcd_url` with `extra` flags.
     pub fn start(etcd_url: &str, election: &str, identity: &str, extra: &[&str]) -> Sidecar {
+        let mut args = vec!["--etcd-endpoints".to_owned(), etcd_url.to_owned()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_raw(election, identity, &args)
+    }
+
+    /// Start a sidecar for `election` with exactly `args` after the defaults.
+    pub fn start_raw(election: &str, identity: &str, args: &[String]) -> Sidecar {
         let dir = TempDir::new().unwrap();
         let port = free_port();
         let log = dir.path().join("sidecar.log");
         let child = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
             .args(["--election", election, "--identity", identity])
-            .args(["--etcd-endpoints", etcd_url])
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
             .args(["--log-level", "leader_elector=debug"])
-            .args(extra)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -438,4 +444,125 @@ pub async fn token_of(s: &Sidecar) -> u64 {
     s.leader().await.expect("sidecar answers").1["fencing_token"]
         .as_u64()
         .expect("a fencing token")
+}
+
+/// One `redis-server` on loopback without persistence, in a temporary directory.
+pub struct RedisServer {
+    dir: TempDir,
+    pub port: u16,
+    child: Option<Child>,
+    extra: Vec<String>,
+    /// `redis://127.0.0.1:<port>`.
+    pub url: String,
+}
+
+impl RedisServer {
+    /// Start a server and wait until it answers PING.
+    pub async fn start() -> RedisServer {
+        Self::start_with(&[]).await
+    }
+
+    /// Start a server with extra `redis-server` arguments.
+    pub async fn start_with(extra: &[&str]) -> RedisServer {
+        require("redis-server", "redis-server");
+        let port = free_port();
+        let mut s = RedisServer {
+            dir: TempDir::new().unwrap(),
+            port,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        s.spawn();
+        s.wait_ready().await;
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("redis.log")).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(log)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&self) {
+        let url = self.url.clone();
+        wait_for(
+            Duration::from_secs(10),
+            "redis-server to answer PING",
+            || {
+                let url = url.clone();
+                async move {
+                    let Ok(client) = redis::Client::open(url) else {
+                        return false;
+                    };
+                    match client.get_multiplexed_async_connection().await {
+                        Ok(mut c) => redis::cmd("PING")
+                            .query_async::<String>(&mut c)
+                            .await
+                            .is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            },
+        )
+        .await;
+    }
+
+    /// A connection for the test itself (as the default user).
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.clone())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test's redis")
+    }
+
+    /// Kill the server (SIGKILL). Without persistence it forgets everything.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start the server again on the same port.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        self.wait_ready().await;
+    }
+
+    /// Pause (SIGSTOP) or resume (SIGCONT) the server.
+    pub fn signal(&self, sig: Signal) {
+        if let Some(c) = &self.child {
+            kill(Pid::from_raw(c.id() as i32), sig).expect("signal redis-server");
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGCONT);
+        self.stop();
+    }
+}
+
+/// Start a sidecar on the Redis servers `urls` (extra flags after the defaults).
+pub fn redis_sidecar(urls: &[&str], election: &str, identity: &str, extra: &[&str]) -> Sidecar {
+    let mut args: Vec<String> = Vec::new();
+    for u in urls {
+        args.push("--redis-url".into());
+        args.push((*u).to_owned());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Sidecar::start_raw(election, identity, &args)
 }
