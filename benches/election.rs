@@ -3,8 +3,8 @@
 //! rest. Prints markdown tables. Run with `scripts/bench` (or
 //! `cargo bench --bench election`); under `cargo test` it does nothing.
 //!
-//! Environment: `BENCH_RUNS` (default 10), `BENCH_TTL` (default 5s),
-//! `BENCH_REST_SECS` (default 60).
+//! Environment: `BENCH_BACKEND` (`etcd`, default, or `redis`), `BENCH_RUNS`
+//! (default 10), `BENCH_TTL` (default 5s), `BENCH_REST_SECS` (default 60).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -83,6 +83,44 @@ async fn etcd_messages(url: &str) -> BTreeMap<String, f64> {
     out
 }
 
+/// Redis `INFO commandstats` call counts per command.
+async fn redis_commands(server: &RedisServer) -> BTreeMap<String, f64> {
+    let mut c = server.conn().await;
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let mut out = BTreeMap::new();
+    for line in info.lines() {
+        if let Some(rest) = line.strip_prefix("cmdstat_") {
+            let (name, stats) = rest.split_once(':').unwrap();
+            let calls: f64 = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            out.insert(name.to_owned(), calls);
+        }
+    }
+    out
+}
+
+enum Server {
+    Etcd(Etcd),
+    Redis(RedisServer),
+}
+
+impl Server {
+    async fn counts(&self) -> BTreeMap<String, f64> {
+        match self {
+            Server::Etcd(e) => etcd_messages(&e.url).await,
+            Server::Redis(r) => {
+                let mut m = redis_commands(r).await;
+                // Our own INFO calls are not the group's load.
+                m.remove("info");
+                m
+            }
+        }
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -98,15 +136,23 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
+    let backend = std::env::var("BENCH_BACKEND").unwrap_or_else(|_| "etcd".into());
     let flags = ["--lease-duration", ttl.as_str(), "--log-level", "warn"];
-    let etcd = Etcd::start().await;
+    let server = match backend.as_str() {
+        "redis" => Server::Redis(RedisServer::start().await),
+        _ => Server::Etcd(Etcd::start().await),
+    };
     let election = election("bench");
     let mut next_id = 0;
-    let mut spawn = |etcd: &Etcd| {
+    let mut spawn = |server: &Server| {
         next_id += 1;
-        Sidecar::start(&etcd.url, &election, &format!("c{next_id}"), &flags)
+        let id = format!("c{next_id}");
+        match server {
+            Server::Etcd(e) => Sidecar::start(&e.url, &election, &id, &flags),
+            Server::Redis(r) => redis_sidecar(&[&r.url], &election, &id, &flags),
+        }
     };
-    let mut cs: Vec<Sidecar> = (0..3).map(|_| spawn(&etcd)).collect();
+    let mut cs: Vec<Sidecar> = (0..3).map(|_| spawn(&server)).collect();
     let mut leader = one_leader(&cs, Duration::from_secs(20)).await;
 
     let mut handover = Vec::new();
@@ -136,7 +182,7 @@ async fn main() {
             let ms = t0.elapsed().as_secs_f64() * 1000.0;
             eprintln!("{label} run {}: {ms:.2} ms", run + 1);
             out.push(ms);
-            cs[leader] = spawn(&etcd);
+            cs[leader] = spawn(&server);
             leader = next;
         }
     }
@@ -148,9 +194,9 @@ async fn main() {
     let pid = |s: &Sidecar| s.pid();
     let (_, cpu_l0) = proc_stat(pid(&cs[leader]));
     let (_, cpu_f0) = proc_stat(pid(&cs[follower]));
-    let m0 = etcd_messages(&etcd.url).await;
+    let m0 = server.counts().await;
     sleep(Duration::from_secs(rest_secs)).await;
-    let m1 = etcd_messages(&etcd.url).await;
+    let m1 = server.counts().await;
     let (rss_l, cpu_l1) = proc_stat(pid(&cs[leader]));
     let (rss_f, cpu_f1) = proc_stat(pid(&cs[follower]));
     let per_min = 60.0 / rest_secs as f64;
@@ -163,7 +209,9 @@ async fn main() {
             total += d;
         }
     }
-    // Range (ownership check) and LeaseKeepAlive come from the leader's renewals only.
+    // etcd: Range (ownership check) and LeaseKeepAlive come from the leader's
+    // renewals only; Redis: the renew script runs as EVALSHA from the leader,
+    // the followers' campaign script too, so Redis is reported as a whole.
     let leader_only = ["Range", "LeaseKeepAlive"];
     let follower_msgs: f64 = m1
         .iter()
@@ -173,10 +221,16 @@ async fn main() {
 
     let (hm, hp, hx) = median(&mut handover);
     let (fm, fp, fx) = median(&mut failover);
-    println!(
-        "## leader-elector on etcd {} (loopback, 1 member, TTL {ttl}, {runs} runs)\n",
-        etcd_version()
-    );
+    match &server {
+        Server::Etcd(_) => println!(
+            "## leader-elector on etcd {} (loopback, 1 member, TTL {ttl}, {runs} runs)\n",
+            etcd_version()
+        ),
+        Server::Redis(_) => println!(
+            "## leader-elector on Redis {} (loopback, single instance, TTL {ttl}, {runs} runs)\n",
+            redis_version()
+        ),
+    }
     println!("| measure | median | p90 | max |");
     println!("|---|---|---|---|");
     println!(
@@ -194,14 +248,16 @@ async fn main() {
     );
     println!();
     println!(
-        "etcd messages received at rest, whole group of 3: {:.1}/min ({})",
+        "{backend} requests at rest, whole group of 3: {:.1}/min ({})",
         total * per_min,
         by_method.join(", ")
     );
-    println!(
-        "etcd messages from the two followers at rest: {:.1}/min",
-        follower_msgs * per_min
-    );
+    if let Server::Etcd(_) = server {
+        println!(
+            "etcd messages from the two followers at rest: {:.1}/min",
+            follower_msgs * per_min
+        );
+    }
 }
 
 fn etcd_version() -> String {
@@ -215,5 +271,15 @@ fn etcd_version() -> String {
                 .next()
                 .map(|l| l.trim_start_matches("etcd Version: ").to_owned())
         })
+        .unwrap_or_default()
+}
+
+fn redis_version() -> String {
+    std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.split_whitespace().find_map(|w| w.strip_prefix("v=").map(str::to_owned)))
         .unwrap_or_default()
 }
