@@ -61,8 +61,21 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- if not (or $etcd $redis) }}
 {{- fail (printf "leader-elector: backend %q needs etcd.endpoints or redis.urlsSecret.name" $v.backend) }}
 {{- end }}
-{{- if and $etcd $v.etcd.auth.username (not $v.etcd.auth.passwordSecret.name) }}
+{{- if and $etcd $redis }}
+{{- fail "leader-elector: both etcd.endpoints and redis.urlsSecret.name are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
+{{- end }}
+{{- if $etcd }}
+{{- if and $v.etcd.auth.username (not $v.etcd.auth.passwordSecret.name) }}
 {{- fail "leader-elector: etcd.auth.username is set but etcd.auth.passwordSecret.name is empty" }}
+{{- end }}
+{{- range $v.etcd.endpoints }}
+{{- if and $v.etcd.tls.secretName (not (hasPrefix "https://" .)) }}
+{{- fail (printf "leader-elector: etcd.endpoints (%s) must use https:// when etcd.tls.secretName is set" .) }}
+{{- end }}
+{{- if and (not $v.etcd.tls.secretName) (hasPrefix "https://" .) }}
+{{- fail (printf "leader-elector: etcd.endpoints (%s) uses https:// but etcd.tls.secretName (the CA) is not set" .) }}
+{{- end }}
+{{- end }}
 {{- end }}
 - name: leader-elector
   image: {{ include "leader-elector.image" . | quote }}
