@@ -427,6 +427,8 @@ impl Config {
             renew_interval,
             retry_period: cli.retry_period,
             drift_margin: cli.drift_margin,
+            drain_timeout: None,
+            health_grace: Duration::from_secs(1),
         };
         elector.validate().map_err(config_error)?;
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rand::Rng;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -43,6 +43,13 @@ pub struct ElectorConfig {
     pub retry_period: Duration,
     /// Fixed drift margin; `None` means max(1% of TTL, 2 × renew round trip, 50 ms).
     pub drift_margin: Option<Duration>,
+    /// On shutdown, keep the lease (while no longer claiming) until
+    /// [`ElectorHandle::release`] is called or this much time passes; `None`
+    /// resigns at once.
+    pub drain_timeout: Option<Duration>,
+    /// How long the candidacy gate (see [`Elector::with_candidacy`]) may stay
+    /// closed while leading before this candidate resigns.
+    pub health_grace: Duration,
 }
 
 impl ElectorConfig {
@@ -178,6 +185,66 @@ impl LeaderState {
     }
 }
 
+/// A leadership transition, as sent to [`Elector::events`] subscribers (the
+/// `--notify-url` notifier), in the order they happened.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Event {
+    /// `became_leader`, `stopped_leading` or `leader_changed`.
+    pub event: &'static str,
+    /// Election name.
+    pub election: String,
+    /// This candidate's identity.
+    pub identity: String,
+    /// The leader after the transition; `null` for nobody.
+    pub leader: Option<String>,
+    /// Fencing token of the leader's term.
+    pub fencing_token: Option<u64>,
+    /// The long-poll index after the transition.
+    pub transitions: u64,
+    /// RFC 3339 wall-clock time of the transition.
+    pub at: String,
+}
+
+/// Requests to a running Elector (from the control listener or the run-mode supervisor).
+#[derive(Debug)]
+enum Command {
+    Resign {
+        cooldown: Duration,
+        reply: oneshot::Sender<bool>,
+    },
+    Release,
+}
+
+/// A cheap handle to ask a running [`Elector`] to resign or to finish draining.
+#[derive(Clone, Debug)]
+pub struct ElectorHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl ElectorHandle {
+    /// Give up leadership now (stop claiming, release the key) and stay out
+    /// of campaigns for `cooldown`. Returns whether this candidate was leading;
+    /// `false` also when the Elector has stopped.
+    pub async fn resign(&self, cooldown: Duration) -> bool {
+        let (reply, rx) = oneshot::channel();
+        if self
+            .tx
+            .send(Command::Resign { cooldown, reply })
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
+
+    /// Tell a draining Elector that the app finished its leader work: release
+    /// the key now. Does nothing when not draining.
+    pub async fn release(&self) {
+        let _ = self.tx.send(Command::Release).await;
+    }
+}
+
 /// Capped, jittered exponential backoff (full jitter between half and all of the step).
 #[derive(Debug)]
 struct Backoff {
@@ -213,6 +280,8 @@ enum StepDown {
     Shutdown,
     Deadline,
     Lost(&'static str),
+    Resigned,
+    Unhealthy,
 }
 
 /// Runs the campaign of one candidate. Create with [`Elector::new`], then
@@ -227,6 +296,13 @@ pub struct Elector {
     abandoned: Option<Term>,
     /// The holder we saw last, so the backend can wait for its term to end.
     last_seen: Option<Holder>,
+    commands_tx: mpsc::Sender<Command>,
+    commands: mpsc::Receiver<Command>,
+    events: broadcast::Sender<Event>,
+    /// Campaign only while this is `true` (health-gated candidacy).
+    candidacy: Option<watch::Receiver<bool>>,
+    /// No campaign before this instant (after a resign).
+    cooldown_until: Option<Instant>,
 }
 
 impl Elector {
@@ -238,6 +314,8 @@ impl Elector {
     ) -> (Self, watch::Receiver<LeaderState>) {
         let (state, rx) = watch::channel(LeaderState::new(&cfg, backend.name()));
         let backoff = Backoff::new(Duration::from_millis(100), cfg.retry_period);
+        let (commands_tx, commands) = mpsc::channel(8);
+        let (events, _) = broadcast::channel(64);
         (
             Elector {
                 cfg,
@@ -247,9 +325,98 @@ impl Elector {
                 backoff,
                 abandoned: None,
                 last_seen: None,
+                commands_tx,
+                commands,
+                events,
+                candidacy: None,
+                cooldown_until: None,
             },
             rx,
         )
+    }
+
+    /// A handle to resign or release while [`Elector::run`] runs.
+    pub fn handle(&self) -> ElectorHandle {
+        ElectorHandle {
+            tx: self.commands_tx.clone(),
+        }
+    }
+
+    /// Transitions in order (a slow subscriber that falls more than 64 behind
+    /// loses the oldest ones; see `tokio::sync::broadcast`).
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Campaign only while `gate` holds `true`; a leader whose gate stays
+    /// `false` for [`ElectorConfig::health_grace`] resigns.
+    pub fn with_candidacy(mut self, gate: watch::Receiver<bool>) -> Self {
+        self.candidacy = Some(gate);
+        self
+    }
+
+    fn may_campaign(&self) -> bool {
+        let cooled = self.cooldown_until.is_none_or(|t| Instant::now() >= t);
+        let healthy = self.candidacy.as_ref().is_none_or(|g| *g.borrow());
+        cooled && healthy
+    }
+
+    /// Answer a command received while not leading.
+    fn handle_idle_command(&mut self, cmd: Option<Command>) {
+        match cmd {
+            Some(Command::Resign { cooldown, reply }) => {
+                self.cooldown_until = Some(Instant::now() + cooldown);
+                let _ = reply.send(false);
+            }
+            Some(Command::Release) | None => {}
+        }
+    }
+
+    /// Stay out of campaigns, serving commands and following the current
+    /// holder read-only, until the cooldown ends and the candidacy gate opens.
+    /// Returns `false` on shutdown.
+    async fn wait_until_eligible(&mut self, shutdown: &CancellationToken) -> bool {
+        let backend = self.backend.clone();
+        while !self.may_campaign() {
+            let until = self.cooldown_until.unwrap_or_else(Instant::now);
+            let mut gate = self.candidacy.clone();
+            // Who leads meanwhile? Read it, then watch it.
+            let seen = match self.call("read", backend.read()).await {
+                Ok(h) => {
+                    self.backend_ok();
+                    self.observe(h.as_ref());
+                    h
+                }
+                Err(e) => {
+                    self.backend_failed(&e);
+                    None
+                }
+            };
+            let watch = async {
+                match &seen {
+                    Some(h) => {
+                        let _ = backend.watch(h).await;
+                    }
+                    // Nobody leads (yet: right after our resign a follower
+                    // is about to take over), or the backend failed: look
+                    // again shortly.
+                    None => sleep(self.cfg.retry_period.min(Duration::from_millis(200))).await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                cmd = self.commands.recv() => self.handle_idle_command(cmd),
+                _ = sleep_until(until), if Instant::now() < until => {}
+                _ = watch => {}
+                _ = async { gate.as_mut().expect("guarded").changed().await }, if gate.is_some() => {
+                    if gate.as_ref().is_some_and(|g| g.has_changed().is_err()) {
+                        // The health checker is gone: stop gating rather than never campaign.
+                        self.candidacy = None;
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// Campaign until `shutdown` is cancelled; on shutdown stop claiming at
@@ -258,6 +425,12 @@ impl Elector {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let backend = self.backend.clone();
         while !shutdown.is_cancelled() {
+            if !self.may_campaign() {
+                if !self.wait_until_eligible(&shutdown).await {
+                    break;
+                }
+                continue;
+            }
             if let Some(term) = self.abandoned.take()
                 && let Err(e) = self.call("resign", backend.resign(&term)).await
             {
@@ -329,20 +502,39 @@ impl Elector {
         let recheck = holder
             .expires_in
             .map(|d| d.min(self.cfg.retry_period) + jitter(Duration::from_millis(20)));
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            r = backend.watch(holder) => match r {
-                Ok(()) => debug!("the key changed; campaigning"),
-                Err(e) => {
-                    self.backend_failed(&e);
-                    let wait = self.backoff.next();
-                    tokio::select! {
-                        _ = shutdown.cancelled() => {}
-                        _ = sleep(wait) => {}
-                    }
+        let watch = backend.watch(holder);
+        tokio::pin!(watch);
+        let mut gate = self.candidacy.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                cmd = self.commands.recv() => {
+                    self.handle_idle_command(cmd);
+                    continue;
                 }
-            },
-            _ = sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => {}
+                // A candidate whose app turns unhealthy stops following (and
+                // campaigning) until it is healthy again.
+                r = async { gate.as_mut().expect("guarded").changed().await }, if gate.is_some() => {
+                    if r.is_err() || !*gate.as_ref().expect("guarded").borrow() { return; }
+                    continue;
+                }
+                r = &mut watch => { self.after_watch(r, shutdown).await; return; }
+                _ = sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => return,
+            }
+        }
+    }
+
+    async fn after_watch(&mut self, r: Result<(), BackendError>, shutdown: &CancellationToken) {
+        match r {
+            Ok(()) => debug!("the key changed; campaigning"),
+            Err(e) => {
+                self.backend_failed(&e);
+                let wait = self.backoff.next();
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = sleep(wait) => {}
+                }
+            }
         }
     }
 
@@ -363,11 +555,60 @@ impl Elector {
         let mut watch = Some(Box::pin(backend.watch(&term.holder)));
         let mut next_renew = sent + self.cfg.renew_interval;
         let mut retry = Backoff::new(Duration::from_millis(50), self.cfg.renew_interval / 4);
+        // Set while draining after shutdown: the lease is kept until the app
+        // releases or this instant passes.
+        let mut drain_until: Option<Instant> = None;
+        let mut gate = self.candidacy.clone();
+        let mut unhealthy_since: Option<Instant> = gate
+            .as_ref()
+            .filter(|g| !*g.borrow())
+            .map(|_| Instant::now());
+        let grace = self.cfg.health_grace;
         let why = loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break StepDown::Shutdown,
+                _ = shutdown.cancelled(), if drain_until.is_none() => {
+                    match self.cfg.drain_timeout {
+                        Some(d) if !d.is_zero() => {
+                            // Stop claiming at once; keep the lease so no one
+                            // else starts while the app finishes.
+                            self.state.send_modify(|s| { s.stopping = true; s.ready = false; });
+                            info!(election = %self.cfg.election, drain_timeout = ?d, "draining: not claiming, keeping the lease until POST /release or the drain timeout");
+                            drain_until = Some(Instant::now() + d);
+                        }
+                        _ => break StepDown::Shutdown,
+                    }
+                }
+                _ = sleep_until(drain_until.unwrap_or_else(Instant::now)), if drain_until.is_some() => {
+                    warn!(election = %self.cfg.election, "drain timeout passed without POST /release; releasing");
+                    break StepDown::Shutdown;
+                }
                 _ = sleep_until(valid_until) => break StepDown::Deadline,
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Resign { cooldown, reply }) => {
+                        self.cooldown_until = Some(Instant::now() + cooldown);
+                        let _ = reply.send(true);
+                        break StepDown::Resigned;
+                    }
+                    Some(Command::Release) if drain_until.is_some() => break StepDown::Shutdown,
+                    Some(Command::Release) | None => {}
+                },
+                r = async { gate.as_mut().expect("guarded").changed().await }, if gate.is_some() => {
+                    match r {
+                        Err(_) => gate = None,
+                        Ok(()) => {
+                            let healthy = *gate.as_ref().expect("guarded").borrow();
+                            unhealthy_since = match (healthy, unhealthy_since) {
+                                (true, _) => None,
+                                (false, None) => Some(Instant::now()),
+                                (false, since) => since,
+                            };
+                        }
+                    }
+                }
+                _ = sleep_until(unhealthy_since.map_or_else(Instant::now, |t| t + grace)), if unhealthy_since.is_some() => {
+                    break StepDown::Unhealthy;
+                }
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => {
                     match r {
                         Ok(()) => break StepDown::Lost("key deleted or overwritten"),
@@ -428,6 +669,12 @@ impl Elector {
             _ => self.observe(None),
         }
         match &why {
+            StepDown::Resigned => {
+                info!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, "resigned on request")
+            }
+            StepDown::Unhealthy => {
+                warn!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, grace = ?grace, "resigning: the app stayed unhealthy past the health grace")
+            }
             StepDown::Shutdown => {
                 info!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, "resigning for shutdown")
             }
@@ -526,6 +773,7 @@ impl Elector {
     /// The single place where a change of leader is recorded, counted and logged.
     fn publish(&mut self, leader: Option<String>, token: Option<u64>, own: Option<OwnTerm>) {
         let metrics = self.metrics.clone();
+        let events = self.events.clone();
         self.state.send_if_modified(|s| {
             let was_leading = s.own_term.is_some();
             let leading = own.is_some();
@@ -544,11 +792,20 @@ impl Elector {
             if let Some(m) = &metrics {
                 m.transitions.inc();
             }
-            let event = match (was_leading, leading) {
-                (false, true) => "became leader",
-                (true, false) => "stopped leading",
-                _ => "leader changed",
+            let (event, kind) = match (was_leading, leading) {
+                (false, true) => ("became leader", "became_leader"),
+                (true, false) => ("stopped leading", "stopped_leading"),
+                _ => ("leader changed", "leader_changed"),
             };
+            let _ = events.send(Event {
+                event: kind,
+                election: s.election.clone(),
+                identity: s.identity.clone(),
+                leader: s.leader.clone(),
+                fencing_token: s.fencing_token,
+                transitions: s.transitions,
+                at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            });
             info!(
                 election = %s.election,
                 identity = %s.identity,

@@ -57,6 +57,10 @@ impl LeaseBackend for Link {
         self.check()?;
         self.inner.resign(term).await
     }
+    async fn read(&self) -> Result<Option<Holder>, BackendError> {
+        self.check()?;
+        self.inner.read().await
+    }
     async fn watch(&self, seen: &Holder) -> Result<(), BackendError> {
         self.check()?;
         // A cut link breaks the watch too: poll the switch while waiting.
@@ -84,6 +88,8 @@ fn cfg(identity: &str) -> ElectorConfig {
         renew_interval: Duration::from_secs(1),
         retry_period: Duration::from_millis(500),
         drift_margin: None,
+        drain_timeout: None,
+        health_grace: Duration::from_secs(1),
     }
 }
 
@@ -301,4 +307,164 @@ fn margin_is_the_largest_of_one_percent_two_rtts_and_50ms() {
         c.margin(Duration::from_secs(2), Duration::from_millis(40)),
         Duration::from_millis(80)
     );
+}
+
+fn start_with(
+    backend: &MemoryBackend,
+    cfg: ElectorConfig,
+    gate: Option<watch::Receiver<bool>>,
+) -> (
+    Candidate,
+    ElectorHandle,
+    tokio::sync::broadcast::Receiver<Event>,
+) {
+    let link = Arc::new(Link {
+        inner: backend.clone(),
+        cut: AtomicBool::new(false),
+    });
+    let (mut elector, rx) = Elector::new(cfg, link.clone(), None);
+    if let Some(g) = gate {
+        elector = elector.with_candidacy(g);
+    }
+    let handle = elector.handle();
+    let events = elector.events();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(elector.run(stop.clone()));
+    (
+        Candidate {
+            link,
+            rx,
+            stop,
+            task,
+        },
+        handle,
+        events,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn resign_hands_over_and_keeps_out_for_the_cooldown() {
+    let b = MemoryBackend::new();
+    let (a, handle, _) = start_with(&b, cfg("a"), None);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    assert!(a.rx.borrow().is_leader(Instant::now()));
+    let other = start(&b, "b");
+    let cs = vec![a, other];
+    run_for(&cs, Duration::from_millis(50)).await;
+    assert!(handle.resign(Duration::from_secs(10)).await, "was leading");
+    run_for(&cs, Duration::from_millis(50)).await;
+    assert_eq!(leader_of(&cs), 1, "b took over at once");
+    // b stops: the key is free, but a stays out until its cooldown ends.
+    cs[1].stop.cancel();
+    run_for(&cs, Duration::from_secs(5)).await;
+    assert!(
+        !cs[0].rx.borrow().is_leader(Instant::now()),
+        "a campaigned during its cooldown"
+    );
+    run_for(&cs, Duration::from_secs(6)).await;
+    assert!(
+        cs[0].rx.borrow().is_leader(Instant::now()),
+        "a campaigns again after the cooldown"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_keeps_the_lease_until_release_without_claiming() {
+    let b = MemoryBackend::new();
+    let mut c = cfg("a");
+    c.drain_timeout = Some(Duration::from_secs(30));
+    let (a, handle, _) = start_with(&b, c, None);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    let cs = vec![a, start(&b, "b")];
+    run_for(&cs, Duration::from_millis(50)).await;
+    cs[0].stop.cancel();
+    run_for(&cs, Duration::from_millis(10)).await;
+    assert!(
+        !cs[0].rx.borrow().is_leader(Instant::now()),
+        "stops claiming at once"
+    );
+    run_for(&cs, Duration::from_secs(10)).await;
+    assert!(
+        !cs[1].rx.borrow().is_leader(Instant::now()),
+        "b must not lead while a drains"
+    );
+    assert_eq!(b.holder().unwrap().identity, "a", "the lease is kept alive");
+    handle.release().await;
+    run_for(&cs, Duration::from_millis(50)).await;
+    assert!(
+        cs[1].rx.borrow().is_leader(Instant::now()),
+        "b leads right after the release"
+    );
+    assert!(cs[0].task.is_finished());
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_ends_by_its_timeout_when_the_app_never_releases() {
+    let b = MemoryBackend::new();
+    let mut c = cfg("a");
+    c.drain_timeout = Some(Duration::from_secs(4));
+    let (a, _handle, _) = start_with(&b, c, None);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    let cs = vec![a, start(&b, "b")];
+    run_for(&cs, Duration::from_millis(50)).await;
+    cs[0].stop.cancel();
+    run_for(&cs, Duration::from_millis(3900)).await;
+    assert!(!cs[1].rx.borrow().is_leader(Instant::now()));
+    run_for(&cs, Duration::from_millis(200)).await;
+    assert!(cs[1].rx.borrow().is_leader(Instant::now()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_candidate_never_leads_and_an_unhealthy_leader_resigns_after_the_grace() {
+    let b = MemoryBackend::new();
+    let (gate_tx, gate) = watch::channel(false);
+    let (a, _h, _) = start_with(&b, cfg("a"), Some(gate));
+    run_for(std::slice::from_ref(&a), Duration::from_secs(5)).await;
+    assert!(
+        !a.rx.borrow().is_leader(Instant::now()),
+        "an unhealthy candidate led"
+    );
+    assert!(b.holder().is_none());
+    gate_tx.send_replace(true);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    assert!(a.rx.borrow().is_leader(Instant::now()));
+    let cs = vec![a, start(&b, "b")];
+    run_for(&cs, Duration::from_millis(50)).await;
+    gate_tx.send_replace(false);
+    run_for(&cs, Duration::from_millis(900)).await;
+    assert!(
+        cs[0].rx.borrow().is_leader(Instant::now()),
+        "resigned before the grace (1 s) passed"
+    );
+    run_for(&cs, Duration::from_millis(200)).await;
+    assert_eq!(leader_of(&cs), 1, "b leads after a resigned");
+    // A flapping health check within the grace does not resign.
+    gate_tx.send_replace(true);
+    cs[1].stop.cancel();
+    run_for(&cs, Duration::from_secs(1)).await;
+    assert_eq!(leader_of(&cs), 0);
+    gate_tx.send_replace(false);
+    run_for(&cs, Duration::from_millis(500)).await;
+    gate_tx.send_replace(true);
+    run_for(&cs, Duration::from_secs(2)).await;
+    assert_eq!(leader_of(&cs), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_arrive_in_order() {
+    let b = MemoryBackend::new();
+    let (a, handle, mut events) = start_with(&b, cfg("a"), None);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    let other = start(&b, "b");
+    let cs = vec![a, other];
+    run_for(&cs, Duration::from_millis(50)).await;
+    handle.resign(Duration::from_secs(60)).await;
+    run_for(&cs, Duration::from_millis(500)).await;
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        seen.push((e.event, e.leader.clone(), e.transitions));
+    }
+    assert_eq!(seen[0].0, "became_leader");
+    assert_eq!(seen[1].0, "stopped_leading");
+    assert_eq!(seen[2], ("leader_changed", Some("b".to_owned()), 3));
 }

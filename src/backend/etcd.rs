@@ -306,6 +306,19 @@ impl LeaseBackend for EtcdBackend {
         })
     }
 
+    async fn read(&self) -> Result<Option<Holder>> {
+        let mut client = self.client().await?;
+        let resp = client
+            .get(self.key.clone(), None)
+            .await
+            .map_err(|e| self.classify(e, false))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        Ok(match resp.kvs().first() {
+            Some(kv) => Some(self.holder_from(kv, revision)),
+            None => None,
+        })
+    }
+
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let client = self.client().await?;
         let lease = lease_of(&term.holder.term_id);

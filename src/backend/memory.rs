@@ -149,6 +149,17 @@ impl LeaseBackend for MemoryBackend {
         }))
     }
 
+    async fn read(&self) -> Result<Option<Holder>> {
+        let inner = self.check()?;
+        let revision = inner.revision;
+        Ok(inner.key.as_ref().map(|(h, until)| {
+            let mut h = h.clone();
+            h.revision = revision;
+            h.expires_in = Some(until.saturating_duration_since(Instant::now()));
+            h
+        }))
+    }
+
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let mut inner = self.check()?;
         let now = Instant::now();

@@ -323,6 +323,14 @@ pub trait LeaseBackend: Send + Sync {
     /// Any [`BackendError`]; the term then ends by TTL.
     async fn resign(&self, term: &Term) -> Result<()>;
 
+    /// Read the current holder without campaigning (used while this candidate
+    /// stays out of campaigns: resign cooldown, unhealthy app). `None` when
+    /// the key is free.
+    ///
+    /// # Errors
+    /// Any [`BackendError`].
+    async fn read(&self) -> Result<Option<Holder>>;
+
     /// Resolve when the key changes after `seen` (deleted, or taken by a term
     /// other than `seen`'s). Pending forever while nothing changes.
     ///

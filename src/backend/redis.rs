@@ -596,6 +596,56 @@ impl LeaseBackend for RedisBackend {
         })
     }
 
+    async fn read(&self) -> Result<Option<Holder>> {
+        self.ensure_subscribed().await;
+        let reads = join_all(self.servers.iter().map(|s| async move {
+            let work = async {
+                let mut conn = self.connection(s).await?;
+                let (value, pttl): (Option<String>, i64) = redis::pipe()
+                    .cmd("GET")
+                    .arg(&self.key)
+                    .cmd("PTTL")
+                    .arg(&self.key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.classify(s, e))?;
+                Ok::<_, BackendError>(value.map(|v| parse_value(&v, pttl)))
+            };
+            match timeout(self.timeout, work).await {
+                Ok(r) => r,
+                Err(_) => Err(BackendError::Timeout {
+                    backend: BACKEND,
+                    call: "read",
+                    timeout_ms: self.timeout.as_millis() as u64,
+                }),
+            }
+        }))
+        .await;
+        let mut held = Vec::new();
+        let mut answered = 0;
+        let mut first_error = None;
+        for r in reads {
+            match r {
+                Ok(h) => {
+                    answered += 1;
+                    held.extend(h);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if answered < self.quorum {
+            return Err(first_error.expect("fewer answers than a quorum means an error"));
+        }
+        for h in &held {
+            if held.iter().filter(|o| o.term_id == h.term_id).count() >= self.quorum {
+                return Ok(Some(h.clone()));
+            }
+        }
+        Ok(None)
+    }
+
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let ttl_ms = term_full_ttl(term).as_millis().max(1).to_string();
         let args = [term.holder.term_id.as_str(), ttl_ms.as_str()];
