@@ -14,12 +14,15 @@ use crate::backend::LeaseBackend;
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::redis::RedisBackend;
 use crate::config::{BackendConfig, Config};
+use crate::control::{ControlState, control_router};
 use crate::elector::Elector;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 
 /// How long open HTTP requests (long-polls) may take to finish at shutdown.
 const HTTP_DRAIN: Duration = Duration::from_secs(1);
+/// Timeout of one notification POST, and of delivering the last ones at exit.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Errors that stop the sidecar (exit code 1).
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +67,9 @@ pub fn connect(cfg: &BackendConfig) -> Result<Arc<dyn LeaseBackend>, RunError> {
 /// # Errors
 /// [`RunError`] for failures that make running impossible; backend faults are
 /// never errors here.
-pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunError> {
+/// Returns the exit code to use when run mode ended because of the child
+/// (`--on-child-exit exit`), else `None` (exit 0).
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>, RunError> {
     let backend = connect(&cfg.backend)?;
     let metrics = Metrics::new(Registry::new(), &cfg.elector.election, backend.name())
         .map_err(RunError::Metrics)?;
@@ -93,11 +98,65 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
             );
         }
     }
-    let (elector, state) = Elector::new(cfg.elector.clone(), backend, Some(metrics.clone()));
+    let control_listener = match cfg.control_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+    let (mut elector, state) = Elector::new(cfg.elector.clone(), backend, Some(metrics.clone()));
+    let handle = elector.handle();
+
+    // Health-gated candidacy.
+    let mut health_task = None;
+    if let Some((url, interval)) = &cfg.candidate_health {
+        let (gate_tx, gate_rx) = tokio::sync::watch::channel(false);
+        elector = elector.with_candidacy(gate_rx);
+        health_task = Some(tokio::spawn(
+            crate::hooks::health_checker(url.clone(), *interval, gate_tx, shutdown.clone())
+                .instrument(info_span!("health")),
+        ));
+    }
+    // Transition notifications; ends when the Elector is gone.
+    let notify_task = cfg.notify_url.as_ref().map(|url| {
+        tokio::spawn(
+            crate::hooks::notifier(url.clone(), elector.events(), NOTIFY_TIMEOUT)
+                .instrument(info_span!("notify")),
+        )
+    });
     let span = info_span!("elector", election = %cfg.elector.election);
     let mut elector_task = tokio::spawn(elector.run(shutdown.clone()).instrument(span));
 
+    // Run mode.
+    let supervisor_task = cfg.run.clone().map(|opts| {
+        tokio::spawn(
+            crate::supervisor::supervise(opts, state.clone(), handle.clone(), shutdown.clone())
+                .instrument(info_span!("run")),
+        )
+    });
+
     let http_stop = CancellationToken::new();
+    let control_task = control_listener.map(|listener| {
+        let app = control_router(ControlState {
+            handle: handle.clone(),
+            state: state.clone(),
+            resign_cooldown: cfg.resign_cooldown,
+        });
+        let stop = http_stop.clone();
+        tokio::spawn(
+            async move {
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                )
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+            }
+            .instrument(info_span!("control")),
+        )
+    });
     let app = router(AppState {
         state,
         metrics: Some(metrics),
@@ -132,9 +191,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
             }
         }
     }
-    // The Elector stops claiming and resigns under its own call timeout.
+    // The Elector stops claiming, drains if configured (run mode: until the
+    // child is gone), and resigns under its own call timeout.
     if !elector_task.is_finished() {
-        let limit = cfg.elector.call_timeout() + Duration::from_secs(1);
+        let limit = cfg.elector.call_timeout()
+            + cfg.elector.drain_timeout.unwrap_or_default()
+            + Duration::from_secs(1);
         if tokio::time::timeout(limit, &mut elector_task)
             .await
             .is_err()
@@ -142,6 +204,23 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
             warn!("the elector did not finish resigning in time; the lease will expire by TTL");
             elector_task.abort();
         }
+    }
+    let mut exit_code = None;
+    if let Some(task) = supervisor_task {
+        match tokio::time::timeout(Duration::from_secs(2), task).await {
+            Ok(Ok(code)) => exit_code = code,
+            Ok(Err(e)) => error!(error = %e, "the run-mode supervisor failed"),
+            Err(_) => warn!("the run-mode supervisor did not finish in time"),
+        }
+    }
+    if let Some(task) = notify_task {
+        // Deliver the last transitions (e.g. "stopped_leading"), briefly.
+        if tokio::time::timeout(NOTIFY_TIMEOUT, task).await.is_err() {
+            warn!("pending notifications were not delivered before exit");
+        }
+    }
+    if let Some(task) = health_task {
+        task.abort();
     }
     http_stop.cancel();
     if !http_task.is_finished()
@@ -152,6 +231,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), RunErro
         warn!("open HTTP requests did not finish within {HTTP_DRAIN:?}; closing them");
         http_task.abort();
     }
+    if let Some(task) = control_task {
+        let _ = tokio::time::timeout(HTTP_DRAIN, task).await;
+    }
     info!("stopped");
-    Ok(())
+    Ok(exit_code)
 }

@@ -15,10 +15,18 @@ use clap::{Args, Parser, ValueEnum};
 use crate::backend::etcd::EtcdOptions;
 use crate::backend::redis::{RedisOptions, check_url, redact};
 use crate::elector::ElectorConfig;
+use crate::supervisor::{OnChildExit, RunOptions};
 
 /// leader-elector: one active replica at a time for a singleton workload.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "leader-elector", version, about, long_about = None, args_override_self = true)]
+#[command(
+    name = "leader-elector",
+    version,
+    about,
+    long_about = None,
+    args_override_self = true,
+    override_usage = "leader-elector [OPTIONS] --election <NAME> (--etcd-endpoints <URL> | --redis-url <URL>...)\n       leader-elector run [OPTIONS] --election <NAME> ... -- COMMAND [ARGS]..."
+)]
 pub struct Cli {
     /// Name of the election; candidates with the same name compete for one leadership.
     #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
@@ -69,6 +77,56 @@ pub struct Cli {
     /// Address of the read-only HTTP API (/leader, /healthz, /readyz, /metrics).
     #[arg(long, visible_alias = "http", default_value = "0.0.0.0:4040", env = "LEADER_ELECTOR_HTTP_ADDR", value_parser = parse_addr, value_name = "HOST:PORT")]
     pub http_addr: SocketAddr,
+
+    /// Address of the control API (POST /resign, POST /release), loopback only; empty turns it off.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:4041",
+        env = "LEADER_ELECTOR_CONTROL_ADDR",
+        value_name = "HOST:PORT"
+    )]
+    pub control_addr: String,
+
+    /// On SIGTERM, stop claiming at once but keep the lease until the app calls POST /release or this much time passes [default: release at once].
+    #[arg(long, env = "LEADER_ELECTOR_DRAIN_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub drain_timeout: Option<Duration>,
+
+    /// After POST /resign (or a resign caused by the app), stay out of campaigns this long [default: --lease-duration].
+    #[arg(long, env = "LEADER_ELECTOR_RESIGN_COOLDOWN", value_parser = parse_duration, value_name = "DURATION")]
+    pub resign_cooldown: Option<Duration>,
+
+    /// Campaign only while this URL answers 2xx (http:// only; usually the app's readiness endpoint on localhost).
+    #[arg(long, env = "LEADER_ELECTOR_CANDIDATE_HEALTH_URL", value_parser = parse_http_url, value_name = "URL")]
+    pub candidate_health_url: Option<String>,
+
+    /// A leader whose app stays unhealthy this long resigns [default: --lease-duration].
+    #[arg(long, env = "LEADER_ELECTOR_HEALTH_GRACE", value_parser = parse_duration, value_name = "DURATION")]
+    pub health_grace: Option<Duration>,
+
+    /// How often to ask --candidate-health-url (also each request's timeout).
+    #[arg(long, default_value = "1s", env = "LEADER_ELECTOR_HEALTH_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    pub health_interval: Duration,
+
+    /// POST a JSON event to this URL on each transition (http:// only), in order, with retries; never blocks the election.
+    #[arg(long, env = "LEADER_ELECTOR_NOTIFY_URL", value_parser = parse_http_url, value_name = "URL")]
+    pub notify_url: Option<String>,
+
+    /// Run mode: time between SIGTERM and SIGKILL of the command, never past the validity deadline [default: min(5s, (TTL - renew interval) / 2)].
+    #[arg(long, env = "LEADER_ELECTOR_KILL_GRACE", value_parser = parse_duration, value_name = "DURATION")]
+    pub kill_grace: Option<Duration>,
+
+    /// Run mode: what to do when the command exits on its own.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "resign",
+        env = "LEADER_ELECTOR_ON_CHILD_EXIT"
+    )]
+    pub on_child_exit: OnChildExit,
+
+    /// Run mode (`leader-elector run [flags] -- COMMAND ARGS...`): the command to run only while leading.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 
     /// Log format.
     #[arg(
@@ -199,6 +257,16 @@ pub struct Config {
     pub backend: BackendConfig,
     /// Address of the read-only API.
     pub http_addr: SocketAddr,
+    /// Address of the control API; `None` when turned off.
+    pub control_addr: Option<SocketAddr>,
+    /// Default cooldown after a resign.
+    pub resign_cooldown: Duration,
+    /// Health-gated candidacy: URL and poll interval.
+    pub candidate_health: Option<(String, Duration)>,
+    /// Transition notifications.
+    pub notify_url: Option<String>,
+    /// Run mode.
+    pub run: Option<RunOptions>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -257,6 +325,23 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
             "{s} is not a listen address; use HOST:PORT such as 0.0.0.0:4040 or 127.0.0.1:4040"
         )),
     }
+}
+
+/// Check a hook URL (`--candidate-health-url`, `--notify-url`): `http://host[:port]/path`.
+///
+/// # Errors
+/// A message with the value and an example.
+pub fn parse_http_url(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let uri: axum::http::Uri = s
+        .parse()
+        .map_err(|_| format!("{s} is not a URL; use e.g. http://127.0.0.1:8080/healthz"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!(
+            "{s} must be an http:// URL with a host, e.g. http://127.0.0.1:8080/healthz (https is not supported for local hooks)"
+        ));
+    }
+    Ok(s.to_owned())
 }
 
 /// Check one etcd endpoint: `http://host:port` or `https://host:port`.
@@ -398,6 +483,15 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the flag at fault and the fix.
     pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
+        Self::from_cli_mode(cli, false)
+    }
+
+    /// Validate `cli` for the plain sidecar (`run_mode == false`) or for
+    /// `leader-elector run` (which needs a command after `--`).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag at fault and the fix.
+    pub fn from_cli_mode(cli: Cli, run_mode: bool) -> Result<Config, ConfigError> {
         check_election(&cli.election)?;
         let identity = match cli.identity.clone() {
             Some(id) if id.trim().is_empty() => {
@@ -420,6 +514,70 @@ impl Config {
         if cli.retry_period.is_zero() {
             return Err(config_error("--retry-period must be greater than 0"));
         }
+        let resign_cooldown = cli.resign_cooldown.unwrap_or(cli.lease_duration);
+        let health_grace = cli.health_grace.unwrap_or(cli.lease_duration);
+        if cli.health_interval.is_zero() {
+            return Err(config_error("--health-interval must be greater than 0"));
+        }
+        let kill_grace = cli.kill_grace.unwrap_or_else(|| {
+            (cli.lease_duration.saturating_sub(renew_interval) / 2).min(Duration::from_secs(5))
+        });
+        let run = match (run_mode, cli.command.is_empty()) {
+            (true, true) => {
+                return Err(config_error(
+                    "run needs a command after --\nhint: leader-elector run --election NAME ... -- /usr/bin/my-singleton --flag",
+                ));
+            }
+            (false, false) => {
+                return Err(config_error(format!(
+                    "a command after -- ({}) needs run mode\nhint: leader-elector run [flags] -- COMMAND ARGS...",
+                    cli.command.join(" ")
+                )));
+            }
+            (false, true) => None,
+            (true, false) => {
+                if kill_grace.is_zero() || kill_grace + renew_interval >= cli.lease_duration {
+                    return Err(config_error(format!(
+                        "--kill-grace ({}) plus --renew-interval ({}) must be shorter than --lease-duration ({})\nhint: the command is stopped kill-grace before the validity deadline when renewals fail",
+                        humantime::format_duration(kill_grace),
+                        humantime::format_duration(renew_interval),
+                        humantime::format_duration(cli.lease_duration)
+                    )));
+                }
+                Some(RunOptions {
+                    command: cli.command.clone(),
+                    kill_grace,
+                    on_child_exit: cli.on_child_exit,
+                    resign_cooldown,
+                })
+            }
+        };
+        // Run mode keeps the lease until the child is gone.
+        let drain_timeout = match (&run, cli.drain_timeout) {
+            (Some(r), d) => Some(
+                d.unwrap_or_default()
+                    .max(r.kill_grace + Duration::from_secs(1)),
+            ),
+            (None, d) => d.filter(|d| !d.is_zero()),
+        };
+        let control_addr = match cli.control_addr.trim() {
+            "" => None,
+            text => {
+                let addr =
+                    parse_addr(text).map_err(|e| config_error(format!("--control-addr: {e}")))?;
+                if !addr.ip().is_loopback() {
+                    return Err(config_error(format!(
+                        "--control-addr ({addr}) must be a loopback address: the control API changes state\nhint: use 127.0.0.1:4041, or an empty value to turn it off"
+                    )));
+                }
+                Some(addr)
+            }
+        };
+        if drain_timeout.is_some() && run.is_none() && control_addr.is_none() {
+            return Err(config_error(
+                "--drain-timeout needs the control API (--control-addr) so the app can POST /release",
+            ));
+        }
         let elector = ElectorConfig {
             election: cli.election.clone(),
             identity,
@@ -427,8 +585,11 @@ impl Config {
             renew_interval,
             retry_period: cli.retry_period,
             drift_margin: cli.drift_margin,
-            drain_timeout: None,
-            health_grace: Duration::from_secs(1),
+            drain_timeout,
+            health_grace,
+            release_wait: run
+                .as_ref()
+                .map(|r| r.kill_grace + Duration::from_millis(100)),
         };
         elector.validate().map_err(config_error)?;
 
@@ -547,6 +708,14 @@ impl Config {
             elector,
             backend,
             http_addr: cli.http_addr,
+            control_addr,
+            resign_cooldown,
+            candidate_health: cli
+                .candidate_health_url
+                .clone()
+                .map(|u| (u, cli.health_interval)),
+            notify_url: cli.notify_url.clone(),
+            run,
             log_format: cli.log_format,
             log_level: cli.log_level,
         })

@@ -50,6 +50,11 @@ pub struct ElectorConfig {
     /// How long the candidacy gate (see [`Elector::with_candidacy`]) may stay
     /// closed while leading before this candidate resigns.
     pub health_grace: Duration,
+    /// After a step-down other than shutdown or the validity deadline, wait up
+    /// to this long (and never past `valid_until`) for
+    /// [`ElectorHandle::release`] before releasing the key, so a supervised
+    /// child is gone first (run mode). `None` releases at once.
+    pub release_wait: Option<Duration>,
 }
 
 impl ElectorConfig {
@@ -683,6 +688,20 @@ impl Elector {
             }
             StepDown::Lost(reason) => {
                 warn!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, reason, "stepped down: term lost")
+            }
+        }
+        if let Some(wait) = self.cfg.release_wait
+            && !matches!(why, StepDown::Shutdown | StepDown::Deadline)
+        {
+            let until = (Instant::now() + wait).min(valid_until);
+            loop {
+                tokio::select! {
+                    _ = sleep_until(until) => break,
+                    cmd = self.commands.recv() => match cmd {
+                        Some(Command::Release) | None => break,
+                        Some(Command::Resign { reply, .. }) => { let _ = reply.send(false); }
+                    },
+                }
             }
         }
         if let Err(e) = self.call("resign", backend.resign(&term)).await {

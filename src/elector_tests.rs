@@ -90,6 +90,7 @@ fn cfg(identity: &str) -> ElectorConfig {
         drift_margin: None,
         drain_timeout: None,
         health_grace: Duration::from_secs(1),
+        release_wait: None,
     }
 }
 

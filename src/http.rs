@@ -124,7 +124,8 @@ pub fn router(app: AppState) -> Router {
         .with_state(app)
 }
 
-fn json_response(status: StatusCode, body: impl Serialize) -> Response {
+/// A JSON response with `Cache-Control: no-store`.
+pub fn json_response(status: StatusCode, body: impl Serialize) -> Response {
     let mut resp = (status, axum::Json(body)).into_response();
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -11,10 +11,13 @@
 pub mod app;
 pub mod backend;
 pub mod config;
+pub mod control;
 pub mod elector;
+pub mod hooks;
 pub mod http;
 pub mod metrics;
 pub mod shutdown;
+pub mod supervisor;
 
 pub use backend::{Campaign, Holder, LeaseBackend, Term};
 pub use elector::{Elector, ElectorConfig, LeaderState};

@@ -10,8 +10,20 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let config = match Config::from_cli(cli) {
+    let mut args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if args.get(1).map(String::as_str) == Some("__exec") {
+        // The run-mode exec shim: only returns on failure.
+        let code = leader_elector::supervisor::exec_shim(&args[2..]);
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
+    let run_mode = args.get(1).map(String::as_str) == Some("run");
+    if run_mode {
+        args.remove(1);
+    }
+    let cli = Cli::parse_from(args);
+    let config = match Config::from_cli_mode(cli, run_mode) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -47,7 +59,8 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(leader_elector::app::run(config, CancellationToken::new())) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(code)) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             let e = anyhow::Error::new(e);
             tracing::error!(error = format!("{e:#}"), "leader-elector failed");
