@@ -5,6 +5,9 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+pub mod recorder;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -317,14 +320,31 @@ impl Sidecar {
 
     /// Start a sidecar for `election` with exactly `args` after the defaults.
     pub fn start_raw(election: &str, identity: &str, args: &[String]) -> Sidecar {
+        Self::spawn_with(None, election, identity, args)
+    }
+
+    /// Start `leader-elector run` for `election`; `args` end with `-- COMMAND…`.
+    pub fn start_run(election: &str, identity: &str, args: &[String]) -> Sidecar {
+        Self::spawn_with(Some("run"), election, identity, args)
+    }
+
+    fn spawn_with(sub: Option<&str>, election: &str, identity: &str, args: &[String]) -> Sidecar {
         let dir = TempDir::new().unwrap();
         let port = free_port();
         let log = dir.path().join("sidecar.log");
+        let (flags, command) = match args.iter().position(|a| a == "--") {
+            Some(i) => (&args[..i], &args[i..]),
+            None => (args, &[][..]),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(sub)
             .args(["--election", election, "--identity", identity])
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
             .args(["--log-level", "leader_elector=debug"])
-            .args(args)
+            // Many sidecars share this machine: no control API unless a test asks.
+            .arg("--control-addr=")
+            .args(flags)
+            .args(command)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -565,4 +585,168 @@ pub fn redis_sidecar(urls: &[&str], election: &str, identity: &str, extra: &[&st
     }
     args.extend(extra.iter().map(|s| s.to_string()));
     Sidecar::start_raw(election, identity, &args)
+}
+
+/// A multi-member etcd cluster on loopback (FACTS.md gives the flags), each
+/// member in its own temporary data directory. Members are stopped with
+/// SIGKILL (a graceful stop of a cluster member takes seconds) and restarted
+/// on the same ports and data, so they rejoin.
+pub struct EtcdCluster {
+    members: Vec<EtcdMember>,
+}
+
+struct EtcdMember {
+    name: String,
+    dir: TempDir,
+    client_port: u16,
+    peer_port: u16,
+    initial_cluster: String,
+    child: Option<Child>,
+    url: String,
+}
+
+impl EtcdMember {
+    fn spawn(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", &self.name, "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &self.url])
+            .args(["--advertise-client-urls", &self.url])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &format!("fault-{}", std::process::id())])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start an etcd cluster member");
+        self.child = Some(child);
+    }
+}
+
+impl EtcdCluster {
+    /// Start `n` members and wait until every one reports a Raft leader.
+    pub async fn start(n: usize) -> EtcdCluster {
+        require("etcd", "etcd-server");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<EtcdMember> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| EtcdMember {
+                name: format!("m{i}"),
+                dir: TempDir::new().unwrap(),
+                client_port: *client,
+                peer_port: *peer,
+                initial_cluster: initial_cluster.clone(),
+                child: None,
+                url: format!("http://127.0.0.1:{client}"),
+            })
+            .collect();
+        for m in &mut members {
+            m.spawn();
+        }
+        let c = EtcdCluster { members };
+        for i in 0..n {
+            c.wait_member(i, Duration::from_secs(20)).await;
+        }
+        c
+    }
+
+    /// Client URLs, one per member.
+    pub fn urls(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.url.clone()).collect()
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether member `i` runs.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.members[i].child.is_some()
+    }
+
+    /// Member `i`'s own id and the Raft leader's id it reports (0: none), via `status()`.
+    pub async fn status(&self, i: usize) -> Option<(u64, u64)> {
+        let url = self.members[i].url.clone();
+        let fut = async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_millis(500))
+                .with_timeout(Duration::from_millis(500));
+            let mut c = etcd_client::Client::connect([url], Some(opts)).await.ok()?;
+            let s = c.status().await.ok()?;
+            Some((s.header()?.member_id(), s.leader()))
+        };
+        timeout(Duration::from_secs(2), fut).await.ok().flatten()
+    }
+
+    /// The index of the member that is the Raft leader, as the running members report it.
+    pub async fn raft_leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        for i in 0..self.members.len() {
+            ids.push(if self.is_up(i) { self.status(i).await } else { None });
+        }
+        let leader = ids.iter().flatten().map(|(_, l)| *l).find(|l| *l != 0)?;
+        ids.iter()
+            .position(|s| s.is_some_and(|(id, _)| id == leader))
+    }
+
+    async fn wait_member(&self, i: usize, limit: Duration) {
+        let what = format!("etcd member m{i} to report a Raft leader");
+        wait_for(limit, &what, || async move {
+            self.status(i).await.is_some_and(|(_, leader)| leader != 0)
+        })
+        .await;
+    }
+
+    /// SIGKILL member `i`, keeping its data.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start member `i` again on its ports and data (it rejoins; wait with
+    /// [`EtcdCluster::wait_healthy`], which needs a quorum of members up).
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.members[i].spawn();
+    }
+
+    /// Wait until every running member reports a Raft leader.
+    pub async fn wait_healthy(&self, limit: Duration) {
+        for i in 0..self.members.len() {
+            if self.is_up(i) {
+                self.wait_member(i, limit).await;
+            }
+        }
+    }
+
+    /// Member `i`'s log.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.members[i].dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
 }
