@@ -119,3 +119,65 @@ async fn method_not_allowed() -> Response {
         "method not allowed: use POST",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    fn router() -> Router {
+        let cfg = crate::elector::ElectorConfig {
+            election: "e".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(3),
+            renew_interval: Duration::from_secs(1),
+            retry_period: Duration::from_secs(1),
+            drift_margin: None,
+            drain_timeout: None,
+            health_grace: Duration::from_secs(1),
+            release_wait: None,
+        };
+        let (elector, state) = crate::elector::Elector::new(
+            cfg,
+            std::sync::Arc::new(crate::backend::memory::MemoryBackend::new()),
+            None,
+        );
+        control_router(ControlState {
+            handle: elector.handle(),
+            state,
+            resign_cooldown: Duration::from_secs(1),
+        })
+    }
+
+    fn request(peer: &str, uri: &str) -> Request<Body> {
+        let mut req = Request::post(uri).body(Body::empty()).unwrap();
+        let addr: SocketAddr = peer.parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(addr));
+        req
+    }
+
+    #[tokio::test]
+    async fn non_loopback_peers_are_refused() {
+        let resp = router()
+            .oneshot(request("10.1.2.3:5555", "/resign"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        let resp = router()
+            .oneshot(request("[::1]:5555", "/nope"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn bad_cooldown_is_a_400() {
+        let resp = router()
+            .oneshot(request("127.0.0.1:5555", "/resign?cooldown=48h"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    }
+}

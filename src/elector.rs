@@ -665,14 +665,15 @@ impl Elector {
             }
         };
         drop(watch);
-        // Stop claiming first, then release the key.
-        match why {
-            StepDown::Shutdown => self.state.send_modify(|s| {
+        // Stop claiming first, then release the key. (A drain already set
+        // `stopping` when it began; the transition is recorded now.)
+        if matches!(why, StepDown::Shutdown) {
+            self.state.send_modify(|s| {
                 s.stopping = true;
                 s.ready = false;
-            }),
-            _ => self.observe(None),
+            });
         }
+        self.observe(None);
         match &why {
             StepDown::Resigned => {
                 info!(election = %self.cfg.election, identity = %self.cfg.identity, fencing_token = term.holder.fencing_token, "resigned on request")

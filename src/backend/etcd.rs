@@ -313,10 +313,7 @@ impl LeaseBackend for EtcdBackend {
             .await
             .map_err(|e| self.classify(e, false))?;
         let revision = resp.header().map_or(0, |h| h.revision());
-        Ok(resp
-            .kvs()
-            .first()
-            .map(|kv| self.holder_from(kv, revision)))
+        Ok(resp.kvs().first().map(|kv| self.holder_from(kv, revision)))
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {

@@ -622,7 +622,10 @@ impl EtcdMember {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", "new"])
-            .args(["--initial-cluster-token", &format!("fault-{}", std::process::id())])
+            .args([
+                "--initial-cluster-token",
+                &format!("fault-{}", std::process::id()),
+            ])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -698,7 +701,11 @@ impl EtcdCluster {
     pub async fn raft_leader(&self) -> Option<usize> {
         let mut ids = Vec::new();
         for i in 0..self.members.len() {
-            ids.push(if self.is_up(i) { self.status(i).await } else { None });
+            ids.push(if self.is_up(i) {
+                self.status(i).await
+            } else {
+                None
+            });
         }
         let leader = ids.iter().flatten().map(|(_, l)| *l).find(|l| *l != 0)?;
         ids.iter()
