@@ -8,7 +8,7 @@ use std::time::Duration;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backend::LeaseBackend;
 use crate::backend::etcd::EtcdBackend;
@@ -126,6 +126,32 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
                 .instrument(info_span!("notify")),
         )
     });
+    // Pod labelling (Kubernetes only).
+    let mut labeler_task = None;
+    match &cfg.labeler {
+        Some(lc) => match kube::Client::try_default().await {
+            Ok(client) => {
+                let acting = elector.add_participant();
+                labeler_task = Some(tokio::spawn(
+                    crate::kube_label::run_labeler(
+                        client,
+                        lc.clone(),
+                        state.clone(),
+                        acting,
+                        Some(metrics.clone()),
+                        shutdown.clone(),
+                    )
+                    .instrument(info_span!("labeler")),
+                ));
+            }
+            Err(e) => {
+                warn!(error = %e, "pod labelling is off: no Kubernetes client (in-cluster config or KUBECONFIG)")
+            }
+        },
+        None => debug!(
+            "pod labelling is off (empty --pod-label-key, or POD_NAME/POD_NAMESPACE not set)"
+        ),
+    }
     let span = info_span!("elector", election = %cfg.elector.election);
     let mut elector_task = tokio::spawn(elector.run(shutdown.clone()).instrument(span));
 
@@ -204,6 +230,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
             warn!("the elector did not finish resigning in time; the lease will expire by TTL");
             elector_task.abort();
         }
+    }
+    if let Some(task) = labeler_task
+        && tokio::time::timeout(crate::kube_label::CALL_TIMEOUT, task)
+            .await
+            .is_err()
+    {
+        warn!("the Pod labeler did not finish in time");
     }
     let mut exit_code = None;
     if let Some(task) = supervisor_task {

@@ -111,6 +111,14 @@ pub struct Cli {
     #[arg(long, env = "LEADER_ELECTOR_NOTIFY_URL", value_parser = parse_http_url, value_name = "URL")]
     pub notify_url: Option<String>,
 
+    /// Label key set on this sidecar's own Pod: "true" while leading, "false" otherwise (needs POD_NAME and POD_NAMESPACE); empty turns it off.
+    #[arg(long, default_value = crate::kube_label::DEFAULT_LABEL_KEY, env = "LEADER_ELECTOR_POD_LABEL_KEY", value_name = "KEY")]
+    pub pod_label_key: String,
+
+    /// Record a Kubernetes Event on this Pod for each transition (with --pod-label-key).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LEADER_ELECTOR_POD_EVENTS", value_name = "BOOL")]
+    pub pod_events: bool,
+
     /// Run mode: time between SIGTERM and SIGKILL of the command, never past the validity deadline [default: min(5s, (TTL - renew interval) / 2)].
     #[arg(long, env = "LEADER_ELECTOR_KILL_GRACE", value_parser = parse_duration, value_name = "DURATION")]
     pub kill_grace: Option<Duration>,
@@ -267,6 +275,8 @@ pub struct Config {
     pub notify_url: Option<String>,
     /// Run mode.
     pub run: Option<RunOptions>,
+    /// Pod labelling: `None` when off (empty key, or not in a Pod).
+    pub labeler: Option<crate::kube_label::LabelerConfig>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -475,6 +485,26 @@ fn redis_backend(cli: &Cli, elector: &ElectorConfig) -> Result<BackendConfig, Co
             per_server_timeout,
         },
     })
+}
+
+fn labeler_config(cli: &Cli) -> Result<Option<crate::kube_label::LabelerConfig>, ConfigError> {
+    let key = cli.pod_label_key.trim();
+    if key.is_empty() {
+        return Ok(None);
+    }
+    crate::kube_label::check_label_key(key)
+        .map_err(|e| config_error(format!("--pod-label-key: {e}")))?;
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    match (env("POD_NAME"), env("POD_NAMESPACE")) {
+        (Some(pod), Some(namespace)) => Ok(Some(crate::kube_label::LabelerConfig {
+            key: key.to_owned(),
+            pod,
+            namespace,
+            events: cli.pod_events,
+        })),
+        // Not in a Pod (or no Downward API): nothing to label; app::run says so.
+        _ => Ok(None),
+    }
 }
 
 impl Config {
@@ -715,6 +745,7 @@ impl Config {
                 .clone()
                 .map(|u| (u, cli.health_interval)),
             notify_url: cli.notify_url.clone(),
+            labeler: labeler_config(&cli)?,
             run,
             log_format: cli.log_format,
             log_level: cli.log_level,

@@ -250,6 +250,10 @@ impl ElectorHandle {
     }
 }
 
+/// Longest wait for participants (see [`Elector::add_participant`]) to let go
+/// of a term before its key is released anyway.
+pub const PARTICIPANT_WAIT: Duration = Duration::from_secs(2);
+
 /// Capped, jittered exponential backoff (full jitter between half and all of the step).
 #[derive(Debug)]
 struct Backoff {
@@ -308,6 +312,9 @@ pub struct Elector {
     candidacy: Option<watch::Receiver<bool>>,
     /// No campaign before this instant (after a resign).
     cooldown_until: Option<Instant>,
+    /// Readers that act for a term (the Pod labeler): each shows the fencing
+    /// token it still acts for; the key is released after they let go.
+    participants: Vec<watch::Receiver<Option<u64>>>,
 }
 
 impl Elector {
@@ -335,6 +342,7 @@ impl Elector {
                 events,
                 candidacy: None,
                 cooldown_until: None,
+                participants: Vec::new(),
             },
             rx,
         )
@@ -358,6 +366,17 @@ impl Elector {
     pub fn with_candidacy(mut self, gate: watch::Receiver<bool>) -> Self {
         self.candidacy = Some(gate);
         self
+    }
+
+    /// Register a reader that acts for our terms (e.g. labels our Pod as the
+    /// leader). It sends `Some(fencing_token)` while acting for a term and
+    /// `None` when done; after a step-down the Elector waits for `None` (at
+    /// most [`PARTICIPANT_WAIT`], never past `valid_until`) before releasing the
+    /// key.
+    pub fn add_participant(&mut self) -> watch::Sender<Option<u64>> {
+        let (tx, rx) = watch::channel(None);
+        self.participants.push(rx);
+        tx
     }
 
     fn may_campaign(&self) -> bool {
@@ -702,6 +721,22 @@ impl Elector {
                         Some(Command::Release) | None => break,
                         Some(Command::Resign { reply, .. }) => { let _ = reply.send(false); }
                     },
+                }
+            }
+        }
+        if !matches!(why, StepDown::Deadline) {
+            let token = term.holder.fencing_token;
+            let until = (Instant::now() + PARTICIPANT_WAIT).min(valid_until);
+            for p in &self.participants {
+                let mut p = p.clone();
+                if tokio::time::timeout_at(until, p.wait_for(|v| *v != Some(token)))
+                    .await
+                    .is_err()
+                {
+                    warn!(
+                        fencing_token = token,
+                        "a participant (the Pod labeler) did not let go in time; releasing anyway"
+                    );
                 }
             }
         }

@@ -15,6 +15,7 @@ pub mod control;
 pub mod elector;
 pub mod hooks;
 pub mod http;
+pub mod kube_label;
 pub mod metrics;
 pub mod shutdown;
 pub mod supervisor;

@@ -42,6 +42,10 @@ pub struct Metrics {
     pub backend_up: IntGauge,
     /// `leader_election_valid_for_seconds{name}`: seconds until `valid_until` (0 when not leading).
     pub valid_for: Gauge,
+    /// `leader_election_pod_label_patches_total{name}`: successful patches of our Pod's leader label.
+    pub label_patches: IntCounter,
+    /// `leader_election_pod_label_failures_total{name,reason}`: failed label patches (`forbidden`, `not_found`, `api_error`, `unreachable`).
+    pub label_patch_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -111,6 +115,17 @@ impl Metrics {
                 "leader_election_valid_for_seconds",
                 "Seconds until this candidate's leadership validity ends (0 when not leading).",
             ))?,
+            label_patches: IntCounter::with_opts(opts(
+                "leader_election_pod_label_patches_total",
+                "Successful patches of this Pod's leader label.",
+            ))?,
+            label_patch_failures: IntCounterVec::new(
+                opts(
+                    "leader_election_pod_label_failures_total",
+                    "Failed patches of Pod leader labels, by reason.",
+                ),
+                &["reason"],
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.master_status.clone()))?;
@@ -123,6 +138,9 @@ impl Metrics {
         m.registry.register(Box::new(m.renew_latency.clone()))?;
         m.registry.register(Box::new(m.backend_up.clone()))?;
         m.registry.register(Box::new(m.valid_for.clone()))?;
+        m.registry.register(Box::new(m.label_patches.clone()))?;
+        m.registry
+            .register(Box::new(m.label_patch_failures.clone()))?;
         Ok(Arc::new(m))
     }
 

@@ -1,0 +1,341 @@
+//! The Pod labeler: patch a label on this sidecar's own Pod — `"true"` while
+//! it leads, `"false"` otherwise — so a Service can select only the leader;
+//! clear stale `"true"` labels left by a leader that died; record a
+//! Kubernetes Event per transition, as client-go does.
+//!
+//! Invariants:
+//! - The labeler only reads `LeaderState`; a failed patch (403 from RBAC,
+//!   404, API down, timeout) is logged with the cause and the fix, counted,
+//!   and retried with backoff. It never changes who leads or stops the process.
+//! - Order: `"false"` at start-up; `"true"` after the term is acquired;
+//!   `"false"` before the key is released. The labeler publishes the fencing
+//!   token it still labels `"true"` for (a participant of the Elector), and the
+//!   Elector waits for it (briefly) before releasing, so on a graceful
+//!   handover the old Pod leaves the Service before the new one joins.
+//! - A label edited by hand is put back on the next transition or renewal.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::elector::LeaderState;
+use crate::metrics::Metrics;
+
+/// Default label key (`--pod-label-key`).
+pub const DEFAULT_LABEL_KEY: &str = "leader-elector/leader";
+
+/// Deadline of each Kubernetes API call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and what to label.
+#[derive(Clone, Debug)]
+pub struct LabelerConfig {
+    /// Label key, e.g. `leader-elector/leader`.
+    pub key: String,
+    /// This Pod's name (`POD_NAME`).
+    pub pod: String,
+    /// This Pod's namespace (`POD_NAMESPACE`).
+    pub namespace: String,
+    /// Record a Kubernetes Event on the Pod for each transition.
+    pub events: bool,
+}
+
+/// Check a label key: `[prefix/]name`, name ≤ 63 characters of
+/// `[A-Za-z0-9._-]` starting and ending alphanumeric, prefix a DNS subdomain
+/// (Kubernetes "Labels and Selectors").
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !name_ok {
+        return Err(format!(
+            "{key} is not a label key: the name part must be 1-63 characters of letters, digits, '-', '_', '.', starting and ending with a letter or digit"
+        ));
+    }
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err(format!(
+                "{key} is not a label key: the prefix must be a lowercase DNS subdomain, e.g. example.com/leader"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What to tell an operator about a failed API call.
+fn explain(err: &kube::Error, cfg: &LabelerConfig, verb: &str) -> (String, &'static str) {
+    match err {
+        kube::Error::Api(status) if status.code == 403 => (
+            format!(
+                "forbidden: the Pod's ServiceAccount may not {verb} pods in namespace {ns}; add a Role with get, list, patch on pods (and create on events) bound to it (the Helm chart and manifests/ ship one)",
+                ns = cfg.namespace
+            ),
+            "forbidden",
+        ),
+        kube::Error::Api(status) if status.code == 404 => (
+            format!(
+                "pod {}/{} not found: POD_NAME and POD_NAMESPACE must come from the Downward API (fieldRef metadata.name / metadata.namespace)",
+                cfg.namespace, cfg.pod
+            ),
+            "not_found",
+        ),
+        kube::Error::Api(status) => (
+            format!(
+                "the API server answered {}: {}",
+                status.code, status.message
+            ),
+            "api_error",
+        ),
+        other => (
+            format!("the API server is unreachable: {other}"),
+            "unreachable",
+        ),
+    }
+}
+
+/// Set our own Pod's label to `value` (JSON merge patch).
+async fn patch_label(
+    pods: &Api<Pod>,
+    cfg: &LabelerConfig,
+    pod: &str,
+    value: &str,
+) -> Result<(), kube::Error> {
+    let patch = json!({ "metadata": { "labels": { cfg.key.as_str(): value } } });
+    match timeout(
+        CALL_TIMEOUT,
+        pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => Err(kube::Error::Service(
+            format!("PATCH pod {pod} timed out after {CALL_TIMEOUT:?}").into(),
+        )),
+    }
+}
+
+async fn record_event(client: &Client, cfg: &LabelerConfig, reason: &str, message: String) {
+    let events: Api<Event> = Api::namespaced(client.clone(), &cfg.namespace);
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", cfg.pod)),
+            namespace: Some(cfg.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(cfg.pod.clone()),
+            namespace: Some(cfg.namespace.clone()),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message),
+        type_: Some("Normal".into()),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        reporting_component: Some("leader-elector".into()),
+        source: Some(k8s_openapi::api::core::v1::EventSource {
+            component: Some("leader-elector".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    match timeout(CALL_TIMEOUT, events.create(&PostParams::default(), &event)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            let (why, _) = explain(&e, cfg, "create events in");
+            debug!(reason, error = %why, "could not record a Kubernetes Event");
+        }
+        Err(_) => debug!(reason, "recording a Kubernetes Event timed out"),
+    }
+}
+
+/// Keep our Pod's label in step with `state` until `shutdown`, publishing on
+/// `acting` the fencing token we label `"true"` for (or `None`).
+pub async fn run_labeler(
+    client: Client,
+    cfg: LabelerConfig,
+    mut state: watch::Receiver<LeaderState>,
+    acting: watch::Sender<Option<u64>>,
+    metrics: Option<std::sync::Arc<Metrics>>,
+    shutdown: CancellationToken,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
+    // What we believe the label is: None = unknown (patch on next pass).
+    let mut applied: Option<bool> = None;
+    let mut backoff = Duration::from_millis(200);
+    let mut retry_at: Option<Instant> = None;
+    let mut was_leading = false;
+    loop {
+        let (leading, token, renewed) = {
+            let s = state.borrow_and_update();
+            (
+                s.is_leader(Instant::now()),
+                s.fencing_token,
+                s.own_term.map(|t| t.valid_until),
+            )
+        };
+        if leading != was_leading {
+            let (reason, msg) = if leading {
+                (
+                    "BecameLeader",
+                    format!(
+                        "{} became leader (fencing token {})",
+                        cfg.pod,
+                        token.unwrap_or(0)
+                    ),
+                )
+            } else {
+                ("StoppedLeading", format!("{} stopped leading", cfg.pod))
+            };
+            if cfg.events {
+                record_event(&client, &cfg, reason, msg).await;
+            }
+            was_leading = leading;
+        }
+        if leading {
+            acting.send_replace(token);
+        }
+        // Reconcile: patch when the wanted value differs from what we set, or
+        // (leader) when a renewal happened and the live label drifted.
+        let mut want_patch = applied != Some(leading);
+        if !want_patch && leading && renewed.is_some() {
+            match timeout(CALL_TIMEOUT, pods.get(&cfg.pod)).await {
+                Ok(Ok(pod)) => {
+                    let live = pod
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(&cfg.key))
+                        .map(String::as_str);
+                    if live != Some("true") {
+                        info!(key = %cfg.key, live = ?live, "the leader label was changed by hand; putting it back");
+                        want_patch = true;
+                    }
+                }
+                Ok(Err(e)) => debug!(error = %explain(&e, &cfg, "get").0, "could not read our Pod"),
+                Err(_) => debug!("reading our Pod timed out"),
+            }
+        }
+        if want_patch && retry_at.is_none_or(|t| Instant::now() >= t) {
+            let value = if leading { "true" } else { "false" };
+            match patch_label(&pods, &cfg, &cfg.pod, value).await {
+                Ok(()) => {
+                    info!(key = %cfg.key, value, pod = %cfg.pod, "labelled our Pod");
+                    applied = Some(leading);
+                    backoff = Duration::from_millis(200);
+                    retry_at = None;
+                    if let Some(m) = &metrics {
+                        m.label_patches.inc();
+                    }
+                    if leading {
+                        clear_stale(&pods, &cfg, metrics.as_deref()).await;
+                    } else {
+                        acting.send_replace(None);
+                    }
+                }
+                Err(e) => {
+                    let (why, reason) = explain(&e, &cfg, "patch");
+                    warn!(key = %cfg.key, value, error = %why, retry_in = ?backoff, "could not label our Pod; leadership is unaffected");
+                    if let Some(m) = &metrics {
+                        m.label_patch_failures.with_label_values(&[reason]).inc();
+                    }
+                    applied = None;
+                    retry_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        } else if !leading && applied == Some(false) {
+            acting.send_replace(None);
+        }
+        let wait = retry_at.map(|t| t.saturating_duration_since(Instant::now()));
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                // Leave the Service on the way out (the Elector waits for this).
+                if applied != Some(false) {
+                    let _ = patch_label(&pods, &cfg, &cfg.pod, "false").await;
+                }
+                acting.send_replace(None);
+                return;
+            }
+            r = state.changed() => if r.is_err() { return },
+            _ = sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+        }
+    }
+}
+
+/// As the new leader, set `"false"` on other Pods still labelled `"true"`
+/// (a leader that died keeps its stale label).
+async fn clear_stale(pods: &Api<Pod>, cfg: &LabelerConfig, metrics: Option<&Metrics>) {
+    let selector = format!("{}=true", cfg.key);
+    let list = match timeout(
+        CALL_TIMEOUT,
+        pods.list(&ListParams::default().labels(&selector)),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => {
+            warn!(error = %explain(&e, cfg, "list").0, "could not look for stale leader labels");
+            return;
+        }
+        Err(_) => {
+            warn!("listing Pods for stale leader labels timed out");
+            return;
+        }
+    };
+    for pod in list.items {
+        let Some(name) = pod.metadata.name else {
+            continue;
+        };
+        if name == cfg.pod {
+            continue;
+        }
+        match patch_label(pods, cfg, &name, "false").await {
+            Ok(()) => info!(pod = %name, key = %cfg.key, "cleared a stale leader label"),
+            Err(e) => {
+                let (why, reason) = explain(&e, cfg, "patch");
+                warn!(pod = %name, error = %why, "could not clear a stale leader label");
+                if let Some(m) = metrics {
+                    m.label_patch_failures.with_label_values(&[reason]).inc();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "kube_label_tests.rs"]
+mod tests;
