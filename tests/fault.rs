@@ -34,7 +34,6 @@ use tokio::time::{Instant, sleep, timeout};
 
 const TTL: Duration = Duration::from_secs(2);
 const RENEW: Duration = Duration::from_millis(500);
-#[allow(dead_code)]
 const RETRY: Duration = Duration::from_millis(500);
 /// README's failover bound for a crashed or cut-off leader: TTL + renew
 /// interval + retry period.
@@ -83,9 +82,16 @@ enum Servers {
 impl Servers {
     async fn single(kind: Kind) -> Servers {
         match kind {
-            Kind::Etcd => Servers::Etcd(within(Duration::from_secs(30), "etcd start-up", Etcd::start()).await),
+            Kind::Etcd => {
+                Servers::Etcd(within(Duration::from_secs(30), "etcd start-up", Etcd::start()).await)
+            }
             Kind::Redis => Servers::Redis(vec![
-                within(Duration::from_secs(20), "redis-server start-up", RedisServer::start_with(DURABLE)).await,
+                within(
+                    Duration::from_secs(20),
+                    "redis-server start-up",
+                    RedisServer::start_with(DURABLE),
+                )
+                .await,
             ]),
         }
     }
@@ -139,7 +145,14 @@ impl Group {
     async fn spawn(&mut self, id: &str) -> usize {
         let mut proxies = Vec::new();
         for u in &self.upstream {
-            proxies.push(within(Duration::from_secs(5), "starting a fault proxy", Proxy::to_url(u)).await);
+            proxies.push(
+                within(
+                    Duration::from_secs(5),
+                    "starting a fault proxy",
+                    Proxy::to_url(u),
+                )
+                .await,
+            );
         }
         let urls: Vec<String> = proxies
             .iter()
@@ -189,9 +202,13 @@ impl Group {
 
     /// Wait for one leader (every live sidecar answering, exactly one claiming).
     async fn leader(&self, what: &str) -> (usize, u64) {
-        within(Duration::from_secs(20), what, self.rec.wait_leader(Duration::from_secs(15)))
-            .await
-            .unwrap_or_else(|| panic!("no single leader within 15 s: {what}"))
+        within(
+            Duration::from_secs(20),
+            what,
+            self.rec.wait_leader(Duration::from_secs(15)),
+        )
+        .await
+        .unwrap_or_else(|| panic!("no single leader within 15 s: {what}"))
     }
 
     fn signal(&self, slot: usize, sig: Signal) {
@@ -205,9 +222,13 @@ impl Group {
     async fn kill(&mut self, slot: usize) {
         let mut s = self.sidecars[slot].take().expect("a live sidecar");
         s.signal(Signal::SIGKILL);
-        within(Duration::from_secs(5), "a SIGKILLed sidecar to exit", s.wait_exit(Duration::from_secs(4)))
-            .await
-            .expect("the sidecar exits after SIGKILL");
+        within(
+            Duration::from_secs(5),
+            "a SIGKILLed sidecar to exit",
+            s.wait_exit(Duration::from_secs(4)),
+        )
+        .await
+        .expect("the sidecar exits after SIGKILL");
         self.rec.stop_polling(slot);
     }
 
@@ -236,13 +257,21 @@ impl Group {
             .collect();
         if !unexpected.is_empty() {
             for slot in self.live() {
-                eprintln!("--- log of {} ---\n{}", self.id(slot), tail(&self.sidecars[slot].as_ref().unwrap().log(), 80));
+                eprintln!(
+                    "--- log of {} ---\n{}",
+                    self.id(slot),
+                    tail(&self.sidecars[slot].as_ref().unwrap().log(), 80)
+                );
             }
             for s in &mut self.sidecars {
                 // Logs were printed above; keep Drop from printing them again.
                 drop(s.take());
             }
-            panic!("{scenario}: {} problem(s):\n{}", unexpected.len(), report.summary());
+            panic!(
+                "{scenario}: {} problem(s):\n{}",
+                unexpected.len(),
+                report.summary()
+            );
         }
         report
     }
@@ -270,7 +299,11 @@ fn add_to_totals(r: &Report) {
     let stale = all.iter().filter_map(|r| r.worst_stale_ms).max();
     let slow = all
         .iter()
-        .filter_map(|r| r.slowest_recovery.as_ref().map(|s| (s.0, &r.scenario, &s.2)))
+        .filter_map(|r| {
+            r.slowest_recovery
+                .as_ref()
+                .map(|s| (s.0, &r.scenario, &s.2))
+        })
         .max_by_key(|s| s.0);
     eprintln!(
         "== running total after {} scenario(s): faults {faults}, transitions {transitions}, overlaps {overlaps}, longest leaderless gap {} ms ({}), worst stale claim {}, slowest recovery {}",
@@ -278,7 +311,10 @@ fn add_to_totals(r: &Report) {
         gap.longest_gap.as_millis(),
         gap.scenario,
         stale.map_or("n/a".into(), |v| format!("{v} ms")),
-        slow.map_or("n/a".into(), |(d, sc, f)| format!("{} ms ({sc}: {f})", d.as_millis())),
+        slow.map_or("n/a".into(), |(d, sc, f)| format!(
+            "{} ms ({sc}: {f})",
+            d.as_millis()
+        )),
     );
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fault-summary.tsv");
     static FIRST: std::sync::Once = std::sync::Once::new();
@@ -328,11 +364,13 @@ async fn kill_leader(kind: Kind) {
     within(
         FAILOVER_BOUND + Duration::from_secs(3),
         "a new leader after SIGKILL",
-        g.rec.wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
+        g.rec
+            .wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
     )
     .await;
     sleep(Duration::from_secs(1)).await;
-    g.finish(&format!("{}: SIGKILL the leader", kind.name())).await;
+    g.finish(&format!("{}: SIGKILL the leader", kind.name()))
+        .await;
 }
 
 async fn pause_leader(kind: Kind) {
@@ -341,7 +379,12 @@ async fn pause_leader(kind: Kind) {
     let (l, tok) = g.leader("first election").await;
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
-        ..Fault::new("SIGSTOP leader for 2 x TTL", Some(l), Expect::Paused, FAILOVER_BOUND)
+        ..Fault::new(
+            "SIGSTOP leader for 2 x TTL",
+            Some(l),
+            Expect::Paused,
+            FAILOVER_BOUND,
+        )
     });
     g.signal(l, Signal::SIGSTOP);
     sleep(TTL * 2).await;
@@ -349,7 +392,8 @@ async fn pause_leader(kind: Kind) {
     g.rec.heal(f, false);
     sleep(Duration::from_secs(2)).await;
     g.leader("one leader after SIGCONT").await;
-    g.finish(&format!("{}: SIGSTOP the leader 2 x TTL", kind.name())).await;
+    g.finish(&format!("{}: SIGSTOP the leader 2 x TTL", kind.name()))
+        .await;
 }
 
 async fn cut_leader(kind: Kind, mode: Mode, label: &str) {
@@ -358,7 +402,12 @@ async fn cut_leader(kind: Kind, mode: Mode, label: &str) {
     let (l, tok) = g.leader("first election").await;
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
-        ..Fault::new(&format!("{label} leader 2 x TTL"), Some(l), Expect::CutOff, FAILOVER_BOUND)
+        ..Fault::new(
+            &format!("{label} leader 2 x TTL"),
+            Some(l),
+            Expect::CutOff,
+            FAILOVER_BOUND,
+        )
     });
     g.cut(l, mode);
     sleep(TTL * 2).await;
@@ -366,8 +415,11 @@ async fn cut_leader(kind: Kind, mode: Mode, label: &str) {
     g.rec.heal(f, false);
     sleep(Duration::from_secs(2)).await;
     g.leader("one leader after the cut healed").await;
-    g.finish(&format!("{}: {label} the leader's connections 2 x TTL", kind.name()))
-        .await;
+    g.finish(&format!(
+        "{}: {label} the leader's connections 2 x TTL",
+        kind.name()
+    ))
+    .await;
 }
 
 async fn delay_all(kind: Kind) {
@@ -379,7 +431,12 @@ async fn delay_all(kind: Kind) {
     // nobody can be elected until the delay ends.
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
-        ..Fault::new("answers delayed 700 ms for 2 x TTL", Some(l), Expect::CutOff, FAILOVER_BOUND)
+        ..Fault::new(
+            "answers delayed 700 ms for 2 x TTL",
+            Some(l),
+            Expect::CutOff,
+            FAILOVER_BOUND,
+        )
     });
     g.cut_all(Mode::Delay(SLOW));
     sleep(TTL * 2).await;
@@ -392,8 +449,11 @@ async fn delay_all(kind: Kind) {
     )
     .await;
     sleep(Duration::from_secs(1)).await;
-    g.finish(&format!("{}: every backend answer delayed 700 ms", kind.name()))
-        .await;
+    g.finish(&format!(
+        "{}: every backend answer delayed 700 ms",
+        kind.name()
+    ))
+    .await;
 }
 
 async fn blip(kind: Kind, mode: Mode, label: &str) {
@@ -404,7 +464,12 @@ async fn blip(kind: Kind, mode: Mode, label: &str) {
     sleep(Duration::from_secs(1)).await;
     let f = g.rec.fault(Fault {
         keeps_token: Some(tok),
-        ..Fault::new(&format!("{label} leader 150 ms"), Some(l), Expect::NoFailover, Duration::ZERO)
+        ..Fault::new(
+            &format!("{label} leader 150 ms"),
+            Some(l),
+            Expect::NoFailover,
+            Duration::ZERO,
+        )
     });
     g.cut(l, mode);
     sleep(BLIP).await;
@@ -417,8 +482,11 @@ async fn blip(kind: Kind, mode: Mode, label: &str) {
         (g.id(l), tok),
         "a 150 ms {label} changed the leader"
     );
-    g.finish(&format!("{}: 150 ms {label} blip of the leader", kind.name()))
-        .await;
+    g.finish(&format!(
+        "{}: 150 ms {label} blip of the leader",
+        kind.name()
+    ))
+    .await;
 }
 
 async fn backend_down(kind: Kind) {
@@ -441,7 +509,14 @@ async fn backend_down(kind: Kind) {
     sleep(TTL * 3).await;
     match &mut servers {
         Servers::Etcd(e) => within(Duration::from_secs(30), "etcd restart", e.restart()).await,
-        Servers::Redis(v) => within(Duration::from_secs(20), "redis-server restart", v[0].restart()).await,
+        Servers::Redis(v) => {
+            within(
+                Duration::from_secs(20),
+                "redis-server restart",
+                v[0].restart(),
+            )
+            .await
+        }
         Servers::Cluster(_) => unreachable!(),
     }
     g.rec.heal(f, true);
@@ -452,8 +527,11 @@ async fn backend_down(kind: Kind) {
     )
     .await;
     sleep(Duration::from_secs(1)).await;
-    g.finish(&format!("{}: backend stopped 3 x TTL and started again", kind.name()))
-        .await;
+    g.finish(&format!(
+        "{}: backend stopped 3 x TTL and started again",
+        kind.name()
+    ))
+    .await;
 }
 
 fn key_of(kind: Kind, election: &str) -> String {
@@ -488,11 +566,29 @@ async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
                 None => redis::cmd("DEL").arg(key).clone(),
                 Some(val) => redis::cmd("SET").arg(key).arg(val).clone(),
             };
-            within(Duration::from_secs(5), "redis DEL/SET", cmd.query_async::<()>(&mut c))
-                .await
-                .expect("change the key");
+            within(
+                Duration::from_secs(5),
+                "redis DEL/SET",
+                cmd.query_async::<()>(&mut c),
+            )
+            .await
+            .expect("change the key");
         }
-        Servers::Cluster(_) => unreachable!(),
+        Servers::Cluster(c) => {
+            let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
+            let mut cl = within(
+                Duration::from_secs(5),
+                "connecting to the etcd cluster",
+                etcd_client::Client::connect(c.urls(), Some(opts)),
+            )
+            .await
+            .expect("connect to the etcd cluster");
+            let r = match value {
+                None => within(Duration::from_secs(5), "etcd delete", cl.delete(key, None)).await.map(|_| ()),
+                Some(v) => within(Duration::from_secs(5), "etcd put", cl.put(key, v, None)).await.map(|_| ()),
+            };
+            r.expect("change the key on the cluster");
+        }
     }
 }
 
@@ -500,9 +596,13 @@ async fn acquire_attempts(g: &Group) -> u64 {
     let mut total = 0;
     for slot in g.live() {
         let port = g.sidecars[slot].as_ref().unwrap().port;
-        let (_, text) = within(Duration::from_secs(5), "GET /metrics", http_get(port, "/metrics"))
-            .await
-            .expect("metrics answer");
+        let (_, text) = within(
+            Duration::from_secs(5),
+            "GET /metrics",
+            http_get(port, "/metrics"),
+        )
+        .await
+        .expect("metrics answer");
         total += text
             .lines()
             .filter(|l| l.starts_with("leader_election_acquire_attempts_total"))
@@ -512,40 +612,65 @@ async fn acquire_attempts(g: &Group) -> u64 {
     total
 }
 
-async fn key_deleted(kind: Kind) {
+/// Rounds of "delete the key by hand", each after a different wait so the
+/// delete lands at different points of the leader's and the followers' cycles.
+const DELETE_WAITS_MS: &[u64] = &[700, 1900, 2650, 3400];
+
+async fn key_deleted(kind: Kind) -> Report {
     let servers = Servers::single(kind).await;
     let g = Group::start(&servers, &format!("{}-del", kind.name()), ABC).await;
     let key = key_of(kind, &g.election);
-    let (l, tok) = g.leader("first election").await;
-    sleep(Duration::from_millis(700)).await;
-    let f = g.rec.fault(Fault {
-        ends_term: Some((l, tok)),
-        ..Fault::new("key deleted by hand", Some(l), Expect::Other, FAILOVER_BOUND)
-    });
-    let t = Instant::now();
-    tamper(&servers, &key, None).await;
-    within(
-        FAILOVER_BOUND + Duration::from_secs(3),
-        "a new term after the key was deleted",
-        g.rec.wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
-    )
-    .await;
-    g.rec.heal(f, false);
-    sleep(Duration::from_secs(1)).await;
-    let stepped = last_claim(&g.rec, l, tok).map(|c| c.saturating_duration_since(t));
-    eprintln!("{}: the holder's last claim came {stepped:?} after the delete", kind.name());
     // etcd: the holder's watch sees the delete at once; Redis: its next
     // renewal (≤ renew interval) finds the key gone (README, known limits).
     let limit = match kind {
         Kind::Etcd => Duration::from_millis(300),
         Kind::Redis => RENEW + Duration::from_millis(150),
     };
-    assert!(
-        stepped.is_some_and(|d| d <= limit),
-        "the holder kept claiming {stepped:?} after its key was deleted (limit {limit:?})"
-    );
-    g.finish(&format!("{}: election key deleted by hand", kind.name()))
+    for (round, wait) in DELETE_WAITS_MS.iter().enumerate() {
+        let (l, tok) = g.leader("a leader before the delete").await;
+        sleep(Duration::from_millis(*wait)).await;
+        let f = g.rec.fault(Fault {
+            ends_term: Some((l, tok)),
+            ..Fault::new(&format!("key deleted by hand #{round}"), Some(l), Expect::Other, FAILOVER_BOUND)
+        });
+        let t = Instant::now();
+        tamper(&servers, &key, None).await;
+        within(
+            FAILOVER_BOUND + Duration::from_secs(3),
+            "a new term after the key was deleted",
+            g.rec.wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
+        )
         .await;
+        g.rec.heal(f, false);
+        sleep(Duration::from_millis(500)).await;
+        let stepped = last_claim(&g.rec, l, tok).map(|c| c.saturating_duration_since(t));
+        eprintln!(
+            "{} delete #{round}: the holder's last claim came {stepped:?} after the delete",
+            kind.name()
+        );
+        assert!(
+            stepped.is_some_and(|d| d <= limit),
+            "the holder kept claiming {stepped:?} after its key was deleted (limit {limit:?})"
+        );
+    }
+    let name = format!("{}: election key deleted by hand (4 times)", kind.name());
+    match kind {
+        Kind::Etcd => g.finish(&name).await,
+        // Redis has no lease apart from the key (README, known limits): the
+        // holder claims until its next renewal while a follower may already
+        // have taken the free key. Such overlaps are reported, bounded by the
+        // renew interval, and otherwise tolerated here.
+        Kind::Redis => {
+            let r = g.finish_with(&name, &["OVERLAP"]).await;
+            for o in &r.overlaps {
+                assert!(
+                    o.at_least <= RENEW + Duration::from_millis(100),
+                    "an overlap after DEL outlasted the renew interval: {o:?}"
+                );
+            }
+            r
+        }
+    }
 }
 
 async fn key_overwritten(kind: Kind) {
@@ -557,7 +682,12 @@ async fn key_overwritten(kind: Kind) {
     let before = acquire_attempts(&g).await;
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
-        ..Fault::new("key overwritten by hand (no lease / no TTL)", Some(l), Expect::Other, FAILOVER_BOUND)
+        ..Fault::new(
+            "key overwritten by hand (no lease / no TTL)",
+            Some(l),
+            Expect::Other,
+            FAILOVER_BOUND,
+        )
     });
     let t = Instant::now();
     tamper(&servers, &key, Some("intruder")).await;
@@ -584,7 +714,10 @@ async fn key_overwritten(kind: Kind) {
     assert!(
         during.is_empty(),
         "sidecars claimed while a foreign value held the key: {:?}",
-        during.iter().map(|(l, s)| (l, s.answer.clone())).collect::<Vec<_>>()
+        during
+            .iter()
+            .map(|(l, s)| (l, s.answer.clone()))
+            .collect::<Vec<_>>()
     );
     let limit = match kind {
         Kind::Etcd => Duration::from_millis(300),
@@ -594,8 +727,11 @@ async fn key_overwritten(kind: Kind) {
         stepped.is_some_and(|d| d <= limit),
         "the holder kept claiming {stepped:?} after its key was overwritten (limit {limit:?})"
     );
-    g.finish(&format!("{}: election key overwritten by hand", kind.name()))
-        .await;
+    g.finish(&format!(
+        "{}: election key overwritten by hand",
+        kind.name()
+    ))
+    .await;
 }
 
 // ------------------------------------------------------------ etcd scenarios
@@ -652,7 +788,12 @@ async fn etcd_key_overwritten() {
 
 async fn cluster_group(test: &str) -> (Servers, Group) {
     let servers = Servers::Cluster(
-        within(Duration::from_secs(40), "a 3-member etcd cluster to start", EtcdCluster::start(3)).await,
+        within(
+            Duration::from_secs(40),
+            "a 3-member etcd cluster to start",
+            EtcdCluster::start(3),
+        )
+        .await,
     );
     let g = Group::start(&servers, test, ABC).await;
     (servers, g)
@@ -691,7 +832,12 @@ async fn etcd_cluster_raft_leader_killed() {
     .await;
     sleep(TTL).await;
     c.restart(raft);
-    within(Duration::from_secs(30), "the member to rejoin", c.wait_healthy(Duration::from_secs(25))).await;
+    within(
+        Duration::from_secs(30),
+        "the member to rejoin",
+        c.wait_healthy(Duration::from_secs(25)),
+    )
+    .await;
     g.rec.heal(f, false);
     sleep(Duration::from_secs(2)).await;
     g.leader("one leader after the member rejoined").await;
@@ -705,7 +851,12 @@ async fn etcd_cluster_quorum_lost_and_restored() {
     let (l, tok) = g.leader("first election on the cluster").await;
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
-        ..Fault::new("2 of 3 members SIGKILLed for 3 x TTL", Some(l), Expect::CutOff, RESTART_BOUND)
+        ..Fault::new(
+            "2 of 3 members SIGKILLed for 3 x TTL",
+            Some(l),
+            Expect::CutOff,
+            RESTART_BOUND,
+        )
     });
     let c = cluster(&mut servers);
     c.kill(0);
@@ -713,7 +864,12 @@ async fn etcd_cluster_quorum_lost_and_restored() {
     sleep(TTL * 3).await;
     c.restart(0);
     c.restart(1);
-    within(Duration::from_secs(30), "the cluster to regain quorum", c.wait_healthy(Duration::from_secs(25))).await;
+    within(
+        Duration::from_secs(30),
+        "the cluster to regain quorum",
+        c.wait_healthy(Duration::from_secs(25)),
+    )
+    .await;
     g.rec.heal(f, true);
     within(
         RESTART_BOUND + Duration::from_secs(5),
@@ -782,7 +938,14 @@ async fn redis_key_overwritten() {
 async fn redlock_loses_one_server_then_two() {
     let mut v = Vec::new();
     for _ in 0..3 {
-        v.push(within(Duration::from_secs(20), "redis-server start-up", RedisServer::start_with(DURABLE)).await);
+        v.push(
+            within(
+                Duration::from_secs(20),
+                "redis-server start-up",
+                RedisServer::start_with(DURABLE),
+            )
+            .await,
+        );
     }
     let mut servers = Servers::Redis(v);
     let g = Group::start(&servers, "redlock-lose", ABC).await;
@@ -793,7 +956,12 @@ async fn redlock_loses_one_server_then_two() {
     // One server of three gone: the quorum (2) still renews; no failover.
     let one = g.rec.fault(Fault {
         keeps_token: Some(tok),
-        ..Fault::new("1 of 3 servers SIGKILLed", Some(l), Expect::NoFailover, Duration::ZERO)
+        ..Fault::new(
+            "1 of 3 servers SIGKILLed",
+            Some(l),
+            Expect::NoFailover,
+            Duration::ZERO,
+        )
     });
     v[0].stop();
     sleep(TTL * 2).await;
@@ -801,12 +969,27 @@ async fn redlock_loses_one_server_then_two() {
     // A second one gone: no quorum, the leader steps down by valid_until.
     let two = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
-        ..Fault::new("2 of 3 servers down for 2 x TTL", Some(l), Expect::CutOff, FAILOVER_BOUND)
+        ..Fault::new(
+            "2 of 3 servers down for 2 x TTL",
+            Some(l),
+            Expect::CutOff,
+            FAILOVER_BOUND,
+        )
     });
     v[1].stop();
     sleep(TTL * 2).await;
-    within(Duration::from_secs(20), "redis-server restart", v[0].restart()).await;
-    within(Duration::from_secs(20), "redis-server restart", v[1].restart()).await;
+    within(
+        Duration::from_secs(20),
+        "redis-server restart",
+        v[0].restart(),
+    )
+    .await;
+    within(
+        Duration::from_secs(20),
+        "redis-server restart",
+        v[1].restart(),
+    )
+    .await;
     g.rec.heal(two, true);
     within(
         FAILOVER_BOUND + Duration::from_secs(5),
@@ -826,10 +1009,22 @@ async fn redlock_loses_one_server_then_two() {
 /// elected at once with fencing token 1. The README lists this under "Known
 /// limits"; the checker still holds the sidecars' own answers to the safety
 /// rule, so an overlap found here is reported with its numbers.
+///
+/// It finds one (18 ms to hundreds of ms) and fencing token 1 handed out
+/// twice: a failing regression test until the product closes the gap (e.g.
+/// a leader stops claiming when its connection to a server breaks, and no
+/// candidate campaigns on a server whose `run_id` changed or whose uptime is
+/// under one TTL). Run it with `--ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "product finding: a Redis restarted without persistence lets a second sidecar lead while the old one still claims; see the doc comment"]
 async fn redis_restarted_without_persistence() {
     let mut servers = Servers::Redis(vec![
-        within(Duration::from_secs(20), "redis-server start-up", RedisServer::start()).await,
+        within(
+            Duration::from_secs(20),
+            "redis-server start-up",
+            RedisServer::start(),
+        )
+        .await,
     ]);
     let g = Group::start(&servers, "redis-amnesia", ABC).await;
     for round in 0..3 {
@@ -837,18 +1032,55 @@ async fn redis_restarted_without_persistence() {
         sleep(Duration::from_millis(300 + 150 * round)).await;
         let f = g.rec.fault(Fault {
             ends_term: Some((l, tok)),
-            ..Fault::new(&format!("restart without persistence #{round}"), Some(l), Expect::Other, FAILOVER_BOUND)
+            ..Fault::new(
+                &format!("restart without persistence #{round}"),
+                Some(l),
+                Expect::Other,
+                FAILOVER_BOUND,
+            )
         });
         let Servers::Redis(v) = &mut servers else {
             unreachable!()
         };
-        within(Duration::from_secs(20), "redis-server restart", v[0].restart()).await;
+        within(
+            Duration::from_secs(20),
+            "redis-server restart",
+            v[0].restart(),
+        )
+        .await;
         g.rec.heal(f, true);
         sleep(TTL).await;
     }
     g.leader("a leader at the end").await;
     g.finish("redis: restarted without persistence (3 times)")
         .await;
+}
+
+/// A foreign value without expiry on the Redis key (`SET key v`): followers
+/// read `PTTL` −1, take it as "expires now" and campaign again after at most
+/// 20 ms of jitter instead of the retry period: each follower then sends
+/// about 70 campaign scripts a second for as long as the value stands.
+/// Expected: at most about one attempt per follower per retry period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "product finding: followers busy-loop campaigns on a Redis key without TTL; see the doc comment"]
+async fn redis_foreign_value_without_ttl_does_not_make_followers_spin() {
+    let servers = Servers::single(Kind::Redis).await;
+    let g = Group::start(&servers, "redis-spin", ABC).await;
+    g.leader("first election").await;
+    let key = key_of(Kind::Redis, &g.election);
+    tamper(&servers, &key, Some("intruder")).await;
+    // Let the holder notice (next renewal) and everybody settle on following.
+    sleep(RENEW * 2).await;
+    let before = acquire_attempts(&g).await;
+    let window = Duration::from_secs(2);
+    sleep(window).await;
+    let attempts = acquire_attempts(&g).await - before;
+    let allowed = 3 * 2 * (window.as_millis() / RETRY.as_millis()) as u64 + 6;
+    eprintln!("campaign attempts in {window:?} with a foreign value without TTL: {attempts} (allowed {allowed})");
+    assert!(
+        attempts <= allowed,
+        "{attempts} campaign attempts in {window:?} by 3 sidecars while a foreign value without TTL held the key (allowed {allowed})"
+    );
 }
 
 // ---------------------------------------------------------- randomized mode
@@ -878,12 +1110,458 @@ async fn randomized() {
         "== randomized: FAULT_SEED={seed} FAULT_BACKEND={} for {:?}{}",
         kind.name(),
         duration,
-        if long { "" } else { " (short mode; FAULT_LONG=1 FAULT_MINUTES=N for a soak)" }
+        if long {
+            ""
+        } else {
+            " (short mode; FAULT_LONG=1 FAULT_MINUTES=N for a soak)"
+        }
     );
     randomized_run(kind, seed, duration).await;
 }
 
+impl Servers {
+    fn count(&self) -> usize {
+        self.urls().len()
+    }
+
+    /// SIGKILL server (member) `i`.
+    fn kill(&mut self, i: usize) {
+        match self {
+            Servers::Etcd(e) => e.stop(),
+            Servers::Cluster(c) => c.kill(i),
+            Servers::Redis(v) => v[i].stop(),
+        }
+    }
+
+    /// Start server `i` again; for a cluster, call [`Servers::wait_healthy`] after.
+    async fn revive(&mut self, i: usize) {
+        match self {
+            Servers::Etcd(e) => within(Duration::from_secs(30), "etcd restart", e.restart()).await,
+            Servers::Cluster(c) => c.restart(i),
+            Servers::Redis(v) => within(Duration::from_secs(20), "redis-server restart", v[i].restart()).await,
+        }
+    }
+
+    async fn wait_healthy(&self) {
+        if let Servers::Cluster(c) = self {
+            within(Duration::from_secs(40), "the etcd cluster to be healthy", c.wait_healthy(Duration::from_secs(35))).await;
+        }
+    }
+
+    /// Index of a server worth killing: the etcd Raft leader half of the time.
+    async fn pick(&self, rng: &mut StdRng) -> usize {
+        if let Servers::Cluster(c) = self
+            && rng.random_bool(0.5)
+            && let Some(i) = within(Duration::from_secs(10), "member status", c.raft_leader()).await
+        {
+            return i;
+        }
+        rng.random_range(0..self.count())
+    }
+}
+
+/// The faults of the randomized schedule. Redis DEL by hand is left out: the
+/// README documents that it lets a follower lead before the holder's next
+/// renewal (see `redis_key_deleted`), so it would only repeat that finding.
+#[derive(Clone, Copy, Debug)]
+enum Chaos {
+    KillLeader,
+    TermLeader,
+    PauseLeader,
+    CutLeader,
+    CutFollower,
+    SlowAll,
+    SlowLeader,
+    BackendDown,
+    ServerDown,
+    QuorumLost,
+    KeyDeleted,
+    KeyOverwritten,
+}
+
+fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo..=hi))
+}
+
 async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let _ = (&mut rng, kind, duration);
+    let n_servers: usize = env_or("FAULT_SERVERS", 3);
+    assert!(n_servers == 1 || n_servers == 3, "FAULT_SERVERS must be 1 or 3");
+    let n_sidecars = rng.random_range(3..=5usize);
+    let mut servers = match (kind, n_servers) {
+        (_, 1) => Servers::single(kind).await,
+        (Kind::Etcd, _) => Servers::Cluster(
+            within(Duration::from_secs(40), "a 3-member etcd cluster to start", EtcdCluster::start(3)).await,
+        ),
+        (Kind::Redis, _) => {
+            let mut v = Vec::new();
+            for _ in 0..3 {
+                v.push(within(Duration::from_secs(20), "redis-server start-up", RedisServer::start_with(DURABLE)).await);
+            }
+            Servers::Redis(v)
+        }
+    };
+    eprintln!(
+        "== randomized: {n_sidecars} sidecars, {} {} server(s)",
+        servers.count(),
+        kind.name()
+    );
+    let ids: Vec<String> = (0..n_sidecars).map(|i| format!("s{i}")).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut g = Group::start(&servers, &format!("chaos-{}", kind.name()), &id_refs).await;
+    let key = key_of(kind, &g.election);
+    let restart_bound = match kind {
+        Kind::Etcd => RESTART_BOUND,
+        Kind::Redis => FAILOVER_BOUND,
+    };
+    let mut menu = vec![
+        Chaos::KillLeader,
+        Chaos::TermLeader,
+        Chaos::PauseLeader,
+        Chaos::CutLeader,
+        Chaos::CutLeader,
+        Chaos::CutFollower,
+        Chaos::SlowAll,
+        Chaos::SlowLeader,
+        Chaos::BackendDown,
+        Chaos::KeyOverwritten,
+    ];
+    if kind == Kind::Etcd {
+        menu.push(Chaos::KeyDeleted);
+    }
+    if servers.count() == 3 {
+        menu.extend([Chaos::ServerDown, Chaos::ServerDown, Chaos::QuorumLost]);
+    }
+    let end = Instant::now() + duration;
+    let mut n = 0;
+    while Instant::now() < end {
+        let Some((l, tok)) = within(
+            Duration::from_secs(25),
+            "waiting for a leader between faults",
+            g.rec.wait_leader(Duration::from_secs(20)),
+        )
+        .await
+        else {
+            eprintln!("no leader for 20 s between faults; stopping the schedule");
+            break;
+        };
+        let chaos = menu[rng.random_range(0..menu.len())];
+        let followers: Vec<usize> = g.live().into_iter().filter(|i| *i != l).collect();
+        n += 1;
+        let label = |what: String| format!("{n:>3} {chaos:?}: {what}");
+        match chaos {
+            Chaos::KillLeader | Chaos::TermLeader => {
+                let sig = if matches!(chaos, Chaos::KillLeader) { Signal::SIGKILL } else { Signal::SIGTERM };
+                g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(&label(format!("{sig} {}", g.id(l))), Some(l), Expect::Killed, FAILOVER_BOUND)
+                });
+                let id = g.id(l);
+                if sig == Signal::SIGKILL {
+                    g.kill(l).await;
+                } else {
+                    g.signal(l, Signal::SIGTERM);
+                    let mut s = g.sidecars[l].take().unwrap();
+                    let status = within(Duration::from_secs(5), "a SIGTERMed sidecar to exit", s.wait_exit(Duration::from_secs(4))).await;
+                    assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM exits 0");
+                    g.rec.stop_polling(l);
+                }
+                sleep(ms_between(&mut rng, 0, 2500)).await;
+                // The Pod comes back under the same name.
+                g.spawn(&id).await;
+            }
+            Chaos::PauseLeader => {
+                let long = rng.random_bool(0.6);
+                let d = if long { TTL + ms_between(&mut rng, 300, 2000) } else { ms_between(&mut rng, 50, 900) };
+                let expect = if long { Expect::Paused } else { Expect::Other };
+                let f = g.rec.fault(Fault {
+                    ends_term: long.then_some((l, tok)),
+                    ..Fault::new(&label(format!("SIGSTOP {} {} ms", g.id(l), d.as_millis())), Some(l), expect, FAILOVER_BOUND)
+                });
+                g.signal(l, Signal::SIGSTOP);
+                sleep(d).await;
+                g.signal(l, Signal::SIGCONT);
+                g.rec.heal(f, false);
+            }
+            Chaos::CutLeader | Chaos::CutFollower => {
+                let target = if matches!(chaos, Chaos::CutLeader) || followers.is_empty() {
+                    l
+                } else {
+                    followers[rng.random_range(0..followers.len())]
+                };
+                let mode = if rng.random_bool(0.5) { Mode::Blackhole } else { Mode::Reset };
+                let d = if rng.random_bool(0.3) { ms_between(&mut rng, 50, 300) } else { ms_between(&mut rng, 300, 5000) };
+                let expect = if target == l { Expect::CutOff } else { Expect::Other };
+                let f = g.rec.fault(Fault::new(
+                    &label(format!("{mode:?} {} {} ms", g.id(target), d.as_millis())),
+                    Some(target),
+                    expect,
+                    FAILOVER_BOUND,
+                ));
+                g.cut(target, mode);
+                sleep(d).await;
+                g.cut(target, Mode::Pass);
+                // A cut shorter than the validity may keep the term: recovery
+                // then counts from the heal.
+                g.rec.heal(f, d < TTL);
+            }
+            Chaos::SlowAll | Chaos::SlowLeader => {
+                let delay = ms_between(&mut rng, 50, 900);
+                let d = ms_between(&mut rng, 500, 5000);
+                // Past the 333 ms call deadline no renewal can succeed.
+                let expect = if delay > Duration::from_millis(400) { Expect::CutOff } else { Expect::Other };
+                let f = g.rec.fault(Fault::new(
+                    &label(format!("answers +{} ms for {} ms ({})", delay.as_millis(), d.as_millis(), if matches!(chaos, Chaos::SlowAll) { "all" } else { "leader" })),
+                    Some(l),
+                    expect,
+                    FAILOVER_BOUND,
+                ));
+                if matches!(chaos, Chaos::SlowAll) {
+                    g.cut_all(Mode::Delay(delay));
+                } else {
+                    g.cut(l, Mode::Delay(delay));
+                }
+                sleep(d).await;
+                g.cut_all(Mode::Pass);
+                g.rec.heal(f, true);
+            }
+            Chaos::BackendDown => {
+                let d = ms_between(&mut rng, 200, 6000);
+                let f = g.rec.fault(Fault {
+                    ends_term: (d > TTL).then_some((l, tok)),
+                    ..Fault::new(&label(format!("all servers down {} ms", d.as_millis())), Some(l), Expect::CutOff, restart_bound)
+                });
+                for i in 0..servers.count() {
+                    servers.kill(i);
+                }
+                sleep(d).await;
+                for i in 0..servers.count() {
+                    servers.revive(i).await;
+                }
+                servers.wait_healthy().await;
+                g.rec.heal(f, true);
+            }
+            Chaos::ServerDown => {
+                let i = servers.pick(&mut rng).await;
+                let d = ms_between(&mut rng, 500, 6000);
+                let f = g.rec.fault(Fault::new(&label(format!("server {i} down {} ms", d.as_millis())), None, Expect::Other, restart_bound));
+                servers.kill(i);
+                sleep(d).await;
+                servers.revive(i).await;
+                servers.wait_healthy().await;
+                g.rec.heal(f, false);
+            }
+            Chaos::QuorumLost => {
+                let i = rng.random_range(0..3);
+                let d = ms_between(&mut rng, 500, 6000);
+                let f = g.rec.fault(Fault::new(&label(format!("servers {i},{} down {} ms", (i + 1) % 3, d.as_millis())), Some(l), Expect::CutOff, restart_bound));
+                servers.kill(i);
+                servers.kill((i + 1) % 3);
+                sleep(d).await;
+                servers.revive(i).await;
+                servers.revive((i + 1) % 3).await;
+                servers.wait_healthy().await;
+                g.rec.heal(f, true);
+            }
+            Chaos::KeyDeleted => {
+                g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(&label("key deleted".into()), Some(l), Expect::Other, FAILOVER_BOUND)
+                });
+                tamper(&servers, &key, None).await;
+            }
+            Chaos::KeyOverwritten => {
+                let d = ms_between(&mut rng, 300, 4000);
+                let f = g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(&label(format!("key overwritten for {} ms", d.as_millis())), Some(l), Expect::Other, FAILOVER_BOUND)
+                });
+                tamper(&servers, &key, Some("intruder")).await;
+                sleep(d).await;
+                tamper(&servers, &key, None).await;
+                g.rec.heal(f, true);
+            }
+        }
+        let rest = ms_between(&mut rng, 200, 2000);
+        sleep(rest).await;
+    }
+    // Every fault healed: one leader, and all sidecars agree.
+    let _ = within(Duration::from_secs(25), "a leader at the end", g.rec.wait_leader(Duration::from_secs(20))).await;
+    sleep(Duration::from_secs(1)).await;
+    let r = g
+        .finish(&format!("randomized {} seed {seed} ({} faults)", kind.name(), n))
+        .await;
+    per_kind_summary(&r);
+}
+
+/// Faults grouped by kind: count, slowest recovery against its bound, worst stale claim.
+fn per_kind_summary(r: &Report) {
+    let mut kinds: std::collections::BTreeMap<String, (usize, Duration, Duration, Option<i64>)> =
+        std::collections::BTreeMap::new();
+    for f in &r.per_fault {
+        let kind = f.name.split(':').next().unwrap_or("").trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ');
+        let e = kinds.entry(kind.to_owned()).or_insert((0, Duration::ZERO, f.bound, None));
+        e.0 += 1;
+        e.1 = e.1.max(f.recovery.unwrap_or_default());
+        e.2 = e.2.max(f.bound);
+        if let Some(s) = f.stale {
+            let v = if f.stale_positive { s.as_millis() as i64 } else { -(s.as_millis() as i64) };
+            e.3 = Some(e.3.map_or(v, |w| w.max(v)));
+        }
+    }
+    eprintln!("== per fault kind: count, slowest recovery (bound), worst stale claim");
+    for (k, (n, slow, bound, stale)) in kinds {
+        eprintln!(
+            "   {k:<15} {n:>3}  {:>5} ms ({} ms)  {}",
+            slow.as_millis(),
+            bound.as_millis(),
+            stale.map_or("n/a".into(), |v| format!("{v} ms"))
+        );
+    }
+}
+
+// ------------------------------------------- self-tests of the test machinery
+
+/// The proxy does what each mode promises, against a loopback echo server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_modes_behave_as_documented() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = Proxy::start(upstream).await;
+    let connect = || async {
+        within(
+            Duration::from_secs(2),
+            "connecting to the proxy",
+            tokio::net::TcpStream::connect(("127.0.0.1", proxy.port)),
+        )
+        .await
+        .unwrap()
+    };
+    async fn ask(s: &mut tokio::net::TcpStream, msg: &[u8], wait: Duration) -> Option<Vec<u8>> {
+        s.write_all(msg).await.ok()?;
+        let mut buf = vec![0u8; msg.len()];
+        match timeout(wait, s.read_exact(&mut buf)).await {
+            Ok(Ok(_)) => Some(buf),
+            _ => None,
+        }
+    }
+    let mut c = connect().await;
+    assert_eq!(ask(&mut c, b"pass", Duration::from_secs(1)).await.as_deref(), Some(&b"pass"[..]));
+
+    proxy.set(Mode::Delay(Duration::from_millis(200)));
+    let t = Instant::now();
+    assert!(ask(&mut c, b"slow", Duration::from_secs(1)).await.is_some());
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(200) && took < Duration::from_millis(600), "delay: {took:?}");
+
+    proxy.set(Mode::Blackhole);
+    assert_eq!(ask(&mut c, b"held", Duration::from_millis(300)).await, None, "blackhole answered");
+    let mut fresh = connect().await;
+    assert_eq!(ask(&mut fresh, b"new!", Duration::from_millis(300)).await, None, "blackhole answered a new connection");
+    proxy.set(Mode::Pass);
+    // What was held is delivered when the partition heals.
+    let mut buf = [0u8; 4];
+    within(Duration::from_secs(1), "held bytes after the heal", c.read_exact(&mut buf)).await.unwrap();
+    assert_eq!(&buf, b"held");
+    within(Duration::from_secs(1), "held bytes of a new connection", fresh.read_exact(&mut buf)).await.unwrap();
+    assert_eq!(&buf, b"new!");
+
+    proxy.set(Mode::Reset);
+    let r = within(Duration::from_secs(1), "a reset connection to end", c.read(&mut buf)).await;
+    assert!(matches!(r, Ok(0) | Err(_)), "reset left the connection open: {r:?}");
+    // A new connection is reset at once: connect fails, or the first read does.
+    let conn = within(
+        Duration::from_secs(2),
+        "connecting to the proxy in reset mode",
+        tokio::net::TcpStream::connect(("127.0.0.1", proxy.port)),
+    )
+    .await;
+    if let Ok(mut refused) = conn {
+        let r = within(Duration::from_secs(1), "a new connection to be reset", refused.read(&mut buf)).await;
+        assert!(matches!(r, Ok(0) | Err(_)), "reset accepted a connection: {r:?}");
+    }
+    proxy.set(Mode::Pass);
+    let mut again = connect().await;
+    assert_eq!(ask(&mut again, b"back", Duration::from_secs(1)).await.as_deref(), Some(&b"back"[..]));
+}
+
+/// The checker catches a real overlap and a stale claim, and does not call a
+/// clean handover an overlap even when the polls straddle it.
+#[test]
+fn checker_tells_overlaps_from_polling_artifacts() {
+    use support::recorder::{Answer, check};
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let answer = |leader: bool, token: u64, valid_for_ms: u64| Answer {
+        status: if leader { 200 } else { 503 },
+        is_leader: leader,
+        leader: None,
+        fencing_token: Some(token),
+        valid_for_ms,
+        transitions: 1,
+        backend_healthy: true,
+        error: None,
+    };
+    // Polls every 5 ms, each answered 3 ms after it was sent.
+    let series = |from: u64, to: u64, leader: bool, token: u64, deadline: u64| -> Vec<Sample> {
+        (from..to)
+            .step_by(5)
+            .map(|ms| Sample {
+                send: at(ms),
+                recv: at(ms + 3),
+                answer: Some(answer(leader, token, deadline.saturating_sub(ms))),
+            })
+            .collect()
+    };
+    // a leads until ~100 ms; b from ~101 ms. a's last true poll (sent 95,
+    // answered 98) and b's first true poll (sent 100, answered 103) straddle
+    // the handover: not an overlap.
+    let mut a = series(0, 100, true, 1, 2000);
+    a.extend(series(100, 300, false, 1, 0));
+    let mut b = series(0, 100, false, 0, 0);
+    b.extend(series(100, 300, true, 2, 2000));
+    let slots = vec![("a".to_owned(), a.clone()), ("b".to_owned(), b.clone())];
+    let r = check("handover", t0, TTL, &slots, &[]);
+    assert!(r.overlaps.is_empty(), "{}", r.summary());
+    assert!(r.problems.is_empty(), "{}", r.summary());
+
+    // b starts claiming while a still claims (a until 200 ms): caught.
+    let mut a2 = series(0, 200, true, 1, 2000);
+    a2.extend(series(200, 300, false, 1, 0));
+    let slots = vec![("a".to_owned(), a2), ("b".to_owned(), b.clone())];
+    let r = check("overlap", t0, TTL, &slots, &[]);
+    assert_eq!(r.overlaps.len(), 1, "{}", r.summary());
+    assert!(r.overlaps[0].at_least >= Duration::from_millis(90), "{}", r.summary());
+
+    // A cut-off leader that reported valid_until ≈ 150 ms keeps claiming until 250 ms.
+    let mut c = series(0, 250, true, 3, 150);
+    for s in &mut c {
+        let ms = (s.send - t0).as_millis() as u64;
+        s.answer = Some(answer(true, 3, 150u64.saturating_sub(ms)));
+    }
+    let fault = Fault::new("cut", Some(0), Expect::CutOff, FAILOVER_BOUND);
+    let fault = Fault { start: at(0), recover_from: at(0), end: Some(at(400)), ..fault };
+    let r = check("stale", t0, TTL, &[("c".to_owned(), c)], &[fault]);
+    assert!(r.worst_stale_ms.is_some_and(|v| v > 0), "{}", r.summary());
+
+    // A later term with a smaller token.
+    let slots = vec![
+        ("a".to_owned(), series(0, 100, true, 5, 2000)),
+        ("b".to_owned(), series(200, 300, true, 4, 2000)),
+    ];
+    let r = check("fencing", t0, TTL, &slots, &[]);
+    assert_eq!(r.token_regressions.len(), 1, "{}", r.summary());
 }

@@ -69,6 +69,17 @@ impl Sample {
     fn token(&self) -> Option<u64> {
         self.answer.as_ref().and_then(|a| a.fencing_token)
     }
+    /// Which term of this process the answer belongs to: its fencing token and
+    /// its `transitions` count. A sidecar that lost its term and won another
+    /// between two polls shows a new count even if the token repeats (a Redis
+    /// that forgot its counter hands out token 1 again).
+    fn term(&self) -> (u64, u64) {
+        let a = self.answer.as_ref();
+        (
+            a.and_then(|a| a.fencing_token).unwrap_or(0),
+            a.map_or(0, |a| a.transitions),
+        )
+    }
 }
 
 /// What a fault does to leadership, which decides what the checker expects.
@@ -266,7 +277,11 @@ impl Recorder {
     }
 
     /// Wait until a slot other than the term `not` leads (a new term).
-    pub async fn wait_new_leader(&self, not: (usize, u64), limit: Duration) -> Option<(usize, u64)> {
+    pub async fn wait_new_leader(
+        &self,
+        not: (usize, u64),
+        limit: Duration,
+    ) -> Option<(usize, u64)> {
         let end = Instant::now() + limit;
         loop {
             let asked = Instant::now();
@@ -331,6 +346,8 @@ pub struct Run {
     pub label: String,
     /// The term's fencing token.
     pub token: u64,
+    /// The `transitions` count of its answers (identifies the term with the token).
+    pub transitions: u64,
     /// The first true answer.
     pub first: Sample,
     /// The last true answer.
@@ -358,9 +375,9 @@ pub fn runs(slot: usize, label: &str, samples: &[Sample]) -> Vec<Run> {
     let mut open: Option<Run> = None;
     for s in samples {
         if s.is_true() {
-            let token = s.token().unwrap_or(0);
+            let (token, transitions) = s.term();
             match &mut open {
-                Some(r) if r.token == token => {
+                Some(r) if (r.token, r.transitions) == (token, transitions) => {
                     r.last = s.clone();
                     r.count += 1;
                 }
@@ -372,6 +389,7 @@ pub fn runs(slot: usize, label: &str, samples: &[Sample]) -> Vec<Run> {
                         slot,
                         label: label.to_owned(),
                         token,
+                        transitions,
                         first: s.clone(),
                         last: s.clone(),
                         count: 1,
@@ -527,16 +545,16 @@ pub fn check(
     }
 
     // c. Fencing tokens strictly grow from term to term, terms ordered by start.
-    let mut terms: BTreeMap<(usize, u64), (Instant, String)> = BTreeMap::new();
+    let mut terms: BTreeMap<(usize, u64, u64), (Instant, String)> = BTreeMap::new();
     for r in &all_runs {
         let e = terms
-            .entry((r.slot, r.token))
+            .entry((r.slot, r.token, r.transitions))
             .or_insert((r.first.send, r.label.clone()));
         e.0 = e.0.min(r.first.send);
     }
     let mut ordered: Vec<(Instant, usize, u64, String)> = terms
         .iter()
-        .map(|((slot, token), (start, label))| (*start, *slot, *token, label.clone()))
+        .map(|((slot, token, _), (start, label))| (*start, *slot, *token, label.clone()))
         .collect();
     ordered.sort_by_key(|t| t.0);
     report.terms = ordered.len();
@@ -545,7 +563,14 @@ pub fn check(
         if w[1].2 <= w[0].2 {
             let line = format!(
                 "FENCING: term of {}#{} (started {:.0} ms) has token {} after {}#{}'s token {} (started {:.0} ms)",
-                w[1].3, w[1].1, rel(w[1].0), w[1].2, w[0].3, w[0].1, w[0].2, rel(w[0].0)
+                w[1].3,
+                w[1].1,
+                rel(w[1].0),
+                w[1].2,
+                w[0].3,
+                w[0].1,
+                w[0].2,
+                rel(w[0].0)
             );
             report.token_regressions.push(line.clone());
             report.problems.push(line);
@@ -595,9 +620,7 @@ pub fn check(
                         .iter()
                         .map(|s| {
                             s.recv
-                                + Duration::from_millis(
-                                    s.answer.as_ref().unwrap().valid_for_ms + 1,
-                                )
+                                + Duration::from_millis(s.answer.as_ref().unwrap().valid_for_ms + 1)
                         })
                         .min()
                         .unwrap();
@@ -643,8 +666,8 @@ pub fn check(
                 let stale = if let Some(s) = stale_claims.last() {
                     signed_ms(s.send.max(cont), f.start + ttl)
                 } else if let Some(b) = before {
-                    let vu = b.recv
-                        + Duration::from_millis(b.answer.as_ref().unwrap().valid_for_ms + 1);
+                    let vu =
+                        b.recv + Duration::from_millis(b.answer.as_ref().unwrap().valid_for_ms + 1);
                     // How long before SIGCONT its validity ran out (≤ 0).
                     signed_ms(vu, cont).min(0)
                 } else {
@@ -694,10 +717,25 @@ pub fn check(
         if f.expect != Expect::NoFailover {
             // d. Recovery: first claim, sent after recover_from, of a term
             // other than the one the fault ends.
+            // The ended term is identified by its transitions count too
+            // (tokens can repeat after a backend forgot its data).
+            let ended: Option<(usize, (u64, u64))> = f.ends_term.map(|(slot, token)| {
+                let tr = slots[slot]
+                    .1
+                    .iter()
+                    .filter(|s| s.is_true() && s.token() == Some(token) && s.send <= f.start)
+                    .next_back()
+                    .map_or(u64::MAX, |s| s.term().1);
+                (slot, (token, tr))
+            });
             let mut first: Option<Instant> = None;
             for (i, (_, s)) in slots.iter().enumerate() {
                 for s in s.iter().filter(|s| s.is_true() && s.send >= f.recover_from) {
-                    if f.ends_term == Some((i, s.token().unwrap_or(0))) {
+                    if let Some((slot, (token, tr))) = ended
+                        && slot == i
+                        && s.token() == Some(token)
+                        && (tr == u64::MAX || s.term().1 == tr)
+                    {
                         continue;
                     }
                     if matches!(f.expect, Expect::Killed | Expect::Paused | Expect::CutOff)
@@ -753,9 +791,12 @@ impl Report {
         let stale = self
             .worst_stale_ms
             .map_or("n/a".to_owned(), |v| format!("{v} ms"));
-        let slowest = self.slowest_recovery.as_ref().map_or("n/a".to_owned(), |(r, b, n)| {
-            format!("{:.0} ms (bound {:.0} ms, {n})", ms(*r), ms(*b))
-        });
+        let slowest = self
+            .slowest_recovery
+            .as_ref()
+            .map_or("n/a".to_owned(), |(r, b, n)| {
+                format!("{:.0} ms (bound {:.0} ms, {n})", ms(*r), ms(*b))
+            });
         let _ = writeln!(
             s,
             "== fault summary [{}]: terms {} (transitions {}), faults {}, overlaps {}, longest leaderless gap {:.0} ms, worst stale claim {}, slowest recovery {}, token regressions {}, samples {}",
@@ -775,7 +816,8 @@ impl Report {
                 s,
                 "   - {}: recovery {} (bound {:.0} ms), stale {}",
                 f.name,
-                f.recovery.map_or("none".to_owned(), |r| format!("{:.0} ms", ms(r))),
+                f.recovery
+                    .map_or("none".to_owned(), |r| format!("{:.0} ms", ms(r))),
                 ms(f.bound),
                 f.stale.map_or("n/a".to_owned(), |d| format!(
                     "{}{} ms",
