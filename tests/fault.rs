@@ -561,18 +561,23 @@ async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
             }
         }
         Servers::Redis(v) => {
-            let mut c = within(Duration::from_secs(5), "connecting to redis", v[0].conn()).await;
-            let cmd = match value {
-                None => redis::cmd("DEL").arg(key).clone(),
-                Some(val) => redis::cmd("SET").arg(key).arg(val).clone(),
-            };
-            within(
-                Duration::from_secs(5),
-                "redis DEL/SET",
-                cmd.query_async::<()>(&mut c),
-            )
-            .await
-            .expect("change the key");
+            // On every server of a Redlock group (a server that is down is
+            // skipped): changing one server alone does not end a term.
+            for server in v {
+                let conn = timeout(Duration::from_secs(2), server.conn()).await;
+                let Ok(mut c) = conn else { continue };
+                let cmd = match value {
+                    None => redis::cmd("DEL").arg(key).clone(),
+                    Some(val) => redis::cmd("SET").arg(key).arg(val).clone(),
+                };
+                within(
+                    Duration::from_secs(5),
+                    "redis DEL/SET",
+                    cmd.query_async::<()>(&mut c),
+                )
+                .await
+                .expect("change the key");
+            }
         }
         Servers::Cluster(c) => {
             let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
@@ -584,8 +589,12 @@ async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
             .await
             .expect("connect to the etcd cluster");
             let r = match value {
-                None => within(Duration::from_secs(5), "etcd delete", cl.delete(key, None)).await.map(|_| ()),
-                Some(v) => within(Duration::from_secs(5), "etcd put", cl.put(key, v, None)).await.map(|_| ()),
+                None => within(Duration::from_secs(5), "etcd delete", cl.delete(key, None))
+                    .await
+                    .map(|_| ()),
+                Some(v) => within(Duration::from_secs(5), "etcd put", cl.put(key, v, None))
+                    .await
+                    .map(|_| ()),
             };
             r.expect("change the key on the cluster");
         }
@@ -631,14 +640,20 @@ async fn key_deleted(kind: Kind) -> Report {
         sleep(Duration::from_millis(*wait)).await;
         let f = g.rec.fault(Fault {
             ends_term: Some((l, tok)),
-            ..Fault::new(&format!("key deleted by hand #{round}"), Some(l), Expect::Other, FAILOVER_BOUND)
+            ..Fault::new(
+                &format!("key deleted by hand #{round}"),
+                Some(l),
+                Expect::Other,
+                FAILOVER_BOUND,
+            )
         });
         let t = Instant::now();
         tamper(&servers, &key, None).await;
         within(
             FAILOVER_BOUND + Duration::from_secs(3),
             "a new term after the key was deleted",
-            g.rec.wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
+            g.rec
+                .wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
         )
         .await;
         g.rec.heal(f, false);
@@ -1056,6 +1071,68 @@ async fn redis_restarted_without_persistence() {
         .await;
 }
 
+/// Redlock fencing tokens are "the largest counter in the quorum", and each
+/// server's counter grows only with the terms it took part in. Servers that
+/// were down for different terms fall behind by different amounts, and a later
+/// quorum made of two such servers hands out a token that is not larger than
+/// an earlier one — with no data lost anywhere (appendfsync always):
+///
+/// counters A/B/C = 1/1/1; C down, 2 terms on {A,B} → 3/3/1 (token 3);
+/// C up, A down, 2 terms on {B,C} → -/5/3 (token 5); A up, B down, 1 term
+/// on {A,C} → 4/-/4: token 4 after 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "product finding: Redlock fencing tokens go backwards after servers miss terms; see the doc comment"]
+async fn redlock_fencing_tokens_grow_across_server_outages() {
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        v.push(
+            within(
+                Duration::from_secs(20),
+                "redis-server start-up",
+                RedisServer::start_with(DURABLE),
+            )
+            .await,
+        );
+    }
+    let urls: Vec<String> = v.iter().map(|r| r.url.clone()).collect();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let name = election("redlock-fencing");
+    let mut tokens: Vec<u64> = Vec::new();
+    // One term: a sidecar is elected, reports its token, hands over (SIGTERM).
+    let run_terms = async |tokens: &mut Vec<u64>, n: usize| {
+        for _ in 0..n {
+            let s = redis_sidecar(&refs, &name, "x", FAST);
+            wait_for(Duration::from_secs(10), "the sidecar to lead", || {
+                s.is_leader()
+            })
+            .await;
+            tokens.push(within(Duration::from_secs(5), "GET /leader", token_of(&s)).await);
+            s.signal(Signal::SIGTERM);
+            let mut s = s;
+            within(
+                Duration::from_secs(5),
+                "the sidecar to exit",
+                s.wait_exit(Duration::from_secs(4)),
+            )
+            .await;
+        }
+    };
+    run_terms(&mut tokens, 1).await;
+    v[2].stop();
+    run_terms(&mut tokens, 2).await;
+    within(Duration::from_secs(20), "restart C", v[2].restart()).await;
+    v[0].stop();
+    run_terms(&mut tokens, 2).await;
+    within(Duration::from_secs(20), "restart A", v[0].restart()).await;
+    v[1].stop();
+    run_terms(&mut tokens, 1).await;
+    eprintln!("fencing tokens of successive terms: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "fencing tokens did not grow: {tokens:?}"
+    );
+}
+
 /// A foreign value without expiry on the Redis key (`SET key v`): followers
 /// read `PTTL` −1, take it as "expires now" and campaign again after at most
 /// 20 ms of jitter instead of the retry period: each follower then sends
@@ -1076,7 +1153,9 @@ async fn redis_foreign_value_without_ttl_does_not_make_followers_spin() {
     sleep(window).await;
     let attempts = acquire_attempts(&g).await - before;
     let allowed = 3 * 2 * (window.as_millis() / RETRY.as_millis()) as u64 + 6;
-    eprintln!("campaign attempts in {window:?} with a foreign value without TTL: {attempts} (allowed {allowed})");
+    eprintln!(
+        "campaign attempts in {window:?} with a foreign value without TTL: {attempts} (allowed {allowed})"
+    );
     assert!(
         attempts <= allowed,
         "{attempts} campaign attempts in {window:?} by 3 sidecars while a foreign value without TTL held the key (allowed {allowed})"
@@ -1138,13 +1217,25 @@ impl Servers {
         match self {
             Servers::Etcd(e) => within(Duration::from_secs(30), "etcd restart", e.restart()).await,
             Servers::Cluster(c) => c.restart(i),
-            Servers::Redis(v) => within(Duration::from_secs(20), "redis-server restart", v[i].restart()).await,
+            Servers::Redis(v) => {
+                within(
+                    Duration::from_secs(20),
+                    "redis-server restart",
+                    v[i].restart(),
+                )
+                .await
+            }
         }
     }
 
     async fn wait_healthy(&self) {
         if let Servers::Cluster(c) = self {
-            within(Duration::from_secs(40), "the etcd cluster to be healthy", c.wait_healthy(Duration::from_secs(35))).await;
+            within(
+                Duration::from_secs(40),
+                "the etcd cluster to be healthy",
+                c.wait_healthy(Duration::from_secs(35)),
+            )
+            .await;
         }
     }
 
@@ -1186,17 +1277,32 @@ fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
 async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
     let mut rng = StdRng::seed_from_u64(seed);
     let n_servers: usize = env_or("FAULT_SERVERS", 3);
-    assert!(n_servers == 1 || n_servers == 3, "FAULT_SERVERS must be 1 or 3");
+    assert!(
+        n_servers == 1 || n_servers == 3,
+        "FAULT_SERVERS must be 1 or 3"
+    );
     let n_sidecars = rng.random_range(3..=5usize);
     let mut servers = match (kind, n_servers) {
         (_, 1) => Servers::single(kind).await,
         (Kind::Etcd, _) => Servers::Cluster(
-            within(Duration::from_secs(40), "a 3-member etcd cluster to start", EtcdCluster::start(3)).await,
+            within(
+                Duration::from_secs(40),
+                "a 3-member etcd cluster to start",
+                EtcdCluster::start(3),
+            )
+            .await,
         ),
         (Kind::Redis, _) => {
             let mut v = Vec::new();
             for _ in 0..3 {
-                v.push(within(Duration::from_secs(20), "redis-server start-up", RedisServer::start_with(DURABLE)).await);
+                v.push(
+                    within(
+                        Duration::from_secs(20),
+                        "redis-server start-up",
+                        RedisServer::start_with(DURABLE),
+                    )
+                    .await,
+                );
             }
             Servers::Redis(v)
         }
@@ -1251,10 +1357,19 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
         let label = |what: String| format!("{n:>3} {chaos:?}: {what}");
         match chaos {
             Chaos::KillLeader | Chaos::TermLeader => {
-                let sig = if matches!(chaos, Chaos::KillLeader) { Signal::SIGKILL } else { Signal::SIGTERM };
+                let sig = if matches!(chaos, Chaos::KillLeader) {
+                    Signal::SIGKILL
+                } else {
+                    Signal::SIGTERM
+                };
                 g.rec.fault(Fault {
                     ends_term: Some((l, tok)),
-                    ..Fault::new(&label(format!("{sig} {}", g.id(l))), Some(l), Expect::Killed, FAILOVER_BOUND)
+                    ..Fault::new(
+                        &label(format!("{sig} {}", g.id(l))),
+                        Some(l),
+                        Expect::Killed,
+                        FAILOVER_BOUND,
+                    )
                 });
                 let id = g.id(l);
                 if sig == Signal::SIGKILL {
@@ -1262,7 +1377,12 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
                 } else {
                     g.signal(l, Signal::SIGTERM);
                     let mut s = g.sidecars[l].take().unwrap();
-                    let status = within(Duration::from_secs(5), "a SIGTERMed sidecar to exit", s.wait_exit(Duration::from_secs(4))).await;
+                    let status = within(
+                        Duration::from_secs(5),
+                        "a SIGTERMed sidecar to exit",
+                        s.wait_exit(Duration::from_secs(4)),
+                    )
+                    .await;
                     assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM exits 0");
                     g.rec.stop_polling(l);
                 }
@@ -1272,11 +1392,20 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
             }
             Chaos::PauseLeader => {
                 let long = rng.random_bool(0.6);
-                let d = if long { TTL + ms_between(&mut rng, 300, 2000) } else { ms_between(&mut rng, 50, 900) };
+                let d = if long {
+                    TTL + ms_between(&mut rng, 300, 2000)
+                } else {
+                    ms_between(&mut rng, 50, 900)
+                };
                 let expect = if long { Expect::Paused } else { Expect::Other };
                 let f = g.rec.fault(Fault {
                     ends_term: long.then_some((l, tok)),
-                    ..Fault::new(&label(format!("SIGSTOP {} {} ms", g.id(l), d.as_millis())), Some(l), expect, FAILOVER_BOUND)
+                    ..Fault::new(
+                        &label(format!("SIGSTOP {} {} ms", g.id(l), d.as_millis())),
+                        Some(l),
+                        expect,
+                        FAILOVER_BOUND,
+                    )
                 });
                 g.signal(l, Signal::SIGSTOP);
                 sleep(d).await;
@@ -1289,9 +1418,21 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
                 } else {
                     followers[rng.random_range(0..followers.len())]
                 };
-                let mode = if rng.random_bool(0.5) { Mode::Blackhole } else { Mode::Reset };
-                let d = if rng.random_bool(0.3) { ms_between(&mut rng, 50, 300) } else { ms_between(&mut rng, 300, 5000) };
-                let expect = if target == l { Expect::CutOff } else { Expect::Other };
+                let mode = if rng.random_bool(0.5) {
+                    Mode::Blackhole
+                } else {
+                    Mode::Reset
+                };
+                let d = if rng.random_bool(0.3) {
+                    ms_between(&mut rng, 50, 300)
+                } else {
+                    ms_between(&mut rng, 300, 5000)
+                };
+                let expect = if target == l {
+                    Expect::CutOff
+                } else {
+                    Expect::Other
+                };
                 let f = g.rec.fault(Fault::new(
                     &label(format!("{mode:?} {} {} ms", g.id(target), d.as_millis())),
                     Some(target),
@@ -1309,9 +1450,22 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
                 let delay = ms_between(&mut rng, 50, 900);
                 let d = ms_between(&mut rng, 500, 5000);
                 // Past the 333 ms call deadline no renewal can succeed.
-                let expect = if delay > Duration::from_millis(400) { Expect::CutOff } else { Expect::Other };
+                let expect = if delay > Duration::from_millis(400) {
+                    Expect::CutOff
+                } else {
+                    Expect::Other
+                };
                 let f = g.rec.fault(Fault::new(
-                    &label(format!("answers +{} ms for {} ms ({})", delay.as_millis(), d.as_millis(), if matches!(chaos, Chaos::SlowAll) { "all" } else { "leader" })),
+                    &label(format!(
+                        "answers +{} ms for {} ms ({})",
+                        delay.as_millis(),
+                        d.as_millis(),
+                        if matches!(chaos, Chaos::SlowAll) {
+                            "all"
+                        } else {
+                            "leader"
+                        }
+                    )),
                     Some(l),
                     expect,
                     FAILOVER_BOUND,
@@ -1329,7 +1483,12 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
                 let d = ms_between(&mut rng, 200, 6000);
                 let f = g.rec.fault(Fault {
                     ends_term: (d > TTL).then_some((l, tok)),
-                    ..Fault::new(&label(format!("all servers down {} ms", d.as_millis())), Some(l), Expect::CutOff, restart_bound)
+                    ..Fault::new(
+                        &label(format!("all servers down {} ms", d.as_millis())),
+                        Some(l),
+                        Expect::CutOff,
+                        restart_bound,
+                    )
                 });
                 for i in 0..servers.count() {
                     servers.kill(i);
@@ -1344,7 +1503,12 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
             Chaos::ServerDown => {
                 let i = servers.pick(&mut rng).await;
                 let d = ms_between(&mut rng, 500, 6000);
-                let f = g.rec.fault(Fault::new(&label(format!("server {i} down {} ms", d.as_millis())), None, Expect::Other, restart_bound));
+                let f = g.rec.fault(Fault::new(
+                    &label(format!("server {i} down {} ms", d.as_millis())),
+                    None,
+                    Expect::Other,
+                    restart_bound,
+                ));
                 servers.kill(i);
                 sleep(d).await;
                 servers.revive(i).await;
@@ -1354,7 +1518,16 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
             Chaos::QuorumLost => {
                 let i = rng.random_range(0..3);
                 let d = ms_between(&mut rng, 500, 6000);
-                let f = g.rec.fault(Fault::new(&label(format!("servers {i},{} down {} ms", (i + 1) % 3, d.as_millis())), Some(l), Expect::CutOff, restart_bound));
+                let f = g.rec.fault(Fault::new(
+                    &label(format!(
+                        "servers {i},{} down {} ms",
+                        (i + 1) % 3,
+                        d.as_millis()
+                    )),
+                    Some(l),
+                    Expect::CutOff,
+                    restart_bound,
+                ));
                 servers.kill(i);
                 servers.kill((i + 1) % 3);
                 sleep(d).await;
@@ -1366,7 +1539,12 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
             Chaos::KeyDeleted => {
                 g.rec.fault(Fault {
                     ends_term: Some((l, tok)),
-                    ..Fault::new(&label("key deleted".into()), Some(l), Expect::Other, FAILOVER_BOUND)
+                    ..Fault::new(
+                        &label("key deleted".into()),
+                        Some(l),
+                        Expect::Other,
+                        FAILOVER_BOUND,
+                    )
                 });
                 tamper(&servers, &key, None).await;
             }
@@ -1374,7 +1552,12 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
                 let d = ms_between(&mut rng, 300, 4000);
                 let f = g.rec.fault(Fault {
                     ends_term: Some((l, tok)),
-                    ..Fault::new(&label(format!("key overwritten for {} ms", d.as_millis())), Some(l), Expect::Other, FAILOVER_BOUND)
+                    ..Fault::new(
+                        &label(format!("key overwritten for {} ms", d.as_millis())),
+                        Some(l),
+                        Expect::Other,
+                        FAILOVER_BOUND,
+                    )
                 });
                 tamper(&servers, &key, Some("intruder")).await;
                 sleep(d).await;
@@ -1386,10 +1569,22 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
         sleep(rest).await;
     }
     // Every fault healed: one leader, and all sidecars agree.
-    let _ = within(Duration::from_secs(25), "a leader at the end", g.rec.wait_leader(Duration::from_secs(20))).await;
+    let _ = within(
+        Duration::from_secs(25),
+        "a leader at the end",
+        g.rec.wait_leader(Duration::from_secs(20)),
+    )
+    .await;
     sleep(Duration::from_secs(1)).await;
+    // FAULT_TOLERATE=FENCING,LIVENESS: report those problems but do not fail
+    // on them (e.g. a known product finding, to soak for the others).
+    let tolerate = std::env::var("FAULT_TOLERATE").unwrap_or_default();
+    let tolerated: Vec<&str> = tolerate.split(',').filter(|t| !t.is_empty()).collect();
     let r = g
-        .finish(&format!("randomized {} seed {seed} ({} faults)", kind.name(), n))
+        .finish_with(
+            &format!("randomized {} seed {seed} ({} faults)", kind.name(), n),
+            &tolerated,
+        )
         .await;
     per_kind_summary(&r);
 }
@@ -1399,13 +1594,24 @@ fn per_kind_summary(r: &Report) {
     let mut kinds: std::collections::BTreeMap<String, (usize, Duration, Duration, Option<i64>)> =
         std::collections::BTreeMap::new();
     for f in &r.per_fault {
-        let kind = f.name.split(':').next().unwrap_or("").trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ');
-        let e = kinds.entry(kind.to_owned()).or_insert((0, Duration::ZERO, f.bound, None));
+        let kind = f
+            .name
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ');
+        let e = kinds
+            .entry(kind.to_owned())
+            .or_insert((0, Duration::ZERO, f.bound, None));
         e.0 += 1;
         e.1 = e.1.max(f.recovery.unwrap_or_default());
         e.2 = e.2.max(f.bound);
         if let Some(s) = f.stale {
-            let v = if f.stale_positive { s.as_millis() as i64 } else { -(s.as_millis() as i64) };
+            let v = if f.stale_positive {
+                s.as_millis() as i64
+            } else {
+                -(s.as_millis() as i64)
+            };
             e.3 = Some(e.3.map_or(v, |w| w.max(v)));
         }
     }
@@ -1426,7 +1632,13 @@ fn per_kind_summary(r: &Report) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_modes_behave_as_documented() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo = within(
+        Duration::from_secs(2),
+        "binding the echo server",
+        tokio::net::TcpListener::bind("127.0.0.1:0"),
+    )
+    .await
+    .unwrap();
     let upstream = echo.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = echo.accept().await {
@@ -1440,7 +1652,12 @@ async fn proxy_modes_behave_as_documented() {
             });
         }
     });
-    let proxy = Proxy::start(upstream).await;
+    let proxy = within(
+        Duration::from_secs(5),
+        "starting the proxy",
+        Proxy::start(upstream),
+    )
+    .await;
     let connect = || async {
         within(
             Duration::from_secs(2),
@@ -1451,7 +1668,7 @@ async fn proxy_modes_behave_as_documented() {
         .unwrap()
     };
     async fn ask(s: &mut tokio::net::TcpStream, msg: &[u8], wait: Duration) -> Option<Vec<u8>> {
-        s.write_all(msg).await.ok()?;
+        timeout(wait, s.write_all(msg)).await.ok()?.ok()?;
         let mut buf = vec![0u8; msg.len()];
         match timeout(wait, s.read_exact(&mut buf)).await {
             Ok(Ok(_)) => Some(buf),
@@ -1459,29 +1676,65 @@ async fn proxy_modes_behave_as_documented() {
         }
     }
     let mut c = connect().await;
-    assert_eq!(ask(&mut c, b"pass", Duration::from_secs(1)).await.as_deref(), Some(&b"pass"[..]));
+    assert_eq!(
+        ask(&mut c, b"pass", Duration::from_secs(1))
+            .await
+            .as_deref(),
+        Some(&b"pass"[..])
+    );
 
     proxy.set(Mode::Delay(Duration::from_millis(200)));
     let t = Instant::now();
     assert!(ask(&mut c, b"slow", Duration::from_secs(1)).await.is_some());
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(200) && took < Duration::from_millis(600), "delay: {took:?}");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(600),
+        "delay: {took:?}"
+    );
 
     proxy.set(Mode::Blackhole);
-    assert_eq!(ask(&mut c, b"held", Duration::from_millis(300)).await, None, "blackhole answered");
+    assert_eq!(
+        ask(&mut c, b"held", Duration::from_millis(300)).await,
+        None,
+        "blackhole answered"
+    );
     let mut fresh = connect().await;
-    assert_eq!(ask(&mut fresh, b"new!", Duration::from_millis(300)).await, None, "blackhole answered a new connection");
+    assert_eq!(
+        ask(&mut fresh, b"new!", Duration::from_millis(300)).await,
+        None,
+        "blackhole answered a new connection"
+    );
     proxy.set(Mode::Pass);
     // What was held is delivered when the partition heals.
     let mut buf = [0u8; 4];
-    within(Duration::from_secs(1), "held bytes after the heal", c.read_exact(&mut buf)).await.unwrap();
+    within(
+        Duration::from_secs(1),
+        "held bytes after the heal",
+        c.read_exact(&mut buf),
+    )
+    .await
+    .unwrap();
     assert_eq!(&buf, b"held");
-    within(Duration::from_secs(1), "held bytes of a new connection", fresh.read_exact(&mut buf)).await.unwrap();
+    within(
+        Duration::from_secs(1),
+        "held bytes of a new connection",
+        fresh.read_exact(&mut buf),
+    )
+    .await
+    .unwrap();
     assert_eq!(&buf, b"new!");
 
     proxy.set(Mode::Reset);
-    let r = within(Duration::from_secs(1), "a reset connection to end", c.read(&mut buf)).await;
-    assert!(matches!(r, Ok(0) | Err(_)), "reset left the connection open: {r:?}");
+    let r = within(
+        Duration::from_secs(1),
+        "a reset connection to end",
+        c.read(&mut buf),
+    )
+    .await;
+    assert!(
+        matches!(r, Ok(0) | Err(_)),
+        "reset left the connection open: {r:?}"
+    );
     // A new connection is reset at once: connect fails, or the first read does.
     let conn = within(
         Duration::from_secs(2),
@@ -1490,12 +1743,25 @@ async fn proxy_modes_behave_as_documented() {
     )
     .await;
     if let Ok(mut refused) = conn {
-        let r = within(Duration::from_secs(1), "a new connection to be reset", refused.read(&mut buf)).await;
-        assert!(matches!(r, Ok(0) | Err(_)), "reset accepted a connection: {r:?}");
+        let r = within(
+            Duration::from_secs(1),
+            "a new connection to be reset",
+            refused.read(&mut buf),
+        )
+        .await;
+        assert!(
+            matches!(r, Ok(0) | Err(_)),
+            "reset accepted a connection: {r:?}"
+        );
     }
     proxy.set(Mode::Pass);
     let mut again = connect().await;
-    assert_eq!(ask(&mut again, b"back", Duration::from_secs(1)).await.as_deref(), Some(&b"back"[..]));
+    assert_eq!(
+        ask(&mut again, b"back", Duration::from_secs(1))
+            .await
+            .as_deref(),
+        Some(&b"back"[..])
+    );
 }
 
 /// The checker catches a real overlap and a stale claim, and does not call a
@@ -1544,7 +1810,11 @@ fn checker_tells_overlaps_from_polling_artifacts() {
     let slots = vec![("a".to_owned(), a2), ("b".to_owned(), b.clone())];
     let r = check("overlap", t0, TTL, &slots, &[]);
     assert_eq!(r.overlaps.len(), 1, "{}", r.summary());
-    assert!(r.overlaps[0].at_least >= Duration::from_millis(90), "{}", r.summary());
+    assert!(
+        r.overlaps[0].at_least >= Duration::from_millis(90),
+        "{}",
+        r.summary()
+    );
 
     // A cut-off leader that reported valid_until ≈ 150 ms keeps claiming until 250 ms.
     let mut c = series(0, 250, true, 3, 150);
@@ -1553,8 +1823,51 @@ fn checker_tells_overlaps_from_polling_artifacts() {
         s.answer = Some(answer(true, 3, 150u64.saturating_sub(ms)));
     }
     let fault = Fault::new("cut", Some(0), Expect::CutOff, FAILOVER_BOUND);
-    let fault = Fault { start: at(0), recover_from: at(0), end: Some(at(400)), ..fault };
+    let fault = Fault {
+        start: at(0),
+        recover_from: at(0),
+        end: Some(at(400)),
+        ..fault
+    };
     let r = check("stale", t0, TTL, &[("c".to_owned(), c)], &[fault]);
+    assert!(r.worst_stale_ms.is_some_and(|v| v > 0), "{}", r.summary());
+
+    // A leader paused at 100 ms for 2.5 s that wins a new term (token 9)
+    // 1 s after SIGCONT: its old term is not claimed after SIGCONT, so nothing
+    // is stale; the same answers under the old token would be.
+    let paused = |new_token: u64| -> Vec<Sample> {
+        let mut v = series(0, 100, true, 8, 2000);
+        v.push(Sample {
+            send: at(100),
+            recv: at(2600),
+            answer: Some(answer(false, 8, 0)),
+        });
+        v.extend(series(2605, 3600, false, 8, 0));
+        v.extend(series(3600, 3700, true, new_token, 5600));
+        v
+    };
+    let fault = Fault::new("pause", Some(0), Expect::Paused, FAILOVER_BOUND);
+    let fault = Fault {
+        start: at(100),
+        recover_from: at(100),
+        end: Some(at(2600)),
+        ..fault
+    };
+    let r = check(
+        "new term after pause",
+        t0,
+        TTL,
+        &[("p".to_owned(), paused(9))],
+        &[fault.clone()],
+    );
+    assert!(r.worst_stale_ms.is_some_and(|v| v <= 0), "{}", r.summary());
+    let r = check(
+        "old term after pause",
+        t0,
+        TTL,
+        &[("p".to_owned(), paused(8))],
+        &[fault],
+    );
     assert!(r.worst_stale_ms.is_some_and(|v| v > 0), "{}", r.summary());
 
     // A later term with a smaller token.

@@ -194,8 +194,18 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut mode: watch::Re
     tasks.spawn(read_side(server_r, to_client_tx, mode.clone()));
     let client_w = Arc::new(tokio::sync::Mutex::new(client_w));
     let server_w = Arc::new(tokio::sync::Mutex::new(server_w));
-    tasks.spawn(write_side(server_w.clone(), to_server_rx, mode.clone(), false));
-    tasks.spawn(write_side(client_w.clone(), to_client_rx, mode.clone(), true));
+    tasks.spawn(write_side(
+        server_w.clone(),
+        to_server_rx,
+        mode.clone(),
+        false,
+    ));
+    tasks.spawn(write_side(
+        client_w.clone(),
+        to_client_rx,
+        mode.clone(),
+        true,
+    ));
     // Until both writers are done (each ends at its reader's end of stream) or
     // the mode turns to Reset.
     let mut finished = 0;

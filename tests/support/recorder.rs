@@ -609,9 +609,15 @@ pub fn check(
                 // heal legitimately extends the term).
                 let settle = f.start + Duration::from_millis(100);
                 let end = f.end.unwrap_or(Instant::now() + Duration::from_secs(3600));
+                let term_at_cut = samples_of(slot)
+                    .iter()
+                    .filter(|s| s.is_true() && s.send <= f.start)
+                    .next_back()
+                    .map(|s| s.term());
                 let during: Vec<&Sample> = samples_of(slot)
                     .iter()
                     .filter(|s| s.is_true() && s.send >= settle && s.recv < end)
+                    .filter(|s| Some(s.term()) == term_at_cut)
                     .collect();
                 if let (Some(first), Some(last)) = (during.first(), during.last()) {
                     // valid_until <= c + valid_for_ms + 1 ms <= recv + valid_for_ms + 1 ms
@@ -643,8 +649,13 @@ pub fn check(
                     .iter()
                     .filter(|s| s.send > f.start + Duration::from_millis(1) && s.answer.is_some())
                     .collect();
+                let term_at_stop = samples_of(slot)
+                    .iter()
+                    .filter(|s| s.is_true() && s.recv <= f.start)
+                    .next_back()
+                    .map(|s| s.term());
                 if let Some(first) = after.first() {
-                    if first.is_true() {
+                    if first.is_true() && Some(first.term()) == term_at_stop {
                         fr.problems.push(format!(
                             "STALE: {}#{}'s first answer after SIGCONT ({:.0} ms) claimed leadership",
                             slots[slot].0, slot, rel(first.recv)
@@ -662,7 +673,13 @@ pub fn check(
                     .iter()
                     .filter(|s| s.is_true() && s.recv <= f.start)
                     .next_back();
-                let stale_claims: Vec<&&Sample> = after.iter().filter(|s| s.is_true()).collect();
+                // Only the term it held when paused: after SIGCONT it may
+                // legitimately win a new term later.
+                let paused_term = before.map(|b| b.term());
+                let stale_claims: Vec<&&Sample> = after
+                    .iter()
+                    .filter(|s| s.is_true() && Some(s.term()) == paused_term)
+                    .collect();
                 let stale = if let Some(s) = stale_claims.last() {
                     signed_ms(s.send.max(cont), f.start + ttl)
                 } else if let Some(b) = before {
