@@ -1858,7 +1858,7 @@ fn checker_tells_overlaps_from_polling_artifacts() {
         t0,
         TTL,
         &[("p".to_owned(), paused(9))],
-        &[fault.clone()],
+        std::slice::from_ref(&fault),
     );
     assert!(r.worst_stale_ms.is_some_and(|v| v <= 0), "{}", r.summary());
     let r = check(

@@ -246,7 +246,7 @@ impl Recorder {
                 continue;
             }
             let s = target.samples.lock().unwrap();
-            let Some(last) = s.last() else { return None };
+            let last = s.last()?;
             if last.send < since {
                 return None;
             }
@@ -611,8 +611,7 @@ pub fn check(
                 let end = f.end.unwrap_or(Instant::now() + Duration::from_secs(3600));
                 let term_at_cut = samples_of(slot)
                     .iter()
-                    .filter(|s| s.is_true() && s.send <= f.start)
-                    .next_back()
+                    .rfind(|s| s.is_true() && s.send <= f.start)
                     .map(|s| s.term());
                 let during: Vec<&Sample> = samples_of(slot)
                     .iter()
@@ -651,8 +650,7 @@ pub fn check(
                     .collect();
                 let term_at_stop = samples_of(slot)
                     .iter()
-                    .filter(|s| s.is_true() && s.recv <= f.start)
-                    .next_back()
+                    .rfind(|s| s.is_true() && s.recv <= f.start)
                     .map(|s| s.term());
                 if let Some(first) = after.first() {
                     if first.is_true() && Some(first.term()) == term_at_stop {
@@ -671,8 +669,7 @@ pub fn check(
                 // made after SIGCONT is past it (the pause is longer than TTL).
                 let before = samples_of(slot)
                     .iter()
-                    .filter(|s| s.is_true() && s.recv <= f.start)
-                    .next_back();
+                    .rfind(|s| s.is_true() && s.recv <= f.start);
                 // Only the term it held when paused: after SIGCONT it may
                 // legitimately win a new term later.
                 let paused_term = before.map(|b| b.term());
@@ -740,8 +737,7 @@ pub fn check(
                 let tr = slots[slot]
                     .1
                     .iter()
-                    .filter(|s| s.is_true() && s.token() == Some(token) && s.send <= f.start)
-                    .next_back()
+                    .rfind(|s| s.is_true() && s.token() == Some(token) && s.send <= f.start)
                     .map_or(u64::MAX, |s| s.term().1);
                 (slot, (token, tr))
             });
