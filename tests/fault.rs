@@ -49,6 +49,38 @@ const SLOW: Duration = Duration::from_millis(700);
 /// keeps keys and counters.
 const DURABLE: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 
+/// A redis-server started by this process: `free_port` can hand the same port
+/// to a test running at the same time, whose server would then answer the
+/// readiness probe; start again on another port when that happened.
+async fn own_redis(extra: &[&str]) -> RedisServer {
+    for _ in 0..3 {
+        let s = within(
+            Duration::from_secs(20),
+            "redis-server start-up",
+            RedisServer::start_with(extra),
+        )
+        .await;
+        if redis_is_ours(&s).await {
+            return s;
+        }
+        eprintln!(
+            "port {} is served by another process's redis-server; trying another port",
+            s.port
+        );
+    }
+    panic!("could not start a redis-server of our own in 3 attempts (ports taken)");
+}
+
+/// Restart `s` and check that the server answering is ours again.
+async fn restart_redis(s: &mut RedisServer) {
+    within(Duration::from_secs(20), "redis-server restart", s.restart()).await;
+    assert!(
+        redis_is_ours(s).await,
+        "redis-server port {} was taken by another process while the server was down",
+        s.port
+    );
+}
+
 /// Await `fut` for at most `limit`; the panic message says what probably hung.
 async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
     match timeout(limit, fut).await {
@@ -74,7 +106,7 @@ impl Kind {
 
 /// The backend servers the proxies forward to.
 enum Servers {
-    Etcd(Etcd),
+    /// One or more etcd members (a single etcd is a 1-member cluster).
     Cluster(EtcdCluster),
     Redis(Vec<RedisServer>),
 }
@@ -82,23 +114,20 @@ enum Servers {
 impl Servers {
     async fn single(kind: Kind) -> Servers {
         match kind {
-            Kind::Etcd => {
-                Servers::Etcd(within(Duration::from_secs(30), "etcd start-up", Etcd::start()).await)
-            }
-            Kind::Redis => Servers::Redis(vec![
+            Kind::Etcd => Servers::Cluster(
                 within(
-                    Duration::from_secs(20),
-                    "redis-server start-up",
-                    RedisServer::start_with(DURABLE),
+                    Duration::from_secs(70),
+                    "etcd start-up",
+                    EtcdCluster::start(1),
                 )
                 .await,
-            ]),
+            ),
+            Kind::Redis => Servers::Redis(vec![own_redis(DURABLE).await]),
         }
     }
 
     fn urls(&self) -> Vec<String> {
         match self {
-            Servers::Etcd(e) => vec![e.url.clone()],
             Servers::Cluster(c) => c.urls(),
             Servers::Redis(v) => v.iter().map(|r| r.url.clone()).collect(),
         }
@@ -501,24 +530,10 @@ async fn backend_down(kind: Kind) {
         ends_term: Some((l, tok)),
         ..Fault::new("backend stopped 3 x TTL", Some(l), Expect::CutOff, bound)
     });
-    match &mut servers {
-        Servers::Etcd(e) => e.stop(),
-        Servers::Redis(v) => v[0].stop(),
-        Servers::Cluster(_) => unreachable!(),
-    }
+    servers.kill(0);
     sleep(TTL * 3).await;
-    match &mut servers {
-        Servers::Etcd(e) => within(Duration::from_secs(30), "etcd restart", e.restart()).await,
-        Servers::Redis(v) => {
-            within(
-                Duration::from_secs(20),
-                "redis-server restart",
-                v[0].restart(),
-            )
-            .await
-        }
-        Servers::Cluster(_) => unreachable!(),
-    }
+    servers.revive(0).await;
+    servers.wait_healthy().await;
     g.rec.heal(f, true);
     within(
         bound + Duration::from_secs(5),
@@ -545,21 +560,6 @@ fn key_of(kind: Kind, election: &str) -> String {
 /// (etcd: a put with no lease; Redis: a SET with no expiry).
 async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
     match servers {
-        Servers::Etcd(e) => {
-            let mut c = within(Duration::from_secs(5), "connecting to etcd", e.client()).await;
-            match value {
-                None => {
-                    within(Duration::from_secs(5), "etcd delete", c.delete(key, None))
-                        .await
-                        .expect("delete the key");
-                }
-                Some(v) => {
-                    within(Duration::from_secs(5), "etcd put", c.put(key, v, None))
-                        .await
-                        .expect("put the key");
-                }
-            }
-        }
         Servers::Redis(v) => {
             // On every server of a Redlock group (a server that is down is
             // skipped): changing one server alone does not end a term.
@@ -953,20 +953,60 @@ async fn redis_key_overwritten() {
 async fn redlock_loses_one_server_then_two() {
     let mut v = Vec::new();
     for _ in 0..3 {
-        v.push(
-            within(
-                Duration::from_secs(20),
-                "redis-server start-up",
-                RedisServer::start_with(DURABLE),
-            )
-            .await,
-        );
+        v.push(own_redis(DURABLE).await);
     }
     let mut servers = Servers::Redis(v);
-    let g = Group::start(&servers, "redlock-lose", ABC).await;
-    let (l, tok) = g.leader("first Redlock election").await;
+    let mut g = Group::start(&servers, "redlock-lose", ABC).await;
+    let key = key_of(Kind::Redis, &g.election);
     let Servers::Redis(v) = &mut servers else {
         unreachable!()
+    };
+    // A term granted by a bare quorum (one server too slow at acquisition,
+    // e.g. under CPU load) is never extended to the third server: renewals
+    // only PEXPIRE existing keys. Such a term cannot survive the loss of a
+    // server (see the report); this scenario needs a term on all three, so
+    // hand over until one is.
+    let mut attempt = 0;
+    let (l, tok) = loop {
+        let (l, tok) = g.leader("a Redlock leader").await;
+        sleep(RENEW).await;
+        let mut holding = 0;
+        for server in v.iter() {
+            let mut c = within(Duration::from_secs(5), "connecting to redis", server.conn()).await;
+            let value: Option<String> = within(
+                Duration::from_secs(5),
+                "redis GET",
+                redis::cmd("GET").arg(&key).query_async(&mut c),
+            )
+            .await
+            .expect("GET the election key");
+            if value.is_some_and(|v| v.ends_with(&format!("|{}", g.id(l)))) {
+                holding += 1;
+            }
+        }
+        if holding == 3 {
+            break (l, tok);
+        }
+        attempt += 1;
+        eprintln!(
+            "redlock: leader {} (token {tok}) holds the key on only {holding} of 3 servers; handing over (attempt {attempt})",
+            g.id(l)
+        );
+        assert!(
+            attempt < 4,
+            "no Redlock term held all 3 servers in 4 attempts"
+        );
+        let id = g.id(l);
+        g.signal(l, Signal::SIGTERM);
+        let mut s = g.sidecars[l].take().unwrap();
+        within(
+            Duration::from_secs(5),
+            "a SIGTERMed sidecar to exit",
+            s.wait_exit(Duration::from_secs(4)),
+        )
+        .await;
+        g.rec.stop_polling(l);
+        g.spawn(&id).await;
     };
     // One server of three gone: the quorum (2) still renews; no failover.
     let one = g.rec.fault(Fault {
@@ -993,18 +1033,8 @@ async fn redlock_loses_one_server_then_two() {
     });
     v[1].stop();
     sleep(TTL * 2).await;
-    within(
-        Duration::from_secs(20),
-        "redis-server restart",
-        v[0].restart(),
-    )
-    .await;
-    within(
-        Duration::from_secs(20),
-        "redis-server restart",
-        v[1].restart(),
-    )
-    .await;
+    restart_redis(&mut v[0]).await;
+    restart_redis(&mut v[1]).await;
     g.rec.heal(two, true);
     within(
         FAILOVER_BOUND + Duration::from_secs(5),
@@ -1033,14 +1063,7 @@ async fn redlock_loses_one_server_then_two() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "product finding: a Redis restarted without persistence lets a second sidecar lead while the old one still claims; see the doc comment"]
 async fn redis_restarted_without_persistence() {
-    let mut servers = Servers::Redis(vec![
-        within(
-            Duration::from_secs(20),
-            "redis-server start-up",
-            RedisServer::start(),
-        )
-        .await,
-    ]);
+    let mut servers = Servers::Redis(vec![own_redis(&[]).await]);
     let g = Group::start(&servers, "redis-amnesia", ABC).await;
     for round in 0..3 {
         let (l, tok) = g.leader("a leader before the restart").await;
@@ -1057,12 +1080,7 @@ async fn redis_restarted_without_persistence() {
         let Servers::Redis(v) = &mut servers else {
             unreachable!()
         };
-        within(
-            Duration::from_secs(20),
-            "redis-server restart",
-            v[0].restart(),
-        )
-        .await;
+        restart_redis(&mut v[0]).await;
         g.rec.heal(f, true);
         sleep(TTL).await;
     }
@@ -1085,14 +1103,7 @@ async fn redis_restarted_without_persistence() {
 async fn redlock_fencing_tokens_grow_across_server_outages() {
     let mut v = Vec::new();
     for _ in 0..3 {
-        v.push(
-            within(
-                Duration::from_secs(20),
-                "redis-server start-up",
-                RedisServer::start_with(DURABLE),
-            )
-            .await,
-        );
+        v.push(own_redis(DURABLE).await);
     }
     let urls: Vec<String> = v.iter().map(|r| r.url.clone()).collect();
     let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -1120,10 +1131,10 @@ async fn redlock_fencing_tokens_grow_across_server_outages() {
     run_terms(&mut tokens, 1).await;
     v[2].stop();
     run_terms(&mut tokens, 2).await;
-    within(Duration::from_secs(20), "restart C", v[2].restart()).await;
+    restart_redis(&mut v[2]).await;
     v[0].stop();
     run_terms(&mut tokens, 2).await;
-    within(Duration::from_secs(20), "restart A", v[0].restart()).await;
+    restart_redis(&mut v[0]).await;
     v[1].stop();
     run_terms(&mut tokens, 1).await;
     eprintln!("fencing tokens of successive terms: {tokens:?}");
@@ -1131,6 +1142,61 @@ async fn redlock_fencing_tokens_grow_across_server_outages() {
         tokens.windows(2).all(|w| w[1] > w[0]),
         "fencing tokens did not grow: {tokens:?}"
     );
+}
+
+/// A Redlock term granted by a bare quorum (2 of 3: the third server was
+/// unreachable at that moment) is never extended to the third server once it
+/// is back — renewals only PEXPIRE keys that exist — so the term tolerates no
+/// server loss at all: losing one of its two servers ends it although two of
+/// three servers are up. Expected (README: "lose a minority: one leader
+/// stays"): the leader keeps its term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "product finding: a Redlock term taken on a bare quorum never extends to the third server; see the doc comment"]
+async fn redlock_term_on_a_bare_quorum_survives_losing_a_server() {
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        v.push(own_redis(DURABLE).await);
+    }
+    let mut servers = Servers::Redis(v);
+    let g = Group::start(&servers, "redlock-bare", ABC).await;
+    // Server 2 unreachable for every sidecar during the first election.
+    for slot in 0..3 {
+        g.proxies[slot][2].set(Mode::Reset);
+    }
+    let (l, tok) = g.leader("a Redlock leader on servers 0 and 1").await;
+    for slot in 0..3 {
+        g.proxies[slot][2].set(Mode::Pass);
+    }
+    sleep(TTL).await;
+    let port = g.sidecars[l].as_ref().unwrap().port;
+    let (_, body) = within(
+        Duration::from_secs(5),
+        "GET /leader",
+        http_get(port, "/leader"),
+    )
+    .await
+    .expect("the leader answers");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    eprintln!(
+        "leader {} (token {tok}) after server 2 came back: servers_answered {} of {}",
+        g.id(l),
+        body["servers_answered"],
+        body["servers_total"]
+    );
+    let f = g.rec.fault(Fault {
+        keeps_token: Some(tok),
+        ..Fault::new(
+            "1 of 3 servers SIGKILLed (term held on 0 and 1)",
+            Some(l),
+            Expect::NoFailover,
+            Duration::ZERO,
+        )
+    });
+    servers.kill(0);
+    sleep(TTL * 2).await;
+    g.rec.heal(f, false);
+    g.finish("redlock: term on a bare quorum loses a server")
+        .await;
 }
 
 /// A foreign value without expiry on the Redis key (`SET key v`): followers
@@ -1206,7 +1272,6 @@ impl Servers {
     /// SIGKILL server (member) `i`.
     fn kill(&mut self, i: usize) {
         match self {
-            Servers::Etcd(e) => e.stop(),
             Servers::Cluster(c) => c.kill(i),
             Servers::Redis(v) => v[i].stop(),
         }
@@ -1215,20 +1280,12 @@ impl Servers {
     /// Start server `i` again; for a cluster, call [`Servers::wait_healthy`] after.
     async fn revive(&mut self, i: usize) {
         match self {
-            Servers::Etcd(e) => within(Duration::from_secs(30), "etcd restart", e.restart()).await,
             Servers::Cluster(c) => c.restart(i),
-            Servers::Redis(v) => {
-                within(
-                    Duration::from_secs(20),
-                    "redis-server restart",
-                    v[i].restart(),
-                )
-                .await
-            }
+            Servers::Redis(v) => restart_redis(&mut v[i]).await,
         }
     }
 
-    async fn wait_healthy(&self) {
+    async fn wait_healthy(&mut self) {
         if let Servers::Cluster(c) = self {
             within(
                 Duration::from_secs(40),
@@ -1295,14 +1352,7 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
         (Kind::Redis, _) => {
             let mut v = Vec::new();
             for _ in 0..3 {
-                v.push(
-                    within(
-                        Duration::from_secs(20),
-                        "redis-server start-up",
-                        RedisServer::start_with(DURABLE),
-                    )
-                    .await,
-                );
+                v.push(own_redis(DURABLE).await);
             }
             Servers::Redis(v)
         }

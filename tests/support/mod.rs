@@ -591,8 +591,17 @@ pub fn redis_sidecar(urls: &[&str], election: &str, identity: &str, extra: &[&st
 /// member in its own temporary data directory. Members are stopped with
 /// SIGKILL (a graceful stop of a cluster member takes seconds) and restarted
 /// on the same ports and data, so they rejoin.
+///
+/// `free_port` hands out a port that was free a moment ago; tests running at
+/// the same time (in this process or another) can take it before etcd binds
+/// it, and a readiness probe would then be answered by *their* etcd. So the
+/// cluster checks that it talks to its own members (each member process
+/// alive, the member ids it recorded at start), starts again on fresh ports
+/// when a member lost that race at start, and fails loudly when a port was
+/// taken while a member was down.
 pub struct EtcdCluster {
     members: Vec<EtcdMember>,
+    ids: Vec<u64>,
 }
 
 struct EtcdMember {
@@ -632,12 +641,46 @@ impl EtcdMember {
             .expect("start an etcd cluster member");
         self.child = Some(child);
     }
+
+    /// Whether the member's process runs (it exits at once when its port is taken).
+    fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+async fn member_status(url: String) -> Option<(u64, u64)> {
+    let fut = async move {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_millis(500))
+            .with_timeout(Duration::from_millis(500));
+        let mut c = etcd_client::Client::connect([url], Some(opts)).await.ok()?;
+        let s = c.status().await.ok()?;
+        Some((s.header()?.member_id(), s.leader()))
+    };
+    timeout(Duration::from_secs(2), fut).await.ok().flatten()
 }
 
 impl EtcdCluster {
     /// Start `n` members and wait until every one reports a Raft leader.
     pub async fn start(n: usize) -> EtcdCluster {
         require("etcd", "etcd-server");
+        let mut last_error = String::new();
+        for _attempt in 0..3 {
+            match Self::try_start(n).await {
+                Ok(c) => return c,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("could not start a {n}-member etcd cluster in 3 attempts: {last_error}");
+    }
+
+    async fn try_start(n: usize) -> Result<EtcdCluster, String> {
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let initial_cluster = ports
             .iter()
@@ -661,11 +704,41 @@ impl EtcdCluster {
         for m in &mut members {
             m.spawn();
         }
-        let c = EtcdCluster { members };
+        let mut c = EtcdCluster {
+            members,
+            ids: Vec::new(),
+        };
+        let end = Instant::now() + Duration::from_secs(20);
         for i in 0..n {
-            c.wait_member(i, Duration::from_secs(20)).await;
+            loop {
+                if !c.members[i].alive() {
+                    return Err(format!(
+                        "member m{i} exited at start (port taken?): {}",
+                        c.members[i].log().lines().last().unwrap_or("")
+                    ));
+                }
+                if let Some((id, leader)) = c.status(i).await
+                    && leader != 0
+                {
+                    c.ids.push(id);
+                    break;
+                }
+                if Instant::now() > end {
+                    return Err(format!("member m{i} reported no Raft leader within 20 s"));
+                }
+                sleep(Duration::from_millis(20)).await;
+            }
         }
-        c
+        let mut distinct = c.ids.clone();
+        distinct.sort();
+        distinct.dedup();
+        if distinct.len() != n || !(0..n).all(|i| c.members[i].alive()) {
+            return Err(format!(
+                "member ids {:?}: a port is served by another etcd",
+                c.ids
+            ));
+        }
+        Ok(c)
     }
 
     /// Client URLs, one per member.
@@ -685,39 +758,22 @@ impl EtcdCluster {
 
     /// Member `i`'s own id and the Raft leader's id it reports (0: none), via `status()`.
     pub async fn status(&self, i: usize) -> Option<(u64, u64)> {
-        let url = self.members[i].url.clone();
-        let fut = async move {
-            let opts = etcd_client::ConnectOptions::new()
-                .with_connect_timeout(Duration::from_millis(500))
-                .with_timeout(Duration::from_millis(500));
-            let mut c = etcd_client::Client::connect([url], Some(opts)).await.ok()?;
-            let s = c.status().await.ok()?;
-            Some((s.header()?.member_id(), s.leader()))
-        };
-        timeout(Duration::from_secs(2), fut).await.ok().flatten()
+        member_status(self.members[i].url.clone()).await
     }
 
     /// The index of the member that is the Raft leader, as the running members report it.
     pub async fn raft_leader(&self) -> Option<usize> {
-        let mut ids = Vec::new();
+        let mut leader = 0;
         for i in 0..self.members.len() {
-            ids.push(if self.is_up(i) {
-                self.status(i).await
-            } else {
-                None
-            });
+            if self.is_up(i)
+                && let Some((_, l)) = self.status(i).await
+                && l != 0
+            {
+                leader = l;
+                break;
+            }
         }
-        let leader = ids.iter().flatten().map(|(_, l)| *l).find(|l| *l != 0)?;
-        ids.iter()
-            .position(|s| s.is_some_and(|(id, _)| id == leader))
-    }
-
-    async fn wait_member(&self, i: usize, limit: Duration) {
-        let what = format!("etcd member m{i} to report a Raft leader");
-        wait_for(limit, &what, || async move {
-            self.status(i).await.is_some_and(|(_, leader)| leader != 0)
-        })
-        .await;
+        self.ids.iter().position(|id| *id == leader)
     }
 
     /// SIGKILL member `i`, keeping its data.
@@ -735,18 +791,43 @@ impl EtcdCluster {
         self.members[i].spawn();
     }
 
-    /// Wait until every running member reports a Raft leader.
-    pub async fn wait_healthy(&self, limit: Duration) {
+    /// Wait until every running member is our own process and reports a Raft
+    /// leader; panics naming the member otherwise.
+    pub async fn wait_healthy(&mut self, limit: Duration) {
+        let end = Instant::now() + limit;
         for i in 0..self.members.len() {
-            if self.is_up(i) {
-                self.wait_member(i, limit).await;
+            if !self.is_up(i) {
+                continue;
+            }
+            loop {
+                assert!(
+                    self.members[i].alive(),
+                    "etcd member m{i} exited after a restart (was its port {} or {} taken by another process while it was down?): {}",
+                    self.members[i].client_port,
+                    self.members[i].peer_port,
+                    self.members[i].log().lines().last().unwrap_or("")
+                );
+                if let Some((id, leader)) = self.status(i).await
+                    && leader != 0
+                {
+                    assert_eq!(
+                        id, self.ids[i],
+                        "etcd member m{i}'s port is answered by another etcd"
+                    );
+                    break;
+                }
+                assert!(
+                    Instant::now() < end,
+                    "timed out after {limit:?} waiting for etcd member m{i} to report a Raft leader"
+                );
+                sleep(Duration::from_millis(20)).await;
             }
         }
     }
 
     /// Member `i`'s log.
     pub fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(self.members[i].dir.path().join("etcd.log")).unwrap_or_default()
+        self.members[i].log()
     }
 }
 
@@ -756,4 +837,43 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
+}
+
+/// The parent pid of process `pid` (from /proc), to check that a server
+/// answering on a port is one this test process started.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid …; comm may hold spaces, so split after ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Check that the redis-server answering at `server.url` was started by this
+/// process (a port taken by another test's server would otherwise go
+/// unnoticed); `false` when it is someone else's.
+pub async fn redis_is_ours(server: &RedisServer) -> bool {
+    let fut = async {
+        let mut c = server.conn().await;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        let pid: u32 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(parent_of(pid) == Some(std::process::id()))
+    };
+    timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
