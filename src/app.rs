@@ -15,6 +15,10 @@ use crate::backend::etcd::EtcdBackend;
 use crate::backend::redis::RedisBackend;
 use crate::config::{BackendConfig, Config};
 use crate::control::{ControlState, control_router};
+use crate::coord::etcd::EtcdCoord;
+use crate::coord::http::CoordState;
+use crate::coord::redis::RedisCoord;
+use crate::coord::{CoordMetrics, Coordinator, Service};
 use crate::elector::Elector;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
@@ -47,18 +51,35 @@ pub enum RunError {
     Signals(#[source] std::io::Error),
 }
 
+/// The election backend and the coordination API over the same connection.
+pub type Backends = (Arc<dyn LeaseBackend>, Box<dyn Coordinator>);
+
 /// Build the backend chosen at start-up. Never switched while running.
 ///
 /// # Errors
 /// [`RunError::Backend`] when the backend settings cannot be used.
-pub fn connect(cfg: &BackendConfig) -> Result<Arc<dyn LeaseBackend>, RunError> {
+/// Also returns the coordination API over the same connection.
+pub fn connect(cfg: &BackendConfig) -> Result<Backends, RunError> {
     Ok(match cfg {
-        BackendConfig::Etcd { key, options } => EtcdBackend::new(key.clone(), options.clone()),
+        BackendConfig::Etcd {
+            key,
+            prefix,
+            options,
+        } => {
+            let backend = EtcdBackend::new(key.clone(), options.clone());
+            let coord = Box::new(EtcdCoord::new(backend.clone(), prefix));
+            (backend, coord)
+        }
         BackendConfig::Redis {
             prefix,
             election,
             options,
-        } => RedisBackend::new(prefix, election, options.clone()).map_err(RunError::Backend)?,
+        } => {
+            let backend =
+                RedisBackend::new(prefix, election, options.clone()).map_err(RunError::Backend)?;
+            let coord = Box::new(RedisCoord::new(backend.clone()));
+            (backend, coord)
+        }
     })
 }
 
@@ -70,8 +91,9 @@ pub fn connect(cfg: &BackendConfig) -> Result<Arc<dyn LeaseBackend>, RunError> {
 /// Returns the exit code to use when run mode ended because of the child
 /// (`--on-child-exit exit`), else `None` (exit 0).
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>, RunError> {
-    let backend = connect(&cfg.backend)?;
-    let metrics = Metrics::new(Registry::new(), &cfg.elector.election, backend.name())
+    let (backend, coordinator) = connect(&cfg.backend)?;
+    let registry = Registry::new();
+    let metrics = Metrics::new(registry.clone(), &cfg.elector.election, backend.name())
         .map_err(RunError::Metrics)?;
     let listener = TcpListener::bind(cfg.http_addr)
         .await
@@ -165,10 +187,21 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
 
     let http_stop = CancellationToken::new();
     let control_task = control_listener.map(|listener| {
+        let coord = CoordState {
+            service: Arc::new(Service::new(
+                coordinator,
+                CoordMetrics::new(&registry)
+                    .map_err(|e| warn!(error = %e, "coordination metrics are off"))
+                    .ok(),
+                cfg.elector.identity.clone(),
+            )),
+            completed_retention: cfg.completed_retention,
+        };
         let app = control_router(ControlState {
             handle: handle.clone(),
             state: state.clone(),
             resign_cooldown: cfg.resign_cooldown,
+            coord: Some(coord),
         });
         let stop = http_stop.clone();
         tokio::spawn(

@@ -119,6 +119,10 @@ pub struct Cli {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LEADER_ELECTOR_POD_EVENTS", value_name = "BOOL")]
     pub pod_events: bool,
 
+    /// How long a completed job stays completed (job claims on the control API).
+    #[arg(long, default_value = "24h", env = "LEADER_ELECTOR_COMPLETED_RETENTION", value_parser = parse_duration, value_name = "DURATION")]
+    pub completed_retention: Duration,
+
     /// Run mode: time between SIGTERM and SIGKILL of the command, never past the validity deadline [default: min(5s, (TTL - renew interval) / 2)].
     #[arg(long, env = "LEADER_ELECTOR_KILL_GRACE", value_parser = parse_duration, value_name = "DURATION")]
     pub kill_grace: Option<Duration>,
@@ -275,6 +279,8 @@ pub struct Config {
     pub notify_url: Option<String>,
     /// Run mode.
     pub run: Option<RunOptions>,
+    /// How long completed jobs are remembered.
+    pub completed_retention: Duration,
     /// Pod labelling: `None` when off (empty key, or not in a Pod).
     pub labeler: Option<crate::kube_label::LabelerConfig>,
     /// Log format.
@@ -290,6 +296,8 @@ pub enum BackendConfig {
     Etcd {
         /// `<prefix><election>`.
         key: String,
+        /// The key prefix (coordination keys live under `<prefix>_coord/`).
+        prefix: String,
         /// Connection settings.
         options: EtcdOptions,
     },
@@ -723,6 +731,7 @@ impl Config {
                 };
                 BackendConfig::Etcd {
                     key: format!("{}{}", e.etcd_prefix, cli.election),
+                    prefix: e.etcd_prefix.clone(),
                     options: EtcdOptions {
                         endpoints: e.etcd_endpoints.clone(),
                         ca_pem,
@@ -746,6 +755,7 @@ impl Config {
                 .map(|u| (u, cli.health_interval)),
             notify_url: cli.notify_url.clone(),
             labeler: labeler_config(&cli)?,
+            completed_retention: cli.completed_retention,
             run,
             log_format: cli.log_format,
             log_level: cli.log_level,

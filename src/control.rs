@@ -30,6 +30,8 @@ pub struct ControlState {
     pub state: watch::Receiver<LeaderState>,
     /// Default cooldown of `POST /resign` (`--resign-cooldown`).
     pub resign_cooldown: Duration,
+    /// The coordination API (locks, semaphores, job claims), when served.
+    pub coord: Option<crate::coord::http::CoordState>,
 }
 
 /// Longest accepted `cooldown` of `POST /resign`.
@@ -39,12 +41,17 @@ pub const MAX_COOLDOWN: Duration = Duration::from_secs(24 * 3600);
 /// `into_make_service_with_connect_info::<SocketAddr>()` so the loopback
 /// check can see the peer.
 pub fn control_router(cs: ControlState) -> Router {
-    Router::new()
+    let coord = cs.coord.clone();
+    let mut router: Router = Router::new()
         .route("/resign", post(resign))
         .route("/release", post(release))
+        .with_state(cs);
+    if let Some(coord) = coord {
+        router = router.merge(crate::coord::http::routes(coord));
+    }
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(cs)
         .layer(middleware::from_fn(loopback_only))
 }
 
@@ -109,7 +116,7 @@ async fn release(State(cs): State<ControlState>) -> Response {
 async fn not_found() -> Response {
     error_response(
         StatusCode::NOT_FOUND,
-        "no such path; the control API has POST /resign and POST /release",
+        "no such path; the control API has POST /resign, POST /release, /locks/{name}, /semaphores/{name}, /jobs/{queue}/{job}/claim and /complete",
     )
 }
 
@@ -148,6 +155,7 @@ mod tests {
             handle: elector.handle(),
             state,
             resign_cooldown: Duration::from_secs(1),
+            coord: None,
         })
     }
 

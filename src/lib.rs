@@ -12,6 +12,7 @@ pub mod app;
 pub mod backend;
 pub mod config;
 pub mod control;
+pub mod coord;
 pub mod elector;
 pub mod hooks;
 pub mod http;

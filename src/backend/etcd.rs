@@ -82,6 +82,11 @@ pub struct EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// The election key, e.g. `/leader-elector/billing`.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
     /// A backend for the key `key` (`<prefix><election>`). Does not connect:
     /// the first call does, so an etcd that is down at start-up is not fatal.
     pub fn new(key: impl Into<Vec<u8>>, options: EtcdOptions) -> Arc<Self> {
@@ -95,7 +100,11 @@ impl EtcdBackend {
         })
     }
 
-    async fn client(&self) -> Result<Client> {
+    /// The shared etcd client (connecting on first use), for the coordination API.
+    ///
+    /// # Errors
+    /// A classified [`BackendError`] when etcd cannot be reached or rejects us.
+    pub async fn client(&self) -> Result<Client> {
         let mut guard = self.client.lock().await;
         if let Some(client) = guard.as_ref() {
             return Ok(client.clone());
@@ -131,7 +140,8 @@ impl EtcdBackend {
         }
     }
 
-    fn classify(&self, err: etcd_client::Error, authenticating: bool) -> BackendError {
+    /// Classify an etcd-client error (by gRPC code and error type).
+    pub fn classify(&self, err: etcd_client::Error, authenticating: bool) -> BackendError {
         use tonic::Code;
         // etcd_client::Error does not expose its cause through `source()`;
         // start the walk at the wrapped status or transport error.

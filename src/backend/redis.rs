@@ -147,6 +147,7 @@ enum Answer {
 
 /// The Redis [`LeaseBackend`] for one election, over one server or a Redlock group.
 pub struct RedisBackend {
+    prefix: String,
     key: String,
     counter_key: String,
     channel: String,
@@ -230,6 +231,7 @@ impl RedisBackend {
         let quorum = servers.len() / 2 + 1;
         let base = format!("{prefix}{{{election}}}");
         Ok(Arc::new(RedisBackend {
+            prefix: prefix.to_owned(),
             counter_key: format!("{base}:fencing"),
             channel: format!("{base}:released"),
             key: base,
@@ -326,6 +328,35 @@ impl RedisBackend {
             backend: BACKEND,
             source: Box::new(err),
         }
+    }
+
+    /// Number of servers (1 = single instance, more = Redlock).
+    pub fn servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The key prefix in force, e.g. `leader-elector:`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A connection to server `i`, with the per-server timeouts, for the
+    /// coordination API. Errors are classified.
+    ///
+    /// # Errors
+    /// A [`BackendError`] when the server cannot be reached.
+    pub async fn connection_to(&self, i: usize) -> Result<MultiplexedConnection> {
+        self.connection(&self.servers[i]).await
+    }
+
+    /// Classify a Redis error from server `i`.
+    pub fn classify_error(&self, i: usize, err: redis::RedisError) -> BackendError {
+        self.classify(&self.servers[i], err)
+    }
+
+    /// Forget server `i`'s connection after a transport error.
+    pub async fn forget(&self, i: usize, err: &BackendError) {
+        self.forget_on_transport_error(&self.servers[i], err).await;
     }
 
     async fn connection(&self, server: &Server) -> Result<MultiplexedConnection> {

@@ -1,0 +1,417 @@
+//! HTTP handlers of the coordination API, on the control listener:
+//!
+//! | request | success | otherwise |
+//! |---|---|---|
+//! | `POST /locks/{name}?ttl=30s&wait=5s&fair=false&owner=ID` | 200 grant | 409 `{holder}` |
+//! | `POST /locks/{name}/renew` + token | 200 `{ttl_ms}` | 410 no longer ours |
+//! | `DELETE /locks/{name}` + token | 200 | 409 not ours |
+//! | `POST /semaphores/{name}?permits=N&ttl=30s&wait=5s` | 200 grant | 409 `{live}` |
+//! | `POST /semaphores/{name}/renew`, `DELETE /semaphores/{name}` | as locks | |
+//! | `POST /jobs/{queue}/{job}/claim?ttl=5m` | 200 grant | 409 `{state}` |
+//! | `POST /jobs/{queue}/{job}/complete` + token | 200 | 409 / 410 |
+//!
+//! The token comes as `?token=` or a JSON body `{"token": "…"}` (at most
+//! 4 KiB). Every answer is JSON with `Cache-Control: no-store`; bad input is
+//! a 4xx whose `error` names the field and the fix.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::json;
+
+use super::{Claim, CoordError, Kind, Outcome, Service, Try, check_name};
+use crate::http::{error_response, json_response};
+
+/// Largest accepted request body, in bytes.
+pub const MAX_BODY: usize = 4096;
+/// TTL bounds of locks, permits and claims.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// Upper TTL bound.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Longest `wait`.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+/// Most permits of a semaphore.
+pub const MAX_PERMITS: u32 = 10_000;
+
+/// State of the coordination handlers.
+#[derive(Clone)]
+pub struct CoordState {
+    /// The service.
+    pub service: Arc<Service>,
+    /// How long completed jobs are remembered (`--completed-retention`).
+    pub completed_retention: Duration,
+}
+
+/// The coordination routes (merge into the control router).
+pub fn routes(state: CoordState) -> Router {
+    Router::new()
+        .route("/locks/{name}", post(lock_acquire).delete(lock_release))
+        .route("/locks/{name}/renew", post(lock_renew))
+        .route("/semaphores/{name}", post(sem_acquire).delete(sem_release))
+        .route("/semaphores/{name}/renew", post(sem_renew))
+        .route("/jobs/{queue}/{job}/claim", post(job_claim))
+        .route("/jobs/{queue}/{job}/complete", post(job_complete))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+type Params = HashMap<String, String>;
+
+fn bad(msg: impl Into<String>) -> Response {
+    error_response(StatusCode::BAD_REQUEST, msg)
+}
+
+/// A rejected request: status and message (small, unlike a `Response`).
+type Bad = (StatusCode, String);
+
+fn reject(msg: impl Into<String>) -> Bad {
+    (StatusCode::BAD_REQUEST, msg.into())
+}
+
+fn reply((status, msg): Bad) -> Response {
+    error_response(status, msg)
+}
+
+fn duration(
+    params: &Params,
+    field: &str,
+    default: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, Bad> {
+    let Some(text) = params.get(field) else {
+        return Ok(default);
+    };
+    let d = humantime::parse_duration(text).map_err(|e| {
+        reject(format!(
+            "query parameter {field} ({text}) is not a duration: {e}; use e.g. {field}=30s"
+        ))
+    })?;
+    if d < min || d > max {
+        return Err(reject(format!(
+            "query parameter {field} ({text}) must be between {} and {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(d)
+}
+
+fn owner(params: &Params, service: &Service) -> Result<String, Bad> {
+    match params.get("owner") {
+        None => Ok(service.default_owner.clone()),
+        Some(o) if !o.is_empty() && o.len() <= 253 && !o.contains('|') => Ok(o.clone()),
+        Some(_) => Err(reject(
+            "query parameter owner must be 1-253 characters without '|'",
+        )),
+    }
+}
+
+/// The token from `?token=` or a JSON body `{"token": "..."}`.
+fn token(
+    params: &Params,
+    body: &Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<String, Bad> {
+    if let Some(t) = params.get("token") {
+        return check_token(t);
+    }
+    let bytes = match body {
+        Ok(b) => b,
+        Err(rej) => {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is too large or unreadable ({rej}); send at most {MAX_BODY} bytes: {{\"token\": \"...\"}}"
+                ),
+            ));
+        }
+    };
+    if bytes.is_empty() {
+        return Err(reject(
+            "token is missing: pass ?token=TOKEN or a JSON body {\"token\": \"TOKEN\"} from the acquisition's answer",
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        reject(format!(
+            "the body is not JSON ({e}); send {{\"token\": \"TOKEN\"}}"
+        ))
+    })?;
+    match v.get("token").and_then(|t| t.as_str()) {
+        Some(t) => check_token(t),
+        None => Err(reject(
+            "the body has no string field token; send {\"token\": \"TOKEN\"}",
+        )),
+    }
+}
+
+fn check_token(t: &str) -> Result<String, Bad> {
+    if t.is_empty() || t.len() > 128 || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '.') {
+        return Err(reject(
+            "token is malformed: use the token string from the acquisition's answer",
+        ));
+    }
+    Ok(t.to_owned())
+}
+
+fn name_ok(what: &str, name: &str) -> Result<(), Bad> {
+    check_name(what, name).map_err(|m| (StatusCode::BAD_REQUEST, m))
+}
+
+fn backend_error(e: CoordError) -> Response {
+    match e {
+        CoordError::Unsupported(msg) => bad(msg),
+        CoordError::Backend(b) => error_response(StatusCode::SERVICE_UNAVAILABLE, b.report()),
+    }
+}
+
+fn acquired(t: Try, busy_field: &str) -> Response {
+    match t {
+        Try::Acquired(g) => json_response(StatusCode::OK, g),
+        Try::Held(h) => json_response(
+            StatusCode::CONFLICT,
+            json!({ "error": "still held after the wait; try again later or with a longer wait", busy_field: h }),
+        ),
+    }
+}
+
+fn renewed(o: Outcome) -> Response {
+    match o {
+        Outcome::Ok(ttl) => json_response(
+            StatusCode::OK,
+            json!({ "renewed": true, "ttl_ms": ttl.map(|t| t.as_millis() as u64) }),
+        ),
+        Outcome::Gone | Outcome::NotYours => error_response(
+            StatusCode::GONE,
+            "no longer yours: it expired or was taken by someone else since; acquire it again (a renewal never re-creates it)",
+        ),
+    }
+}
+
+fn released(o: Outcome) -> Response {
+    match o {
+        Outcome::Ok(_) => json_response(StatusCode::OK, json!({ "released": true })),
+        Outcome::Gone => error_response(
+            StatusCode::CONFLICT,
+            "not yours: it expired (nothing was deleted)",
+        ),
+        Outcome::NotYours => error_response(
+            StatusCode::CONFLICT,
+            "not yours: someone else holds it now (nothing was deleted)",
+        ),
+    }
+}
+
+async fn lock_acquire(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+) -> Response {
+    if let Err(r) = name_ok("lock name", &name) {
+        return reply(r);
+    }
+    let (ttl, wait, owner) = match (
+        duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL),
+        duration(&p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT),
+        owner(&p, &s.service),
+    ) {
+        (Ok(t), Ok(w), Ok(o)) => (t, w, o),
+        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return reply(r),
+    };
+    let fair = match p.get("fair").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => {
+            return bad(format!(
+                "query parameter fair ({other}) must be true or false"
+            ));
+        }
+    };
+    match s.service.lock(&name, &owner, ttl, wait, fair).await {
+        Ok(t) => acquired(t, "holder"),
+        Err(e) => backend_error(e),
+    }
+}
+
+async fn lock_renew(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    renew_any(s, Kind::Lock, "lock name", name, p, body).await
+}
+
+async fn sem_renew(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    renew_any(s, Kind::Semaphore, "semaphore name", name, p, body).await
+}
+
+async fn renew_any(
+    s: CoordState,
+    kind: Kind,
+    what: &str,
+    name: String,
+    p: Params,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    if let Err(r) = name_ok(what, &name) {
+        return reply(r);
+    }
+    let token = match token(&p, &body) {
+        Ok(t) => t,
+        Err(r) => return reply(r),
+    };
+    let ttl = match duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL) {
+        Ok(t) => t,
+        Err(r) => return reply(r),
+    };
+    match s.service.renew(kind, &name, &token, ttl).await {
+        Ok(o) => renewed(o),
+        Err(e) => backend_error(e),
+    }
+}
+
+async fn lock_release(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    release_any(s, Kind::Lock, "lock name", name, p, body).await
+}
+
+async fn sem_release(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    release_any(s, Kind::Semaphore, "semaphore name", name, p, body).await
+}
+
+async fn release_any(
+    s: CoordState,
+    kind: Kind,
+    what: &str,
+    name: String,
+    p: Params,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    if let Err(r) = name_ok(what, &name) {
+        return reply(r);
+    }
+    let token = match token(&p, &body) {
+        Ok(t) => t,
+        Err(r) => return reply(r),
+    };
+    match s.service.release(kind, &name, &token).await {
+        Ok(o) => released(o),
+        Err(e) => backend_error(e),
+    }
+}
+
+async fn sem_acquire(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+) -> Response {
+    if let Err(r) = name_ok("semaphore name", &name) {
+        return reply(r);
+    }
+    let permits: u32 = match p.get("permits").map(|v| v.parse::<u32>()) {
+        Some(Ok(n)) if (1..=MAX_PERMITS).contains(&n) => n,
+        Some(_) => {
+            return bad(format!(
+                "query parameter permits must be an integer from 1 to {MAX_PERMITS}"
+            ));
+        }
+        None => {
+            return bad(
+                "query parameter permits is required: the most holders at once, e.g. permits=3",
+            );
+        }
+    };
+    let (ttl, wait, owner) = match (
+        duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL),
+        duration(&p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT),
+        owner(&p, &s.service),
+    ) {
+        (Ok(t), Ok(w), Ok(o)) => (t, w, o),
+        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return reply(r),
+    };
+    match s.service.semaphore(&name, &owner, permits, ttl, wait).await {
+        Ok(t) => acquired(t, "live_permits"),
+        Err(e) => backend_error(e),
+    }
+}
+
+async fn job_claim(
+    State(s): State<CoordState>,
+    Path((queue, job)): Path<(String, String)>,
+    Query(p): Query<Params>,
+) -> Response {
+    if let Err(r) = name_ok("queue name", &queue).and_then(|_| name_ok("job id", &job)) {
+        return reply(r);
+    }
+    let (ttl, owner) = match (
+        duration(&p, "ttl", Duration::from_secs(300), MIN_TTL, MAX_TTL),
+        owner(&p, &s.service),
+    ) {
+        (Ok(t), Ok(o)) => (t, o),
+        (Err(r), _) | (_, Err(r)) => return reply(r),
+    };
+    match s.service.claim(&queue, &job, &owner, ttl).await {
+        Ok(Claim::Claimed(g)) => json_response(StatusCode::OK, g),
+        Ok(Claim::ClaimedByOther(h)) => json_response(
+            StatusCode::CONFLICT,
+            json!({ "error": "claimed by someone else", "state": "claimed", "holder": h }),
+        ),
+        Ok(Claim::Completed) => json_response(
+            StatusCode::CONFLICT,
+            json!({ "error": "already completed", "state": "completed" }),
+        ),
+        Err(e) => backend_error(e),
+    }
+}
+
+async fn job_complete(
+    State(s): State<CoordState>,
+    Path((queue, job)): Path<(String, String)>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    if let Err(r) = name_ok("queue name", &queue).and_then(|_| name_ok("job id", &job)) {
+        return reply(r);
+    }
+    let token = match token(&p, &body) {
+        Ok(t) => t,
+        Err(r) => return reply(r),
+    };
+    match s
+        .service
+        .complete(&queue, &job, &token, s.completed_retention)
+        .await
+    {
+        Ok(Outcome::Ok(_)) => json_response(StatusCode::OK, json!({ "completed": true })),
+        Ok(Outcome::Gone) => error_response(
+            StatusCode::GONE,
+            "the claim expired before completion; claim the job again",
+        ),
+        Ok(Outcome::NotYours) => error_response(
+            StatusCode::CONFLICT,
+            "not yours: someone else claimed or completed the job",
+        ),
+        Err(e) => backend_error(e),
+    }
+}

@@ -1,0 +1,586 @@
+//! The coordination API (locks, fair locks, semaphores, job claims) through
+//! a real sidecar's control listener, on real etcd and real Redis.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use serde_json::Value;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{Instant, sleep, timeout};
+
+/// One HTTP request to the control API; returns the status and JSON body.
+async fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let body = body.unwrap_or("");
+        s.write_all(
+            format!(
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(buf)
+    };
+    let buf = timeout(Duration::from_secs(30), fut)
+        .await
+        .expect("the control API did not answer within 30 s")
+        .expect("HTTP request");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| {
+            panic!("{method} {path}: no HTTP answer (did the sidecar die?): {text:?}")
+        });
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+enum Backend {
+    /// Kept alive for the test's duration.
+    #[allow(dead_code)]
+    Etcd(Etcd),
+    Redis(RedisServer),
+}
+
+/// A sidecar with its control API on a free port, for `backend`.
+async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut flags: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
+    flags.extend(["--control-addr".into(), addr]);
+    let (backend, s) = match kind {
+        "etcd" => {
+            let e = Etcd::start().await;
+            let mut args = vec!["--etcd-endpoints".to_owned(), e.url.clone()];
+            args.extend(flags);
+            let s = Sidecar::start_raw(&election(test), "me", &args);
+            (Backend::Etcd(e), s)
+        }
+        _ => {
+            let r = RedisServer::start().await;
+            let mut args = vec!["--redis-url".to_owned(), r.url.clone()];
+            args.extend(flags);
+            let s = Sidecar::start_raw(&election(test), "me", &args);
+            (Backend::Redis(r), s)
+        }
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "the control API to answer",
+        || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    (backend, s, port)
+}
+
+/// 20 clients x 50 rounds of acquire / read / write+1 / release on a shared file.
+/// With `kill_every`, one in that many rounds the client "dies" holding the
+/// lock (it neither writes nor releases); its lock must expire.
+async fn lost_update(kind: &str, kill_every: Option<u32>) {
+    let (_b, _s, port) = sidecar(kind, &format!("lost-update-{kind}")).await;
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = Arc::new(dir.path().join("counter"));
+    std::fs::write(&*file, "0").unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let last_fence = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..20u32 {
+        let (file, done, last_fence) = (file.clone(), done.clone(), last_fence.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..50u32 {
+                let (st, g) = call(port, "POST", "/locks/counter?ttl=2s&wait=60s", None).await;
+                assert_eq!(st, 200, "acquire: {g}");
+                let fence = g["fencing_token"].as_u64().unwrap();
+                let prev = last_fence.fetch_max(fence, Ordering::SeqCst);
+                assert!(
+                    fence > prev,
+                    "fencing token went backwards: {prev} then {fence}"
+                );
+                if kill_every.is_some_and(|k| (c * 50 + round) % k == k - 1) {
+                    continue; // died holding the lock
+                }
+                let n: u64 = std::fs::read_to_string(&*file)
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                std::fs::write(&*file, (n + 1).to_string()).unwrap();
+                done.fetch_add(1, Ordering::SeqCst);
+                let token = g["token"].as_str().unwrap();
+                let (st, b) = call(
+                    port,
+                    "DELETE",
+                    "/locks/counter",
+                    Some(&format!("{{\"token\":\"{token}\"}}")),
+                )
+                .await;
+                assert_eq!(st, 200, "release: {b}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let n: usize = std::fs::read_to_string(&*file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(n, done.load(Ordering::SeqCst), "lost updates");
+    if kill_every.is_none() {
+        assert_eq!(n, 1000);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lost_updates_on_etcd() {
+    lost_update("etcd", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lost_updates_on_redis() {
+    lost_update("redis", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lost_updates_when_clients_die_holding_the_lock() {
+    // 5 deaths on each backend, each costing one lock TTL.
+    lost_update("etcd", Some(200)).await;
+    lost_update("redis", Some(200)).await;
+}
+
+async fn paused_client(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("paused-{kind}")).await;
+    let (st, a) = call(port, "POST", "/locks/res?ttl=2s", None).await;
+    assert_eq!(st, 200, "{a}");
+    // While A holds it, B is refused with the holder's name.
+    let (st, held) = call(port, "POST", "/locks/res?ttl=2s&owner=b", None).await;
+    assert_eq!(st, 409);
+    assert_eq!(held["holder"], "me");
+    // A "pauses" past its TTL; B takes the lock.
+    sleep(Duration::from_millis(3200)).await;
+    let (st, b) = call(port, "POST", "/locks/res?ttl=10s&owner=b&wait=2s", None).await;
+    assert_eq!(st, 200, "{b}");
+    assert!(
+        b["fencing_token"].as_u64() > a["fencing_token"].as_u64(),
+        "{a} then {b}"
+    );
+    let ta = a["token"].as_str().unwrap();
+    // A wakes up: it cannot renew (410, never re-created) nor release B's lock (409).
+    let (st, r) = call(port, "POST", &format!("/locks/res/renew?token={ta}"), None).await;
+    assert_eq!(st, 410, "{r}");
+    let (st, r) = call(port, "DELETE", &format!("/locks/res?token={ta}"), None).await;
+    assert_eq!(st, 409, "{r}");
+    // B still holds it and can renew and release.
+    let tb = b["token"].as_str().unwrap();
+    assert_eq!(
+        call(
+            port,
+            "POST",
+            &format!("/locks/res/renew?token={tb}&ttl=10s"),
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        call(port, "DELETE", &format!("/locks/res?token={tb}"), None)
+            .await
+            .0,
+        200
+    );
+    // A renew of an expired, released lock never re-creates it.
+    assert_eq!(
+        call(port, "POST", &format!("/locks/res/renew?token={tb}"), None)
+            .await
+            .0,
+        410
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_client_cannot_renew_or_release_on_etcd() {
+    paused_client("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_client_cannot_renew_or_release_on_redis() {
+    paused_client("redis").await;
+}
+
+/// Live permits in Redis's sorted set right now (the script keeps it exact).
+async fn live_permits(b: &Backend, name: &str) -> Option<usize> {
+    match b {
+        // etcd holds a waiting candidate's key briefly before it knows it lost,
+        // so a raw key count is not the number of holders: see the clients' own count.
+        Backend::Etcd(_) => None,
+        Backend::Redis(r) => {
+            let mut c = r.conn().await;
+            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+            let now = secs * 1000 + micros / 1000;
+            Some(
+                redis::cmd("ZCOUNT")
+                    .arg(format!("leader-elector:{{sem:{name}}}"))
+                    .arg(format!("({now}"))
+                    .arg("+inf")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap(),
+            )
+        }
+    }
+}
+
+/// Holders as the clients see them: from the grant's answer until the
+/// release is sent, or until request-sent + TTL for an abandoned permit.
+/// Each interval lies inside the true holding time, so a count above N is a
+/// real violation.
+#[derive(Default)]
+struct Holders(std::sync::Mutex<Vec<(u64, Instant, Instant)>>);
+
+impl Holders {
+    fn live(&self, now: Instant) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, from, to)| *from <= now && now < *to)
+            .count()
+    }
+}
+
+async fn semaphore(kind: &str) {
+    let (b, _s, port) = sidecar(kind, &format!("sem-{kind}")).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acquired = Arc::new(AtomicUsize::new(0));
+    let holders = Arc::new(Holders::default());
+    let far = Instant::now() + Duration::from_secs(3600);
+    let mut tasks = Vec::new();
+    for c in 0..10 {
+        let (stop, acquired, holders) = (stop.clone(), acquired.clone(), holders.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let sent = Instant::now();
+                let (st, g) = call(
+                    port,
+                    "POST",
+                    "/semaphores/pool?permits=3&ttl=2s&wait=1s",
+                    None,
+                )
+                .await;
+                if st != 200 {
+                    assert_eq!(st, 409, "{g}");
+                    continue;
+                }
+                let got = Instant::now();
+                let id = acquired.fetch_add(1, Ordering::SeqCst) as u64;
+                holders.0.lock().unwrap().push((id, got, far));
+                let live = holders.live(got);
+                assert!(live <= 3, "{live} holders of 3 permits");
+                let hold = rand::rng().random_range(5..40);
+                sleep(Duration::from_millis(hold)).await;
+                // Client 0 abandons every 10th permit: it must expire, not leak.
+                let abandon = c == 0 && i % 10 == 0;
+                {
+                    let mut h = holders.0.lock().unwrap();
+                    let entry = h.iter_mut().find(|e| e.0 == id).unwrap();
+                    entry.2 = if abandon {
+                        sent + Duration::from_secs(2)
+                    } else {
+                        Instant::now()
+                    };
+                }
+                if abandon {
+                    continue;
+                }
+                let t = g["token"].as_str().unwrap();
+                let (st, r) =
+                    call(port, "DELETE", &format!("/semaphores/pool?token={t}"), None).await;
+                assert_eq!(st, 200, "{r}");
+            }
+        }));
+    }
+    let end = Instant::now() + Duration::from_secs(8);
+    let mut max = 0;
+    let mut samples = 0;
+    while Instant::now() < end {
+        if let Some(live) = live_permits(&b, "pool").await {
+            max = max.max(live);
+            assert!(live <= 3, "{live} live permits of 3 in Redis");
+        } else {
+            max = max.max(holders.live(Instant::now()));
+            sleep(Duration::from_millis(2)).await;
+        }
+        samples += 1;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    eprintln!(
+        "{kind}: {samples} samples, max {max} live permits, {} acquisitions",
+        acquired.load(Ordering::SeqCst)
+    );
+    assert!(acquired.load(Ordering::SeqCst) > 50);
+    assert!(
+        max >= 2,
+        "the semaphore never held more than one permit at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_never_has_more_than_n_live_permits_on_etcd() {
+    semaphore("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_never_has_more_than_n_live_permits_on_redis() {
+    semaphore("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_locks_serve_waiters_in_arrival_order() {
+    let (_b, _s, port) = sidecar("etcd", "fair").await;
+    let (st, first) = call(port, "POST", "/locks/queue?fair=true&ttl=5s", None).await;
+    assert_eq!(st, 200, "{first}");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for w in 0..6 {
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let (st, g) = call(
+                port,
+                "POST",
+                &format!("/locks/queue?fair=true&ttl=5s&wait=20s&owner=w{w}"),
+                None,
+            )
+            .await;
+            assert_eq!(st, 200, "{g}");
+            order.lock().unwrap().push(w);
+            sleep(Duration::from_millis(30)).await;
+            let t = g["token"].as_str().unwrap().to_owned();
+            assert_eq!(
+                call(port, "DELETE", &format!("/locks/queue?token={t}"), None)
+                    .await
+                    .0,
+                200
+            );
+        }));
+        // Arrive in order.
+        sleep(Duration::from_millis(100)).await;
+    }
+    let t = first["token"].as_str().unwrap();
+    assert_eq!(
+        call(port, "DELETE", &format!("/locks/queue?token={t}"), None)
+            .await
+            .0,
+        200
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_locks_on_redis_answer_400_saying_they_need_etcd() {
+    let (_b, _s, port) = sidecar("redis", "fair-redis").await;
+    let (st, e) = call(port, "POST", "/locks/q?fair=true", None).await;
+    assert_eq!(st, 400);
+    assert!(e["error"].as_str().unwrap().contains("etcd"), "{e}");
+}
+
+async fn jobs(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("jobs-{kind}")).await;
+    let completed: Arc<std::sync::Mutex<HashMap<u32, u32>>> = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let spawn_worker = |completed: Arc<std::sync::Mutex<HashMap<u32, u32>>>| {
+        tokio::spawn(async move {
+            loop {
+                let mut progressed = false;
+                // Start at a random job so workers spread out.
+                let start = rand::rng().random_range(0..1000u32);
+                for k in 0..1000u32 {
+                    let job = (start + k) % 1000;
+                    let (st, g) =
+                        call(port, "POST", &format!("/jobs/q/{job}/claim?ttl=1s"), None).await;
+                    if st != 200 {
+                        assert_eq!(st, 409, "{g}");
+                        continue;
+                    }
+                    progressed = true;
+                    let t = g["token"].as_str().unwrap().to_owned();
+                    let (st, r) = call(
+                        port,
+                        "POST",
+                        &format!("/jobs/q/{job}/complete"),
+                        Some(&format!("{{\"token\":\"{t}\"}}")),
+                    )
+                    .await;
+                    if st == 200 {
+                        *completed.lock().unwrap().entry(job).or_default() += 1;
+                    } else {
+                        assert!(st == 410 || st == 409, "{r}");
+                    }
+                }
+                if !progressed {
+                    return;
+                }
+            }
+        })
+    };
+    let mut workers: Vec<_> = (0..5).map(|_| spawn_worker(completed.clone())).collect();
+    // Kill and restart workers at random while they work.
+    for _ in 0..8 {
+        sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
+        let i = rand::rng().random_range(0..workers.len());
+        workers[i].abort();
+        workers[i] = spawn_worker(completed.clone());
+    }
+    // Claims held by killed workers expire after 1 s; the rest finish. A
+    // worker killed between the server's "completed" and its own note leaves
+    // a job the server knows as completed: ask the server for those.
+    for round in 0..2 {
+        while !workers.iter().all(|w| w.is_finished()) {
+            assert!(
+                Instant::now() < deadline,
+                "the workers did not finish: {} of 1000 noted",
+                completed.lock().unwrap().len()
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+        if round == 0 {
+            // Claims of killed workers expire (1 s): one more round picks them up.
+            sleep(Duration::from_millis(1200)).await;
+            workers = (0..5).map(|_| spawn_worker(completed.clone())).collect();
+        }
+    }
+    let noted = completed.lock().unwrap().clone();
+    assert!(
+        noted.values().all(|n| *n == 1),
+        "a job was completed twice: {:?}",
+        noted.iter().find(|(_, n)| **n > 1)
+    );
+    for job in 0..1000u32 {
+        if !noted.contains_key(&job) {
+            let (st, r) = call(port, "POST", &format!("/jobs/q/{job}/claim"), None).await;
+            assert_eq!(
+                (st, r["state"].as_str()),
+                (409, Some("completed")),
+                "job {job} was never completed"
+            );
+        }
+    }
+    eprintln!(
+        "{kind}: {} of 1000 completions noted by live workers, the rest completed by killed ones",
+        noted.len()
+    );
+    // A completed job cannot be claimed again.
+    let (st, r) = call(port, "POST", "/jobs/q/7/claim", None).await;
+    assert_eq!(st, 409);
+    assert_eq!(r["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_is_completed_exactly_once_with_workers_killed_on_etcd() {
+    jobs("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_is_completed_exactly_once_with_workers_killed_on_redis() {
+    jobs("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
+    let (_b, _s, port) = sidecar("etcd", "bad-input").await;
+    let long = "x".repeat(200);
+    let cases: Vec<(&str, String, Option<String>, u16, &str)> = vec![
+        ("POST", "/locks/bad%20name".into(), None, 400, "lock name"),
+        ("POST", format!("/locks/{long}"), None, 400, "lock name"),
+        ("POST", "/locks/a?ttl=forever".into(), None, 400, "ttl"),
+        ("POST", "/locks/a?ttl=100ms".into(), None, 400, "ttl"),
+        ("POST", "/locks/a?wait=1h".into(), None, 400, "wait"),
+        ("POST", "/locks/a?fair=maybe".into(), None, 400, "fair"),
+        ("POST", "/locks/a/renew".into(), None, 400, "token"),
+        (
+            "POST",
+            "/locks/a/renew".into(),
+            Some("not json".into()),
+            400,
+            "JSON",
+        ),
+        (
+            "POST",
+            "/locks/a/renew?token=../../x".into(),
+            None,
+            400,
+            "token",
+        ),
+        ("DELETE", "/locks/a".into(), Some("{}".into()), 400, "token"),
+        (
+            "POST",
+            "/locks/a/renew".into(),
+            Some(format!("{{\"token\":\"{}\"}}", "a".repeat(5000))),
+            413,
+            "body",
+        ),
+        ("POST", "/semaphores/s".into(), None, 400, "permits"),
+        (
+            "POST",
+            "/semaphores/s?permits=0".into(),
+            None,
+            400,
+            "permits",
+        ),
+        (
+            "POST",
+            "/semaphores/s?permits=-3".into(),
+            None,
+            400,
+            "permits",
+        ),
+        ("POST", "/jobs/q/j%2Fx/claim".into(), None, 400, "job id"),
+        ("POST", "/jobs/q/1/complete".into(), None, 400, "token"),
+        ("GET", "/locks/a".into(), None, 405, "method"),
+        ("POST", "/nowhere".into(), None, 404, "no such path"),
+    ];
+    for (method, path, body, status, word) in cases {
+        let (st, b) = call(port, method, &path, body.as_deref()).await;
+        assert_eq!(st, status, "{method} {path}: {b}");
+        let e = b["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{method} {path}: no JSON error: {b}"));
+        assert!(e.contains(word), "{method} {path}: {e}");
+    }
+    // A token that is well-formed but unknown: 410 on renew, 409 on release.
+    assert_eq!(
+        call(port, "POST", "/locks/a/renew?token=1.abc", None)
+            .await
+            .0,
+        410
+    );
+    assert_eq!(
+        call(port, "DELETE", "/locks/a?token=1.abc", None).await.0,
+        409
+    );
+}
