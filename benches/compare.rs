@@ -223,6 +223,26 @@ impl Server {
         self.child.id()
     }
 
+    /// etcd's WAL fsyncs so far: (seconds spent, count); (0, 0) for Redis.
+    async fn fsyncs(&self) -> (f64, f64) {
+        if self.kind != Kind::Etcd {
+            return (0.0, 0.0);
+        }
+        let (_, text) = http_get(self.port, "/metrics")
+            .await
+            .expect("etcd /metrics");
+        let get = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        (
+            get("etcd_disk_wal_fsync_duration_seconds_sum "),
+            get("etcd_disk_wal_fsync_duration_seconds_count "),
+        )
+    }
+
     /// Requests served so far, by method: etcd's `grpc_server_msg_received_total`,
     /// Redis's `INFO commandstats` calls (less our own INFO).
     async fn counts(&self) -> BTreeMap<String, f64> {
@@ -259,7 +279,7 @@ impl Server {
                             .find_map(|kv| kv.strip_prefix("calls="))
                             .and_then(|v| v.parse().ok())
                             .unwrap_or(0.0);
-                        if name != "info" {
+                        if name != "info" && name != "monitor" {
                             out.insert(name.to_owned(), calls);
                         }
                     }
@@ -343,6 +363,34 @@ async fn get(port: u16, path: &str, limit: Duration) -> std::io::Result<(u16, St
     timeout(limit, fut)
         .await
         .map_err(|_| std::io::Error::other("HTTP request timed out"))?
+}
+
+/// The commands clients send to Redis during `window`, by name, read with
+/// MONITOR (whose lines mark commands run inside scripts as `[db lua]`; those
+/// are left out: a script call counts once). Returns the counts and seconds.
+async fn redis_monitor(port: u16, window: Duration) -> (BTreeMap<String, f64>, f64) {
+    let mut top = BTreeMap::new();
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return (top, window.as_secs_f64());
+    };
+    let _ = s.write_all(b"MONITOR\r\n").await;
+    let t0 = Instant::now();
+    let end = t0 + window;
+    let mut lines = BufReader::new(s).lines();
+    // +1764400000.123456 [0 127.0.0.1:40000] "EVALSHA" "…" …   or   [0 lua] "get" …
+    while let Ok(Ok(Some(line))) = timeout_at(end, lines.next_line()).await {
+        let Some((src, cmd)) = line
+            .split_once(" [")
+            .and_then(|(_, rest)| rest.split_once("] "))
+        else {
+            continue;
+        };
+        let name = cmd.split('"').nth(1).unwrap_or("").to_lowercase();
+        if !src.ends_with(" lua") && name != "info" {
+            *top.entry(name).or_insert(0.0) += 1.0;
+        }
+    }
+    (top, t0.elapsed().as_secs_f64())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -569,6 +617,9 @@ struct Group {
     ready: HashSet<u64>,
     logs: TempDir,
     etcd: Option<etcd_client::Client>,
+    /// When set, each trial adds the backend requests from just before the
+    /// signal to 100 ms after the new leader knows (summed over trials).
+    probe: Option<(BTreeMap<String, f64>, usize)>,
 }
 
 /// What a group did at rest over a window.
@@ -578,9 +629,13 @@ struct Rest {
     rss_follower: f64,
     cpu_leader: f64,
     cpu_follower: f64,
-    /// Backend requests per second for the whole group, by method.
+    /// Requests per second the group's clients sent, by method (etcd: gRPC
+    /// messages; Redis: top-level commands seen by MONITOR, a script = 1).
     methods: BTreeMap<String, f64>,
     total: f64,
+    /// Redis only: every command executed per second, including the ones
+    /// scripts run inside the server (`INFO commandstats`).
+    executed: f64,
     server_cpu: f64,
 }
 
@@ -610,6 +665,7 @@ impl Group {
             ready: HashSet::new(),
             logs: TempDir::new().unwrap(),
             etcd,
+            probe: None,
         }
     }
 
@@ -800,6 +856,10 @@ impl Group {
         if self.leader != Some(old) {
             return Err(format!("{:?}: leader changed while idle", self.tool));
         }
+        let before = match self.probe {
+            Some(_) => Some(self.srv.counts().await),
+            None => None,
+        };
         let t0 = Instant::now();
         self.cands[self.index_of(old)].signal(sig);
         let end = t0 + limit;
@@ -820,6 +880,16 @@ impl Group {
                 break at - t0;
             }
         };
+        if let Some(before) = before {
+            sleep(Duration::from_millis(100)).await;
+            let after = self.srv.counts().await;
+            if let Some((sum, n)) = &mut self.probe {
+                for (k, v) in delta(&before, &after) {
+                    *sum.entry(k).or_insert(0.0) += v;
+                }
+                *n += 1;
+            }
+        }
         let i = self.index_of(old);
         let mut c = self.cands.remove(i);
         if sig == Signal::SIGTERM && !c.wait_exit(Duration::from_secs(10)).await {
@@ -866,18 +936,28 @@ impl Group {
         let (_, _, cl0) = proc_stat(lp);
         let (_, _, cf0) = proc_stat(fp);
         let (_, _, cs0) = proc_stat(sp);
+        let window = Duration::from_secs(secs);
+        let monitor = (self.srv.kind == Kind::Redis)
+            .then(|| tokio::spawn(redis_monitor(self.srv.port, window)));
         let m0 = self.srv.counts().await;
         let t0 = Instant::now();
-        sleep(Duration::from_secs(secs)).await;
+        sleep(window).await;
         let m1 = self.srv.counts().await;
         let el = t0.elapsed().as_secs_f64();
         let (rl, _, cl1) = proc_stat(lp);
         let (rf, _, cf1) = proc_stat(fp);
         let (_, _, cs1) = proc_stat(sp);
-        let methods: BTreeMap<String, f64> = delta(&m0, &m1)
+        let executed: BTreeMap<String, f64> = delta(&m0, &m1)
             .into_iter()
             .map(|(k, v)| (k, v / el))
             .collect();
+        let methods = match monitor {
+            Some(m) => {
+                let (top, secs) = m.await.expect("MONITOR task");
+                top.into_iter().map(|(k, v)| (k, v / secs)).collect()
+            }
+            None => executed.clone(),
+        };
         let per_min = 60.0 / el;
         Rest {
             rss_leader: rl,
@@ -886,6 +966,7 @@ impl Group {
             cpu_follower: (cf1 - cf0) * per_min,
             total: methods.values().sum(),
             methods,
+            executed: executed.values().sum(),
             server_cpu: (cs1 - cs0) * per_min,
         }
     }
@@ -1025,6 +1106,8 @@ async fn sec_handover(cfg: &Cfg) -> Section {
     let redis = Server::start(Kind::Redis).await;
     let mut res = BTreeMap::new();
     let mut errs = Vec::new();
+    let mut probes: BTreeMap<Tool, String> = BTreeMap::new();
+    let mut fsync: BTreeMap<Tool, (f64, f64)> = BTreeMap::new();
     for tool in TOOLS {
         let srv = if tool.kind() == Kind::Etcd {
             etcd.clone()
@@ -1036,10 +1119,25 @@ async fn sec_handover(cfg: &Cfg) -> Section {
             errs.push(e);
             continue;
         }
+        g.probe = Some((BTreeMap::new(), 0));
+        let f0 = g.srv.fsyncs().await;
         let (v, e) = g
             .trials(cfg.trials, Signal::SIGTERM, Duration::from_secs(30))
             .await;
+        let f1 = g.srv.fsyncs().await;
         errs.extend(e);
+        if let Some((sum, n)) = g.probe.take()
+            && n > 0
+        {
+            let per: Vec<String> = sum
+                .iter()
+                .map(|(k, v)| format!("{k} {:.1}", v / n as f64))
+                .collect();
+            probes.insert(tool, per.join(", "));
+        }
+        if g.srv.kind == Kind::Etcd && f1.1 > f0.1 {
+            fsync.insert(tool, ((f1.0 - f0.0) / (f1.1 - f0.1) * 1000.0, f1.1 - f0.1));
+        }
         res.insert(tool, v);
     }
     let mut md = String::new();
@@ -1050,6 +1148,21 @@ async fn sec_handover(cfg: &Cfg) -> Section {
          a fresh candidate replaces the old leader after each trial.\n\n",
     );
     election_table(&mut md, &res, &BTreeMap::new());
+    md.push_str(
+        "\nWhat a handover costs the backend: requests per handover, from just before the SIGTERM \
+         to 100 ms after the new leader knows (etcd: gRPC messages by method; Redis: commands \
+         executed, including those inside scripts), and etcd's WAL fsyncs over the whole section \
+         (Raft writes wait for them):\n\n| tool | per handover | etcd WAL fsyncs |\n|---|---|---|\n",
+    );
+    for tool in TOOLS {
+        if let Some(p) = probes.get(&tool) {
+            let fs = fsync
+                .get(&tool)
+                .map(|(ms, n)| format!("{n:.0}, mean {ms:.2} ms"))
+                .unwrap_or_else(|| "—".into());
+            let _ = writeln!(md, "| {} | {p} | {fs} |", tool.label());
+        }
+    }
     for e in &errs {
         let _ = writeln!(md, "\n- error: {e}");
     }
@@ -1182,7 +1295,9 @@ async fn sec_rest(cfg: &Cfg) -> Section {
          window after 10 s of settling. Then the followers get SIGTERM and the leader alone is \
          measured for {} s: requests of one follower = (group − leader alone) ÷ 2. etcd counts \
          `grpc_server_msg_received_total` (every message on every gRPC method, including stream \
-         messages such as LeaseKeepAlive and Watch); Redis counts `INFO commandstats` calls.\n",
+         messages such as LeaseKeepAlive and Watch); Redis counts the commands clients send, read \
+         with MONITOR (a script call is one command); the commands those scripts run inside Redis \
+         are shown apart (`INFO commandstats` counts both).\n",
         cfg.rest_secs, cfg.alone_secs
     );
     md.push_str("### Footprint at rest\n\n");
@@ -1219,8 +1334,8 @@ async fn sec_rest(cfg: &Cfg) -> Section {
     }
     md.push_str("\nCPU is user + system time from `/proc/<pid>/stat` (10 ms ticks): 0.0000 means no tick in the window.\n\n");
     md.push_str("### Backend load at rest\n\n");
-    md.push_str("| tool | requests/s, group of 3 | leader alone | one follower | ours ÷ this (group) | by method (group, /s) |\n");
-    md.push_str("|---|---|---|---|---|---|\n");
+    md.push_str("| tool | requests/s, group of 3 | leader alone | one follower | ours ÷ this (group) | by method (group, /s) | Redis: commands executed incl. inside scripts, group |\n");
+    md.push_str("|---|---|---|---|---|---|---|\n");
     for t in TOOLS {
         let (r, a) = &by[&t];
         let ours = o(t);
@@ -1237,7 +1352,7 @@ async fn sec_rest(cfg: &Cfg) -> Section {
             .join(", ");
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {rr} | {} |",
+            "| {} | {} | {} | {} | {rr} | {} | {} |",
             t.label(),
             fmt_rate(r.total),
             fmt_rate(a.total),
@@ -1246,6 +1361,11 @@ async fn sec_rest(cfg: &Cfg) -> Section {
                 "—".into()
             } else {
                 methods
+            },
+            if t.kind() == Kind::Redis {
+                fmt_rate(r.executed)
+            } else {
+                "—".into()
             }
         );
     }
@@ -1262,6 +1382,7 @@ async fn sec_rest(cfg: &Cfg) -> Section {
                         "cpu_leader": r.cpu_leader, "cpu_follower": r.cpu_follower,
                         "group_rps": r.total, "alone_rps": a.total,
                         "follower_rps": per_follower(*t), "methods": r.methods,
+                        "executed_rps": r.executed,
                     }),
                 )
             })
@@ -1428,8 +1549,8 @@ async fn sec_scale(cfg: &Cfg) -> Section {
         md,
         "N candidates in one election, TTL 5 s, each tool on its own fresh server. Per N, \
          leader-elector (etcd and Redis), `etcdctl elect` and redis-py run at the same time; the \
-         seed loop runs alone afterwards (it polls 100×/s per follower). Backend load over a {} s \
-         window at rest after 5 s of settling; crash failover over {} SIGKILL trial(s) at random \
+         seed loop runs alone afterwards (it polls 100×/s per follower). Backend load (as in \
+         section 4: etcd gRPC messages, Redis commands sent by clients) over a {} s window at rest after 5 s of settling; crash failover over {} SIGKILL trial(s) at random \
          points of the renew cycle (`etcdctl elect` not: 60 s lease).\n",
         cfg.scale_rest_secs, cfg.scale_trials
     );
