@@ -1055,13 +1055,12 @@ async fn redlock_loses_one_server_then_two() {
 /// limits"; the checker still holds the sidecars' own answers to the safety
 /// rule, so an overlap found here is reported with its numbers.
 ///
-/// It finds one (18 ms to hundreds of ms) and fencing token 1 handed out
-/// twice: a failing regression test until the product closes the gap (e.g.
-/// a leader stops claiming when its connection to a server breaks, and no
-/// candidate campaigns on a server whose `run_id` changed or whose uptime is
-/// under one TTL). Run it with `--ignored`.
+/// It found one (18 ms to hundreds of ms) and fencing token 1 handed out
+/// twice. Fixed in the product: the campaign script refuses a server whose
+/// uptime is under one TTL (a restart may have forgotten a live term), and a
+/// missing fencing counter starts at the server's clock in milliseconds.
+/// Kept as the regression test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product finding: a Redis restarted without persistence lets a second sidecar lead while the old one still claims; see the doc comment"]
 async fn redis_restarted_without_persistence() {
     let mut servers = Servers::Redis(vec![own_redis(&[]).await]);
     let g = Group::start(&servers, "redis-amnesia", ABC).await;
@@ -1099,7 +1098,6 @@ async fn redis_restarted_without_persistence() {
 /// C up, A down, 2 terms on {B,C} → -/5/3 (token 5); A up, B down, 1 term
 /// on {A,C} → 4/-/4: token 4 after 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product finding: Redlock fencing tokens go backwards after servers miss terms; see the doc comment"]
 async fn redlock_fencing_tokens_grow_across_server_outages() {
     let mut v = Vec::new();
     for _ in 0..3 {
@@ -1151,7 +1149,6 @@ async fn redlock_fencing_tokens_grow_across_server_outages() {
 /// three servers are up. Expected (README: "lose a minority: one leader
 /// stays"): the leader keeps its term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product finding: a Redlock term taken on a bare quorum never extends to the third server; see the doc comment"]
 async fn redlock_term_on_a_bare_quorum_survives_losing_a_server() {
     let mut v = Vec::new();
     for _ in 0..3 {
@@ -1205,7 +1202,6 @@ async fn redlock_term_on_a_bare_quorum_survives_losing_a_server() {
 /// about 70 campaign scripts a second for as long as the value stands.
 /// Expected: at most about one attempt per follower per retry period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product finding: followers busy-loop campaigns on a Redis key without TTL; see the doc comment"]
 async fn redis_foreign_value_without_ttl_does_not_make_followers_spin() {
     let servers = Servers::single(Kind::Redis).await;
     let g = Group::start(&servers, "redis-spin", ABC).await;

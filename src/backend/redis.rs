@@ -46,6 +46,18 @@ local current = redis.call('GET', KEYS[1])
 if current then
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
+-- A server up for less than one TTL may have restarted without persistence
+-- and forgotten a live term: keep out of it until a full TTL has passed.
+local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+if up and up * 1000 < tonumber(ARGV[3]) then
+  return {3, tonumber(ARGV[3]) - up * 1000}
+end
+-- A missing counter starts at the server's clock in ms, so fencing tokens
+-- keep growing even when a restart without persistence forgot the counter.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
 local fencing = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. fencing .. '|' .. ARGV[2], 'PX', ARGV[3])
 return {1, fencing}
@@ -53,9 +65,25 @@ return {1, fencing}
 
 const RENEW: &str = r"
 local current = redis.call('GET', KEYS[1])
-if not current then return 0 end
+if not current then
+  -- Redlock only: put the key back on a server that lost it while a quorum
+  -- still holds the term (never over someone else's key).
+  if ARGV[3] ~= '' then
+    redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[2])
+    return 2
+  end
+  return 0
+end
 if string.sub(current, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. '|' then return -1 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+/// Raise the fencing counter to at least ARGV[1] (Redlock, after a win), so
+/// the next quorum, which shares a server with this one, counts past it.
+const RAISE: &str = r"
+local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 ";
 
@@ -143,6 +171,9 @@ struct Server {
 enum Answer {
     Acquired(u64),
     Held(String, i64),
+    /// The server is younger than one TTL (maybe restarted without
+    /// persistence); try again after this many milliseconds.
+    Fresh(i64),
 }
 
 /// The Redis [`LeaseBackend`] for one election, over one server or a Redlock group.
@@ -157,6 +188,7 @@ pub struct RedisBackend {
     acquire: Script,
     renew: Script,
     release: Script,
+    raise: Script,
 }
 
 /// A parsed holder value `<token>|<fencing>|<identity>`.
@@ -170,9 +202,20 @@ fn parse_value(value: &str, pttl_ms: i64) -> Holder {
         fencing_token: fencing,
         term_id: token,
         revision: 0,
-        expires_in: Some(Duration::from_millis(pttl_ms.max(0) as u64)),
+        // PTTL -1: a key without expiry (written by someone else); -2: gone.
+        // Neither says when to look again: the Elector caps this by its
+        // retry period instead of retrying at once.
+        expires_in: Some(if pttl_ms < 0 {
+            NO_EXPIRY_HINT
+        } else {
+            Duration::from_millis(pttl_ms as u64)
+        }),
     }
 }
+
+/// Stand-in expiry for a key without a TTL; the Elector waits at most its
+/// retry period.
+const NO_EXPIRY_HINT: Duration = Duration::from_secs(3600);
 
 fn new_token() -> String {
     let bytes: [u8; 16] = rand::rng().random();
@@ -241,6 +284,7 @@ impl RedisBackend {
             acquire: Script::new(ACQUIRE),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
+            raise: Script::new(RAISE),
         }))
     }
 
@@ -475,6 +519,7 @@ impl RedisBackend {
                 String::from_utf8_lossy(value).into_owned(),
                 *pttl,
             )),
+            [Value::Int(3), Value::Int(wait)] => Ok(Answer::Fresh(*wait)),
             _ => Err(bad()),
         }
     }
@@ -556,10 +601,15 @@ impl LeaseBackend for RedisBackend {
         let mut acquired = Vec::new();
         let mut held: Vec<Holder> = Vec::new();
         let mut first_error = None;
+        let mut fresh: Option<Duration> = None;
         for (i, a) in answers.into_iter().enumerate() {
             match a {
                 Ok(Answer::Acquired(f)) => acquired.push((i, f)),
                 Ok(Answer::Held(v, pttl)) => held.push(parse_value(&v, pttl)),
+                Ok(Answer::Fresh(ms)) => {
+                    let d = Duration::from_millis(ms.max(1) as u64);
+                    fresh = Some(fresh.map_or(d, |f| f.min(d)));
+                }
                 Err(e) => {
                     if first_error.is_none() {
                         first_error = Some(e);
@@ -572,6 +622,50 @@ impl LeaseBackend for RedisBackend {
             .saturating_sub(start.elapsed());
         if acquired.len() >= self.quorum && !validity.is_zero() {
             let fencing = acquired.iter().map(|(_, f)| *f).max().unwrap_or(0);
+            // Redlock: raise every server's counter to this token before
+            // claiming, so the next quorum (sharing a server) counts past it.
+            let raised = if n > 1 {
+                let token_s = fencing.to_string();
+                join_all(self.servers.iter().map(|s| {
+                    let args = [token_s.as_str()];
+                    async move {
+                        let work = async {
+                            let mut conn = self.connection(s).await?;
+                            self.raise
+                                .key(&self.counter_key)
+                                .arg(args[0])
+                                .invoke_async::<Value>(&mut conn)
+                                .await
+                                .map_err(|e| self.classify(s, e))
+                        };
+                        matches!(timeout(self.timeout, work).await, Ok(Ok(_)))
+                    }
+                }))
+                .await
+                .into_iter()
+                .filter(|ok| *ok)
+                .count()
+            } else {
+                n
+            };
+            if raised < self.quorum {
+                join_all(
+                    acquired
+                        .iter()
+                        .map(|(i, _)| self.release_on(&self.servers[*i], &token)),
+                )
+                .await;
+                return Ok(Campaign::Waiting {
+                    previous: Holder {
+                        identity: String::new(),
+                        fencing_token: 0,
+                        term_id: String::new(),
+                        revision: 0,
+                        expires_in: None,
+                    },
+                    retry_after: Duration::from_millis(rand::rng().random_range(10..=200)),
+                });
+            }
             return Ok(Campaign::Elected(Term {
                 holder: Holder {
                     identity: identity.to_owned(),
@@ -608,8 +702,9 @@ impl LeaseBackend for RedisBackend {
             }
         }
         // A split: retry after a random delay (Redlock spec), or when the
-        // minority keys expire.
-        let random = Duration::from_millis(rand::rng().random_range(10..=200));
+        // minority keys expire; a server younger than one TTL sets the wait.
+        let random =
+            fresh.unwrap_or_else(|| Duration::from_millis(rand::rng().random_range(10..=200)));
         let retry_after = held
             .iter()
             .filter_map(|h| h.expires_in)
@@ -679,7 +774,20 @@ impl LeaseBackend for RedisBackend {
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let ttl_ms = term_full_ttl(term).as_millis().max(1).to_string();
-        let args = [term.holder.term_id.as_str(), ttl_ms.as_str()];
+        // Redlock: the value to put back where a server lost the key.
+        let recreate = if self.servers.len() > 1 {
+            format!(
+                "{}|{}|{}",
+                term.holder.term_id, term.holder.fencing_token, term.holder.identity
+            )
+        } else {
+            String::new()
+        };
+        let args = [
+            term.holder.term_id.as_str(),
+            ttl_ms.as_str(),
+            recreate.as_str(),
+        ];
         let answers = join_all(
             self.servers
                 .iter()
@@ -692,6 +800,8 @@ impl LeaseBackend for RedisBackend {
         for a in answers {
             match a {
                 Ok(Value::Int(1)) => ok += 1,
+                // Put back on a server that had lost it: counts next time.
+                Ok(Value::Int(2)) => {}
                 Ok(Value::Int(0)) => gone += 1,
                 Ok(Value::Int(-1)) => taken += 1,
                 Ok(other) => {

@@ -7,6 +7,9 @@
 //! - job claims: `SET NX PX` on the claim unless a `done` key exists;
 //!   complete = check-then-(`SET done PX retention`, `DEL claim`).
 //!
+//! A missing fencing counter starts at the server's clock in milliseconds,
+//! so tokens keep growing across a restart without persistence.
+//!
 //! Redlock groups (several `--redis-url`) serve leadership only; fair locks
 //! need etcd. Both answer [`CoordError::Unsupported`] (HTTP 400).
 
@@ -22,6 +25,10 @@ use crate::backend::redis::RedisBackend;
 const LOCK: &str = r"
 local current = redis.call('GET', KEYS[1])
 if current then return {0, current} end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
 local f = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
 return {1, f}
@@ -51,6 +58,10 @@ local live = redis.call('ZCARD', KEYS[1])
 if live >= tonumber(ARGV[2]) then return {0, live} end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
 local f = redis.call('INCR', KEYS[2])
 return {1, f}
 ";
@@ -76,6 +87,10 @@ const CLAIM: &str = r"
 if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 local current = redis.call('GET', KEYS[1])
 if current then return {0, current} end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[3], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
 local f = redis.call('INCR', KEYS[3])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
 return {1, f}
