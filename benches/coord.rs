@@ -1,0 +1,118 @@
+//! Benchmark of the coordination API: uncontended acquire+release latency
+//! (p50 / p99) and throughput on etcd and on Redis through the sidecar, and
+//! contended throughput with 20 clients; beside it, the same loop done by
+//! redis-py's `Lock` directly against the same Redis. Run with
+//! `scripts/bench-coord`; under `cargo test` it does nothing.
+//! `BENCH_ROUNDS` (default 1000) sets the uncontended rounds.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::time::Instant;
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 * p).ceil() as usize).saturating_sub(1).min(v.len() - 1)]
+}
+
+async fn start_sidecar(args: Vec<String>) -> (Sidecar, u16) {
+    let port = free_port();
+    let mut a = args;
+    a.extend(["--control-addr".into(), format!("127.0.0.1:{port}"), "--log-level".into(), "warn".into()]);
+    let s = Sidecar::start_raw(&election("coord-bench"), "bench", &a);
+    wait_for(Duration::from_secs(10), "the control API", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+    })
+    .await;
+    (s, port)
+}
+
+/// Uncontended: one client, `rounds` x (acquire, release). Returns (p50 ms, p99 ms, ops/s).
+async fn uncontended(port: u16, rounds: usize) -> (f64, f64, f64) {
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut lat = Vec::with_capacity(rounds);
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let g: serde_json::Value = client
+            .post(format!("{base}/locks/bench?ttl=10s"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let token = g["token"].as_str().expect("granted");
+        let r = client.delete(format!("{base}/locks/bench?token={token}")).send().await.unwrap();
+        assert!(r.status().is_success());
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let rate = rounds as f64 / t0.elapsed().as_secs_f64();
+    (pct(&mut lat, 0.5), pct(&mut lat, 0.99), rate)
+}
+
+/// Contended: 20 clients x `each` rounds on one lock. Returns acquisitions/s.
+async fn contended(port: u16, each: usize) -> f64 {
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let base = format!("http://127.0.0.1:{port}");
+            for _ in 0..each {
+                let g: serde_json::Value = client
+                    .post(format!("{base}/locks/hot?ttl=10s&wait=60s"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let token = g["token"].as_str().expect("granted").to_owned();
+                client.delete(format!("{base}/locks/hot?token={token}")).send().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (20 * each) as f64 / t0.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("coordination benchmark: skipped (run scripts/bench-coord)");
+        return;
+    }
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let etcd = Etcd::start().await;
+    let redis = RedisServer::start().await;
+    let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
+    let (_sr, pr) = start_sidecar(vec!["--redis-url".into(), redis.url.clone()]).await;
+    println!("## Coordination API: lock acquire + release through the sidecar (loopback, HTTP keep-alive)\n");
+    println!("| backend | uncontended p50 | p99 | uncontended rounds/s | contended (20 clients) acquisitions/s |");
+    println!("|---|---|---|---|---|");
+    for (name, port) in [("etcd", pe), ("redis", pr)] {
+        let (p50, p99, rate) = uncontended(port, rounds).await;
+        let hot = contended(port, 25).await;
+        println!("| {name} | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
+    }
+    // redis-py's Lock, the same loop directly against the same Redis.
+    let py = std::process::Command::new("python3")
+        .arg("bench/redispy_lock_loop.py")
+        .arg(&redis.url)
+        .arg(rounds.to_string())
+        .output();
+    match py {
+        Ok(o) if o.status.success() => {
+            println!("| redis-py `Lock` directly (no sidecar) | {} |", String::from_utf8_lossy(&o.stdout).trim());
+        }
+        Ok(o) => println!("\nredis-py comparison failed: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => println!("\nredis-py comparison not run: {e}"),
+    }
+}
