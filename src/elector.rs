@@ -523,9 +523,19 @@ impl Elector {
     /// passes, shutdown, or the watch fails.
     async fn follow(&mut self, holder: &Holder, shutdown: &CancellationToken) {
         let backend = self.backend.clone();
-        let recheck = holder
-            .expires_in
-            .map(|d| d.min(self.cfg.retry_period) + jitter(Duration::from_millis(20)));
+        // A backend without a watch (Redis) tells when the key expires: wake
+        // right then (crash failover ≈ TTL, about one command per follower
+        // per TTL); its release notice covers graceful handovers. An expiry
+        // hint longer than two TTLs (a key without TTL) is capped by the
+        // retry period.
+        let recheck = holder.expires_in.map(|d| {
+            let d = if d > self.cfg.lease_duration * 2 {
+                self.cfg.retry_period
+            } else {
+                d
+            };
+            d + jitter(Duration::from_millis(20))
+        });
         let watch = backend.watch(holder);
         tokio::pin!(watch);
         let mut gate = self.candidacy.clone();

@@ -224,38 +224,53 @@ impl LeaseBackend for EtcdBackend {
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
         let mut client = self.client().await?;
-        if let Some(prev) = previous {
-            let lease = lease_of(&prev.term_id);
-            if lease != 0 {
-                let left = client
-                    .lease_time_to_live(lease, None)
-                    .await
-                    .map_err(|e| self.classify(e, false))?
-                    .ttl();
-                if left > 0 {
-                    // The previous term is alive. If its key still stands we
-                    // simply follow it; if the key was deleted by hand we wait
-                    // for the lease to end.
-                    let resp = client
-                        .get(self.key.clone(), None)
-                        .await
-                        .map_err(|e| self.classify(e, false))?;
-                    let revision = resp.header().map_or(0, |h| h.revision());
-                    if let Some(kv) = resp.kvs().first() {
-                        return Ok(Campaign::Following(self.holder_from(kv, revision)));
-                    }
-                    return Ok(Campaign::Waiting {
-                        previous: prev.clone(),
-                        retry_after: Duration::from_secs(left as u64),
-                    });
-                }
-            }
-        }
+        // Check that the previous term is over and grant our lease in the same
+        // round trip (handover latency: two round trips, not three).
         let ttl_secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
-        let grant = client
-            .lease_grant(ttl_secs, None)
-            .await
-            .map_err(|e| self.classify(e, false))?;
+        let prev_lease = previous.map_or(0, |p| lease_of(&p.term_id));
+        let mut lease_client = client.lease_client();
+        let mut ttl_client = client.lease_client();
+        let (left, grant) = tokio::join!(
+            async {
+                if prev_lease == 0 {
+                    Ok(0)
+                } else {
+                    ttl_client
+                        .time_to_live(prev_lease, None)
+                        .await
+                        .map(|r| r.ttl())
+                }
+            },
+            lease_client.grant(ttl_secs, None)
+        );
+        let grant = grant.map_err(|e| self.classify(e, false))?;
+        let left = match left {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = client.lease_revoke(grant.id()).await;
+                return Err(self.classify(e, false));
+            }
+        };
+        if left > 0
+            && let Some(prev) = previous
+        {
+            // The previous term is alive. If its key still stands we simply
+            // follow it; if the key was deleted by hand we wait for the lease
+            // to end.
+            let _ = client.lease_revoke(grant.id()).await;
+            let resp = client
+                .get(self.key.clone(), None)
+                .await
+                .map_err(|e| self.classify(e, false))?;
+            let revision = resp.header().map_or(0, |h| h.revision());
+            if let Some(kv) = resp.kvs().first() {
+                return Ok(Campaign::Following(self.holder_from(kv, revision)));
+            }
+            return Ok(Campaign::Waiting {
+                previous: prev.clone(),
+                retry_after: Duration::from_secs(left as u64),
+            });
+        }
         let lease = grant.id();
         let granted = Duration::from_secs(grant.ttl().max(1) as u64);
         let txn = Txn::new()
