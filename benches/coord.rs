@@ -15,16 +15,25 @@ use tokio::time::Instant;
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() as f64 * p).ceil() as usize).saturating_sub(1).min(v.len() - 1)]
+    v[((v.len() as f64 * p).ceil() as usize)
+        .saturating_sub(1)
+        .min(v.len() - 1)]
 }
 
 async fn start_sidecar(args: Vec<String>) -> (Sidecar, u16) {
     let port = free_port();
     let mut a = args;
-    a.extend(["--control-addr".into(), format!("127.0.0.1:{port}"), "--log-level".into(), "warn".into()]);
+    a.extend([
+        "--control-addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--log-level".into(),
+        "warn".into(),
+    ]);
     let s = Sidecar::start_raw(&election("coord-bench"), "bench", &a);
     wait_for(Duration::from_secs(10), "the control API", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
     })
     .await;
     (s, port)
@@ -47,7 +56,11 @@ async fn uncontended(port: u16, rounds: usize) -> (f64, f64, f64) {
             .await
             .unwrap();
         let token = g["token"].as_str().expect("granted");
-        let r = client.delete(format!("{base}/locks/bench?token={token}")).send().await.unwrap();
+        let r = client
+            .delete(format!("{base}/locks/bench?token={token}"))
+            .send()
+            .await
+            .unwrap();
         assert!(r.status().is_success());
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
@@ -73,7 +86,11 @@ async fn contended(port: u16, each: usize) -> f64 {
                     .await
                     .unwrap();
                 let token = g["token"].as_str().expect("granted").to_owned();
-                client.delete(format!("{base}/locks/hot?token={token}")).send().await.unwrap();
+                client
+                    .delete(format!("{base}/locks/hot?token={token}"))
+                    .send()
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -89,13 +106,20 @@ async fn main() {
         eprintln!("coordination benchmark: skipped (run scripts/bench-coord)");
         return;
     }
-    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
     let etcd = Etcd::start().await;
     let redis = RedisServer::start().await;
     let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
     let (_sr, pr) = start_sidecar(vec!["--redis-url".into(), redis.url.clone()]).await;
-    println!("## Coordination API: lock acquire + release through the sidecar (loopback, HTTP keep-alive)\n");
-    println!("| backend | uncontended p50 | p99 | uncontended rounds/s | contended (20 clients) acquisitions/s |");
+    println!(
+        "## Coordination API: lock acquire + release through the sidecar (loopback, HTTP keep-alive)\n"
+    );
+    println!(
+        "| backend | uncontended p50 | p99 | uncontended rounds/s | contended (20 clients) acquisitions/s |"
+    );
     println!("|---|---|---|---|---|");
     for (name, port) in [("etcd", pe), ("redis", pr)] {
         let (p50, p99, rate) = uncontended(port, rounds).await;
@@ -110,9 +134,15 @@ async fn main() {
         .output();
     match py {
         Ok(o) if o.status.success() => {
-            println!("| redis-py `Lock` directly (no sidecar) | {} |", String::from_utf8_lossy(&o.stdout).trim());
+            println!(
+                "| redis-py `Lock` directly (no sidecar) | {} |",
+                String::from_utf8_lossy(&o.stdout).trim()
+            );
         }
-        Ok(o) => println!("\nredis-py comparison failed: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Ok(o) => println!(
+            "\nredis-py comparison failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
         Err(e) => println!("\nredis-py comparison not run: {e}"),
     }
 }
