@@ -135,17 +135,7 @@ mod tests {
     use tower::ServiceExt;
 
     fn router() -> Router {
-        let cfg = crate::elector::ElectorConfig {
-            election: "e".into(),
-            identity: "me".into(),
-            lease_duration: Duration::from_secs(3),
-            renew_interval: Duration::from_secs(1),
-            retry_period: Duration::from_secs(1),
-            drift_margin: None,
-            drain_timeout: None,
-            health_grace: Duration::from_secs(1),
-            release_wait: None,
-        };
+        let cfg = crate::elector::ElectorConfig::new("e", "me", Duration::from_secs(3));
         let (elector, state) = crate::elector::Elector::new(
             cfg,
             std::sync::Arc::new(crate::backend::memory::MemoryBackend::new()),

@@ -58,6 +58,27 @@ pub struct ElectorConfig {
 }
 
 impl ElectorConfig {
+    /// A configuration with the defaults of the CLI: renew every TTL/3,
+    /// retry period 2 s, automatic drift margin, no drain, health grace = TTL,
+    /// release at once.
+    pub fn new(
+        election: impl Into<String>,
+        identity: impl Into<String>,
+        lease_duration: Duration,
+    ) -> Self {
+        ElectorConfig {
+            election: election.into(),
+            identity: identity.into(),
+            lease_duration,
+            renew_interval: lease_duration / 3,
+            retry_period: Duration::from_secs(2),
+            drift_margin: None,
+            drain_timeout: None,
+            health_grace: lease_duration,
+            release_wait: None,
+        }
+    }
+
     /// Deadline of every backend call: two thirds of the renew interval, so a
     /// hung call cannot delay the next renewal past its slot.
     pub fn call_timeout(&self) -> Duration {

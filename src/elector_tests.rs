@@ -82,15 +82,10 @@ const TTL: Duration = Duration::from_secs(3);
 
 fn cfg(identity: &str) -> ElectorConfig {
     ElectorConfig {
-        election: "e".into(),
-        identity: identity.into(),
-        lease_duration: TTL,
         renew_interval: Duration::from_secs(1),
         retry_period: Duration::from_millis(500),
-        drift_margin: None,
-        drain_timeout: None,
         health_grace: Duration::from_secs(1),
-        release_wait: None,
+        ..ElectorConfig::new("e", identity, TTL)
     }
 }
 

@@ -271,15 +271,9 @@ async fn rbac_403_never_changes_who_leads_and_the_key_is_released_anyway() {
     let (client, seen) = mock(forbidden);
     let backend = MemoryBackend::new();
     let ecfg = ElectorConfig {
-        election: "e".into(),
-        identity: "pod-0".into(),
-        lease_duration: Duration::from_secs(3),
-        renew_interval: Duration::from_secs(1),
         retry_period: Duration::from_millis(200),
-        drift_margin: None,
-        drain_timeout: None,
         health_grace: Duration::from_secs(1),
-        release_wait: None,
+        ..ElectorConfig::new("e", "pod-0", Duration::from_secs(3))
     };
     let metrics = crate::metrics::Metrics::new(prometheus::Registry::new(), "e", "memory").unwrap();
     let (mut elector, rx) = Elector::new(ecfg, Arc::new(backend.clone()), None);
@@ -351,15 +345,9 @@ async fn the_label_goes_false_before_the_key_is_released() {
     });
     let (client, _seen) = mock(respond);
     let ecfg = ElectorConfig {
-        election: "e".into(),
-        identity: "pod-0".into(),
-        lease_duration: Duration::from_secs(3),
-        renew_interval: Duration::from_secs(1),
         retry_period: Duration::from_millis(200),
-        drift_margin: None,
-        drain_timeout: None,
         health_grace: Duration::from_secs(1),
-        release_wait: None,
+        ..ElectorConfig::new("e", "pod-0", Duration::from_secs(3))
     };
     let (mut elector, rx) = Elector::new(ecfg, Arc::new(backend.clone()), None);
     let acting = elector.add_participant();
