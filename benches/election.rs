@@ -86,7 +86,11 @@ async fn etcd_messages(url: &str) -> BTreeMap<String, f64> {
 /// Redis `INFO commandstats` call counts per command.
 async fn redis_commands(server: &RedisServer) -> BTreeMap<String, f64> {
     let mut c = server.conn().await;
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let mut out = BTreeMap::new();
     for line in info.lines() {
         if let Some(rest) = line.strip_prefix("cmdstat_") {
@@ -280,6 +284,9 @@ fn redis_version() -> String {
         .output()
         .ok()
         .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.split_whitespace().find_map(|w| w.strip_prefix("v=").map(str::to_owned)))
+        .and_then(|s| {
+            s.split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(str::to_owned))
+        })
         .unwrap_or_default()
 }
