@@ -47,8 +47,12 @@ fn main() -> ExitCode {
         LogFormat::Json => logs.json().flatten_event(true).init(),
         LogFormat::Text => logs.init(),
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the sidecar's work is small, and a second worker time-sliced
+    // on a throttled or pinned core only adds tail latency (measured: /leader
+    // p99 0.7-1.6 ms with one thread vs 2.6-2.9 ms with two on one core).
+    // Children of run mode are spawned from this thread, which lives as long
+    // as the process (their parent-death signal follows the spawning thread).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -13,8 +13,9 @@
 //! - The child runs in its own process group under a tiny exec shim
 //!   (`leader-elector __exec`) that sets the Linux parent-death signal to
 //!   SIGKILL, so it dies with the sidecar even on SIGKILL or OOM. The death
-//!   signal follows the thread that spawned it; tokio worker threads live as
-//!   long as the runtime, which is the process.
+//!   signal follows the thread that spawned it: the binary runs a
+//!   current-thread runtime on the main thread, which lives as long as the
+//!   process.
 //! - A paused sidecar (SIGSTOP) cannot stop its child; its lease then ends on
 //!   the backend. Freeze the whole container (cgroup freezer, which Kubernetes
 //!   uses) or rely on the fencing token in the child's environment.
