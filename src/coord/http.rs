@@ -160,6 +160,15 @@ fn check_token(t: &str) -> Result<String, Bad> {
     Ok(t.to_owned())
 }
 
+/// `ttl` (default 30 s), `wait` (default 0) and `owner` of an acquisition.
+fn acquire_params(p: &Params, service: &Service) -> Result<(Duration, Duration, String), Bad> {
+    Ok((
+        duration(p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?,
+        duration(p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT)?,
+        owner(p, service)?,
+    ))
+}
+
 fn name_ok(what: &str, name: &str) -> Result<(), Bad> {
     check_name(what, name).map_err(|m| (StatusCode::BAD_REQUEST, m))
 }
@@ -216,13 +225,9 @@ async fn lock_acquire(
     if let Err(r) = name_ok("lock name", &name) {
         return reply(r);
     }
-    let (ttl, wait, owner) = match (
-        duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL),
-        duration(&p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT),
-        owner(&p, &s.service),
-    ) {
-        (Ok(t), Ok(w), Ok(o)) => (t, w, o),
-        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return reply(r),
+    let (ttl, wait, owner) = match acquire_params(&p, &s.service) {
+        Ok(v) => v,
+        Err(r) => return reply(r),
     };
     let fair = match p.get("fair").map(String::as_str) {
         None | Some("false") | Some("0") => false,
@@ -342,13 +347,9 @@ async fn sem_acquire(
             );
         }
     };
-    let (ttl, wait, owner) = match (
-        duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL),
-        duration(&p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT),
-        owner(&p, &s.service),
-    ) {
-        (Ok(t), Ok(w), Ok(o)) => (t, w, o),
-        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return reply(r),
+    let (ttl, wait, owner) = match acquire_params(&p, &s.service) {
+        Ok(v) => v,
+        Err(r) => return reply(r),
     };
     match s.service.semaphore(&name, &owner, permits, ttl, wait).await {
         Ok(t) => acquired(t, "live_permits"),

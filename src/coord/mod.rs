@@ -426,14 +426,12 @@ impl Service {
     /// [`CoordError`] from the backend.
     pub async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
         let started = Instant::now();
-        let name = format!("{queue}/{job}");
         let r = self.coord.claim(queue, job, owner, ttl).await;
         match &r {
             Ok(Claim::Claimed(g)) => self.note(queue, "acquired", started, Some(g)),
             Ok(_) => self.note(queue, "busy", started, None),
             Err(_) => self.note(queue, "error", started, None),
         }
-        let _ = name;
         r
     }
 

@@ -196,6 +196,30 @@ fn outcome(v: &Value, ttl: Option<Duration>) -> Outcome {
     }
 }
 
+/// Read a lock or semaphore script's answer: `{1, fencing}` granted, or
+/// `{0, x}` held, with `held` turning `x` into the holder description.
+fn acquisition(
+    v: &Value,
+    name: &str,
+    token: String,
+    ttl: Duration,
+    held: impl Fn(&Value) -> Option<String>,
+) -> Result<Try> {
+    match v {
+        Value::Array(a) => match a.as_slice() {
+            [Value::Int(1), Value::Int(f)] => Ok(Try::Acquired(Grant {
+                name: name.into(),
+                token,
+                fencing_token: *f as u64,
+                ttl_ms: ttl.as_millis() as u64,
+            })),
+            [Value::Int(0), x] => held(x).map(Try::Held).ok_or_else(|| unexpected(v)),
+            _ => Err(unexpected(v)),
+        },
+        _ => Err(unexpected(v)),
+    }
+}
+
 fn unexpected(v: &Value) -> CoordError {
     CoordError::Backend(crate::backend::BackendError::Server {
         backend: "redis",
@@ -219,19 +243,10 @@ impl Coordinator for RedisCoord {
                 &[token.clone(), owner.into(), ms(ttl)],
             )
             .await?;
-        match &v {
-            Value::Array(a) => match a.as_slice() {
-                [Value::Int(1), Value::Int(f)] => Ok(Try::Acquired(Grant {
-                    name: name.into(),
-                    token,
-                    fencing_token: *f as u64,
-                    ttl_ms: ttl.as_millis() as u64,
-                })),
-                [Value::Int(0), Value::BulkString(cur)] => Ok(Try::Held(owner_of(cur))),
-                _ => Err(unexpected(&v)),
-            },
-            _ => Err(unexpected(&v)),
-        }
+        acquisition(&v, name, token, ttl, |held| match held {
+            Value::BulkString(cur) => Some(owner_of(cur)),
+            _ => None,
+        })
     }
 
     async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
@@ -256,19 +271,10 @@ impl Coordinator for RedisCoord {
                 &[token.clone(), permits.to_string(), ms(ttl)],
             )
             .await?;
-        match &v {
-            Value::Array(a) => match a.as_slice() {
-                [Value::Int(1), Value::Int(f)] => Ok(Try::Acquired(Grant {
-                    name: name.into(),
-                    token,
-                    fencing_token: *f as u64,
-                    ttl_ms: ttl.as_millis() as u64,
-                })),
-                [Value::Int(0), Value::Int(live)] => Ok(Try::Held(live.to_string())),
-                _ => Err(unexpected(&v)),
-            },
-            _ => Err(unexpected(&v)),
-        }
+        acquisition(&v, name, token, ttl, |held| match held {
+            Value::Int(live) => Some(live.to_string()),
+            _ => None,
+        })
     }
 
     async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
