@@ -12,6 +12,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backend::LeaseBackend;
 use crate::backend::etcd::EtcdBackend;
+use crate::backend::kubernetes::{KubeCoord, KubeLeaseBackend};
 use crate::backend::redis::RedisBackend;
 use crate::config::{BackendConfig, Config};
 use crate::control::{ControlState, control_router};
@@ -80,6 +81,10 @@ pub fn connect(cfg: &BackendConfig) -> Result<Backends, RunError> {
             let coord = Box::new(RedisCoord::new(backend.clone()));
             (backend, coord)
         }
+        BackendConfig::Kubernetes { name, options } => (
+            KubeLeaseBackend::new(name.clone(), options.clone()),
+            Box::new(KubeCoord),
+        ),
     })
 }
 

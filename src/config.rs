@@ -25,7 +25,7 @@ use crate::supervisor::{OnChildExit, RunOptions};
     about,
     long_about = None,
     args_override_self = true,
-    override_usage = "leader-elector [OPTIONS] --election <NAME> (--etcd-endpoints <URL> | --redis-url <URL>...)\n       leader-elector run [OPTIONS] --election <NAME> ... -- COMMAND [ARGS]..."
+    override_usage = "leader-elector [OPTIONS] --election <NAME> [--etcd-endpoints <URL> | --redis-url <URL>... | --backend kubernetes]\n       leader-elector run [OPTIONS] --election <NAME> ... -- COMMAND [ARGS]..."
 )]
 pub struct Cli {
     /// Name of the election; candidates with the same name compete for one leadership.
@@ -41,7 +41,7 @@ pub struct Cli {
     )]
     pub identity: Option<String>,
 
-    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given, else Redis.
+    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
     #[arg(
         long,
         value_enum,
@@ -57,6 +57,10 @@ pub struct Cli {
     /// Redis connection.
     #[command(flatten)]
     pub redis: RedisArgs,
+
+    /// Kubernetes backend.
+    #[command(flatten)]
+    pub kubernetes: KubeArgs,
 
     /// Lease TTL: how long the backend keeps the key without a renewal (e.g. 15s).
     #[arg(long, visible_alias = "ttl", default_value = "15s", env = "LEADER_ELECTOR_LEASE_DURATION", value_parser = parse_duration, value_name = "DURATION")]
@@ -196,6 +200,18 @@ pub struct EtcdArgs {
     pub etcd_password_file: Option<PathBuf>,
 }
 
+/// The Kubernetes Lease backend flags (the old `leader-elector` image's names).
+#[derive(Args, Debug, Clone)]
+pub struct KubeArgs {
+    /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
+    #[arg(long, env = "LEADER_ELECTOR_ELECTION_NAMESPACE", value_name = "NAMESPACE")]
+    pub election_namespace: Option<String>,
+
+    /// Accepted for compatibility with the old leader-elector image and ignored: the in-cluster config is used when present, else KUBECONFIG.
+    #[arg(long, env = "LEADER_ELECTOR_USE_CLUSTER_CREDENTIALS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub use_cluster_credentials: Option<bool>,
+}
+
 /// The Redis flags.
 #[derive(Args, Debug, Clone)]
 pub struct RedisArgs {
@@ -235,6 +251,8 @@ pub enum BackendKind {
     Etcd,
     /// Redis (--redis-url), single instance or Redlock.
     Redis,
+    /// A coordination.k8s.io/v1 Lease through the Kubernetes API (in-cluster config or KUBECONFIG).
+    Kubernetes,
 }
 
 /// Log output format (`--log-format`).
@@ -309,6 +327,13 @@ pub enum BackendConfig {
         election: String,
         /// Connection settings.
         options: RedisOptions,
+    },
+    /// Kubernetes: a Lease named after the election.
+    Kubernetes {
+        /// The Lease name (the election name).
+        name: String,
+        /// Namespace and connection settings.
+        options: crate::backend::kubernetes::KubeOptions,
     },
 }
 
@@ -495,6 +520,54 @@ fn redis_backend(cli: &Cli, elector: &ElectorConfig) -> Result<BackendConfig, Co
     })
 }
 
+/// A Lease name must be a DNS subdomain name (RFC 1123): lowercase letters,
+/// digits, '-' and '.', starting and ending alphanumeric, at most 253.
+fn check_lease_name(name: &str) -> Result<(), ConfigError> {
+    let ok = name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(config_error(format!(
+            "--election ({name}) must be a lowercase DNS subdomain name with --backend kubernetes (the Lease is named after it): letters a-z, digits, '-' and '.', starting and ending with a letter or digit"
+        )))
+    }
+}
+
+fn kube_backend(cli: &Cli) -> Result<BackendConfig, ConfigError> {
+    check_lease_name(&cli.election)?;
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let namespace = match cli.kubernetes.election_namespace.as_deref().map(str::trim) {
+        Some("") => {
+            return Err(config_error(
+                "--election-namespace must not be empty\nhint: leave it out to use $POD_NAMESPACE or the kubeconfig's namespace",
+            ));
+        }
+        Some(ns) => Some(ns.to_owned()),
+        None => env("POD_NAMESPACE"),
+    };
+    if let Some(ns) = &namespace
+        && (ns.len() > 63
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            || ns.starts_with('-')
+            || ns.ends_with('-'))
+    {
+        return Err(config_error(format!(
+            "--election-namespace ({ns}) is not a namespace name: at most 63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+        )));
+    }
+    Ok(BackendConfig::Kubernetes {
+        name: cli.election.clone(),
+        options: crate::backend::kubernetes::KubeOptions { namespace },
+    })
+}
+
 fn labeler_config(cli: &Cli) -> Result<Option<crate::kube_label::LabelerConfig>, ConfigError> {
     let key = cli.pod_label_key.trim();
     if key.is_empty() {
@@ -644,17 +717,15 @@ impl Config {
                     }
                     (false, true) => BackendKind::Etcd,
                     (true, false) => BackendKind::Redis,
-                    (true, true) => {
-                        return Err(config_error(
-                            "no backend is configured: give --etcd-endpoints (e.g. http://127.0.0.1:2379) or --redis-url (e.g. redis://127.0.0.1:6379)",
-                        ));
-                    }
+                    // Neither: the API server every Kubernetes Pod already has.
+                    (true, true) => BackendKind::Kubernetes,
                 }
             }
             k => k,
         };
         let backend = match kind {
             BackendKind::Redis => redis_backend(&cli, &elector)?,
+            BackendKind::Kubernetes => kube_backend(&cli)?,
             BackendKind::Auto | BackendKind::Etcd => {
                 let e = &cli.etcd;
                 if e.etcd_endpoints.is_empty() {
@@ -828,8 +899,8 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("--etcd-endpoints"), "{e}");
-        let e = cli(&["--election=a", "--id=me"]).unwrap_err();
-        assert!(e.contains("no backend is configured"), "{e}");
+        let e = cli(&["--election=a", "--id=me", "--backend=etcd"]).unwrap_err();
+        assert!(e.contains("--etcd-endpoints is required"), "{e}");
         let e = cli(&["--election=a b", "--id=me", EP]).unwrap_err();
         assert!(e.contains("--election (a b)"), "{e}");
     }
@@ -902,5 +973,47 @@ mod tests {
         assert_eq!(options.per_server_timeout, Duration::from_millis(500));
         let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
         assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn auto_without_etcd_or_redis_is_the_kubernetes_lease() {
+        let c = cli(&[
+            "--election=my-app",
+            "--id=me",
+            "--election-namespace=team-a",
+            "--use-cluster-credentials",
+        ])
+        .unwrap();
+        let BackendConfig::Kubernetes { name, options } = c.backend else {
+            panic!("kubernetes expected")
+        };
+        assert_eq!(name, "my-app");
+        assert_eq!(options.namespace.as_deref(), Some("team-a"));
+        // The old image's flag spelled with a value is accepted too.
+        let c = cli(&[
+            "--election=my-app",
+            "--id=me",
+            "--backend=kubernetes",
+            "--use-cluster-credentials=false",
+        ])
+        .unwrap();
+        assert!(matches!(c.backend, BackendConfig::Kubernetes { .. }));
+        // A given endpoint still picks its backend.
+        let c = cli(&["--election=my-app", "--id=me", EP]).unwrap();
+        assert!(matches!(c.backend, BackendConfig::Etcd { .. }));
+    }
+
+    #[test]
+    fn kubernetes_names_are_checked() {
+        let e = cli(&["--election=My_App", "--id=me", "--backend=kubernetes"]).unwrap_err();
+        assert!(e.contains("DNS subdomain"), "{e}");
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--backend=kubernetes",
+            "--election-namespace=Bad_NS",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--election-namespace (Bad_NS)"), "{e}");
     }
 }

@@ -8,6 +8,7 @@
 //! every call in a timeout and applies the safety rule.
 
 pub mod etcd;
+pub mod kubernetes;
 pub mod memory;
 pub mod redis;
 
@@ -218,6 +219,12 @@ impl BackendError {
             } => {
                 "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel"
             }
+            BackendError::Auth {
+                backend: "kubernetes",
+                ..
+            } => {
+                "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them"
+            }
             BackendError::Auth { .. } => {
                 "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix"
             }
@@ -240,6 +247,26 @@ impl BackendError {
             } => "Redis is loading its dataset after a restart; retrying",
             BackendError::Rejected { code: "oom", .. } => {
                 "Redis is out of memory (maxmemory): free memory or raise maxmemory; retrying"
+            }
+            BackendError::Rejected {
+                code: "namespace_not_found",
+                ..
+            } => {
+                "create the namespace, or fix --election-namespace (default: $POD_NAMESPACE, else the kubeconfig's namespace)"
+            }
+            BackendError::Rejected {
+                code: "throttled", ..
+            } => "the API server is throttling (429, API Priority and Fairness); retrying with backoff",
+            BackendError::Rejected {
+                code: "invalid", ..
+            } => {
+                "the API server rejected the Lease: the election name must be a lowercase DNS subdomain name (letters, digits, '-', '.')"
+            }
+            BackendError::Rejected {
+                code: "no_kubeconfig",
+                ..
+            } => {
+                "run in a Pod with a ServiceAccount token mounted (automountServiceAccountToken), or set KUBECONFIG"
             }
             BackendError::Rejected { .. } => "retrying with backoff",
             BackendError::Server { .. } => "retrying with backoff",
@@ -291,7 +318,7 @@ pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 /// run concurrently with them.
 #[async_trait]
 pub trait LeaseBackend: Send + Sync {
-    /// The backend's name for logs, metrics and `/leader` (`etcd`, `redis`, `memory`).
+    /// The backend's name for logs, metrics and `/leader` (`etcd`, `redis`, `kubernetes`, `memory`).
     fn name(&self) -> &'static str;
 
     /// Try once to take the election key for a new term of `identity` with a
