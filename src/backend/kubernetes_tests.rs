@@ -1,0 +1,416 @@
+//! The Lease backend against kube-rs's mock service (`tower_test::mock`): the
+//! exact requests it sends (method, path, query, body) and how it reads the
+//! answers. No API server runs in our test environment; tests/kubernetes.rs
+//! drives real sidecars against the stand-in in tests/support/kube_api.rs.
+
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// One request as the API server saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    path: String,
+    body: Value,
+}
+
+type Responder = Arc<dyn Fn(&Seen) -> (u16, String) + Send + Sync>;
+
+fn mock(respond: Responder) -> (Client, Arc<Mutex<Vec<Seen>>>) {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let s = Seen { method, path, body };
+            let (code, answer) = respond(&s);
+            log.lock().unwrap().push(s);
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(answer.into_bytes()))
+                    .unwrap(),
+            );
+        }
+    });
+    (Client::new(svc, "default"), seen)
+}
+
+const BASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+
+fn lease(holder: &str, rv: u64, token: u64, transitions: i32, secs: i32) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "el", "namespace": "ns", "resourceVersion": rv.to_string(),
+                     "annotations": {TOKEN_ANNOTATION: token.to_string()}},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": secs,
+                 "leaseTransitions": transitions,
+                 "renewTime": "2026-01-01T00:00:00.000000Z"}
+    })
+}
+
+fn status(code: u16, reason: &str, message: &str) -> String {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+           "reason": reason, "message": message})
+    .to_string()
+}
+
+/// A tiny in-memory Lease store: answers GET, POST and PUT like the API
+/// server (resourceVersion bumps on every write; stale PUT → 409).
+fn store(initial: Option<Value>) -> (Responder, Arc<Mutex<Option<Value>>>) {
+    let state = Arc::new(Mutex::new(initial));
+    let st = state.clone();
+    let rv = Arc::new(Mutex::new(100u64));
+    let respond: Responder = Arc::new(move |s: &Seen| {
+        let mut cur = st.lock().unwrap();
+        let mut rv = rv.lock().unwrap();
+        match (s.method.as_str(), s.path.as_str()) {
+            ("GET", p) if p == format!("{BASE}/el") => match &*cur {
+                Some(l) => (200, l.to_string()),
+                None => (404, status(404, "NotFound", "leases \"el\" not found")),
+            },
+            ("POST", p) if p.starts_with(BASE) => {
+                if cur.is_some() {
+                    return (409, status(409, "AlreadyExists", "already exists"));
+                }
+                *rv += 1;
+                let mut l = s.body.clone();
+                l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                *cur = Some(l.clone());
+                (201, l.to_string())
+            }
+            ("PUT", p) if p.starts_with(&format!("{BASE}/el")) => {
+                let Some(c) = &*cur else {
+                    return (404, status(404, "NotFound", "not found"));
+                };
+                if c["metadata"]["resourceVersion"] != s.body["metadata"]["resourceVersion"] {
+                    return (409, status(409, "Conflict", "the object has been modified"));
+                }
+                *rv += 1;
+                let mut l = s.body.clone();
+                l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                *cur = Some(l.clone());
+                (200, l.to_string())
+            }
+            _ => (500, status(500, "InternalError", "unexpected")),
+        }
+    });
+    (respond, state)
+}
+
+fn methods(seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} {}", s.method, s.path))
+        .collect()
+}
+
+#[tokio::test]
+async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
+    let (respond, state) = store(None);
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let Campaign::Elected(term) = b
+        .campaign("pod-0", Duration::from_millis(1500), None)
+        .await
+        .unwrap()
+    else {
+        panic!("elected expected")
+    };
+    assert_eq!(term.ttl, Duration::from_secs(2), "whole seconds, rounded up");
+    assert_eq!(term.holder.identity, "pod-0");
+    assert!(term.holder.term_id.starts_with("pod-0_"));
+    let created = seen.lock().unwrap()[1].body.clone();
+    assert_eq!(created["spec"]["holderIdentity"], json!(term.holder.term_id));
+    assert_eq!(created["spec"]["leaseDurationSeconds"], json!(2));
+    assert_eq!(created["spec"]["leaseTransitions"], json!(0));
+    assert!(created["metadata"].get("resourceVersion").is_none());
+    assert!(created["spec"]["renewTime"].as_str().unwrap().contains('.'), "MicroTime");
+    let t0: u64 = created["metadata"]["annotations"][TOKEN_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(term.holder.fencing_token, t0);
+
+    let r = b.renew(&term).await.unwrap();
+    assert_eq!(
+        r,
+        Renewal::Renewed {
+            ttl: Duration::from_secs(2),
+            servers: None
+        }
+    );
+    let put = seen.lock().unwrap()[2].clone();
+    assert_eq!(put.method, "PUT");
+    assert_eq!(put.path, format!("{BASE}/el?"), "an update, never a patch");
+    assert_eq!(put.body["metadata"]["resourceVersion"], json!("101"), "CAS on the version read");
+    assert_eq!(put.body["spec"]["holderIdentity"], json!(term.holder.term_id));
+
+    b.resign(&term).await.unwrap();
+    let put = seen.lock().unwrap()[3].clone();
+    assert_eq!(put.body["metadata"]["resourceVersion"], json!("102"));
+    assert_eq!(put.body["spec"]["holderIdentity"], json!(""));
+    assert_eq!(put.body["spec"]["leaseDurationSeconds"], json!(1));
+    assert_eq!(
+        methods(&seen),
+        vec![
+            format!("GET {BASE}/el"),
+            format!("POST {BASE}?"),
+            format!("PUT {BASE}/el?"),
+            format!("PUT {BASE}/el?"),
+        ]
+    );
+    assert_eq!(state.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"], json!(""));
+}
+
+#[tokio::test]
+async fn a_held_lease_is_followed_with_one_get_and_no_write() {
+    let (respond, _) = store(Some(lease("pod-1_abc", 7, 41, 3, 15)));
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    let Campaign::Following(h) = c else {
+        panic!("following expected: {c:?}")
+    };
+    assert_eq!(h.identity, "pod-1");
+    assert_eq!(h.term_id, "pod-1_abc");
+    assert_eq!(h.fencing_token, 41);
+    assert_eq!(methods(&seen), vec![format!("GET {BASE}/el")]);
+}
+
+#[tokio::test]
+async fn same_name_restart_is_a_stranger_to_its_predecessors_term() {
+    // The Lease names pod-0 with another term id: we wait like any follower.
+    let (respond, _) = store(Some(lease("pod-0_0123456789abcdef", 7, 41, 3, 15)));
+    let (client, _) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    assert!(matches!(c, Campaign::Following(ref h) if h.identity == "pod-0"), "{c:?}");
+}
+
+#[tokio::test]
+async fn a_released_lease_is_taken_at_once_with_transitions_and_token_plus_one() {
+    let (respond, _) = store(Some(lease("", 7, 41, 3, 1)));
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    let Campaign::Elected(term) = c else {
+        panic!("elected expected: {c:?}")
+    };
+    assert_eq!(term.holder.fencing_token, 42);
+    let put = seen.lock().unwrap()[1].clone();
+    assert_eq!(put.method, "PUT");
+    assert_eq!(put.body["metadata"]["resourceVersion"], json!("7"));
+    assert_eq!(put.body["spec"]["leaseTransitions"], json!(4));
+    assert_eq!(put.body["spec"]["leaseDurationSeconds"], json!(2));
+    assert_eq!(put.body["metadata"]["annotations"][TOKEN_ANNOTATION], json!("42"));
+}
+
+#[tokio::test]
+async fn a_lost_race_on_update_rereads_and_follows() {
+    // GET shows a released Lease; our PUT meets 409; the re-read shows pod-2.
+    let calls = Arc::new(Mutex::new(0));
+    let respond: Responder = Arc::new(move |s: &Seen| {
+        let mut n = calls.lock().unwrap();
+        *n += 1;
+        match (*n, s.method.as_str()) {
+            (1, "GET") => (200, lease("", 7, 41, 3, 1).to_string()),
+            (2, "PUT") => (409, status(409, "Conflict", "the object has been modified")),
+            (3, "GET") => (200, lease("pod-2_x", 8, 42, 4, 15).to_string()),
+            _ => (500, status(500, "InternalError", "unexpected request")),
+        }
+    });
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    assert!(matches!(c, Campaign::Following(ref h) if h.term_id == "pod-2_x"), "{c:?}");
+    assert_eq!(seen.lock().unwrap().len(), 3, "never a second write");
+}
+
+#[tokio::test]
+async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
+    let (respond, state) = store(None);
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let Campaign::Elected(term) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    else {
+        panic!()
+    };
+    // Edited by hand to another holder (new resourceVersion).
+    *state.lock().unwrap() = Some(lease("intruder", 500, 1, 9, 15));
+    let r = b.renew(&term).await.unwrap();
+    assert_eq!(r, Renewal::Lost(LostReason::KeyOverwritten));
+    let m = methods(&seen);
+    assert_eq!(&m[2..], &[format!("PUT {BASE}/el?"), format!("GET {BASE}/el")]);
+    // Release finds nothing of ours: no write.
+    b.resign(&term).await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 4);
+    // Deleted by hand: renew reports the key gone.
+    let (respond, state) = store(None);
+    let (client, _) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let Campaign::Elected(term) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    else {
+        panic!()
+    };
+    *state.lock().unwrap() = None;
+    assert_eq!(b.renew(&term).await.unwrap(), Renewal::Lost(LostReason::KeyDeleted));
+}
+
+#[tokio::test]
+async fn a_deleted_lease_waits_out_the_holders_term_and_tokens_grow() {
+    let (respond, state) = store(Some(lease("pod-1_abc", 7, 41, 3, 1)));
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    assert!(matches!(
+        b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap(),
+        Campaign::Following(_)
+    ));
+    *state.lock().unwrap() = None;
+    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    let Campaign::Waiting { retry_after, .. } = c else {
+        panic!("waiting expected: {c:?}")
+    };
+    assert!(retry_after <= Duration::from_secs(1));
+    assert_eq!(seen.lock().unwrap().len(), 2, "no create while the old term may run");
+    tokio::time::sleep(retry_after + Duration::from_millis(20)).await;
+    let Campaign::Elected(term) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    else {
+        panic!("elected expected")
+    };
+    assert!(term.holder.fencing_token > 41, "token grows across a deletion");
+}
+
+#[tokio::test]
+async fn errors_are_classified_once() {
+    let cases: [(u16, &str, &str, bool); 5] = [
+        (403, "Forbidden", "auth", false),
+        (404, "NotFound", "namespace_not_found", true),
+        (429, "TooManyRequests", "throttled", true),
+        (500, "InternalError", "server", true),
+        (503, "ServiceUnavailable", "server", true),
+    ];
+    for (code, reason, label, retryable) in cases {
+        let respond: Responder = Arc::new(move |s: &Seen| match s.method.as_str() {
+            "GET" => (404, status(404, "NotFound", "leases \"el\" not found")),
+            _ => (code, status(code, reason, "denied or failed")),
+        });
+        let (client, _) = mock(respond);
+        let b = KubeLeaseBackend::with_client(client, "ns", "el");
+        let e = b
+            .campaign("pod-0", Duration::from_secs(2), None)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), label, "{code}");
+        assert_eq!(e.is_retryable(), retryable, "{code}");
+        let report = e.report();
+        if code == 403 {
+            assert!(
+                report.contains("may not create leases.coordination.k8s.io in namespace ns"),
+                "{report}"
+            );
+            assert!(report.contains("Role"), "{report}");
+        }
+        if code == 404 {
+            assert!(report.contains("namespace ns not found"), "{report}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn followers_watch_the_named_lease_from_the_version_read() {
+    let seen_lease = lease("pod-1_abc", 7, 41, 3, 15);
+    let respond: Responder = Arc::new(move |s: &Seen| {
+        if s.path.contains("watch=true") {
+            let ev1 = json!({"type": "BOOKMARK", "object": {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"resourceVersion": "9"}}});
+            let ev2 = json!({"type": "MODIFIED", "object": lease("", 10, 41, 3, 1)});
+            (200, format!("{ev1}\n{ev2}\n"))
+        } else {
+            (200, seen_lease.to_string())
+        }
+    });
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let Campaign::Following(h) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    else {
+        panic!()
+    };
+    tokio::time::timeout(Duration::from_secs(5), b.watch(&h))
+        .await
+        .expect("the release event ends the watch")
+        .unwrap();
+    let w = seen.lock().unwrap()[1].path.clone();
+    assert!(w.starts_with(&format!("{BASE}?")), "{w}");
+    for part in [
+        "watch=true",
+        "fieldSelector=metadata.name%3Del",
+        "resourceVersion=7",
+        "timeoutSeconds=290",
+        "allowWatchBookmarks=true",
+    ] {
+        assert!(w.contains(part), "{part} missing in {w}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_lease_expires_for_a_watching_follower_after_its_own_duration() {
+    // The watch hangs and says nothing: the follower's watch resolves
+    // after the Lease's 3 s (not the local 1 s TTL), measured from the read.
+    let respond: Responder = Arc::new(move |s: &Seen| {
+        if s.path.contains("watch=true") {
+            (200, String::new())
+        } else {
+            (200, lease("pod-1_abc", 7, 41, 3, 3).to_string())
+        }
+    });
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    // Answer GETs, but hold the watch open forever.
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().to_string();
+            let s = Seen {
+                method: req.method().to_string(),
+                path: path.clone(),
+                body: Value::Null,
+            };
+            if path.contains("watch=true") {
+                // Never answered: a hung watch.
+                held.push(send);
+                continue;
+            }
+            let (code, answer) = respond(&s);
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(answer.into_bytes()))
+                    .unwrap(),
+            );
+        }
+    });
+    let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
+    let start = Instant::now();
+    let Campaign::Following(h) = b.campaign("pod-0", Duration::from_secs(1), None).await.unwrap()
+    else {
+        panic!()
+    };
+    b.watch(&h).await.unwrap();
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(3), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+}
