@@ -289,6 +289,11 @@ impl KubeLeaseBackend {
                     code: "no_kubeconfig",
                     source: Box::new(KubeLeaseError::NoConfig(e)),
                 })?;
+                let mut config = config;
+                // The Elector owns retries and backoff (and every call's
+                // deadline); kube-rs's own retry of 429/503/504 would run
+                // past them.
+                config.default_retry = false;
                 let namespace = self
                     .options
                     .namespace

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod kube_api;
 pub mod proxy;
 pub mod recorder;
 
@@ -329,6 +330,26 @@ impl Sidecar {
     }
 
     fn spawn_with(sub: Option<&str>, election: &str, identity: &str, args: &[String]) -> Sidecar {
+        Self::spawn_env(sub, election, identity, args, &[])
+    }
+
+    /// Start a sidecar with extra environment variables (KUBECONFIG, POD_NAME…).
+    pub fn start_env(
+        election: &str,
+        identity: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
+        Self::spawn_env(None, election, identity, args, env)
+    }
+
+    fn spawn_env(
+        sub: Option<&str>,
+        election: &str,
+        identity: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
         let dir = TempDir::new().unwrap();
         let port = free_port();
         let log = dir.path().join("sidecar.log");
@@ -345,6 +366,7 @@ impl Sidecar {
             .arg("--control-addr=")
             .args(flags)
             .args(command)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -1,0 +1,406 @@
+//! The sidecar on the Kubernetes Lease backend, as real processes against the
+//! API stand-in (tests/support/kube_api.rs; no API server can run here):
+//! one leader of three, graceful handover, crash failover, SIGSTOP past the
+//! deadline, the API blackholed for the leader only, a Lease edited or
+//! deleted by hand, a same-name restart, followers configured with a shorter
+//! duration than the holder's Lease, RBAC and server faults.
+//!
+//! Durations are printed, never asserted as upper bounds; the only time
+//! checks are lower bounds that safety requires (nobody takes over before
+//! the Lease's own duration of silence).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::kube_api::{Endpoint, Fault, KubeApi};
+use support::*;
+use tokio::time::{Instant, sleep};
+
+const NS: &str = "team-a";
+
+struct Group {
+    api: KubeApi,
+    eps: Vec<Arc<Endpoint>>,
+    cs: Vec<Sidecar>,
+    election: String,
+}
+
+/// Start one sidecar on its own stand-in endpoint.
+async fn candidate(
+    api: &KubeApi,
+    election: &str,
+    id: &str,
+    extra: &[&str],
+    pod: bool,
+) -> (Arc<Endpoint>, Sidecar) {
+    let ep = api.endpoint(id).await;
+    let mut args: Vec<String> = vec!["--backend".into(), "kubernetes".into()];
+    let timing: Vec<&str> = if extra.contains(&"--lease-duration") {
+        vec![]
+    } else {
+        FAST.to_vec()
+    };
+    args.extend(timing.iter().chain(extra).map(|s| s.to_string()));
+    let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+    let mut env = vec![("KUBECONFIG", kubeconfig.as_str())];
+    if pod {
+        api.add_pod(id);
+        env.push(("POD_NAME", id));
+        env.push(("POD_NAMESPACE", NS));
+    }
+    let s = Sidecar::start_env(election, id, &args, &env);
+    (ep, s)
+}
+
+async fn group(test: &str, ids: &[&str], pods: bool) -> Group {
+    let api = KubeApi::start(NS);
+    let election = election(test);
+    let mut eps = Vec::new();
+    let mut cs = Vec::new();
+    for id in ids {
+        let (ep, s) = candidate(&api, &election, id, &[], pods).await;
+        eps.push(ep);
+        cs.push(s);
+    }
+    Group {
+        api,
+        eps,
+        cs,
+        election,
+    }
+}
+
+fn holder(api: &KubeApi, election: &str) -> String {
+    api.lease(election)
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Poll every sidecar until `cond` holds, failing if two ever lead at once.
+async fn until_no_overlap<F: FnMut(&[usize]) -> bool>(
+    cs: &[Sidecar],
+    limit: Duration,
+    what: &str,
+    mut cond: F,
+) -> Vec<usize> {
+    let end = Instant::now() + limit;
+    loop {
+        let l = leaders(cs).await;
+        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
+        if cond(&l) {
+            return l;
+        }
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_elect_one_hand_over_on_sigterm_and_fail_over_on_sigkill() {
+    let mut g = group("k-handover", &["pod-a", "pod-b", "pod-c"], true).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let t1 = token_of(&g.cs[first]).await;
+    let lease = g.api.lease(&g.election).expect("the Lease exists");
+    let who = holder(&g.api, &g.election);
+    assert!(
+        who.starts_with(&format!("{}_", g.cs[first].identity)),
+        "holderIdentity is <pod>_<term id>: {who}"
+    );
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], json!(2));
+    assert_eq!(
+        lease["metadata"]["annotations"]["leader-elector/fencing-token"],
+        json!(t1.to_string())
+    );
+    wait_for(Duration::from_secs(10), "the leader's Pod label", || async {
+        g.api.pod_label(&g.cs[first].identity, "leader-elector/leader") == Some("true".into())
+    })
+    .await;
+
+    // At rest, followers send nothing but their open watch.
+    let followers: Vec<usize> = (0..3).filter(|i| *i != first).collect();
+    let before: Vec<_> = followers.iter().map(|i| g.eps[*i].counts()).collect();
+    let leader_before = g.eps[first].total();
+    sleep(Duration::from_secs(3)).await;
+    for (k, i) in followers.iter().enumerate() {
+        let after = g.eps[*i].counts();
+        for (key, n) in &after {
+            let was = before[k].get(key).copied().unwrap_or(0);
+            if key.ends_with("lease") {
+                assert_eq!(*n, was, "follower {i} sent {key} at rest: {after:?}");
+            }
+        }
+    }
+    println!(
+        "at rest over 3 s: leader {} requests; followers 0 lease requests besides their open watch",
+        g.eps[first].total() - leader_before
+    );
+
+    // Graceful handover: clear holder by CAS, a follower's watch takes it.
+    let transitions_before = g.api.lease(&g.election).unwrap()["spec"]["leaseTransitions"]
+        .as_i64()
+        .unwrap();
+    let start = Instant::now();
+    g.cs[first].signal(Signal::SIGTERM);
+    let l = until_no_overlap(&g.cs, Duration::from_secs(10), "a handover", |l| {
+        l.len() == 1 && l[0] != first
+    })
+    .await;
+    println!("kubernetes graceful handover: {:?}", start.elapsed());
+    let status = g.cs[first].wait_exit(Duration::from_secs(5)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "SIGTERM exits 0");
+    let second = l[0];
+    let t2 = token_of(&g.cs[second]).await;
+    assert!(t2 > t1, "fencing token grows: {t1} then {t2}");
+    let lease = g.api.lease(&g.election).unwrap();
+    assert!(
+        lease["spec"]["leaseTransitions"].as_i64().unwrap() >= transitions_before + 1,
+        "leaseTransitions counts the new holder: {lease}"
+    );
+    assert_eq!(
+        g.api.pod_label(&g.cs[first].identity, "leader-elector/leader"),
+        Some("false".into()),
+        "the old leader's Pod was labelled false before release"
+    );
+
+    // Crash failover: about one lease duration of silence.
+    let start = Instant::now();
+    g.cs[second].signal(Signal::SIGKILL);
+    let l = until_no_overlap(&g.cs, Duration::from_secs(20), "a failover", |l| {
+        l.len() == 1 && l[0] != second
+    })
+    .await;
+    let failover = start.elapsed();
+    println!("kubernetes crash failover (lease 2 s): {failover:?}");
+    let t3 = token_of(&g.cs[l[0]]).await;
+    assert!(t3 > t2, "fencing token grows: {t2} then {t3}");
+    // Safety lower bound: the survivor waited for the Lease's silence, which
+    // started no earlier than the killed leader's last renewal (≤ renew
+    // interval before the kill).
+    assert!(
+        failover >= Duration::from_millis(1400),
+        "took over after {failover:?}, before 2 s of silence could have passed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_answers_not_leader_on_resume() {
+    let g = group("k-sigstop", &["a", "b"], false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let other = 1 - first;
+    g.cs[first].signal(Signal::SIGSTOP);
+    wait_for(Duration::from_secs(20), "the other to take over", || async {
+        g.cs[other].is_leader().await
+    })
+    .await;
+    sleep(Duration::from_millis(500)).await;
+    g.cs[first].signal(Signal::SIGCONT);
+    // Its first answer after resuming is already "not leader".
+    let (code, body) = g.cs[first].leader().await.expect("answers after SIGCONT");
+    assert_ne!(code, 200, "a paused leader resumed claiming: {body}");
+    assert_eq!(body["is_leader"], json!(false));
+    until_no_overlap(&g.cs, Duration::from_secs(5), "settling", |l| l == [other]).await;
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(leaders(&g.cs).await, vec![other], "the resumed one stays a follower");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_blackholed_for_the_leader_only() {
+    let g = group("k-blackhole", &["a", "b", "c"], false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let start = Instant::now();
+    g.eps[first].set_fault(Fault {
+        hang: true,
+        ..Fault::default()
+    });
+    let mut stepped_down = None;
+    let mut taken = None;
+    let end = Instant::now() + Duration::from_secs(20);
+    while taken.is_none() {
+        let l = leaders(&g.cs).await;
+        assert!(l.len() <= 1, "overlap while the leader is blackholed: {l:?}");
+        if stepped_down.is_none() && !l.contains(&first) {
+            stepped_down = Some(start.elapsed());
+        }
+        if l.len() == 1 && l[0] != first {
+            taken = Some(start.elapsed());
+        }
+        assert!(Instant::now() < end, "no takeover while the leader is blackholed");
+        sleep(Duration::from_millis(5)).await;
+    }
+    let (down, up) = (stepped_down.unwrap(), taken.unwrap());
+    println!("blackholed leader stepped down after {down:?}; a follower took over after {up:?}");
+    assert!(down <= up, "stepped down first");
+    g.eps[first].set_fault(Fault::default());
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(leaders(&g.cs).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_edited_by_hand_to_another_holder_is_respected() {
+    let g = group("k-edit", &["a", "b", "c"], false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let t1 = token_of(&g.cs[first]).await;
+    assert!(g.api.edit_lease(&g.election, |l| {
+        l["spec"]["holderIdentity"] = json!("intruder_1");
+    }));
+    let start = Instant::now();
+    wait_for(Duration::from_secs(5), "the old holder to step down", || async {
+        !g.cs[first].is_leader().await
+    })
+    .await;
+    println!("edited Lease: old holder stepped down after {:?}", start.elapsed());
+    // Nobody of ours leads while the intruder's term may run.
+    let l = until_no_overlap(&g.cs, Duration::from_secs(20), "a new leader", |l| {
+        l.len() == 1
+    })
+    .await;
+    let waited = start.elapsed();
+    println!("edited Lease: a candidate took over after {waited:?} (intruder's duration 2 s)");
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "took over after {waited:?}, before the intruder's 2 s of silence"
+    );
+    let t2 = token_of(&g.cs[l[0]]).await;
+    assert!(t2 > t1, "fencing token grows: {t1} then {t2}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_deleted_by_hand_is_recreated_and_tokens_still_grow() {
+    let g = group("k-delete", &["a", "b", "c"], false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let t1 = token_of(&g.cs[first]).await;
+    assert!(g.api.delete_lease(&g.election));
+    wait_for(Duration::from_secs(5), "the holder to step down", || async {
+        !g.cs[first].is_leader().await
+    })
+    .await;
+    let l = until_no_overlap(&g.cs, Duration::from_secs(20), "a new leader", |l| {
+        l.len() == 1
+    })
+    .await;
+    let t2 = token_of(&g.cs[l[0]]).await;
+    assert!(t2 > t1, "fencing token grows across a deletion: {t1} then {t2}");
+    assert!(g.api.lease(&g.election).is_some(), "recreated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_name_restart_waits_like_any_follower() {
+    let api = KubeApi::start(NS);
+    let election = election("k-samename");
+    let (_ep, mut a) = candidate(&api, &election, "a", &[], false).await;
+    wait_for(Duration::from_secs(20), "a to lead", || async { a.is_leader().await }).await;
+    let old_term = holder(&api, &election);
+    let t1 = token_of(&a).await;
+    a.signal(Signal::SIGKILL);
+    a.wait_exit(Duration::from_secs(5)).await;
+    let (_ep2, a2) = candidate(&api, &election, "a", &[], false).await;
+    // While the Lease names the dead process's term, the new one never leads.
+    let mut polls = 0;
+    loop {
+        let h = holder(&api, &election);
+        let leads = a2.is_leader().await;
+        if h != old_term {
+            break;
+        }
+        assert!(!leads, "a same-name restart claimed its predecessor's term");
+        polls += 1;
+        assert!(polls < 10_000, "the old term never ended");
+        sleep(Duration::from_millis(5)).await;
+    }
+    wait_for(Duration::from_secs(10), "the restart to lead", || async {
+        a2.is_leader().await
+    })
+    .await;
+    let t2 = token_of(&a2).await;
+    assert!(t2 > t1, "{t1} then {t2}");
+    assert!(holder(&api, &election).starts_with("a_"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_with_a_shorter_duration_never_take_over_early() {
+    let api = KubeApi::start(NS);
+    let election = election("k-shorter");
+    let long = [
+        "--lease-duration",
+        "6s",
+        "--renew-interval",
+        "1s",
+        "--retry-period",
+        "500ms",
+    ];
+    let (_e1, holder_c) = candidate(&api, &election, "long", &long, false).await;
+    wait_for(Duration::from_secs(20), "long to lead", || async {
+        holder_c.is_leader().await
+    })
+    .await;
+    let (_e2, short) = candidate(&api, &election, "short", &[], false).await;
+    wait_for(Duration::from_secs(10), "short to follow", || async {
+        short
+            .leader()
+            .await
+            .is_some_and(|(_, b)| b["leader"] == json!("long"))
+    })
+    .await;
+    // Freeze the holder: its Lease (6 s) goes silent.
+    holder_c.signal(Signal::SIGSTOP);
+    let start = Instant::now();
+    wait_for(Duration::from_secs(20), "short to take over", || async {
+        short.is_leader().await
+    })
+    .await;
+    let waited = start.elapsed();
+    holder_c.signal(Signal::SIGCONT);
+    println!("follower with 2 s waited {waited:?} for a holder's 6 s Lease");
+    assert!(
+        waited >= Duration::from_millis(5000),
+        "the follower used its own 2 s instead of the Lease's 6 s: {waited:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_and_server_faults_are_reported_and_retried() {
+    let api = KubeApi::start(NS);
+    let election = election("k-faults");
+    api.set_fault_all(Fault {
+        status: Some(403),
+        writes_only: true,
+        ..Fault::default()
+    });
+    let (_ep, a) = candidate(&api, &election, "a", &[], false).await;
+    wait_for(Duration::from_secs(20), "a 403 to be reported", || async {
+        a.leader().await.is_some_and(|(_, b)| {
+            b["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("may not create leases.coordination.k8s.io") && e.contains("Role"))
+        })
+    })
+    .await;
+    assert!(!a.is_leader().await, "never a claim the API did not grant");
+    for code in [429, 500] {
+        api.set_fault_all(Fault {
+            status: Some(code),
+            ..Fault::default()
+        });
+        wait_for(Duration::from_secs(10), "the fault to be reported", || async {
+            a.leader()
+                .await
+                .is_some_and(|(_, b)| b["error"].as_str().is_some_and(|e| e.contains(&code.to_string())))
+        })
+        .await;
+        assert!(!a.is_leader().await);
+    }
+    api.set_fault_all(Fault {
+        latency: Duration::from_millis(100),
+        ..Fault::default()
+    });
+    wait_for(Duration::from_secs(20), "a to lead once the API heals", || async {
+        a.is_leader().await
+    })
+    .await;
+    let e = a.leader().await.unwrap().1;
+    assert!(e["error"].is_null(), "{e}");
+}

@@ -1,0 +1,747 @@
+//! A Kubernetes API stand-in for tests: a plain-HTTP server on loopback that
+//! serves what the sidecar uses — Leases (get, list, create, update, delete,
+//! watch), Pods (get, list, merge patch) and Events (create) — with the API
+//! server's documented semantics where the sidecar depends on them
+//! (https://kubernetes.io/docs/reference/using-api/api-concepts/):
+//! - one global `resourceVersion` counter that changes on every write (like
+//!   etcd's revision behind a real API server);
+//! - `PUT` with a `metadata.resourceVersion` that is not the current one →
+//!   409 `Conflict`; `PUT` without one is an unconditional update (kubectl
+//!   replace/edit); `POST` of an existing name → 409 `AlreadyExists`; `POST`
+//!   into an unknown namespace → 404; `PUT`/`DELETE` of a missing object → 404;
+//! - watch: `?watch=true&resourceVersion=N` replays every change after N,
+//!   then streams live ones as newline-delimited `{"type","object"}` JSON;
+//!   without a version it starts with synthetic `ADDED` events of the current
+//!   state; a version older than the kept history → an `ERROR` event with a
+//!   410 `Expired` Status; `allowWatchBookmarks=true` adds `BOOKMARK` events
+//!   (every [`KubeApi::set_bookmark_every`]); `timeoutSeconds` ends the
+//!   stream; `fieldSelector=metadata.name=X` filters.
+//!
+//! Every client gets its own listener ([`KubeApi::endpoint`]) with its own
+//! fault switches ([`Fault`]: latency, an error status, a hang), so a test can
+//! blackhole the API for one sidecar only. A KUBECONFIG file per endpoint
+//! points the sidecar at it.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::sync::broadcast;
+
+/// Faults of one endpoint (or of all, see [`KubeApi::set_fault_all`]).
+#[derive(Clone, Debug, Default)]
+pub struct Fault {
+    /// Delay before every answer.
+    pub latency: Duration,
+    /// Answer every request (of the kinds below) with this status: 403, 409,
+    /// 429, 500…
+    pub status: Option<u16>,
+    /// Apply `status` only to writes (POST, PUT, PATCH, DELETE).
+    pub writes_only: bool,
+    /// Never answer (requests hang; open watches stop delivering events).
+    pub hang: bool,
+}
+
+#[derive(Debug)]
+struct Change {
+    rv: u64,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    rv: u64,
+    leases: BTreeMap<(String, String), Value>,
+    pods: BTreeMap<(String, String), Value>,
+    events: Vec<Value>,
+    history: Vec<Change>,
+    /// Changes at or below this version are forgotten (compaction).
+    compacted: u64,
+    namespaces: Vec<String>,
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    changes: broadcast::Sender<(u64, &'static str, Value)>,
+    global: Mutex<Fault>,
+    bookmark_every: Mutex<Duration>,
+}
+
+/// One client's listener: its fault switch and request counters.
+pub struct Endpoint {
+    /// Name given by the test.
+    pub name: String,
+    /// Loopback port.
+    pub port: u16,
+    fault: Mutex<Fault>,
+    shared: Arc<Shared>,
+    /// Requests answered or held, by `METHOD kind` (`GET lease`, `PUT lease`, `WATCH lease`…).
+    counts: Mutex<BTreeMap<String, u64>>,
+    total: AtomicU64,
+    kubeconfig: PathBuf,
+}
+
+/// The stand-in server. Dropping it stops every listener.
+pub struct KubeApi {
+    shared: Arc<Shared>,
+    endpoints: Mutex<Vec<Arc<Endpoint>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    dir: TempDir,
+    /// The namespace tests use.
+    pub namespace: String,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code
+    });
+    (
+        StatusCode::from_u16(code).unwrap(),
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn reason_of(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+fn json_ok(code: u16, v: &Value) -> Response {
+    (
+        StatusCode::from_u16(code).unwrap(),
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn query_map(q: Option<&str>) -> HashMap<String, String> {
+    let mut m = HashMap::new();
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        m.insert(decode(k), decode(v));
+    }
+    m
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let h = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("00");
+                out.push(u8::from_str_radix(h, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `metadata.name=X` from a field selector.
+fn name_selector(q: &HashMap<String, String>) -> Option<String> {
+    q.get("fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_owned))
+}
+
+fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+impl Store {
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+    fn record(&mut self, shared_tx: &broadcast::Sender<(u64, &'static str, Value)>, kind: &'static str, object: Value) {
+        let rv = self.rv;
+        self.history.push(Change {
+            rv,
+            kind,
+            object: object.clone(),
+        });
+        let _ = shared_tx.send((rv, kind, object));
+    }
+}
+
+impl KubeApi {
+    /// A stand-in with namespace `ns` (and `default`) and no objects.
+    pub fn start(ns: &str) -> KubeApi {
+        let (changes, _) = broadcast::channel(4096);
+        let store = Store {
+            rv: 1000,
+            namespaces: vec![ns.to_owned(), "default".to_owned()],
+            ..Store::default()
+        };
+        KubeApi {
+            shared: Arc::new(Shared {
+                store: Mutex::new(store),
+                changes,
+                global: Mutex::new(Fault::default()),
+                bookmark_every: Mutex::new(Duration::from_secs(1)),
+            }),
+            endpoints: Mutex::new(Vec::new()),
+            tasks: Mutex::new(Vec::new()),
+            dir: TempDir::new().unwrap(),
+            namespace: ns.to_owned(),
+        }
+    }
+
+    /// A new listener for one client, with its KUBECONFIG file.
+    pub async fn endpoint(&self, name: &str) -> Arc<Endpoint> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let kubeconfig = self.dir.path().join(format!("kubeconfig-{name}-{port}"));
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n    namespace: {ns}\ncurrent-context: standin\nusers:\n- name: standin\n  user: {{}}\n",
+                ns = self.namespace
+            ),
+        )
+        .unwrap();
+        let ep = Arc::new(Endpoint {
+            name: name.to_owned(),
+            port,
+            fault: Mutex::new(Fault::default()),
+            shared: self.shared.clone(),
+            counts: Mutex::new(BTreeMap::new()),
+            total: AtomicU64::new(0),
+            kubeconfig,
+        });
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(ep.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        self.tasks.lock().unwrap().push(task);
+        self.endpoints.lock().unwrap().push(ep.clone());
+        ep
+    }
+
+    /// Faults for every endpoint (combined with each endpoint's own).
+    pub fn set_fault_all(&self, f: Fault) {
+        *self.shared.global.lock().unwrap() = f;
+    }
+
+    /// How often open watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub fn set_bookmark_every(&self, d: Duration) {
+        *self.shared.bookmark_every.lock().unwrap() = d;
+    }
+
+    /// Forget history up to the current version (later watches from an
+    /// older version get 410 Expired).
+    pub fn compact(&self) {
+        let mut s = self.shared.store.lock().unwrap();
+        s.compacted = s.rv;
+        s.history.clear();
+    }
+
+    /// The Lease as stored.
+    pub fn lease(&self, name: &str) -> Option<Value> {
+        let s = self.shared.store.lock().unwrap();
+        s.leases.get(&(self.namespace.clone(), name.to_owned())).cloned()
+    }
+
+    /// Edit a Lease by hand (an unconditional update, like `kubectl edit`
+    /// after a fresh read): `f` changes the stored object.
+    pub fn edit_lease(&self, name: &str, f: impl FnOnce(&mut Value)) -> bool {
+        let shared = self.shared.clone();
+        let mut s = shared.store.lock().unwrap();
+        let key = (self.namespace.clone(), name.to_owned());
+        let Some(mut l) = s.leases.get(&key).cloned() else {
+            return false;
+        };
+        f(&mut l);
+        let rv = s.bump();
+        l["metadata"]["resourceVersion"] = json!(rv.to_string());
+        s.leases.insert(key, l.clone());
+        s.record(&shared.changes, "MODIFIED", l);
+        true
+    }
+
+    /// Delete a Lease by hand (`kubectl delete lease`).
+    pub fn delete_lease(&self, name: &str) -> bool {
+        let shared = self.shared.clone();
+        let mut s = shared.store.lock().unwrap();
+        let key = (self.namespace.clone(), name.to_owned());
+        let Some(mut l) = s.leases.remove(&key) else {
+            return false;
+        };
+        let rv = s.bump();
+        l["metadata"]["resourceVersion"] = json!(rv.to_string());
+        s.record(&shared.changes, "DELETED", l);
+        true
+    }
+
+    /// Add a Pod (for the labeler).
+    pub fn add_pod(&self, name: &str) {
+        let mut s = self.shared.store.lock().unwrap();
+        let rv = s.bump();
+        let ns = self.namespace.clone();
+        s.pods.insert(
+            (ns.clone(), name.to_owned()),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
+                                "resourceVersion": rv.to_string(), "labels": {}}}),
+        );
+    }
+
+    /// A Pod's label value.
+    pub fn pod_label(&self, pod: &str, key: &str) -> Option<String> {
+        let s = self.shared.store.lock().unwrap();
+        s.pods
+            .get(&(self.namespace.clone(), pod.to_owned()))
+            .and_then(|p| p["metadata"]["labels"][key].as_str().map(str::to_owned))
+    }
+
+    /// Events created so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.store.lock().unwrap().events.clone()
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Endpoint {
+    /// Set this endpoint's faults.
+    pub fn set_fault(&self, f: Fault) {
+        *self.fault.lock().unwrap() = f;
+    }
+
+    /// The KUBECONFIG file that points at this endpoint.
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
+    }
+
+    /// Requests so far, in all.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Requests so far by `METHOD kind`.
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.counts.lock().unwrap().clone()
+    }
+
+    fn effective(&self) -> Fault {
+        let own = self.fault.lock().unwrap().clone();
+        let all = self.shared.global.lock().unwrap().clone();
+        Fault {
+            latency: own.latency.max(all.latency),
+            status: own.status.or(all.status),
+            writes_only: if own.status.is_some() {
+                own.writes_only
+            } else {
+                all.writes_only
+            },
+            hang: own.hang || all.hang,
+        }
+    }
+
+    fn count(&self, key: String) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        *self.counts.lock().unwrap().entry(key).or_default() += 1;
+    }
+}
+
+async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let q = query_map(req.uri().query());
+    let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let seg: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let watching = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+    let kind = match seg.as_slice() {
+        ["apis", "coordination.k8s.io", "v1", "namespaces", _, "leases", ..] => "lease",
+        ["api", "v1", "namespaces", _, "pods", ..] => "pod",
+        ["api", "v1", "namespaces", _, "events", ..] => "event",
+        _ => "other",
+    };
+    let verb = if watching {
+        "WATCH".to_owned()
+    } else {
+        method.to_string()
+    };
+    ep.count(format!("{verb} {kind}"));
+
+    let fault = ep.effective();
+    if !fault.latency.is_zero() {
+        tokio::time::sleep(fault.latency).await;
+    }
+    if fault.hang {
+        std::future::pending::<()>().await;
+    }
+    let write = !matches!(method, Method::GET);
+    if let Some(code) = fault.status
+        && (write || !fault.writes_only)
+    {
+        let msg = if code == 403 {
+            let k8s_verb = match (&method, watching) {
+                (_, true) => "watch",
+                (&Method::POST, _) => "create",
+                (&Method::PUT, _) => "update",
+                (&Method::PATCH, _) => "patch",
+                (&Method::DELETE, _) => "delete",
+                _ => "get",
+            };
+            format!(
+                "{kind}s is forbidden: User \"system:serviceaccount:{ns}:leader-elector\" cannot {k8s_verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
+                ns = seg.get(3).copied().unwrap_or(""),
+                group = if kind == "lease" { "coordination.k8s.io" } else { "" },
+            )
+        } else {
+            format!("injected {code}")
+        };
+        let mut r = status(code, reason_of(code), &msg);
+        if code == 429 {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, "1".parse().unwrap());
+        }
+        return r;
+    }
+    let shared = ep.shared.clone();
+    match (seg.as_slice(), &method) {
+        (["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"], &Method::GET) => {
+            if watching {
+                watch(ep.clone(), ns.to_string(), q).await
+            } else {
+                let s = shared.store.lock().unwrap();
+                let want = name_selector(&q);
+                let items: Vec<Value> = s
+                    .leases
+                    .iter()
+                    .filter(|((n, name), _)| n == ns && want.as_ref().is_none_or(|w| w == name))
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                json_ok(
+                    200,
+                    &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                            "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+                )
+            }
+        }
+        (["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"], &Method::POST) => {
+            let mut s = shared.store.lock().unwrap();
+            if !s.namespaces.iter().any(|n| n == ns) {
+                return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"));
+            }
+            let Some(name) = body["metadata"]["name"].as_str().map(str::to_owned) else {
+                return status(422, "Invalid", "metadata.name: Required value");
+            };
+            if body["metadata"].get("resourceVersion").is_some_and(|v| !v.is_null()) {
+                return status(
+                    400,
+                    "BadRequest",
+                    "resourceVersion should not be set on objects to be created",
+                );
+            }
+            if let Some(e) = validate_lease(&body) {
+                return status(422, "Invalid", &e);
+            }
+            let key = (ns.to_string(), name.clone());
+            if s.leases.contains_key(&key) {
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("leases.coordination.k8s.io \"{name}\" already exists"),
+                );
+            }
+            let rv = s.bump();
+            let mut l = body.clone();
+            l["apiVersion"] = json!("coordination.k8s.io/v1");
+            l["kind"] = json!("Lease");
+            l["metadata"]["namespace"] = json!(ns);
+            l["metadata"]["resourceVersion"] = json!(rv.to_string());
+            l["metadata"]["uid"] = json!(format!("uid-{rv}"));
+            s.leases.insert(key, l.clone());
+            s.record(&shared.changes, "ADDED", l.clone());
+            json_ok(201, &l)
+        }
+        (["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name], m) => {
+            let key = (ns.to_string(), name.to_string());
+            let mut s = shared.store.lock().unwrap();
+            let not_found = || {
+                status(
+                    404,
+                    "NotFound",
+                    &format!("leases.coordination.k8s.io \"{name}\" not found"),
+                )
+            };
+            match *m {
+                Method::GET => match s.leases.get(&key) {
+                    Some(l) => json_ok(200, l),
+                    None => not_found(),
+                },
+                Method::PUT => {
+                    let Some(cur) = s.leases.get(&key) else {
+                        return not_found();
+                    };
+                    let sent_rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                    if !sent_rv.is_empty() && cur["metadata"]["resourceVersion"] != json!(sent_rv)
+                    {
+                        return status(
+                            409,
+                            "Conflict",
+                            &format!(
+                                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+                            ),
+                        );
+                    }
+                    if let Some(e) = validate_lease(&body) {
+                        return status(422, "Invalid", &e);
+                    }
+                    let uid = cur["metadata"]["uid"].clone();
+                    let rv = s.bump();
+                    let mut l = body.clone();
+                    l["apiVersion"] = json!("coordination.k8s.io/v1");
+                    l["kind"] = json!("Lease");
+                    l["metadata"]["namespace"] = json!(ns);
+                    l["metadata"]["uid"] = uid;
+                    l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                    s.leases.insert(key, l.clone());
+                    s.record(&shared.changes, "MODIFIED", l.clone());
+                    json_ok(200, &l)
+                }
+                Method::DELETE => match s.leases.remove(&key) {
+                    Some(mut l) => {
+                        let rv = s.bump();
+                        l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                        s.record(&shared.changes, "DELETED", l.clone());
+                        json_ok(200, &l)
+                    }
+                    None => not_found(),
+                },
+                _ => status(405, "MethodNotAllowed", "method not allowed"),
+            }
+        }
+        (["api", "v1", "namespaces", ns, "pods"], &Method::GET) => {
+            let s = shared.store.lock().unwrap();
+            let sel = q.get("labelSelector").cloned().unwrap_or_default();
+            let items: Vec<Value> = s
+                .pods
+                .iter()
+                .filter(|((n, _), _)| n == ns)
+                .filter(|(_, p)| {
+                    sel.split(',').filter(|c| !c.is_empty()).all(|c| match c.split_once('=') {
+                        Some((k, v)) => p["metadata"]["labels"][k.trim_end_matches('=')] == json!(v),
+                        None => !p["metadata"]["labels"][c].is_null(),
+                    })
+                })
+                .map(|(_, v)| v.clone())
+                .collect();
+            json_ok(
+                200,
+                &json!({"apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+            )
+        }
+        (["api", "v1", "namespaces", ns, "pods", name], m) => {
+            let key = (ns.to_string(), name.to_string());
+            let mut s = shared.store.lock().unwrap();
+            if !s.pods.contains_key(&key) {
+                return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+            }
+            match *m {
+                Method::GET => json_ok(200, &s.pods[&key]),
+                Method::PATCH => {
+                    let rv = s.bump();
+                    let p = s.pods.get_mut(&key).unwrap();
+                    merge_patch(p, &body);
+                    p["metadata"]["resourceVersion"] = json!(rv.to_string());
+                    let p = p.clone();
+                    json_ok(200, &p)
+                }
+                _ => status(405, "MethodNotAllowed", "method not allowed"),
+            }
+        }
+        (["api", "v1", "namespaces", _ns, "events"], &Method::POST) => {
+            let mut s = shared.store.lock().unwrap();
+            let rv = s.bump();
+            let mut e = body.clone();
+            e["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.events.push(e.clone());
+            json_ok(201, &e)
+        }
+        _ => status(404, "NotFound", &format!("the server could not find {path}")),
+    }
+}
+
+/// What the API server's validation rejects in a Lease that we might send.
+fn validate_lease(l: &Value) -> Option<String> {
+    let d = &l["spec"]["leaseDurationSeconds"];
+    if let Some(n) = d.as_i64()
+        && n <= 0
+    {
+        return Some("spec.leaseDurationSeconds: Invalid value: must be greater than 0".into());
+    }
+    let name = l["metadata"]["name"].as_str().unwrap_or("");
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    {
+        return Some(format!("metadata.name: Invalid value: \"{name}\""));
+    }
+    None
+}
+
+async fn watch(ep: Arc<Endpoint>, ns: String, q: HashMap<String, String>) -> Response {
+    let shared = ep.shared.clone();
+    let want = name_selector(&q);
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    let from: Option<u64> = q
+        .get("resourceVersion")
+        .filter(|v| !v.is_empty() && *v != "0")
+        .and_then(|v| v.parse().ok());
+    let matches = move |obj: &Value| {
+        obj["metadata"]["namespace"] == json!(ns)
+            && want
+                .as_ref()
+                .is_none_or(|w| obj["metadata"]["name"] == json!(w))
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(256);
+    // Under the lock: replay and subscribe, so no change falls in between.
+    let (initial, mut live, start_rv) = {
+        let s = shared.store.lock().unwrap();
+        let live = shared.changes.subscribe();
+        let mut initial = Vec::new();
+        match from {
+            Some(v) if v < s.compacted => {
+                initial.push(json!({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("too old resource version: {v} ({})", s.compacted + 1),
+                    "reason": "Expired", "code": 410}}));
+            }
+            Some(v) => {
+                for c in s.history.iter().filter(|c| c.rv > v && matches(&c.object)) {
+                    initial.push(json!({"type": c.kind, "object": c.object}));
+                }
+            }
+            None => {
+                for l in s.leases.values().filter(|l| matches(l)) {
+                    initial.push(json!({"type": "ADDED", "object": l}));
+                }
+            }
+        }
+        (initial, live, s.rv)
+    };
+    let expired = initial
+        .first()
+        .is_some_and(|e| e["type"] == json!("ERROR"));
+    let every = *shared.bookmark_every.lock().unwrap();
+    tokio::spawn(async move {
+        for e in initial {
+            if tx.send(Ok(format!("{e}\n"))).await.is_err() {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let end = tokio::time::Instant::now() + timeout;
+        let mut last_rv = start_rv;
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(end) => return,
+                _ = tx.closed() => return,
+                _ = tick.tick(), if bookmarks => {
+                    if ep.effective().hang { continue; }
+                    let b = json!({"type": "BOOKMARK", "object": {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+                        "metadata": {"resourceVersion": last_rv.to_string()}}});
+                    if tx.send(Ok(format!("{b}\n"))).await.is_err() { return; }
+                }
+                c = live.recv() => match c {
+                    Ok((rv, kind, obj)) => {
+                        last_rv = last_rv.max(rv);
+                        if !matches(&obj) { continue; }
+                        // A blackholed client gets nothing until it heals.
+                        while ep.effective().hang {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            if tx.is_closed() { return; }
+                        }
+                        let e = json!({"type": kind, "object": obj});
+                        if tx.send(Ok(format!("{e}\n"))).await.is_err() { return; }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    });
+    let stream = tokio_stream_from(rx);
+    Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<String, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<String, std::io::Error>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
