@@ -114,6 +114,15 @@ RBAC rules the sidecar needs, for your own Role:
   rules:
     {{- include "leader-elector.rbacRules" . | nindent 4 }}
 */}}
+{{/*
+"true" when the sidecar elects through a Kubernetes Lease: backend
+kubernetes, or auto with neither etcd endpoints nor a Redis URLs Secret.
+*/}}
+{{- define "leader-elector.usesLeases" -}}
+{{- $v := .Values }}
+{{- if or (eq $v.backend "kubernetes") (and (eq $v.backend "auto") (not $v.etcd.endpoints) (not $v.redis.urlsSecret.name)) }}true{{ end }}
+{{- end }}
+
 {{- define "leader-elector.rbacRules" -}}
 # Read and label its own Pod (JSON merge patch on metadata.labels).
 - apiGroups: [""]
@@ -123,4 +132,12 @@ RBAC rules the sidecar needs, for your own Role:
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
+{{- if include "leader-elector.usesLeases" . }}
+# The election Lease (Kubernetes backend): read and follow it, create it once,
+# update it by compare-and-swap on resourceVersion. `create` cannot be
+# restricted by resourceNames (the name is not known to RBAC before creation).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "update"]
+{{- end }}
 {{- end }}

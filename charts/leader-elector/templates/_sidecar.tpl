@@ -56,10 +56,13 @@ The sidecar container, as one item of a Pod's `containers` list.
 
 {{- define "leader-elector.sidecar.body" -}}
 {{- $v := .Values }}
-{{- $etcd := and (ne $v.backend "redis") $v.etcd.endpoints }}
-{{- $redis := and (ne $v.backend "etcd") $v.redis.urlsSecret.name }}
-{{- if not (or $etcd $redis) }}
-{{- fail (printf "leader-elector: backend %q needs etcd.endpoints or redis.urlsSecret.name" $v.backend) }}
+{{- $etcd := and (has $v.backend (list "auto" "etcd")) $v.etcd.endpoints }}
+{{- $redis := and (has $v.backend (list "auto" "redis")) $v.redis.urlsSecret.name }}
+{{- if and (eq $v.backend "etcd") (not $etcd) }}
+{{- fail "leader-elector: backend \"etcd\" needs etcd.endpoints" }}
+{{- end }}
+{{- if and (eq $v.backend "redis") (not $redis) }}
+{{- fail "leader-elector: backend \"redis\" needs redis.urlsSecret.name" }}
 {{- end }}
 {{- if and $etcd $redis }}
 {{- fail "leader-elector: both etcd.endpoints and redis.urlsSecret.name are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
