@@ -1,0 +1,299 @@
+//! The fault suite's overlap checker (`support::recorder`) over the Kubernetes
+//! Lease backend: a seeded random schedule of faults against sidecars on the
+//! API stand-in (`support::kube_api`), each sidecar on its own endpoint so a
+//! fault can hit only the leader. The recorder proves from every sidecar's
+//! `/leader` answers: no overlap, no claim past the claimant's own
+//! `valid_until`, fencing tokens that grow, recovery within the bounds below.
+//!
+//! 20 s by default (CI); `KFAULT_MINUTES=30` for a soak; `KFAULT_SEED`
+//! replays a schedule. Kept apart from tests/fault.rs (etcd and Redis), which
+//! another change edits.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use support::kube_api::{Endpoint, Fault as ApiFault, KubeApi};
+use support::recorder::{Expect, Fault, Recorder};
+use support::*;
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(2);
+/// Crash or cut-off leader: the Lease's duration of silence, counted from
+/// the last renewal a follower observed (≤ one renew interval before the
+/// fault), plus a retry period.
+const FAILOVER_BOUND: Duration = Duration::from_millis(3000);
+const NS: &str = "chaos";
+
+struct Group {
+    api: KubeApi,
+    election: String,
+    rec: Recorder,
+    sidecars: Vec<Option<Sidecar>>,
+    eps: Vec<Arc<Endpoint>>,
+}
+
+impl Group {
+    async fn spawn(&mut self, id: &str) -> usize {
+        let ep = self.api.endpoint(id).await;
+        let mut args: Vec<String> = vec!["--backend".into(), "kubernetes".into()];
+        args.extend(FAST.iter().map(|s| s.to_string()));
+        let kc = ep.kubeconfig().to_string_lossy().into_owned();
+        let s = Sidecar::start_env(&self.election, id, &args, &[("KUBECONFIG", kc.as_str())]);
+        let slot = self.rec.add(id, s.port);
+        self.sidecars.push(Some(s));
+        self.eps.push(ep);
+        slot
+    }
+
+    fn id(&self, slot: usize) -> String {
+        self.sidecars[slot]
+            .as_ref()
+            .map_or_else(|| format!("#{slot}"), |s| s.identity.clone())
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.sidecars.len())
+            .filter(|i| self.sidecars[*i].is_some())
+            .collect()
+    }
+
+    fn signal(&self, slot: usize, sig: Signal) {
+        self.sidecars[slot].as_ref().unwrap().signal(sig);
+    }
+
+    async fn stop(&mut self, slot: usize, sig: Signal) {
+        let mut s = self.sidecars[slot].take().unwrap();
+        s.signal(sig);
+        let st = s.wait_exit(Duration::from_secs(5)).await;
+        if sig == Signal::SIGTERM {
+            assert_eq!(st.and_then(|s| s.code()), Some(0), "SIGTERM exits 0");
+        }
+        self.rec.stop_polling(slot);
+    }
+}
+
+fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo..=hi))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Chaos {
+    KillLeader,
+    TermLeader,
+    PauseLeader,
+    HangLeader,
+    HangFollower,
+    SlowAll,
+    ErrorsAll,
+    LeaseEdited,
+    LeaseDeleted,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_randomized() {
+    let minutes: f64 = std::env::var("KFAULT_MINUTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let duration = if minutes > 0.0 {
+        Duration::from_secs_f64(minutes * 60.0)
+    } else {
+        Duration::from_secs(20)
+    };
+    let seed: u64 = std::env::var("KFAULT_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("== kubernetes randomized: KFAULT_SEED={seed} for {duration:?}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut g = Group {
+        api: KubeApi::start(NS),
+        election: election("kchaos"),
+        rec: Recorder::new(TTL),
+        sidecars: Vec::new(),
+        eps: Vec::new(),
+    };
+    for i in 0..3 {
+        g.spawn(&format!("s{i}")).await;
+    }
+    let menu = [
+        Chaos::KillLeader,
+        Chaos::TermLeader,
+        Chaos::PauseLeader,
+        Chaos::HangLeader,
+        Chaos::HangLeader,
+        Chaos::HangFollower,
+        Chaos::SlowAll,
+        Chaos::ErrorsAll,
+        Chaos::LeaseEdited,
+        Chaos::LeaseDeleted,
+    ];
+    let end = Instant::now() + duration;
+    let mut n = 0;
+    while Instant::now() < end {
+        let Some((l, tok)) = timeout(
+            Duration::from_secs(25),
+            g.rec.wait_leader(Duration::from_secs(20)),
+        )
+        .await
+        .ok()
+        .flatten() else {
+            panic!("no leader for 20 s between faults");
+        };
+        let chaos = menu[rng.random_range(0..menu.len())];
+        n += 1;
+        let label = |what: String| format!("{n:>3} {chaos:?}: {what}");
+        match chaos {
+            Chaos::KillLeader | Chaos::TermLeader => {
+                let sig = if matches!(chaos, Chaos::KillLeader) {
+                    Signal::SIGKILL
+                } else {
+                    Signal::SIGTERM
+                };
+                let id = g.id(l);
+                g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(&label(format!("{sig} {id}")), Some(l), Expect::Killed, FAILOVER_BOUND)
+                });
+                g.stop(l, sig).await;
+                sleep(ms_between(&mut rng, 0, 2500)).await;
+                // The Pod comes back under the same name.
+                g.spawn(&id).await;
+            }
+            Chaos::PauseLeader => {
+                let long = rng.random_bool(0.6);
+                let d = if long {
+                    TTL + ms_between(&mut rng, 300, 2000)
+                } else {
+                    ms_between(&mut rng, 50, 900)
+                };
+                let f = g.rec.fault(Fault {
+                    ends_term: long.then_some((l, tok)),
+                    ..Fault::new(
+                        &label(format!("SIGSTOP {} {} ms", g.id(l), d.as_millis())),
+                        Some(l),
+                        if long { Expect::Paused } else { Expect::Other },
+                        FAILOVER_BOUND,
+                    )
+                });
+                g.signal(l, Signal::SIGSTOP);
+                sleep(d).await;
+                g.signal(l, Signal::SIGCONT);
+                g.rec.heal(f, false);
+            }
+            Chaos::HangLeader | Chaos::HangFollower => {
+                let live = g.live();
+                let target = if matches!(chaos, Chaos::HangLeader) {
+                    l
+                } else {
+                    live[rng.random_range(0..live.len())]
+                };
+                let d = if rng.random_bool(0.3) {
+                    ms_between(&mut rng, 50, 300)
+                } else {
+                    ms_between(&mut rng, 300, 5000)
+                };
+                let f = g.rec.fault(Fault::new(
+                    &label(format!("API hangs for {} {} ms", g.id(target), d.as_millis())),
+                    Some(target),
+                    if target == l { Expect::CutOff } else { Expect::Other },
+                    FAILOVER_BOUND,
+                ));
+                g.eps[target].set_fault(ApiFault {
+                    hang: true,
+                    ..ApiFault::default()
+                });
+                sleep(d).await;
+                g.eps[target].set_fault(ApiFault::default());
+                g.rec.heal(f, d < TTL);
+            }
+            Chaos::SlowAll => {
+                let delay = ms_between(&mut rng, 50, 900);
+                let d = ms_between(&mut rng, 500, 5000);
+                let f = g.rec.fault(Fault::new(
+                    &label(format!("answers +{} ms for {} ms", delay.as_millis(), d.as_millis())),
+                    Some(l),
+                    // Past the 333 ms call deadline no renewal can succeed.
+                    if delay > Duration::from_millis(400) {
+                        Expect::CutOff
+                    } else {
+                        Expect::Other
+                    },
+                    FAILOVER_BOUND,
+                ));
+                g.api.set_fault_all(ApiFault {
+                    latency: delay,
+                    ..ApiFault::default()
+                });
+                sleep(d).await;
+                g.api.set_fault_all(ApiFault::default());
+                g.rec.heal(f, true);
+            }
+            Chaos::ErrorsAll => {
+                let code = [403, 409, 429, 500][rng.random_range(0..4)];
+                let d = ms_between(&mut rng, 200, 4000);
+                let f = g.rec.fault(Fault::new(
+                    &label(format!("every write answers {code} for {} ms", d.as_millis())),
+                    Some(l),
+                    Expect::CutOff,
+                    FAILOVER_BOUND,
+                ));
+                g.api.set_fault_all(ApiFault {
+                    status: Some(code),
+                    writes_only: true,
+                    ..ApiFault::default()
+                });
+                sleep(d).await;
+                g.api.set_fault_all(ApiFault::default());
+                g.rec.heal(f, true);
+            }
+            Chaos::LeaseEdited => {
+                let f = g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(
+                        &label("holderIdentity set to intruder_x by hand".into()),
+                        None,
+                        Expect::Other,
+                        FAILOVER_BOUND,
+                    )
+                });
+                g.api.edit_lease(&g.election, |lease| {
+                    lease["spec"]["holderIdentity"] = json!("intruder_x");
+                });
+                g.rec.heal(f, false);
+            }
+            Chaos::LeaseDeleted => {
+                let f = g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(&label("Lease deleted by hand".into()), None, Expect::Other, FAILOVER_BOUND)
+                });
+                g.api.delete_lease(&g.election);
+                g.rec.heal(f, false);
+            }
+        }
+        sleep(ms_between(&mut rng, 200, 1500)).await;
+    }
+    sleep(Duration::from_secs(3)).await;
+    let report = g.rec.check(&format!("kubernetes randomized, seed {seed}"));
+    let mut problems = report.problems.clone();
+    for s in g.sidecars.iter_mut().flatten() {
+        if let Some(st) = s.exited() {
+            problems.push(format!("EXIT: {} exited with {st}", s.identity));
+        }
+    }
+    eprintln!("{}", report.summary());
+    eprintln!(
+        "kubernetes randomized: {} faults, {} transitions, {} overlaps, worst stale claim {:?} ms",
+        report.faults,
+        report.transitions,
+        report.overlaps.len(),
+        report.worst_stale_ms
+    );
+    assert!(problems.is_empty(), "{} problem(s):\n{}", problems.len(), problems.join("\n"));
+}
