@@ -414,3 +414,38 @@ async fn a_silent_lease_expires_for_a_watching_follower_after_its_own_duration()
     assert!(waited >= Duration::from_secs(3), "{waited:?}");
     assert!(waited < Duration::from_secs(4), "{waited:?}");
 }
+
+#[tokio::test]
+async fn the_coordination_api_answers_400_naming_the_backends_that_serve_it() {
+    use tower::ServiceExt;
+    let app = crate::coord::http::routes(crate::coord::http::CoordState {
+        service: Arc::new(crate::coord::Service::new(
+            Box::new(KubeCoord),
+            None,
+            "me".into(),
+        )),
+        completed_retention: Duration::from_secs(60),
+    });
+    for path in [
+        "/locks/a",
+        "/semaphores/s?permits=2",
+        "/jobs/q/j/claim",
+    ] {
+        let res = app
+            .clone()
+            .oneshot(
+                http::Request::post(path)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 400, "{path}");
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16).await.unwrap();
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("not served by the kubernetes backend") && text.contains("--backend etcd"),
+            "{path}: {text}"
+        );
+    }
+}
