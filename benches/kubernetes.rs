@@ -20,7 +20,10 @@ use support::{Sidecar, http_get};
 use tokio::time::{Instant, sleep};
 
 fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -45,10 +48,17 @@ struct Cand {
 
 async fn start(api: &KubeApi, election: &str, id: &str, ttl: &str) -> Cand {
     let ep = api.endpoint(id).await;
-    let args: Vec<String> = ["--backend", "kubernetes", "--lease-duration", ttl, "--log-level", "warn"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args: Vec<String> = [
+        "--backend",
+        "kubernetes",
+        "--lease-duration",
+        ttl,
+        "--log-level",
+        "warn",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let kc = ep.kubeconfig().to_string_lossy().into_owned();
     let s = Sidecar::start_env(election, id, &args, &[("KUBECONFIG", kc.as_str())]);
     Cand { ep, s: Some(s) }
@@ -157,7 +167,10 @@ async fn main() {
         cs[l] = start(&api, &election, &id, &ttl_s).await;
         sleep(Duration::from_millis(500)).await;
     }
-    println!("== graceful handover (SIGTERM → another answers 200): {}", stats(&mut hand));
+    println!(
+        "== graceful handover (SIGTERM → another answers 200): {}",
+        stats(&mut hand)
+    );
 
     // Crash failover: SIGKILL at a random point of the renew cycle.
     let mut fail = Vec::new();
@@ -176,5 +189,8 @@ async fn main() {
         cs[l] = start(&api, &election, &id, &ttl_s).await;
         sleep(Duration::from_millis(500)).await;
     }
-    println!("== crash failover (SIGKILL → another answers 200): {}", stats(&mut fail));
+    println!(
+        "== crash failover (SIGKILL → another answers 200): {}",
+        stats(&mut fail)
+    );
 }

@@ -204,7 +204,11 @@ pub struct EtcdArgs {
 #[derive(Args, Debug, Clone)]
 pub struct KubeArgs {
     /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
-    #[arg(long, env = "LEADER_ELECTOR_ELECTION_NAMESPACE", value_name = "NAMESPACE")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_ELECTION_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
     pub election_namespace: Option<String>,
 
     /// Accepted for compatibility with the old leader-elector image and ignored: the in-cluster config is used when present, else KUBECONFIG.

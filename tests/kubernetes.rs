@@ -94,7 +94,10 @@ async fn until_no_overlap<F: FnMut(&[usize]) -> bool>(
         if cond(&l) {
             return l;
         }
-        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out after {limit:?} waiting for {what}"
+        );
         sleep(Duration::from_millis(5)).await;
     }
 }
@@ -115,9 +118,15 @@ async fn three_elect_one_hand_over_on_sigterm_and_fail_over_on_sigkill() {
         lease["metadata"]["annotations"]["leader-elector/fencing-token"],
         json!(t1.to_string())
     );
-    wait_for(Duration::from_secs(10), "the leader's Pod label", || async {
-        g.api.pod_label(&g.cs[first].identity, "leader-elector/leader") == Some("true".into())
-    })
+    wait_for(
+        Duration::from_secs(10),
+        "the leader's Pod label",
+        || async {
+            g.api
+                .pod_label(&g.cs[first].identity, "leader-elector/leader")
+                == Some("true".into())
+        },
+    )
     .await;
 
     // At rest, followers send nothing but their open watch.
@@ -157,11 +166,12 @@ async fn three_elect_one_hand_over_on_sigterm_and_fail_over_on_sigkill() {
     assert!(t2 > t1, "fencing token grows: {t1} then {t2}");
     let lease = g.api.lease(&g.election).unwrap();
     assert!(
-        lease["spec"]["leaseTransitions"].as_i64().unwrap() >= transitions_before + 1,
+        lease["spec"]["leaseTransitions"].as_i64().unwrap() > transitions_before,
         "leaseTransitions counts the new holder: {lease}"
     );
     assert_eq!(
-        g.api.pod_label(&g.cs[first].identity, "leader-elector/leader"),
+        g.api
+            .pod_label(&g.cs[first].identity, "leader-elector/leader"),
         Some("false".into()),
         "the old leader's Pod was labelled false before release"
     );
@@ -192,9 +202,11 @@ async fn a_paused_leader_answers_not_leader_on_resume() {
     let first = one_leader(&g.cs, Duration::from_secs(20)).await;
     let other = 1 - first;
     g.cs[first].signal(Signal::SIGSTOP);
-    wait_for(Duration::from_secs(20), "the other to take over", || async {
-        g.cs[other].is_leader().await
-    })
+    wait_for(
+        Duration::from_secs(20),
+        "the other to take over",
+        || async { g.cs[other].is_leader().await },
+    )
     .await;
     sleep(Duration::from_millis(500)).await;
     g.cs[first].signal(Signal::SIGCONT);
@@ -204,7 +216,11 @@ async fn a_paused_leader_answers_not_leader_on_resume() {
     assert_eq!(body["is_leader"], json!(false));
     until_no_overlap(&g.cs, Duration::from_secs(5), "settling", |l| l == [other]).await;
     sleep(Duration::from_secs(2)).await;
-    assert_eq!(leaders(&g.cs).await, vec![other], "the resumed one stays a follower");
+    assert_eq!(
+        leaders(&g.cs).await,
+        vec![other],
+        "the resumed one stays a follower"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,14 +237,20 @@ async fn the_api_blackholed_for_the_leader_only() {
     let end = Instant::now() + Duration::from_secs(20);
     while taken.is_none() {
         let l = leaders(&g.cs).await;
-        assert!(l.len() <= 1, "overlap while the leader is blackholed: {l:?}");
+        assert!(
+            l.len() <= 1,
+            "overlap while the leader is blackholed: {l:?}"
+        );
         if stepped_down.is_none() && !l.contains(&first) {
             stepped_down = Some(start.elapsed());
         }
         if l.len() == 1 && l[0] != first {
             taken = Some(start.elapsed());
         }
-        assert!(Instant::now() < end, "no takeover while the leader is blackholed");
+        assert!(
+            Instant::now() < end,
+            "no takeover while the leader is blackholed"
+        );
         sleep(Duration::from_millis(5)).await;
     }
     let (down, up) = (stepped_down.unwrap(), taken.unwrap());
@@ -248,11 +270,16 @@ async fn a_lease_edited_by_hand_to_another_holder_is_respected() {
         l["spec"]["holderIdentity"] = json!("intruder_1");
     }));
     let start = Instant::now();
-    wait_for(Duration::from_secs(5), "the old holder to step down", || async {
-        !g.cs[first].is_leader().await
-    })
+    wait_for(
+        Duration::from_secs(5),
+        "the old holder to step down",
+        || async { !g.cs[first].is_leader().await },
+    )
     .await;
-    println!("edited Lease: old holder stepped down after {:?}", start.elapsed());
+    println!(
+        "edited Lease: old holder stepped down after {:?}",
+        start.elapsed()
+    );
     // Nobody of ours leads while the intruder's term may run.
     let l = until_no_overlap(&g.cs, Duration::from_secs(20), "a new leader", |l| {
         l.len() == 1
@@ -274,16 +301,21 @@ async fn a_lease_deleted_by_hand_is_recreated_and_tokens_still_grow() {
     let first = one_leader(&g.cs, Duration::from_secs(20)).await;
     let t1 = token_of(&g.cs[first]).await;
     assert!(g.api.delete_lease(&g.election));
-    wait_for(Duration::from_secs(5), "the holder to step down", || async {
-        !g.cs[first].is_leader().await
-    })
+    wait_for(
+        Duration::from_secs(5),
+        "the holder to step down",
+        || async { !g.cs[first].is_leader().await },
+    )
     .await;
     let l = until_no_overlap(&g.cs, Duration::from_secs(20), "a new leader", |l| {
         l.len() == 1
     })
     .await;
     let t2 = token_of(&g.cs[l[0]]).await;
-    assert!(t2 > t1, "fencing token grows across a deletion: {t1} then {t2}");
+    assert!(
+        t2 > t1,
+        "fencing token grows across a deletion: {t1} then {t2}"
+    );
     assert!(g.api.lease(&g.election).is_some(), "recreated");
 }
 
@@ -292,7 +324,10 @@ async fn a_same_name_restart_waits_like_any_follower() {
     let api = KubeApi::start(NS);
     let election = election("k-samename");
     let (_ep, mut a) = candidate(&api, &election, "a", &[], false).await;
-    wait_for(Duration::from_secs(20), "a to lead", || async { a.is_leader().await }).await;
+    wait_for(Duration::from_secs(20), "a to lead", || async {
+        a.is_leader().await
+    })
+    .await;
     let old_term = holder(&api, &election);
     let t1 = token_of(&a).await;
     a.signal(Signal::SIGKILL);
@@ -373,9 +408,9 @@ async fn rbac_and_server_faults_are_reported_and_retried() {
     let (_ep, a) = candidate(&api, &election, "a", &[], false).await;
     wait_for(Duration::from_secs(20), "a 403 to be reported", || async {
         a.leader().await.is_some_and(|(_, b)| {
-            b["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("may not create leases.coordination.k8s.io") && e.contains("Role"))
+            b["error"].as_str().is_some_and(|e| {
+                e.contains("may not create leases.coordination.k8s.io") && e.contains("Role")
+            })
         })
     })
     .await;
@@ -385,11 +420,17 @@ async fn rbac_and_server_faults_are_reported_and_retried() {
             status: Some(code),
             ..Fault::default()
         });
-        wait_for(Duration::from_secs(10), "the fault to be reported", || async {
-            a.leader()
-                .await
-                .is_some_and(|(_, b)| b["error"].as_str().is_some_and(|e| e.contains(&code.to_string())))
-        })
+        wait_for(
+            Duration::from_secs(10),
+            "the fault to be reported",
+            || async {
+                a.leader().await.is_some_and(|(_, b)| {
+                    b["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains(&code.to_string()))
+                })
+            },
+        )
         .await;
         assert!(!a.is_leader().await);
     }
@@ -397,9 +438,11 @@ async fn rbac_and_server_faults_are_reported_and_retried() {
         latency: Duration::from_millis(100),
         ..Fault::default()
     });
-    wait_for(Duration::from_secs(20), "a to lead once the API heals", || async {
-        a.is_leader().await
-    })
+    wait_for(
+        Duration::from_secs(20),
+        "a to lead once the API heals",
+        || async { a.is_leader().await },
+    )
     .await;
     let e = a.leader().await.unwrap().1;
     assert!(e["error"].is_null(), "{e}");

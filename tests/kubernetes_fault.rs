@@ -159,7 +159,12 @@ async fn kubernetes_randomized() {
                 let id = g.id(l);
                 g.rec.fault(Fault {
                     ends_term: Some((l, tok)),
-                    ..Fault::new(&label(format!("{sig} {id}")), Some(l), Expect::Killed, FAILOVER_BOUND)
+                    ..Fault::new(
+                        &label(format!("{sig} {id}")),
+                        Some(l),
+                        Expect::Killed,
+                        FAILOVER_BOUND,
+                    )
                 });
                 g.stop(l, sig).await;
                 sleep(ms_between(&mut rng, 0, 2500)).await;
@@ -200,9 +205,17 @@ async fn kubernetes_randomized() {
                     ms_between(&mut rng, 300, 5000)
                 };
                 let f = g.rec.fault(Fault::new(
-                    &label(format!("API hangs for {} {} ms", g.id(target), d.as_millis())),
+                    &label(format!(
+                        "API hangs for {} {} ms",
+                        g.id(target),
+                        d.as_millis()
+                    )),
                     Some(target),
-                    if target == l { Expect::CutOff } else { Expect::Other },
+                    if target == l {
+                        Expect::CutOff
+                    } else {
+                        Expect::Other
+                    },
                     FAILOVER_BOUND,
                 ));
                 g.eps[target].set_fault(ApiFault {
@@ -217,7 +230,11 @@ async fn kubernetes_randomized() {
                 let delay = ms_between(&mut rng, 50, 900);
                 let d = ms_between(&mut rng, 500, 5000);
                 let f = g.rec.fault(Fault::new(
-                    &label(format!("answers +{} ms for {} ms", delay.as_millis(), d.as_millis())),
+                    &label(format!(
+                        "answers +{} ms for {} ms",
+                        delay.as_millis(),
+                        d.as_millis()
+                    )),
                     Some(l),
                     // Past the 333 ms call deadline no renewal can succeed.
                     if delay > Duration::from_millis(400) {
@@ -239,7 +256,10 @@ async fn kubernetes_randomized() {
                 let code = [403, 409, 429, 500][rng.random_range(0..4)];
                 let d = ms_between(&mut rng, 200, 4000);
                 let f = g.rec.fault(Fault::new(
-                    &label(format!("every write answers {code} for {} ms", d.as_millis())),
+                    &label(format!(
+                        "every write answers {code} for {} ms",
+                        d.as_millis()
+                    )),
                     Some(l),
                     Expect::CutOff,
                     FAILOVER_BOUND,
@@ -271,7 +291,12 @@ async fn kubernetes_randomized() {
             Chaos::LeaseDeleted => {
                 let f = g.rec.fault(Fault {
                     ends_term: Some((l, tok)),
-                    ..Fault::new(&label("Lease deleted by hand".into()), None, Expect::Other, FAILOVER_BOUND)
+                    ..Fault::new(
+                        &label("Lease deleted by hand".into()),
+                        None,
+                        Expect::Other,
+                        FAILOVER_BOUND,
+                    )
                 });
                 g.api.delete_lease(&g.election);
                 g.rec.heal(f, false);
@@ -295,5 +320,10 @@ async fn kubernetes_randomized() {
         report.overlaps.len(),
         report.worst_stale_ms
     );
-    assert!(problems.is_empty(), "{} problem(s):\n{}", problems.len(), problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }

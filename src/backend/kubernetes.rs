@@ -44,8 +44,8 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use kube::Client;
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use rand::Rng;
 use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep_until};
@@ -284,11 +284,13 @@ impl KubeLeaseBackend {
     async fn conn(&self) -> Result<&Conn> {
         self.conn
             .get_or_try_init(|| async {
-                let config = kube::Config::infer().await.map_err(|e| BackendError::Rejected {
-                    backend: NAME,
-                    code: "no_kubeconfig",
-                    source: Box::new(KubeLeaseError::NoConfig(e)),
-                })?;
+                let config = kube::Config::infer()
+                    .await
+                    .map_err(|e| BackendError::Rejected {
+                        backend: NAME,
+                        code: "no_kubeconfig",
+                        source: Box::new(KubeLeaseError::NoConfig(e)),
+                    })?;
                 let mut config = config;
                 // The Elector owns retries and backoff (and every call's
                 // deadline); kube-rs's own retry of 429/503/504 would run
@@ -549,7 +551,10 @@ impl LeaseBackend for KubeLeaseBackend {
                     if round > 0 {
                         break;
                     }
-                    debug!(previous = holder, "lease free or silent for its duration; taking it");
+                    debug!(
+                        previous = holder,
+                        "lease free or silent for its duration; taking it"
+                    );
                     let old = lease.spec.clone().unwrap_or_default();
                     let transitions = old.lease_transitions.unwrap_or(0).saturating_add(1);
                     let token = (token_of(&lease).max(max_token)) + 1;

@@ -131,15 +131,25 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
     else {
         panic!("elected expected")
     };
-    assert_eq!(term.ttl, Duration::from_secs(2), "whole seconds, rounded up");
+    assert_eq!(
+        term.ttl,
+        Duration::from_secs(2),
+        "whole seconds, rounded up"
+    );
     assert_eq!(term.holder.identity, "pod-0");
     assert!(term.holder.term_id.starts_with("pod-0_"));
     let created = seen.lock().unwrap()[1].body.clone();
-    assert_eq!(created["spec"]["holderIdentity"], json!(term.holder.term_id));
+    assert_eq!(
+        created["spec"]["holderIdentity"],
+        json!(term.holder.term_id)
+    );
     assert_eq!(created["spec"]["leaseDurationSeconds"], json!(2));
     assert_eq!(created["spec"]["leaseTransitions"], json!(0));
     assert!(created["metadata"].get("resourceVersion").is_none());
-    assert!(created["spec"]["renewTime"].as_str().unwrap().contains('.'), "MicroTime");
+    assert!(
+        created["spec"]["renewTime"].as_str().unwrap().contains('.'),
+        "MicroTime"
+    );
     let t0: u64 = created["metadata"]["annotations"][TOKEN_ANNOTATION]
         .as_str()
         .unwrap()
@@ -158,8 +168,15 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
     let put = seen.lock().unwrap()[2].clone();
     assert_eq!(put.method, "PUT");
     assert_eq!(put.path, format!("{BASE}/el?"), "an update, never a patch");
-    assert_eq!(put.body["metadata"]["resourceVersion"], json!("101"), "CAS on the version read");
-    assert_eq!(put.body["spec"]["holderIdentity"], json!(term.holder.term_id));
+    assert_eq!(
+        put.body["metadata"]["resourceVersion"],
+        json!("101"),
+        "CAS on the version read"
+    );
+    assert_eq!(
+        put.body["spec"]["holderIdentity"],
+        json!(term.holder.term_id)
+    );
 
     b.resign(&term).await.unwrap();
     let put = seen.lock().unwrap()[3].clone();
@@ -175,7 +192,10 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
             format!("PUT {BASE}/el?"),
         ]
     );
-    assert_eq!(state.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"], json!(""));
+    assert_eq!(
+        state.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"],
+        json!("")
+    );
 }
 
 #[tokio::test]
@@ -183,7 +203,10 @@ async fn a_held_lease_is_followed_with_one_get_and_no_write() {
     let (respond, _) = store(Some(lease("pod-1_abc", 7, 41, 3, 15)));
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
     let Campaign::Following(h) = c else {
         panic!("following expected: {c:?}")
     };
@@ -199,8 +222,14 @@ async fn same_name_restart_is_a_stranger_to_its_predecessors_term() {
     let (respond, _) = store(Some(lease("pod-0_0123456789abcdef", 7, 41, 3, 15)));
     let (client, _) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
-    assert!(matches!(c, Campaign::Following(ref h) if h.identity == "pod-0"), "{c:?}");
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
+    assert!(
+        matches!(c, Campaign::Following(ref h) if h.identity == "pod-0"),
+        "{c:?}"
+    );
 }
 
 #[tokio::test]
@@ -208,7 +237,10 @@ async fn a_released_lease_is_taken_at_once_with_transitions_and_token_plus_one()
     let (respond, _) = store(Some(lease("", 7, 41, 3, 1)));
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
     let Campaign::Elected(term) = c else {
         panic!("elected expected: {c:?}")
     };
@@ -218,7 +250,10 @@ async fn a_released_lease_is_taken_at_once_with_transitions_and_token_plus_one()
     assert_eq!(put.body["metadata"]["resourceVersion"], json!("7"));
     assert_eq!(put.body["spec"]["leaseTransitions"], json!(4));
     assert_eq!(put.body["spec"]["leaseDurationSeconds"], json!(2));
-    assert_eq!(put.body["metadata"]["annotations"][TOKEN_ANNOTATION], json!("42"));
+    assert_eq!(
+        put.body["metadata"]["annotations"][TOKEN_ANNOTATION],
+        json!("42")
+    );
 }
 
 #[tokio::test]
@@ -237,8 +272,14 @@ async fn a_lost_race_on_update_rereads_and_follows() {
     });
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
-    assert!(matches!(c, Campaign::Following(ref h) if h.term_id == "pod-2_x"), "{c:?}");
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
+    assert!(
+        matches!(c, Campaign::Following(ref h) if h.term_id == "pod-2_x"),
+        "{c:?}"
+    );
     assert_eq!(seen.lock().unwrap().len(), 3, "never a second write");
 }
 
@@ -247,7 +288,10 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
     let (respond, state) = store(None);
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let Campaign::Elected(term) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    let Campaign::Elected(term) = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap()
     else {
         panic!()
     };
@@ -256,7 +300,10 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
     let r = b.renew(&term).await.unwrap();
     assert_eq!(r, Renewal::Lost(LostReason::KeyOverwritten));
     let m = methods(&seen);
-    assert_eq!(&m[2..], &[format!("PUT {BASE}/el?"), format!("GET {BASE}/el")]);
+    assert_eq!(
+        &m[2..],
+        &[format!("PUT {BASE}/el?"), format!("GET {BASE}/el")]
+    );
     // Release finds nothing of ours: no write.
     b.resign(&term).await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 4);
@@ -264,12 +311,18 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
     let (respond, state) = store(None);
     let (client, _) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let Campaign::Elected(term) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    let Campaign::Elected(term) = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap()
     else {
         panic!()
     };
     *state.lock().unwrap() = None;
-    assert_eq!(b.renew(&term).await.unwrap(), Renewal::Lost(LostReason::KeyDeleted));
+    assert_eq!(
+        b.renew(&term).await.unwrap(),
+        Renewal::Lost(LostReason::KeyDeleted)
+    );
 }
 
 #[tokio::test]
@@ -278,22 +331,37 @@ async fn a_deleted_lease_waits_out_the_holders_term_and_tokens_grow() {
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
     assert!(matches!(
-        b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap(),
+        b.campaign("pod-0", Duration::from_secs(2), None)
+            .await
+            .unwrap(),
         Campaign::Following(_)
     ));
     *state.lock().unwrap() = None;
-    let c = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap();
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
     let Campaign::Waiting { retry_after, .. } = c else {
         panic!("waiting expected: {c:?}")
     };
     assert!(retry_after <= Duration::from_secs(1));
-    assert_eq!(seen.lock().unwrap().len(), 2, "no create while the old term may run");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        2,
+        "no create while the old term may run"
+    );
     tokio::time::sleep(retry_after + Duration::from_millis(20)).await;
-    let Campaign::Elected(term) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    let Campaign::Elected(term) = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap()
     else {
         panic!("elected expected")
     };
-    assert!(term.holder.fencing_token > 41, "token grows across a deletion");
+    assert!(
+        term.holder.fencing_token > 41,
+        "token grows across a deletion"
+    );
 }
 
 #[tokio::test]
@@ -346,7 +414,10 @@ async fn followers_watch_the_named_lease_from_the_version_read() {
     });
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let Campaign::Following(h) = b.campaign("pod-0", Duration::from_secs(2), None).await.unwrap()
+    let Campaign::Following(h) = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap()
     else {
         panic!()
     };
@@ -405,7 +476,10 @@ async fn a_silent_lease_expires_for_a_watching_follower_after_its_own_duration()
     });
     let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
     let start = Instant::now();
-    let Campaign::Following(h) = b.campaign("pod-0", Duration::from_secs(1), None).await.unwrap()
+    let Campaign::Following(h) = b
+        .campaign("pod-0", Duration::from_secs(1), None)
+        .await
+        .unwrap()
     else {
         panic!()
     };
@@ -426,11 +500,7 @@ async fn the_coordination_api_answers_400_naming_the_backends_that_serve_it() {
         )),
         completed_retention: Duration::from_secs(60),
     });
-    for path in [
-        "/locks/a",
-        "/semaphores/s?permits=2",
-        "/jobs/q/j/claim",
-    ] {
+    for path in ["/locks/a", "/semaphores/s?permits=2", "/jobs/q/j/claim"] {
         let res = app
             .clone()
             .oneshot(
@@ -441,10 +511,13 @@ async fn the_coordination_api_answers_400_naming_the_backends_that_serve_it() {
             .await
             .unwrap();
         assert_eq!(res.status(), 400, "{path}");
-        let body = axum::body::to_bytes(res.into_body(), 1 << 16).await.unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
         let text = String::from_utf8_lossy(&body);
         assert!(
-            text.contains("not served by the kubernetes backend") && text.contains("--backend etcd"),
+            text.contains("not served by the kubernetes backend")
+                && text.contains("--backend etcd"),
             "{path}: {text}"
         );
     }

@@ -256,7 +256,9 @@ impl BackendError {
             }
             BackendError::Rejected {
                 code: "throttled", ..
-            } => "the API server is throttling (429, API Priority and Fairness); retrying with backoff",
+            } => {
+                "the API server is throttling (429, API Priority and Fairness); retrying with backoff"
+            }
             BackendError::Rejected {
                 code: "invalid", ..
             } => {

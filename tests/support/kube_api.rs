@@ -199,7 +199,12 @@ impl Store {
         self.rv += 1;
         self.rv
     }
-    fn record(&mut self, shared_tx: &broadcast::Sender<(u64, &'static str, Value)>, kind: &'static str, object: Value) {
+    fn record(
+        &mut self,
+        shared_tx: &broadcast::Sender<(u64, &'static str, Value)>,
+        kind: &'static str,
+        object: Value,
+    ) {
         let rv = self.rv;
         self.history.push(Change {
             rv,
@@ -255,9 +260,7 @@ impl KubeApi {
             total: AtomicU64::new(0),
             kubeconfig,
         });
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(ep.clone());
+        let app = axum::Router::new().fallback(handle).with_state(ep.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -287,7 +290,9 @@ impl KubeApi {
     /// The Lease as stored.
     pub fn lease(&self, name: &str) -> Option<Value> {
         let s = self.shared.store.lock().unwrap();
-        s.leases.get(&(self.namespace.clone(), name.to_owned())).cloned()
+        s.leases
+            .get(&(self.namespace.clone(), name.to_owned()))
+            .cloned()
     }
 
     /// Edit a Lease by hand (an unconditional update, like `kubectl edit`
@@ -409,7 +414,15 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
     let seg: Vec<&str> = path.trim_matches('/').split('/').collect();
     let watching = q.get("watch").is_some_and(|v| v == "true" || v == "1");
     let kind = match seg.as_slice() {
-        ["apis", "coordination.k8s.io", "v1", "namespaces", _, "leases", ..] => "lease",
+        [
+            "apis",
+            "coordination.k8s.io",
+            "v1",
+            "namespaces",
+            _,
+            "leases",
+            ..,
+        ] => "lease",
         ["api", "v1", "namespaces", _, "pods", ..] => "pod",
         ["api", "v1", "namespaces", _, "events", ..] => "event",
         _ => "other",
@@ -444,7 +457,11 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
             format!(
                 "{kind}s is forbidden: User \"system:serviceaccount:{ns}:leader-elector\" cannot {k8s_verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
                 ns = seg.get(3).copied().unwrap_or(""),
-                group = if kind == "lease" { "coordination.k8s.io" } else { "" },
+                group = if kind == "lease" {
+                    "coordination.k8s.io"
+                } else {
+                    ""
+                },
             )
         } else {
             format!("injected {code}")
@@ -458,7 +475,17 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
     }
     let shared = ep.shared.clone();
     match (seg.as_slice(), &method) {
-        (["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"], &Method::GET) => {
+        (
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                ns,
+                "leases",
+            ],
+            &Method::GET,
+        ) => {
             if watching {
                 watch(ep.clone(), ns.to_string(), q).await
             } else {
@@ -477,7 +504,17 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
                 )
             }
         }
-        (["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"], &Method::POST) => {
+        (
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                ns,
+                "leases",
+            ],
+            &Method::POST,
+        ) => {
             let mut s = shared.store.lock().unwrap();
             if !s.namespaces.iter().any(|n| n == ns) {
                 return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"));
@@ -485,7 +522,10 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
             let Some(name) = body["metadata"]["name"].as_str().map(str::to_owned) else {
                 return status(422, "Invalid", "metadata.name: Required value");
             };
-            if body["metadata"].get("resourceVersion").is_some_and(|v| !v.is_null()) {
+            if body["metadata"]
+                .get("resourceVersion")
+                .is_some_and(|v| !v.is_null())
+            {
                 return status(
                     400,
                     "BadRequest",
@@ -514,7 +554,18 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
             s.record(&shared.changes, "ADDED", l.clone());
             json_ok(201, &l)
         }
-        (["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name], m) => {
+        (
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                ns,
+                "leases",
+                name,
+            ],
+            m,
+        ) => {
             let key = (ns.to_string(), name.to_string());
             let mut s = shared.store.lock().unwrap();
             let not_found = || {
@@ -534,8 +585,7 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
                         return not_found();
                     };
                     let sent_rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
-                    if !sent_rv.is_empty() && cur["metadata"]["resourceVersion"] != json!(sent_rv)
-                    {
+                    if !sent_rv.is_empty() && cur["metadata"]["resourceVersion"] != json!(sent_rv) {
                         return status(
                             409,
                             "Conflict",
@@ -579,10 +629,14 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
                 .iter()
                 .filter(|((n, _), _)| n == ns)
                 .filter(|(_, p)| {
-                    sel.split(',').filter(|c| !c.is_empty()).all(|c| match c.split_once('=') {
-                        Some((k, v)) => p["metadata"]["labels"][k.trim_end_matches('=')] == json!(v),
-                        None => !p["metadata"]["labels"][c].is_null(),
-                    })
+                    sel.split(',')
+                        .filter(|c| !c.is_empty())
+                        .all(|c| match c.split_once('=') {
+                            Some((k, v)) => {
+                                p["metadata"]["labels"][k.trim_end_matches('=')] == json!(v)
+                            }
+                            None => !p["metadata"]["labels"][c].is_null(),
+                        })
                 })
                 .map(|(_, v)| v.clone())
                 .collect();
@@ -619,7 +673,11 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
             s.events.push(e.clone());
             json_ok(201, &e)
         }
-        _ => status(404, "NotFound", &format!("the server could not find {path}")),
+        _ => status(
+            404,
+            "NotFound",
+            &format!("the server could not find {path}"),
+        ),
     }
 }
 
@@ -687,9 +745,7 @@ async fn watch(ep: Arc<Endpoint>, ns: String, q: HashMap<String, String>) -> Res
         }
         (initial, live, s.rv)
     };
-    let expired = initial
-        .first()
-        .is_some_and(|e| e["type"] == json!("ERROR"));
+    let expired = initial.first().is_some_and(|e| e["type"] == json!("ERROR"));
     let every = *shared.bookmark_every.lock().unwrap();
     tokio::spawn(async move {
         for e in initial {
