@@ -542,7 +542,28 @@ fn check_lease_name(name: &str) -> Result<(), ConfigError> {
     }
 }
 
-fn kube_backend(cli: &Cli) -> Result<BackendConfig, ConfigError> {
+/// Whether a Kubernetes client configuration can exist: in a Pod (the
+/// service host variables), or a kubeconfig (`KUBECONFIG`, `~/.kube/config`).
+fn kube_config_present() -> bool {
+    #[cfg(test)]
+    if let Some(v) = tests::KUBE_PRESENT.with(|c| c.get()) {
+        return v;
+    }
+    let env = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    (env("KUBERNETES_SERVICE_HOST") && env("KUBERNETES_SERVICE_PORT"))
+        || env("KUBECONFIG")
+        || std::env::var_os("HOME")
+            .is_some_and(|h| Path::new(&h).join(".kube").join("config").is_file())
+}
+
+fn kube_backend(cli: &Cli, chosen_by_auto: bool) -> Result<BackendConfig, ConfigError> {
+    if !kube_config_present() {
+        return Err(config_error(if chosen_by_auto {
+            "no backend is configured: give --etcd-endpoints (e.g. http://127.0.0.1:2379) or --redis-url (e.g. redis://127.0.0.1:6379), or run in a Kubernetes Pod (or set KUBECONFIG) to elect through a Lease"
+        } else {
+            "--backend kubernetes needs a Kubernetes client configuration: run in a Pod with a ServiceAccount, or set KUBECONFIG"
+        }));
+    }
     check_lease_name(&cli.election)?;
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let namespace = match cli.kubernetes.election_namespace.as_deref().map(str::trim) {
@@ -729,7 +750,9 @@ impl Config {
         };
         let backend = match kind {
             BackendKind::Redis => redis_backend(&cli, &elector)?,
-            BackendKind::Kubernetes => kube_backend(&cli)?,
+            BackendKind::Kubernetes => {
+                kube_backend(&cli, matches!(cli.backend, BackendKind::Auto))?
+            }
             BackendKind::Auto | BackendKind::Etcd => {
                 let e = &cli.etcd;
                 if e.etcd_endpoints.is_empty() {
@@ -979,8 +1002,25 @@ mod tests {
         assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
     }
 
+    thread_local! {
+        /// Overrides the kubeconfig/in-cluster detection in this thread.
+        pub(super) static KUBE_PRESENT: std::cell::Cell<Option<bool>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    #[test]
+    fn auto_without_any_backend_or_kubernetes_config_is_a_usage_error() {
+        KUBE_PRESENT.with(|c| c.set(Some(false)));
+        let e = cli(&["--election=a", "--id=me"]).unwrap_err();
+        assert!(e.contains("no backend is configured"), "{e}");
+        assert!(e.contains("KUBECONFIG"), "{e}");
+        let e = cli(&["--election=a", "--id=me", "--backend=kubernetes"]).unwrap_err();
+        assert!(e.contains("needs a Kubernetes client configuration"), "{e}");
+    }
+
     #[test]
     fn auto_without_etcd_or_redis_is_the_kubernetes_lease() {
+        KUBE_PRESENT.with(|c| c.set(Some(true)));
         let c = cli(&[
             "--election=my-app",
             "--id=me",
@@ -1009,6 +1049,7 @@ mod tests {
 
     #[test]
     fn kubernetes_names_are_checked() {
+        KUBE_PRESENT.with(|c| c.set(Some(true)));
         let e = cli(&["--election=My_App", "--id=me", "--backend=kubernetes"]).unwrap_err();
         assert!(e.contains("DNS subdomain"), "{e}");
         let e = cli(&[
