@@ -447,3 +447,90 @@ async fn rbac_and_server_faults_are_reported_and_retried() {
     let e = a.leader().await.unwrap().1;
     assert!(e["error"].is_null(), "{e}");
 }
+
+/// The stand-in against the API's documented semantics, through kube-rs
+/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions,
+/// "Efficient detection of changes", "Conflicts").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stand_in_follows_the_documented_api_semantics() {
+    use futures_util::StreamExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
+
+    let api = KubeApi::start(NS);
+    let ep = api.endpoint("conformance").await;
+    let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let pp = PostParams::default();
+    let mut l: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "x"},
+        "spec": {"holderIdentity": "a_1", "leaseDurationSeconds": 5}
+    }))
+    .unwrap();
+    let created = leases.create(&pp, &l).await.unwrap();
+    let rv1 = created.metadata.resource_version.clone().unwrap();
+    // Create of an existing name: 409 AlreadyExists.
+    match leases.create(&pp, &l).await {
+        Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists")),
+        other => panic!("{other:?}"),
+    }
+    // Update with the version read: a new version.
+    l = created.clone();
+    l.spec.as_mut().unwrap().holder_identity = Some("b_2".into());
+    let updated = leases.replace("x", &pp, &l).await.unwrap();
+    let rv2 = updated.metadata.resource_version.clone().unwrap();
+    assert_ne!(rv1, rv2);
+    // A stale version: 409 Conflict, nothing written.
+    match leases.replace("x", &pp, &l).await {
+        Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (409, "Conflict")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        leases.get("x").await.unwrap().metadata.resource_version,
+        Some(rv2.clone())
+    );
+    // leaseDurationSeconds must be > 0 (why a release writes 1).
+    let mut bad = updated.clone();
+    bad.spec.as_mut().unwrap().lease_duration_seconds = Some(0);
+    match leases.replace("x", &pp, &bad).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 422),
+        other => panic!("{other:?}"),
+    }
+    // Create in a namespace that does not exist: 404.
+    let other: Api<Lease> = Api::namespaced(client.clone(), "nowhere");
+    match other.create(&pp, &l).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 404),
+        other => panic!("{other:?}"),
+    }
+    // A watch from rv1 replays the update, then streams the delete.
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(10);
+    let stream = leases.watch(&wp, &rv1).await.unwrap();
+    futures_util::pin_mut!(stream);
+    match stream.next().await {
+        Some(Ok(WatchEvent::Modified(m))) => {
+            assert_eq!(m.metadata.resource_version, Some(rv2.clone()))
+        }
+        other => panic!("{other:?}"),
+    }
+    leases.delete("x", &DeleteParams::default()).await.unwrap();
+    loop {
+        match stream.next().await {
+            Some(Ok(WatchEvent::Deleted(_))) => break,
+            Some(Ok(WatchEvent::Bookmark(_))) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(leases.get_opt("x").await.unwrap().is_none());
+    // A version older than the kept history: an ERROR event with 410 Expired.
+    api.compact();
+    let stream = leases.watch(&wp, &rv1).await.unwrap();
+    futures_util::pin_mut!(stream);
+    match stream.next().await {
+        Some(Ok(WatchEvent::Error(s))) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
+        other => panic!("{other:?}"),
+    }
+}
