@@ -153,6 +153,9 @@ struct Inner {
     own: Option<String>,
     /// Where a reopened watch resumes (a bookmark may move it past `seen`).
     resume_rv: Option<String>,
+    /// Our configured TTL (from the last campaign): the silence to wait for
+    /// a Lease that carries no usable `leaseDurationSeconds`.
+    ttl: Option<Duration>,
 }
 
 struct Conn {
@@ -497,6 +500,7 @@ impl LeaseBackend for KubeLeaseBackend {
         _previous: Option<&Holder>,
     ) -> Result<Campaign> {
         let conn = self.conn().await?;
+        self.inner.lock().expect("lease state poisoned").ttl = Some(ttl);
         // Two rounds: a lost race (409) is answered by one fresh read.
         for round in 0..2 {
             let current = self.get(conn).await?;
@@ -715,10 +719,10 @@ impl LeaseBackend for KubeLeaseBackend {
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let conn = self.conn().await?;
-        let fallback = Duration::from_secs(1);
         loop {
-            let (rv, deadline, leading) = {
+            let (rv, deadline, leading, fallback) = {
                 let inner = self.inner.lock().expect("lease state poisoned");
+                let fallback = inner.ttl.unwrap_or(Duration::from_secs(15));
                 let Some(s) = &inner.seen else {
                     return Ok(());
                 };
@@ -730,7 +734,7 @@ impl LeaseBackend for KubeLeaseBackend {
                     .resume_rv
                     .clone()
                     .unwrap_or_else(|| rv_of(&s.lease).to_owned());
-                (rv, Self::silence_deadline(s, fallback), leading)
+                (rv, Self::silence_deadline(s, fallback), leading, fallback)
             };
             let params = WatchParams::default()
                 .fields(&format!("metadata.name={}", self.name))
