@@ -28,8 +28,8 @@ const TTL: Duration = Duration::from_secs(2);
 /// the last renewal a follower observed (≤ one renew interval before the
 /// fault), plus a retry period.
 const FAILOVER_BOUND: Duration = Duration::from_millis(3000);
-/// A Lease deleted by hand: candidates wait out the deleted holder's silence
-/// (≤ TTL), then race to create it. Under load a create can succeed while its
+/// A Lease deleted by hand: candidates wait the deleted holder's duration from
+/// when they found the Lease gone (≈ TTL), then race to create it. Under load a create can succeed while its
 /// answer misses the 333 ms call deadline; that orphaned term (never claimed)
 /// must then run out too (one more TTL). Seen once in a 30-minute soak (4.66 s).
 const RECREATE_BOUND: Duration = Duration::from_millis(5000);

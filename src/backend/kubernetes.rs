@@ -142,6 +142,11 @@ struct Seen {
     changed_at: Instant,
     /// The Lease no longer exists (deleted after this version).
     deleted: bool,
+    /// Monotonic instant at which this process first found the Lease gone.
+    /// The deleted holder's last renewal happened before the deletion, so
+    /// its term ends at most its duration after this instant, even when our
+    /// view of its renewals was stale (a broken watch).
+    absent_since: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -421,6 +426,7 @@ impl KubeLeaseBackend {
             lease: lease.clone(),
             changed_at,
             deleted: false,
+            absent_since: None,
         });
     }
 
@@ -428,6 +434,7 @@ impl KubeLeaseBackend {
         let mut inner = self.inner.lock().expect("lease state poisoned");
         if let Some(s) = &mut inner.seen {
             s.deleted = true;
+            s.absent_since.get_or_insert_with(Instant::now);
         }
         inner.resume_rv = None;
     }
@@ -442,11 +449,13 @@ impl KubeLeaseBackend {
     }
 
     /// When the observed holder's term ends by silence (`None`: no holder).
+    /// For a deleted Lease the silence counts from when we found it gone.
     fn silence_deadline(seen: &Seen, fallback: Duration) -> Option<Instant> {
         if holder_of(&seen.lease).is_empty() {
             return None;
         }
-        Some(seen.changed_at + Self::duration_of(&seen.lease, fallback))
+        let since = seen.absent_since.unwrap_or(seen.changed_at);
+        Some(since + Self::duration_of(&seen.lease, fallback))
     }
 
     fn new_spec(holder: &str, ttl: Duration, transitions: i32) -> LeaseSpec {
@@ -513,7 +522,8 @@ impl LeaseBackend for KubeLeaseBackend {
             match current {
                 None => {
                     // Absent. If we saw a holder whose term may still run
-                    // (the Lease was deleted by hand), wait out its silence.
+                    // (the Lease was deleted by hand), wait its duration
+                    // from when we found the Lease gone.
                     if let Some(s) = &seen
                         && let Some(end) = Self::silence_deadline(s, ttl)
                         && now < end
