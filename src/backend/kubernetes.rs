@@ -161,6 +161,30 @@ struct Inner {
     /// Our configured TTL (from the last campaign): the silence to wait for
     /// a Lease that carries no usable `leaseDurationSeconds`.
     ttl: Option<Duration>,
+    /// Holder identities of acquisitions we sent whose answers never came
+    /// back to us (the Elector's deadline dropped the call). If the server
+    /// applied one, that term was granted but never claimed by anybody, so
+    /// it may be replaced at once (by CAS) instead of waiting out its
+    /// silence. The last few only.
+    unanswered: Vec<String>,
+}
+
+/// How many unanswered acquisitions to remember.
+const UNANSWERED_KEPT: usize = 8;
+
+impl Inner {
+    fn send_acquisition(&mut self, holder: &str) {
+        if self.unanswered.len() >= UNANSWERED_KEPT {
+            self.unanswered.remove(0);
+        }
+        self.unanswered.push(holder.to_owned());
+    }
+    fn answered(&mut self, holder: &str) {
+        self.unanswered.retain(|h| h != holder);
+    }
+    fn is_unclaimed_own(&self, holder: &str) -> bool {
+        !holder.is_empty() && self.unanswered.iter().any(|h| h == holder)
+    }
 }
 
 struct Conn {
@@ -527,6 +551,11 @@ impl LeaseBackend for KubeLeaseBackend {
                     if let Some(s) = &seen
                         && let Some(end) = Self::silence_deadline(s, ttl)
                         && now < end
+                        && !self
+                            .inner
+                            .lock()
+                            .expect("lease state poisoned")
+                            .is_unclaimed_own(holder_of(&s.lease))
                     {
                         return Ok(Campaign::Waiting {
                             previous: holder_view(&s.lease),
@@ -549,7 +578,16 @@ impl LeaseBackend for KubeLeaseBackend {
                         },
                         spec: Some(Self::new_spec(&mine, ttl, 0)),
                     };
-                    match conn.api.create(&PostParams::default(), &lease).await {
+                    self.inner
+                        .lock()
+                        .expect("lease state poisoned")
+                        .send_acquisition(&mine);
+                    let r = conn.api.create(&PostParams::default(), &lease).await;
+                    self.inner
+                        .lock()
+                        .expect("lease state poisoned")
+                        .answered(&mine);
+                    match r {
                         Ok(created) => return Ok(self.elected(&created, mine, ttl)),
                         Err(e) if Self::is_conflict(&e) => continue,
                         Err(e) => return Err(self.classify(conn, "create", e)),
@@ -558,7 +596,13 @@ impl LeaseBackend for KubeLeaseBackend {
                 Some(lease) => {
                     let holder = holder_of(&lease);
                     let s = seen.expect("observed by get");
-                    let expired = Self::silence_deadline(&s, ttl).is_none_or(|end| now >= end);
+                    let unclaimed = self
+                        .inner
+                        .lock()
+                        .expect("lease state poisoned")
+                        .is_unclaimed_own(holder);
+                    let expired =
+                        unclaimed || Self::silence_deadline(&s, ttl).is_none_or(|end| now >= end);
                     if !expired {
                         return Ok(Campaign::Following(holder_view(&lease)));
                     }
@@ -578,11 +622,19 @@ impl LeaseBackend for KubeLeaseBackend {
                         .annotations
                         .get_or_insert_with(Default::default)
                         .insert(TOKEN_ANNOTATION.to_owned(), token.to_string());
-                    match conn
+                    self.inner
+                        .lock()
+                        .expect("lease state poisoned")
+                        .send_acquisition(&mine);
+                    let r = conn
                         .api
                         .replace(&self.name, &PostParams::default(), &next)
-                        .await
-                    {
+                        .await;
+                    self.inner
+                        .lock()
+                        .expect("lease state poisoned")
+                        .answered(&mine);
+                    match r {
                         Ok(updated) => return Ok(self.elected(&updated, mine, ttl)),
                         Err(e) if Self::is_conflict(&e) => continue,
                         Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => continue,

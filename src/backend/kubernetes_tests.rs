@@ -522,3 +522,76 @@ async fn the_coordination_api_answers_400_naming_the_backends_that_serve_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_acquisition_whose_answer_was_lost_is_replaced_at_once_not_waited_out() {
+    // The first PUT is applied by the server but its answer never arrives
+    // (the Elector's deadline drops the call). Nobody claimed that term, so
+    // the next campaign replaces it by CAS instead of waiting its 15 s.
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let state = Arc::new(Mutex::new(lease("", 7, 41, 3, 1)));
+    let st = state.clone();
+    let puts = Arc::new(Mutex::new(0));
+    let p = puts.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let answer = match method.as_str() {
+                "GET" => st.lock().unwrap().clone(),
+                _ => {
+                    let mut cur = st.lock().unwrap();
+                    assert_eq!(
+                        cur["metadata"]["resourceVersion"],
+                        body["metadata"]["resourceVersion"]
+                    );
+                    let rv: u64 = cur["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    let mut next = body.clone();
+                    next["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                    *cur = next.clone();
+                    let mut n = p.lock().unwrap();
+                    *n += 1;
+                    if *n == 1 {
+                        held.push(send); // applied, never answered
+                        continue;
+                    }
+                    next
+                }
+            };
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(answer.to_string().into_bytes()))
+                    .unwrap(),
+            );
+        }
+    });
+    let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
+    let lost = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.campaign("pod-0", Duration::from_secs(15), None),
+    )
+    .await;
+    assert!(lost.is_err(), "the first acquisition's answer is lost");
+    let orphan = state.lock().unwrap()["spec"]["holderIdentity"].clone();
+    assert!(orphan.as_str().unwrap().starts_with("pod-0_"));
+    let c = b
+        .campaign("pod-0", Duration::from_secs(15), None)
+        .await
+        .unwrap();
+    let Campaign::Elected(term) = c else {
+        panic!("elected expected: {c:?}")
+    };
+    assert_ne!(json!(term.holder.term_id), orphan, "a new term, by CAS");
+    assert_eq!(
+        term.holder.fencing_token, 43,
+        "tokens grow past the orphan's"
+    );
+    assert_eq!(*puts.lock().unwrap(), 2);
+}
