@@ -175,7 +175,12 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct EtcdArgs {
     /// etcd client URLs, comma-separated (http://host:port or https://host:port).
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_ENDPOINTS", value_delimiter = ',', value_name = "URL[,URL...]")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "URL[,URL...]"
+    )]
     pub etcd_endpoints: Vec<String>,
 
     /// Key prefix; the election key is <prefix><election>.
@@ -452,16 +457,36 @@ const DAY: Duration = Duration::from_secs(24 * 3600);
 pub const DURATION_RANGES: &[(&str, Duration, Duration)] = &[
     ("--lease-duration", SEC, HOUR),
     ("--renew-interval", Duration::from_millis(100), HOUR),
-    ("--retry-period", Duration::from_millis(10), Duration::from_secs(300)),
+    (
+        "--retry-period",
+        Duration::from_millis(10),
+        Duration::from_secs(300),
+    ),
     ("--drift-margin", Duration::ZERO, HOUR),
     ("--drain-timeout", Duration::ZERO, HOUR),
     ("--resign-cooldown", Duration::ZERO, DAY),
-    ("--health-interval", Duration::from_millis(100), Duration::from_secs(600)),
+    (
+        "--health-interval",
+        Duration::from_millis(100),
+        Duration::from_secs(600),
+    ),
     ("--health-grace", Duration::ZERO, DAY),
-    ("--completed-retention", SEC, Duration::from_secs(30 * 24 * 3600)),
+    (
+        "--completed-retention",
+        SEC,
+        Duration::from_secs(30 * 24 * 3600),
+    ),
     ("--kill-grace", MS, HOUR),
-    ("--header-read-timeout", Duration::from_millis(100), Duration::from_secs(300)),
-    ("--request-body-timeout", Duration::from_millis(100), Duration::from_secs(300)),
+    (
+        "--header-read-timeout",
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    ),
+    (
+        "--request-body-timeout",
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    ),
 ];
 
 /// Highest accepted `--max-connections`.
@@ -475,7 +500,11 @@ fn check_range(flag: &str, value: Duration) -> Result<(), ConfigError> {
         return Err(config_error(format!(
             "{flag} ({}) must be between {} and {}\nhint: see the README's table of flags and ranges",
             humantime::format_duration(value),
-            if min.is_zero() { "0s".to_owned() } else { humantime::format_duration(min).to_string() },
+            if min.is_zero() {
+                "0s".to_owned()
+            } else {
+                humantime::format_duration(min).to_string()
+            },
             humantime::format_duration(max)
         )));
     }

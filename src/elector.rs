@@ -628,7 +628,14 @@ impl Elector {
                             // Stop claiming at once; keep the lease so no one
                             // else starts while the app finishes.
                             self.state.send_modify(|s| { s.stopping = true; s.ready = false; });
-                            info!(election = %self.cfg.election, drain_timeout = ?d, "draining: not claiming, keeping the lease until POST /release or the drain timeout");
+                            // Record the end of our claim now, not at release:
+                            // long-polls return and `stopped_leading` goes out.
+                            self.observe(None);
+                            if self.cfg.release_wait.is_some() {
+                                info!(election = %self.cfg.election, "not claiming; stopping the command before releasing the lease");
+                            } else {
+                                info!(election = %self.cfg.election, drain_timeout = ?d, "draining: not claiming, keeping the lease until POST /release or the drain timeout");
+                            }
                             drain_until = Some(Instant::now() + d);
                         }
                         _ => break StepDown::Shutdown,

@@ -21,12 +21,17 @@ fn test_router() -> Router {
                 "late"
             }),
         )
-        .route("/echo", post(|b: Result<Bytes, axum::extract::rejection::BytesRejection>| async move {
-            match b {
-                Ok(b) => (StatusCode::OK, b.len().to_string()),
-                Err(e) => (e.status(), e.body_text()),
-            }
-        }))
+        .route(
+            "/echo",
+            post(
+                |b: Result<Bytes, axum::extract::rejection::BytesRejection>| async move {
+                    match b {
+                        Ok(b) => (StatusCode::OK, b.len().to_string()),
+                        Err(e) => (e.status(), e.body_text()),
+                    }
+                },
+            ),
+        )
 }
 
 async fn start(limits: Limits) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
@@ -79,11 +84,17 @@ async fn beyond_the_cap_new_connections_get_503_but_healthz_answers() {
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        s.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
         held.push(s);
     }
     // Let the server accept them.
-    let probe = exchange(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    let probe = exchange(
+        addr,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     let mut tries = 0;
     let mut answer = exchange(addr, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n").await;
     while !answer.starts_with("HTTP/1.1 503") && tries < 50 {
@@ -100,7 +111,11 @@ async fn beyond_the_cap_new_connections_get_503_but_healthz_answers() {
     drop(held.pop());
     let mut freed = false;
     for _ in 0..100 {
-        let a = exchange(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        let a = exchange(
+            addr,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         if a.starts_with("HTTP/1.1 200") && a.ends_with("ok") {
             freed = true;
             break;
@@ -163,9 +178,19 @@ async fn a_malformed_chunked_body_is_a_400() {
 #[tokio::test]
 async fn stop_ends_serve_once_requests_finish() {
     let (addr, stop, task) = start(limits(8)).await;
-    let ok = exchange(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    let ok = exchange(
+        addr,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     stop.cancel();
-    timeout(GUARD, task).await.expect("serve did not end").unwrap();
-    assert!(TcpStream::connect(addr).await.is_err(), "still accepting after stop");
+    timeout(GUARD, task)
+        .await
+        .expect("serve did not end")
+        .unwrap();
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after stop"
+    );
 }

@@ -152,7 +152,9 @@ pub fn redact(url: &str) -> String {
         let parts: Vec<String> = q
             .split('&')
             .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") => {
+                Some((k, _))
+                    if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
+                {
                     format!("{k}=***")
                 }
                 _ => kv.to_owned(),
