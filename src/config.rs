@@ -1095,4 +1095,108 @@ mod tests {
         let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
         assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
     }
+
+    /// Issue 13: every setting that cannot work stops start-up, naming the flag.
+    #[test]
+    fn unworkable_values_are_refused_naming_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--lease-duration=1000y"],
+                "--lease-duration (1000years) must be between 1s and 1h",
+            ),
+            (
+                &["--renew-interval=1ms"],
+                "--renew-interval (1ms) must be between 100ms and 1h",
+            ),
+            (&["--completed-retention=1000y"], "--completed-retention"),
+            (&["--health-interval=1ns"], "--health-interval (1ns)"),
+            (&["--drain-timeout=100y"], "--drain-timeout"),
+            (&["--resign-cooldown=100y"], "--resign-cooldown"),
+            (&["--retry-period=100y"], "--retry-period"),
+            (&["--health-grace=100y"], "--health-grace"),
+            (&["--header-read-timeout=0s"], "--header-read-timeout"),
+            (&["--request-body-timeout=1h"], "--request-body-timeout"),
+            (&["--max-connections=0"], "--max-connections (0)"),
+            (&["--log-level="], "--log-level must not be empty"),
+            (&["--log-level=info,[bad"], "--log-level"),
+            (
+                &["--etcd-username=", "--etcd-password-file=/dev/null"],
+                "--etcd-username must not be empty",
+            ),
+        ];
+        for (extra, want) in cases {
+            let mut args = vec!["--election=a", "--id=me", EP];
+            args.extend_from_slice(extra);
+            let e = cli(&args).expect_err(want);
+            assert!(e.contains(want), "{extra:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn etcd_endpoints_with_port_0_or_credentials_are_refused_without_echoing_the_secret() {
+        let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=http://h:0"]).unwrap_err();
+        assert!(
+            e.contains("--etcd-endpoints") && e.contains("port 0"),
+            "{e}"
+        );
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--etcd-endpoints=http://user:secret@h:2379",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--etcd-endpoints") && e.contains("--etcd-username"),
+            "{e}"
+        );
+        assert!(
+            e.contains("--etcd-password-file") && !e.contains("secret"),
+            "{e}"
+        );
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--redis-url=redis+unix:///run/r.sock?pass=secret",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_or_non_pem_ca_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        for (file, want) in [(&empty, "is empty"), (&junk, "holds no PEM CERTIFICATE")] {
+            let ca = format!("--etcd-ca-file={}", file.display());
+            let e = cli(&[
+                "--election=a",
+                "--id=me",
+                "--etcd-endpoints=https://h:2379",
+                &ca,
+            ])
+            .unwrap_err();
+            assert!(e.contains("--etcd-ca-file") && e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn listener_limits_default_and_parse() {
+        let c = cli(&["--election=a", "--id=me", EP]).unwrap();
+        assert_eq!(c.limits, crate::serve::Limits::default());
+        let c = cli(&[
+            "--election=a",
+            "--id=me",
+            EP,
+            "--max-connections=10",
+            "--header-read-timeout=2s",
+            "--request-body-timeout=3s",
+        ])
+        .unwrap();
+        assert_eq!(c.limits.max_connections, 10);
+        assert_eq!(c.limits.header_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.limits.body_timeout, Duration::from_secs(3));
+    }
 }

@@ -599,6 +599,16 @@ impl Elector {
         let backend = self.backend.clone();
         let now = Instant::now();
         let ttl = term.ttl;
+        let asked = self.cfg.lease_duration;
+        if ttl > asked && self.state.borrow().lease_duration == asked {
+            // First grant that differs (etcd: at least 2 s, whole seconds).
+            warn!(
+                election = %self.cfg.election,
+                asked = %humantime::format_duration(asked),
+                granted = %humantime::format_duration(ttl),
+                "the backend granted a longer lease than --lease-duration; failover takes up to the granted TTL"
+            );
+        }
         let mut valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
         self.state.send_modify(|s| {
             s.lease_duration = ttl;
