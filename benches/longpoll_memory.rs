@@ -26,6 +26,10 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS in /proc/PID/status")
 }
 
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
@@ -102,14 +106,16 @@ async fn main() {
         let (held, refused) = open_polls(port, n, index).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let during = rss_kib(pid);
+        let fds_during = fds(pid);
         let held_n = held.len();
         drop(held);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after1 = rss_kib(pid);
+        let fds_after = fds(pid);
         tokio::time::sleep(Duration::from_secs(4)).await;
         let after5 = rss_kib(pid);
         println!(
-            "| {round} | {held_n} | {refused} | {} | {} | {} | {} |",
+            "| {round} | {held_n} | {refused} | {} | {} | {fds_during} | {} | {fds_after} | {} |",
             mib(before),
             mib(during),
             mib(after1),

@@ -438,9 +438,11 @@ fn default_identity() -> Option<String> {
         .filter(|s| !s.trim().is_empty())
 }
 
-/// Default of `--max-connections`: about 20 MiB of connection state at the
-/// cap, inside the chart's 64 Mi memory limit.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default of `--max-connections`: a sidecar's clients are its app (a few
+/// long-polls), the kubelet and Prometheus; 256 leaves ample room and holds
+/// about 5 MiB of connection state at the cap (about 21 KiB each, measured
+/// by `benches/longpoll_memory.rs`), far inside the chart's 64 Mi limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Default of `--header-read-timeout`.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default of `--request-body-timeout`.
@@ -533,7 +535,7 @@ fn check_ranges(cli: &Cli) -> Result<(), ConfigError> {
     }
     if cli.max_connections == 0 || cli.max_connections > MAX_CONNECTIONS_LIMIT {
         return Err(config_error(format!(
-            "--max-connections ({}) must be between 1 and {MAX_CONNECTIONS_LIMIT}\nhint: the default {DEFAULT_MAX_CONNECTIONS} holds about 20 MiB of connection state at the cap",
+            "--max-connections ({}) must be between 1 and {MAX_CONNECTIONS_LIMIT}\nhint: each open connection holds about 21 KiB; the default is {DEFAULT_MAX_CONNECTIONS}",
             cli.max_connections
         )));
     }
