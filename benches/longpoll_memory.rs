@@ -7,7 +7,6 @@
 //! `cargo test --all-targets` it only says it was skipped.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::time::Duration;

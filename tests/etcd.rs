@@ -575,7 +575,17 @@ async fn a_longer_granted_ttl_is_warned_and_a_clean_sigterm_logs_no_error() {
     s.signal(Signal::SIGTERM);
     let status = s.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(status.and_then(|st| st.code()), Some(0), "SIGTERM exits 0");
-    let log = s.log();
+    // Text logs colour field names: drop the ANSI escapes before matching.
+    let mut log = String::new();
+    let mut in_escape = false;
+    for c in s.log().chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => log.push(c),
+        }
+    }
     assert!(
         log.contains("granted a longer lease") && log.contains("granted=2s"),
         "no warning naming the granted TTL:\n{log}"
