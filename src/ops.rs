@@ -275,8 +275,10 @@ fn term_key(h: Option<&Holder>) -> Option<(String, u64, String)> {
 /// How often `observe` reads again when no change notice arrives (a crashed
 /// Redis holder's key expires without one).
 const OBSERVE_POLL: Duration = Duration::from_secs(1);
-/// How often `observe` reads while nobody leads (there is nothing to watch).
-const OBSERVE_POLL_FREE: Duration = Duration::from_millis(100);
+/// How often `observe` reads while nobody leads (there is nothing to watch):
+/// from every 10 ms right after the key became free (a handover ends within
+/// milliseconds) to every 500 ms while it stays free.
+const OBSERVE_POLL_FREE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
 
 /// `observe`: print the current state, then one line per change, until
 /// `stop` resolves or the output is closed. Returns the exit code.
@@ -289,6 +291,7 @@ pub async fn observe(
     tokio::pin!(stop);
     let mut last: Option<Option<(String, u64, String)>> = None;
     let mut backoff = Duration::from_millis(100);
+    let mut free_poll = OBSERVE_POLL_FREE.0;
     loop {
         let read = tokio::select! {
             r = tokio::time::timeout(cli.timeout, backend.read()) => r,
@@ -342,6 +345,7 @@ pub async fn observe(
         }
         match &holder {
             Some(h) => {
+                free_poll = OBSERVE_POLL_FREE.0;
                 let poll = h.expires_in.map_or(OBSERVE_POLL, |e| {
                     (e + Duration::from_millis(10)).min(OBSERVE_POLL)
                 });
@@ -356,10 +360,14 @@ pub async fn observe(
                     _ = &mut stop => return 0,
                 }
             }
-            None => tokio::select! {
-                _ = tokio::time::sleep(OBSERVE_POLL_FREE) => {}
-                _ = &mut stop => return 0,
-            },
+            None => {
+                tokio::select! {
+                    _ = tokio::time::sleep(free_poll) => {}
+                    _ = &mut stop => return 0,
+                }
+                free_poll = (free_poll * 2).min(OBSERVE_POLL_FREE.1);
+                continue;
+            }
         }
     }
 }
