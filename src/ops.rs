@@ -278,7 +278,8 @@ const OBSERVE_POLL: Duration = Duration::from_secs(1);
 /// How often `observe` reads while nobody leads (there is nothing to watch):
 /// from every 10 ms right after the key became free (a handover ends within
 /// milliseconds) to every 500 ms while it stays free.
-const OBSERVE_POLL_FREE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
+const OBSERVE_POLL_FREE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_millis(500));
 
 /// `observe`: print the current state, then one line per change, until
 /// `stop` resolves or the output is closed. Returns the exit code.
