@@ -2,9 +2,11 @@
 //! real binary (read from /proc/PID/status) at idle, while the long-polls
 //! are open, and after they close. Loopback only, bounded.
 //!
-//! Run: `cargo bench --bench longpoll_memory` (BENCH_CONNECTIONS, default
-//! 5000; BENCH_MAX_CONNECTIONS, default the sidecar's own default). Under
-//! `cargo test --all-targets` it only says it was skipped.
+//! Run: `MIMALLOC_PURGE_DELAY=0 cargo bench --bench longpoll_memory` (the
+//! image sets that variable; the sidecar inherits it) with BENCH_CONNECTIONS
+//! (default 5000) and BENCH_MAX_CONNECTIONS (default the sidecar's own).
+//! `cargo test --bench longpoll_memory -- --bench` measures the debug build.
+//! Under `cargo test --all-targets` it only says it was skipped.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -97,9 +99,9 @@ async fn main() {
     let idle = rss_kib(pid);
     println!("## Long-poll memory: {n} open /leader long-polls (loopback)\n");
     println!(
-        "| round | held | refused/503 | RSS idle | RSS during | RSS after close (1 s) | after (5 s) |"
+        "| round | held | refused/503 | RSS before | RSS during | fds during | RSS 1 s after close | fds 1 s after | RSS 5 s after |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for round in 1..=3 {
         let before = rss_kib(pid);
         let (held, refused) = open_polls(port, n, index).await;
