@@ -440,7 +440,7 @@ fn default_identity() -> Option<String> {
 
 /// Default of `--max-connections`: a sidecar's clients are its app (a few
 /// long-polls), the kubelet and Prometheus; 256 leaves ample room and holds
-/// about 5 MiB of connection state at the cap (about 21 KiB each, measured
+/// about 6 MiB of connection state at the cap (about 21 KiB each, measured
 /// by `benches/longpoll_memory.rs`), far inside the chart's 64 Mi limit.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Default of `--header-read-timeout`.
