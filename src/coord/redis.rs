@@ -19,18 +19,38 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
-use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Try, random_token};
+use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
+use crate::backend::BackendError;
 use crate::backend::redis::RedisBackend;
+
+/// Every acquiring script starts with this: read the fencing counter at
+/// `KEYS[2]`-like `fkey` and refuse (`{-2, value}`) one that is not a
+/// non-negative integer, before anything is written. Scripts validate first
+/// and write last, so a refusal leaves no trace.
+const FENCE_CHECK: &str = r"
+local function fence_ok(fkey)
+  local c = redis.call('GET', fkey)
+  if c == false then return true, nil end
+  if string.match(c, '^%d+$') and string.len(c) <= 18 then return true, nil end
+  return false, c
+end
+local function fence_next(fkey)
+  if redis.call('EXISTS', fkey) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', fkey, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  end
+  return redis.call('INCR', fkey)
+end
+";
 
 const LOCK: &str = r"
 local current = redis.call('GET', KEYS[1])
 if current then return {0, current} end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-end
-local f = redis.call('INCR', KEYS[2])
+local ok, bad = fence_ok(KEYS[2])
+if not ok then return {-2, bad} end
+local f = fence_next(KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
+redis.call('PUBLISH', KEYS[1], 'acquired')
 return {1, f}
 ";
 
@@ -47,30 +67,33 @@ local current = redis.call('GET', KEYS[1])
 if not current then return 0 end
 if string.sub(current, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. '|' then return -1 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[1], 'released')
 return 1
 ";
 
 const SEM_ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local live = redis.call('ZCARD', KEYS[1])
+local ok, bad = fence_ok(KEYS[2])
+if not ok then return {-2, bad} end
+local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 if live >= tonumber(ARGV[2]) then return {0, live} end
+local f = fence_next(KEYS[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-end
-local f = redis.call('INCR', KEYS[2])
 return {1, f}
 ";
 
 const SEM_RENEW: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  return 0
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1
@@ -80,18 +103,18 @@ const SEM_RELEASE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZREM', KEYS[1], ARGV[1])
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+if n == 1 then redis.call('PUBLISH', KEYS[1], 'released') end
+return n
 ";
 
 const CLAIM: &str = r"
 if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 local current = redis.call('GET', KEYS[1])
 if current then return {0, current} end
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[3], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-end
-local f = redis.call('INCR', KEYS[3])
+local ok, bad = fence_ok(KEYS[3])
+if not ok then return {-2, bad} end
+local f = fence_next(KEYS[3])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
 return {1, f}
 ";
@@ -131,7 +154,7 @@ impl RedisCoord {
                 CLAIM,
                 COMPLETE,
             ]
-            .map(Script::new),
+            .map(|body| Script::new(&format!("{FENCE_CHECK}{body}"))),
         }
     }
 
@@ -162,6 +185,16 @@ impl RedisCoord {
             Ok(v) => Ok(v),
             Err(e) => {
                 let err = self.backend.classify_error(0, e);
+                if let BackendError::Rejected {
+                    code: "wrongtype", ..
+                } = err
+                {
+                    // Not the election's key: name the coordination keys.
+                    return Err(CoordError::Corrupt {
+                        key: keys.join(" or "),
+                        found: "a value of another Redis type (WRONGTYPE)".into(),
+                    });
+                }
                 self.backend.forget(0, &err).await;
                 Err(CoordError::Backend(err))
             }
@@ -196,28 +229,59 @@ fn outcome(v: &Value, ttl: Option<Duration>) -> Outcome {
     }
 }
 
-/// Read a lock or semaphore script's answer: `{1, fencing}` granted, or
-/// `{0, x}` held, with `held` turning `x` into the holder description.
+/// A fencing token from a script: a non-negative integer (a negative one
+/// would wrap to a huge `u64`).
+fn fencing(v: i64, key: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| CoordError::Corrupt {
+        key: key.to_owned(),
+        found: format!("a fencing counter of {v}"),
+    })
+}
+
+/// The refusal of a script that found the fencing counter at `key` unusable.
+fn corrupt_counter(found: &Value, key: &str) -> CoordError {
+    let found = match found {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => format!("{other:?}"),
+    };
+    CoordError::Corrupt {
+        key: key.to_owned(),
+        found: format!(
+            "a fencing counter of {found:?}, not a non-negative integer (nothing was written)"
+        ),
+    }
+}
+
+/// Read a lock or semaphore script's answer: `{1, fencing}` granted,
+/// `{-2, value}` refused for a bad fencing counter at `fkey`, or `{0, x}`
+/// held, with `held` turning `x` into the answer.
 fn acquisition(
     v: &Value,
     name: &str,
-    token: String,
+    token: &Token,
     ttl: Duration,
-    held: impl Fn(&Value) -> Option<String>,
+    fkey: &str,
+    held: impl Fn(&Value) -> Option<Try>,
 ) -> Result<Try> {
     match v {
         Value::Array(a) => match a.as_slice() {
             [Value::Int(1), Value::Int(f)] => Ok(Try::Acquired(Grant {
                 name: name.into(),
-                token,
-                fencing_token: *f as u64,
+                token: token.to_string(),
+                fencing_token: fencing(*f, fkey)?,
                 ttl_ms: ttl.as_millis() as u64,
             })),
-            [Value::Int(0), x] => held(x).map(Try::Held).ok_or_else(|| unexpected(v)),
+            [Value::Int(-2), x] => Err(corrupt_counter(x, fkey)),
+            [Value::Int(0), x] => held(x).ok_or_else(|| unexpected(v)),
             _ => Err(unexpected(v)),
         },
         _ => Err(unexpected(v)),
     }
+}
+
+/// Whether `token` is a version-1 Redis token that may act on `kind`.
+fn usable(kind: Kind, token: &str) -> bool {
+    Token::parse(token).is_some_and(|t| t.kind.serves(kind) && t.lease == 0)
 }
 
 fn unexpected(v: &Value) -> CoordError {
@@ -235,16 +299,17 @@ impl Coordinator for RedisCoord {
 
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let key = self.key("lock", name);
-        let token = random_token("r");
+        let fkey = format!("{key}:fencing");
+        let token = Token::new(TokenKind::Lock, 0);
         let v = self
             .run(
                 0,
-                &[key.clone(), format!("{key}:fencing")],
-                &[token.clone(), owner.into(), ms(ttl)],
+                &[key.clone(), fkey.clone()],
+                &[token.to_string(), owner.into(), ms(ttl)],
             )
             .await?;
-        acquisition(&v, name, token, ttl, |held| match held {
-            Value::BulkString(cur) => Some(owner_of(cur)),
+        acquisition(&v, name, &token, ttl, &fkey, |held| match held {
+            Value::BulkString(cur) => Some(Try::Held(owner_of(cur))),
             _ => None,
         })
     }
@@ -263,21 +328,25 @@ impl Coordinator for RedisCoord {
         ttl: Duration,
     ) -> Result<Try> {
         let key = self.key("sem", name);
-        let token = random_token("s");
+        let fkey = format!("{key}:fencing");
+        let token = Token::new(TokenKind::Permit, 0);
         let v = self
             .run(
                 3,
-                &[key.clone(), format!("{key}:fencing")],
-                &[token.clone(), permits.to_string(), ms(ttl)],
+                &[key.clone(), fkey.clone()],
+                &[token.to_string(), permits.to_string(), ms(ttl)],
             )
             .await?;
-        acquisition(&v, name, token, ttl, |held| match held {
-            Value::Int(live) => Some(live.to_string()),
+        acquisition(&v, name, &token, ttl, &fkey, |held| match held {
+            Value::Int(live) => Some(Try::Full((*live).max(0) as u64)),
             _ => None,
         })
     }
 
     async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
+        if !usable(kind, token) {
+            return Ok(Outcome::Gone);
+        }
         match kind {
             Kind::Lock => {
                 let v = self
@@ -295,6 +364,9 @@ impl Coordinator for RedisCoord {
     }
 
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
+        if !usable(kind, token) {
+            return Ok(Outcome::Gone);
+        }
         match kind {
             Kind::Lock => {
                 let v = self
@@ -314,26 +386,24 @@ impl Coordinator for RedisCoord {
 
     async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
         let base = self.key("job", &format!("{queue}/{job}"));
-        let token = random_token("j");
+        let fkey = format!("{base}:fencing");
+        let token = Token::new(TokenKind::Job, 0);
         let v = self
             .run(
                 6,
-                &[
-                    format!("{base}:claim"),
-                    format!("{base}:done"),
-                    format!("{base}:fencing"),
-                ],
-                &[token.clone(), owner.into(), ms(ttl)],
+                &[format!("{base}:claim"), format!("{base}:done"), fkey.clone()],
+                &[token.to_string(), owner.into(), ms(ttl)],
             )
             .await?;
         match &v {
             Value::Array(a) => match a.as_slice() {
                 [Value::Int(1), Value::Int(f)] => Ok(Claim::Claimed(Grant {
                     name: format!("{queue}/{job}"),
-                    token,
-                    fencing_token: *f as u64,
+                    token: token.to_string(),
+                    fencing_token: fencing(*f, &fkey)?,
                     ttl_ms: ttl.as_millis() as u64,
                 })),
+                [Value::Int(-2), x] => Err(corrupt_counter(x, &fkey)),
                 [Value::Int(2)] => Ok(Claim::Completed),
                 [Value::Int(0), Value::BulkString(cur)] => Ok(Claim::ClaimedByOther(owner_of(cur))),
                 _ => Err(unexpected(&v)),
@@ -349,6 +419,9 @@ impl Coordinator for RedisCoord {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome> {
+        if Token::parse(token).is_none_or(|t| t.kind != TokenKind::Job || t.lease != 0) {
+            return Ok(Outcome::Gone);
+        }
         let base = self.key("job", &format!("{queue}/{job}"));
         let v = self
             .run(
