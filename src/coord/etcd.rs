@@ -426,7 +426,7 @@ impl Coordinator for EtcdCoord {
         Ok(Try::Full(before))
     }
 
-    async fn changed(&self, kind: Kind, name: &str, until: Instant) -> Result<()> {
+    async fn changed(&self, kind: Kind, name: &str, _seen: u64, until: Instant) -> Result<()> {
         let mut client = self.client().await?;
         let prefix = self.prefix_of(kind, name);
         // Read first so the watch starts where the read saw the range: a

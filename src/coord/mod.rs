@@ -144,9 +144,11 @@ pub trait Coordinator: Send + Sync {
     /// Release a lock or permit if `token` still holds it.
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome>;
     /// Wait until lock or semaphore `name` may have changed (a holder left or
-    /// expired), or until `until`. Backends that can tell (etcd: a watch)
-    /// override it; the default sleeps 50 ms.
-    async fn changed(&self, _kind: Kind, _name: &str, until: Instant) -> Result<()> {
+    /// expired), or until `until`. `seen` is what the last attempt saw: 1
+    /// holder (locks) or the live permits (semaphores). Backends that can
+    /// tell (etcd: a watch; Redis: pub/sub and the holder's expiry) override
+    /// it; the default sleeps 50 ms.
+    async fn changed(&self, _kind: Kind, _name: &str, _seen: u64, until: Instant) -> Result<()> {
         tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
         Ok(())
     }
@@ -520,6 +522,10 @@ impl Service {
                     return Ok(Try::Acquired(g));
                 }
                 Ok(busy) => {
+                    let seen = match busy {
+                        Try::Full(n) => n,
+                        _ => 1,
+                    };
                     if Instant::now() >= deadline {
                         self.note(name, "busy", started, None);
                         return Ok(busy);
@@ -529,7 +535,7 @@ impl Service {
                     }
                     tokio::select! {
                         _ = notified => {}
-                        r = self.coord.changed(kind, name, deadline) => {
+                        r = self.coord.changed(kind, name, seen, deadline) => {
                             if let Err(e) = r {
                                 // A broken watch is no reason to fail the
                                 // request: fall back to a short sleep.
@@ -757,7 +763,7 @@ mod tests {
         async fn semaphore(&self, _: &str, _: &str, _: u32, _: Duration) -> Result<Try> {
             Err(CoordError::Unsupported("no".into()))
         }
-        async fn changed(&self, _: Kind, _: &str, until: Instant) -> Result<()> {
+        async fn changed(&self, _: Kind, _: &str, _: u64, until: Instant) -> Result<()> {
             tokio::time::sleep_until(until).await;
             Ok(())
         }

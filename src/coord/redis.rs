@@ -13,11 +13,17 @@
 //! Redlock groups (several `--redis-url`) serve leadership only; fair locks
 //! need etcd. Both answer [`CoordError::Unsupported`] (HTTP 400).
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
+use redis::aio::PubSub;
 use redis::{Script, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
@@ -52,6 +58,13 @@ local f = fence_next(KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
 redis.call('PUBLISH', KEYS[1], 'acquired')
 return {1, f}
+";
+
+/// Live permits of a semaphore (by the server's clock), read-only.
+const LIVE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 ";
 
 const RENEW: &str = r"
@@ -134,10 +147,25 @@ return 0
 ";
 
 /// The Redis [`Coordinator`], sharing the election's connection.
+///
+/// Waiters are woken by the release scripts' `PUBLISH` on the key's own
+/// channel (one pattern subscription per sidecar, read by whichever waiter
+/// holds it, dropped when nobody waits) or at the holder's expiry, whichever
+/// comes first; at most [`MAX_NAP`] passes without a look.
 pub struct RedisCoord {
     backend: Arc<RedisBackend>,
     scripts: [Script; 8],
+    /// The pattern subscription; its holder reads and dispatches notices.
+    pubsub: tokio::sync::Mutex<Option<PubSub>>,
+    /// Waiters per channel (= key).
+    notices: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
+    /// Waiters in [`Coordinator::changed`] now.
+    waiters: AtomicUsize,
 }
+
+/// Longest a Redis waiter sleeps without looking (covers a notice lost while
+/// the subscription was being set up).
+pub const MAX_NAP: Duration = Duration::from_secs(1);
 
 impl RedisCoord {
     /// Coordination keys under the election's prefix.
@@ -155,6 +183,86 @@ impl RedisCoord {
                 COMPLETE,
             ]
             .map(|body| Script::new(&format!("{FENCE_CHECK}{body}"))),
+            pubsub: tokio::sync::Mutex::new(None),
+            notices: std::sync::Mutex::new(HashMap::new()),
+            waiters: AtomicUsize::new(0),
+        }
+    }
+
+    /// The pattern matching every lock and semaphore channel (glob-escaped prefix).
+    fn pattern(&self) -> String {
+        let mut p = String::new();
+        for c in self.backend.prefix().chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                p.push('\\');
+            }
+            p.push(c);
+        }
+        p.push_str("{*");
+        p
+    }
+
+    fn notice(&self, channel: &str) -> Arc<Notify> {
+        let mut n = self.notices.lock().unwrap_or_else(|e| e.into_inner());
+        if n.len() > 10_000 {
+            n.retain(|_, v| Arc::strong_count(v) > 1);
+        }
+        n.entry(channel.to_owned())
+            .or_insert_with(|| Arc::new(Notify::new()))
+            .clone()
+    }
+
+    fn dispatch(&self, channel: &str) {
+        let n = self
+            .notices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(channel)
+            .cloned();
+        if let Some(n) = n {
+            n.notify_waiters();
+        }
+    }
+
+    /// When the next change of `key` is due without a notice: `None` when it
+    /// changed already (fewer than `seen` holders), else the next expiry.
+    async fn due(&self, kind: Kind, key: &str, seen: u64) -> Result<Option<Duration>> {
+        let mut conn = self.backend.connection_to(0).await?;
+        let fail = |e| CoordError::Backend(self.backend.classify_error(0, e));
+        match kind {
+            Kind::Lock => {
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(fail)?;
+                Ok((pttl > 0).then(|| Duration::from_millis(pttl as u64)))
+            }
+            Kind::Semaphore => {
+                let (live, next): (u64, Vec<(String, f64)>) = redis::pipe()
+                    .cmd("EVAL")
+                    .arg(LIVE)
+                    .arg(1)
+                    .arg(key)
+                    .cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(0)
+                    .arg("WITHSCORES")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(fail)?;
+                if live < seen {
+                    return Ok(None);
+                }
+                Ok(Some(next.first().map_or(MAX_NAP, |(_, at)| {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis() as f64;
+                    Duration::from_millis((at - now).max(1.0) as u64)
+                })))
+            }
         }
     }
 
@@ -380,6 +488,93 @@ impl Coordinator for RedisCoord {
                     .run(5, &[self.key("sem", name)], &[token.into()])
                     .await?;
                 Ok(outcome(&v, None))
+            }
+        }
+    }
+
+    async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
+        self.single()?;
+        let key = match kind {
+            Kind::Lock => self.key("lock", name),
+            Kind::Semaphore => self.key("sem", name),
+        };
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        struct Leave<'a>(&'a AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(&self.waiters);
+        let notice = self.notice(&key);
+        let notified = notice.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Subscribe first (when nobody did), then look: a release after the
+        // look is a notice, one before it shows in the look.
+        let mut reader = self.pubsub.try_lock().ok();
+        if let Some(guard) = reader.as_mut()
+            && guard.is_none()
+        {
+            let mut ps = self.backend.pubsub_to(0).await?;
+            let pattern = self.pattern();
+            match tokio::time::timeout(self.backend.call_timeout(), ps.psubscribe(&pattern)).await {
+                Ok(Ok(())) => **guard = Some(ps),
+                Ok(Err(e)) => return Err(CoordError::Backend(self.backend.classify_error(0, e))),
+                Err(_) => {}
+            }
+        }
+        let Some(due) = self.due(kind, &key, seen).await? else {
+            return Ok(());
+        };
+        let wake = until.min(Instant::now() + due.min(MAX_NAP));
+        loop {
+            match reader.take() {
+                Some(mut guard) => {
+                    let Some(ps) = guard.as_mut() else {
+                        // No subscription (it failed): wait for the expiry.
+                        tokio::select! {
+                            _ = &mut notified => {}
+                            _ = tokio::time::sleep_until(wake) => {}
+                        }
+                        return Ok(());
+                    };
+                    let mut broken = false;
+                    {
+                        let mut stream = ps.on_message();
+                        loop {
+                            tokio::select! {
+                                biased;
+                                _ = &mut notified => break,
+                                _ = tokio::time::sleep_until(wake) => break,
+                                msg = stream.next() => match msg {
+                                    Some(m) => self.dispatch(m.get_channel_name()),
+                                    None => { broken = true; break; }
+                                },
+                            }
+                        }
+                    }
+                    // Nobody else waits (or the connection broke): close it,
+                    // so notices do not pile up unread.
+                    if broken || self.waiters.load(Ordering::SeqCst) <= 1 {
+                        *guard = None;
+                    }
+                    return Ok(());
+                }
+                None => {
+                    tokio::select! {
+                        _ = &mut notified => return Ok(()),
+                        _ = tokio::time::sleep_until(wake) => return Ok(()),
+                        guard = self.pubsub.lock() => {
+                            if guard.is_none() {
+                                // The reader left and closed it: look again.
+                                drop(guard);
+                                return Ok(());
+                            }
+                            reader = Some(guard);
+                        }
+                    }
+                }
             }
         }
     }
