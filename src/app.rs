@@ -69,11 +69,13 @@ pub fn connect(cfg: &BackendConfig) -> Result<Backends, RunError> {
             let backend = EtcdBackend::new(key.clone(), options.clone());
             // Coordination calls are not on the election's renew path: the
             // election's call timeout, but at least the coordination default.
-            let coord = Box::new(EtcdCoord::new(backend.clone(), prefix).with_deadline(
-                options
-                    .connect_timeout
-                    .max(crate::coord::etcd::DEFAULT_DEADLINE),
-            ));
+            let coord = Box::new(
+                EtcdCoord::new(backend.clone(), prefix).with_deadline(
+                    options
+                        .connect_timeout
+                        .max(crate::coord::etcd::DEFAULT_DEADLINE),
+                ),
+            );
             (backend, coord)
         }
         BackendConfig::Redis {

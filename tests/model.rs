@@ -314,7 +314,12 @@ struct Life<'a> {
 }
 
 /// Check the history; returns the violations.
-fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Instant)], slack: Duration) -> Vec<String> {
+fn check(
+    history: &[Op],
+    sem_n: &HashMap<String, u32>,
+    outages: &[(Instant, Instant)],
+    slack: Duration,
+) -> Vec<String> {
     let mut v = Vec::new();
     // Latest outage end after `t`, so late-delivered requests are covered.
     let heal_after = |t: Instant| {
@@ -366,7 +371,9 @@ fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Inst
                     ("renew", s) if s == 0 || s >= 500 => {
                         poss_end = poss_end.max(heal_after(a.ret) + ttl + slack);
                     }
-                    ("renew", _) | ("release", _) | ("complete", _) if !a.ambiguous() && a.status != 200 => {
+                    ("renew", _) | ("release", _) | ("complete", _)
+                        if !a.ambiguous() && a.status != 200 =>
+                    {
                         if a.call < cert_end && !released {
                             v.push(format!(
                                 "{} of a token certainly held refused: {:?} {} token {token} at +{:?} (certainly held until +{:?}): {} {}",
@@ -401,7 +408,8 @@ fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Inst
                 cert: (op.ret, cert_end.max(op.ret)),
             });
         } else {
-            let end = if op.ambiguous() || outages.iter().any(|(s, e)| *s < op.ret && *e > op.call) {
+            let end = if op.ambiguous() || outages.iter().any(|(s, e)| *s < op.ret && *e > op.call)
+            {
                 heal_after(op.ret) + ttl + slack
             } else {
                 op.ret
@@ -439,7 +447,10 @@ fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Inst
                             format!("c{} fence {} fair={}", a.client, a.fence, a.fair)
                         })
                         .collect();
-                    v.push(format!("{what:?} {name}: {} certain holders of {cap}: {who:?}", live.len()));
+                    v.push(format!(
+                        "{what:?} {name}: {} certain holders of {cap}: {who:?}",
+                        live.len()
+                    ));
                 }
             } else {
                 live.retain(|j| j != i);
@@ -505,7 +516,9 @@ fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Inst
                     "{what:?} {name} refused (c{} wait {:?} fair={}) though at most {most} of {cap} could be held during the call: {}",
                     a.client, a.wait, a.fair, a.body
                 ));
-            } else if a.wait >= Duration::from_millis(1000) && longest >= Duration::from_millis(1000) {
+            } else if a.wait >= Duration::from_millis(1000)
+                && longest >= Duration::from_millis(1000)
+            {
                 v.push(format!(
                     "{what:?} {name} refused (c{} wait {:?} fair={}) though it was free for {longest:?} of the wait",
                     a.client, a.wait, a.fair
@@ -516,7 +529,10 @@ fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Inst
     // Jobs: at most one token completes a job; a claim that starts after a
     // completion was answered is told "completed".
     let mut completed: HashMap<&str, (Instant, &str)> = HashMap::new();
-    for op in history.iter().filter(|o| o.verb == "complete" && o.status == 200) {
+    for op in history
+        .iter()
+        .filter(|o| o.verb == "complete" && o.status == 200)
+    {
         let t = op.token.as_deref().unwrap_or("");
         match completed.get(op.name.as_str()) {
             Some((_, other)) if *other != t => {
@@ -528,12 +544,18 @@ fn check(history: &[Op], sem_n: &HashMap<String, u32>, outages: &[(Instant, Inst
             }
         }
     }
-    for op in history.iter().filter(|o| o.what == What::Job && o.verb == "acquire") {
+    for op in history
+        .iter()
+        .filter(|o| o.what == What::Job && o.verb == "acquire")
+    {
         if let Some((at, _)) = completed.get(op.name.as_str())
             && *at < op.call
             && op.status == 200
         {
-            v.push(format!("job {} claimed again after it was completed", op.name));
+            v.push(format!(
+                "job {} claimed again after it was completed",
+                op.name
+            ));
         }
     }
     v
@@ -543,7 +565,11 @@ async fn model_check(kind: &'static str) {
     let seed = seed();
     let faults = faults();
     let run = Duration::from_secs(secs());
-    eprintln!("model check on {kind}: MODEL_SEED={seed} MODEL_SECS={} MODEL_FAULTS={}", run.as_secs(), faults as u8);
+    eprintln!(
+        "model check on {kind}: MODEL_SEED={seed} MODEL_SECS={} MODEL_FAULTS={}",
+        run.as_secs(),
+        faults as u8
+    );
     let mut rng = StdRng::seed_from_u64(seed);
     let mut server = match kind {
         "etcd" => Server::Etcd(Etcd::start().await),
@@ -605,7 +631,7 @@ async fn model_check(kind: &'static str) {
         "etcd" => Duration::from_millis(1500),
         _ => Duration::from_millis(300),
     };
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let violations = check(&history, &sem_n, &outages, slack);
     let check_time = t0.elapsed();
     let mut counts: HashMap<(String, u16), usize> = HashMap::new();
@@ -640,7 +666,11 @@ async fn model_check(kind: &'static str) {
         eprintln!("VIOLATION: {x}");
     }
     assert!(
-        history.iter().filter(|o| o.status == 200 && o.verb == "acquire").count() > 20,
+        history
+            .iter()
+            .filter(|o| o.status == 200 && o.verb == "acquire")
+            .count()
+            > 20,
         "too few grants to mean anything (seed {seed})"
     );
     assert!(

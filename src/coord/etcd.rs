@@ -435,7 +435,10 @@ impl Coordinator for EtcdCoord {
         let r = self
             .call(
                 "get",
-                client.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only())),
+                client.get(
+                    prefix.clone(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
             )
             .await?;
         if kind == Kind::Lock && r.count() == 0 {
@@ -662,7 +665,12 @@ mod tests {
         // Lease ids of a cluster whose member id starts with 0x0f print as
         // "f…": the kind and the lease must still be read right.
         for lease in [0x0f90_1234_5678_9abc_i64, 0x7fff_ffff_ffff_ffff, 1, 0xabc] {
-            for kind in [TokenKind::Lock, TokenKind::FairLock, TokenKind::Permit, TokenKind::Job] {
+            for kind in [
+                TokenKind::Lock,
+                TokenKind::FairLock,
+                TokenKind::Permit,
+                TokenKind::Job,
+            ] {
                 let t = Token::new(kind, lease);
                 let back = Token::parse(&t.to_string()).expect("a token we issued parses");
                 assert_eq!((back.kind, back.lease), (kind, lease), "{t}");

@@ -99,7 +99,9 @@ pub enum CoordError {
     /// A coordination key holds a value of another type or shape than ours
     /// (Redis `WRONGTYPE`, or a fencing counter that is not a non-negative
     /// integer). Nothing was written.
-    #[error("the coordination key {key} holds {found}; delete it, or use another name or --redis-prefix")]
+    #[error(
+        "the coordination key {key} holds {found}; delete it, or use another name or --redis-prefix"
+    )]
     Corrupt {
         /// The backend key.
         key: String,
@@ -202,7 +204,8 @@ impl TokenKind {
     pub fn serves(self, kind: Kind) -> bool {
         matches!(
             (self, kind),
-            (TokenKind::Lock | TokenKind::FairLock, Kind::Lock) | (TokenKind::Permit, Kind::Semaphore)
+            (TokenKind::Lock | TokenKind::FairLock, Kind::Lock)
+                | (TokenKind::Permit, Kind::Semaphore)
         )
     }
 }
@@ -269,7 +272,13 @@ impl Token {
 
 impl std::fmt::Display for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "v1.{}.{:x}.{}", self.kind.letter(), self.lease, self.nonce)
+        write!(
+            f,
+            "v1.{}.{:x}.{}",
+            self.kind.letter(),
+            self.lease,
+            self.nonce
+        )
     }
 }
 
@@ -278,7 +287,10 @@ impl std::fmt::Display for Token {
 /// # Errors
 /// A message naming the field and the rule.
 pub fn check_owner(owner: &str) -> std::result::Result<(), String> {
-    if owner.is_empty() || owner.len() > 253 || owner.contains('|') || owner.chars().any(char::is_control)
+    if owner.is_empty()
+        || owner.len() > 253
+        || owner.contains('|')
+        || owner.chars().any(char::is_control)
     {
         return Err(
             "query parameter owner must be 1-253 characters without '|' or control characters"
@@ -623,10 +635,8 @@ impl Service {
             }
             return r;
         }
-        self.with_wait(Kind::Lock, name, wait, || {
-            self.coord.lock(name, owner, ttl)
-        })
-        .await
+        self.with_wait(Kind::Lock, name, wait, || self.coord.lock(name, owner, ttl))
+            .await
     }
 
     /// Acquire one of `permits` permits of `name`, waiting up to `wait`.
@@ -787,7 +797,9 @@ mod tests {
     }
 
     fn service(cap: usize) -> Arc<Service> {
-        Arc::new(Service::new(Box::new(OneLock::default()), None, "me".into()).with_max_waiters(cap))
+        Arc::new(
+            Service::new(Box::new(OneLock::default()), None, "me".into()).with_max_waiters(cap),
+        )
     }
 
     fn token(t: Try) -> String {
@@ -806,7 +818,9 @@ mod tests {
         let mut waiters = Vec::new();
         for _ in 0..2 {
             let s = s.clone();
-            waiters.push(tokio::spawn(async move { s.lock("l", "w", ttl, wait, false).await }));
+            waiters.push(tokio::spawn(async move {
+                s.lock("l", "w", ttl, wait, false).await
+            }));
         }
         while s.waiting() < 2 {
             tokio::task::yield_now().await;
@@ -839,7 +853,11 @@ mod tests {
             }
             holder = next.unwrap();
         }
-        assert_eq!(started.elapsed(), Duration::ZERO, "a waiter slept instead of being woken");
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "a waiter slept instead of being woken"
+        );
         assert_eq!(s.waiting(), 0);
         // A repeated release says so.
         s.release(Kind::Lock, "l", &holder).await.unwrap();

@@ -586,7 +586,11 @@ impl Coordinator for RedisCoord {
         let v = self
             .run(
                 6,
-                &[format!("{base}:claim"), format!("{base}:done"), fkey.clone()],
+                &[
+                    format!("{base}:claim"),
+                    format!("{base}:done"),
+                    fkey.clone(),
+                ],
                 &[token.to_string(), owner.into(), ms(ttl)],
             )
             .await?;
