@@ -430,18 +430,23 @@ impl Coordinator for EtcdCoord {
         let mut client = self.client().await?;
         let prefix = self.prefix_of(kind, name);
         // Read first so the watch starts where the read saw the range: a
-        // release between the caller's attempt and this read is seen as an
-        // empty range (lock) and answered at once.
+        // release between the caller's attempt and this read shows here.
+        // Wake only when one of the keys seen now goes: keys that come and
+        // go meanwhile are losing acquirers (a semaphore's losers write and
+        // revoke a key) or waiters, and waking on them would have every
+        // waiter's retry wake every other waiter, for ever.
         let r = self
             .call(
                 "get",
                 client.get(
                     prefix.clone(),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
                 ),
             )
             .await?;
-        if kind == Kind::Lock && r.count() == 0 {
+        let present: std::collections::HashSet<Vec<u8>> =
+            r.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+        if kind == Kind::Lock && present.is_empty() {
             return Ok(());
         }
         let rev = r.header().map_or(0, |h| h.revision());
@@ -464,10 +469,10 @@ impl Coordinator for EtcdCoord {
                     return Ok(());
                 };
                 if msg.canceled()
-                    || msg
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
+                    || msg.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_some_and(|kv| present.contains(kv.key()))
+                    })
                 {
                     return Ok(());
                 }
