@@ -13,8 +13,9 @@
 //! - **liveness**: an acquisition refused when, per the model, nothing could
 //!   have been held during the whole call (or the lock stayed free for a
 //!   whole second of a `wait`), a semaphore refused with fewer than N permits
-//!   possibly live, a renew or release refused for a token certainly held,
-//!   and a renew granted to a token certainly expired, are all violations.
+//!   possibly live, a renew or release refused although the token was
+//!   certainly held from its call to its answer, and a renew granted to a
+//!   token certainly expired at its call, are all violations.
 //!
 //! "Certainly held" runs from the grant's answer until the earliest instant
 //! the backend may have dropped it (call of the last renewal + TTL, or the
@@ -354,7 +355,26 @@ fn check(
             let mut cert_end = op.call + op.ttl;
             let mut poss_end = op.ret + op.ttl + slack;
             let mut released = false;
+            // An outage (restart, partition) that begins while the grant
+            // may live can extend it: etcd gives every lease its full TTL
+            // again after a restart, and requests held in a partition
+            // arrive late.
+            let widen = |mut end: Instant| {
+                loop {
+                    let next = outages
+                        .iter()
+                        .filter(|(s, _)| *s < end)
+                        .map(|(_, e)| *e + ttl + slack)
+                        .fold(end, Instant::max);
+                    if next == end {
+                        return end;
+                    }
+                    end = next;
+                }
+            };
+            poss_end = widen(poss_end);
             for a in by_token.get(token).map(Vec::as_slice).unwrap_or(&[]) {
+                poss_end = widen(poss_end);
                 match (a.verb, a.status) {
                     ("renew", 200) => {
                         if a.call >= poss_end {
@@ -374,10 +394,25 @@ fn check(
                     ("renew", _) | ("release", _) | ("complete", _)
                         if !a.ambiguous() && a.status != 200 =>
                     {
-                        if a.call < cert_end && !released {
+                        // The call ran somewhere in [call, return]: a refusal
+                        // is wrong only if all of it lies in the certain interval.
+                        if a.ret < cert_end && !released {
+                            let near: Vec<String> = outages
+                                .iter()
+                                .filter(|(s, e)| *e + ttl >= op.call && *s <= a.ret)
+                                .map(|(s, e)| {
+                                    format!(
+                                        "[{:+.3}s, {:+.3}s]",
+                                        s.duration_since(op.call).as_secs_f64()
+                                            - op.call.duration_since(*s).as_secs_f64(),
+                                        e.duration_since(op.call).as_secs_f64()
+                                            - op.call.duration_since(*e).as_secs_f64()
+                                    )
+                                })
+                                .collect();
                             v.push(format!(
-                                "{} of a token certainly held refused: {:?} {} token {token} at +{:?} (certainly held until +{:?}): {} {}",
-                                a.verb, op.what, op.name, a.call - op.call, cert_end - op.call, a.status, a.body
+                                "{} of a token certainly held refused: {:?} {} token {token} at +{:?} (certainly held until +{:?}): {} {}; acquired by c{} in {:?}; outages nearby {near:?}",
+                                a.verb, op.what, op.name, a.call - op.call, cert_end - op.call, a.status, a.body, op.client, op.ret - op.call
                             ));
                         }
                     }
@@ -399,9 +434,7 @@ fn check(
                     cert_end = cert_end.min(a.call);
                 }
             }
-            if outages.iter().any(|(s, _)| *s < poss_end && *s >= op.call) {
-                poss_end = poss_end.max(heal_after(op.call) + ttl + slack);
-            }
+            let poss_end = widen(poss_end);
             lives.entry(key).or_default().push(Life {
                 acq: op,
                 poss: (op.call, poss_end),

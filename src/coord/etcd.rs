@@ -129,9 +129,17 @@ impl EtcdCoord {
         let once = async {
             let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
             keeper.keep_alive().await?;
-            Ok(stream.message().await?.map_or(0, |r| r.ttl()))
+            stream.message().await
         };
-        self.call("lease keep-alive", once).await
+        match self.call("lease keep-alive", once).await? {
+            Some(r) => Ok(r.ttl()),
+            // The stream ended without an answer (etcd restarting): that says
+            // nothing about the lease, so it is an error, not "gone".
+            None => Err(CoordError::Backend(BackendError::WatchEnded {
+                backend: "etcd",
+                reason: "the lease keep-alive stream ended without an answer".into(),
+            })),
+        }
     }
 
     /// The first (oldest) key under `prefix`: the lock's holder.
