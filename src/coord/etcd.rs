@@ -193,6 +193,10 @@ impl Coordinator for EtcdCoord {
         "etcd"
     }
 
+    fn queues(&self) -> bool {
+        true
+    }
+
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let mut client = self.client().await?;
         let prefix = self.lock_prefix(name);

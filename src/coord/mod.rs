@@ -129,6 +129,11 @@ pub type Result<T, E = CoordError> = std::result::Result<T, E>;
 pub trait Coordinator: Send + Sync {
     /// Backend name.
     fn backend(&self) -> &'static str;
+    /// Whether [`Coordinator::lock_fair`] queues waiters (then plain requests
+    /// that may wait queue too). Default: no.
+    fn queues(&self) -> bool {
+        false
+    }
     /// Try once to take lock `name` for `ttl`, labelled with `owner`.
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try>;
     /// Take lock `name` in arrival order, waiting up to `wait` (etcd only).
@@ -620,7 +625,25 @@ impl Service {
         wait: Duration,
         fair: bool,
     ) -> Result<Try> {
-        if fair {
+        // A plain request that may wait joins the queue where the backend
+        // has one (etcd): one name is one lock, and each release then wakes
+        // exactly one waiter instead of every waiter retrying.
+        let queue = fair || (!wait.is_zero() && self.coord.queues());
+        if !fair && queue {
+            let started = Instant::now();
+            match self.coord.lock(name, owner, ttl).await {
+                Ok(Try::Acquired(g)) => {
+                    self.note(name, "acquired", started, Some(&g));
+                    return Ok(Try::Acquired(g));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.note(name, "error", started, None);
+                    return Err(e);
+                }
+            }
+        }
+        if queue {
             let started = Instant::now();
             let _waiting = if wait.is_zero() {
                 None

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -161,11 +161,15 @@ pub struct RedisCoord {
     notices: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
     /// Waiters in [`Coordinator::changed`] now.
     waiters: AtomicUsize,
+    /// Whether the pattern subscription is confirmed and open.
+    subscribed: AtomicBool,
 }
 
 /// Longest a Redis waiter sleeps without looking (covers a notice lost while
 /// the subscription was being set up).
 pub const MAX_NAP: Duration = Duration::from_secs(1);
+/// Longest nap once the subscription is known to be active.
+pub const MAX_NAP_SUBSCRIBED: Duration = Duration::from_secs(30);
 
 impl RedisCoord {
     /// Coordination keys under the election's prefix.
@@ -186,6 +190,7 @@ impl RedisCoord {
             pubsub: tokio::sync::Mutex::new(None),
             notices: std::sync::Mutex::new(HashMap::new()),
             waiters: AtomicUsize::new(0),
+            subscribed: AtomicBool::new(false),
         }
     }
 
@@ -511,7 +516,9 @@ impl Coordinator for RedisCoord {
         tokio::pin!(notified);
         notified.as_mut().enable();
         // Subscribe first (when nobody did), then look: a release after the
-        // look is a notice, one before it shows in the look.
+        // look is a notice, one before it shows in the look. Unless the
+        // subscription was confirmed before the look, nap at most MAX_NAP.
+        let sure = self.subscribed.load(Ordering::SeqCst);
         let mut reader = self.pubsub.try_lock().ok();
         if let Some(guard) = reader.as_mut()
             && guard.is_none()
@@ -519,7 +526,10 @@ impl Coordinator for RedisCoord {
             let mut ps = self.backend.pubsub_to(0).await?;
             let pattern = self.pattern();
             match tokio::time::timeout(self.backend.call_timeout(), ps.psubscribe(&pattern)).await {
-                Ok(Ok(())) => **guard = Some(ps),
+                Ok(Ok(())) => {
+                    **guard = Some(ps);
+                    self.subscribed.store(true, Ordering::SeqCst);
+                }
                 Ok(Err(e)) => return Err(CoordError::Backend(self.backend.classify_error(0, e))),
                 Err(_) => {}
             }
@@ -527,7 +537,9 @@ impl Coordinator for RedisCoord {
         let Some(due) = self.due(kind, &key, seen).await? else {
             return Ok(());
         };
-        let wake = until.min(Instant::now() + due.min(MAX_NAP));
+        let sure = sure || reader.as_ref().is_some_and(|g| g.is_some());
+        let nap = if sure { MAX_NAP_SUBSCRIBED } else { MAX_NAP };
+        let wake = until.min(Instant::now() + due.min(nap));
         loop {
             match reader.take() {
                 Some(mut guard) => {
@@ -557,6 +569,7 @@ impl Coordinator for RedisCoord {
                     // Nobody else waits (or the connection broke): close it,
                     // so notices do not pile up unread.
                     if broken || self.waiters.load(Ordering::SeqCst) <= 1 {
+                        self.subscribed.store(false, Ordering::SeqCst);
                         *guard = None;
                     }
                     return Ok(());
