@@ -603,8 +603,10 @@ impl Service {
             .unwrap_or_else(|e| e.into_inner())
             .get(&(kind, name.to_owned()))
             .cloned();
+        // One release frees one lock or permit: wake one waiter (it always
+        // retries once woken, so the wake-up is never lost).
         if let Some(n) = n {
-            n.notify_waiters();
+            n.notify_one();
         }
     }
 

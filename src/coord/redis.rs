@@ -56,7 +56,6 @@ local ok, bad = fence_ok(KEYS[2])
 if not ok then return {-2, bad} end
 local f = fence_next(KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
-redis.call('PUBLISH', KEYS[1], 'acquired')
 return {1, f}
 ";
 
@@ -225,7 +224,7 @@ impl RedisCoord {
             .get(channel)
             .cloned();
         if let Some(n) = n {
-            n.notify_waiters();
+            n.notify_one();
         }
     }
 
