@@ -18,6 +18,8 @@ pub mod hooks;
 pub mod http;
 pub mod kube_label;
 pub mod metrics;
+pub mod ops;
+pub mod serve;
 pub mod shutdown;
 pub mod supervisor;
 

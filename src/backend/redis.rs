@@ -126,21 +126,43 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
-/// `url` with any password replaced by `***`, for logs and errors.
+/// `url` with any password replaced by `***`, for logs and errors: the
+/// userinfo's password (or a lone userinfo) and the values of `pass=` and
+/// `password=` query parameters (`redis+unix:///run/redis.sock?pass=...`).
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let creds = &url[scheme_end + 3..at];
+            let creds = &base[scheme_end + 3..at];
             let user = creds.split_once(':').map_or(creds, |(u, _)| u);
             let user = if creds.contains(':') {
                 format!("{user}:***")
             } else {
                 "***".to_owned()
             };
-            format!("{}{}{}", &url[..scheme_end + 3], user, &url[at..])
+            format!("{}{}{}", &base[..scheme_end + 3], user, &base[at..])
         }
-        _ => url.to_owned(),
+        _ => base.to_owned(),
+    };
+    if let Some(q) = query {
+        out.push('?');
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _))
+                    if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
+                {
+                    format!("{k}=***")
+                }
+                _ => kv.to_owned(),
+            })
+            .collect();
+        out.push_str(&parts.join("&"));
     }
+    out
 }
 
 /// Check a Redis URL: `redis://[user[:password]@]host:port[/db]` or `rediss://…`.
@@ -391,6 +413,28 @@ impl RedisBackend {
     /// A [`BackendError`] when the server cannot be reached.
     pub async fn connection_to(&self, i: usize) -> Result<MultiplexedConnection> {
         self.connection(&self.servers[i]).await
+    }
+
+    /// A new pub/sub connection to server `i` for the coordination API's
+    /// waiters (issue 11), within the per-server timeout.
+    ///
+    /// # Errors
+    /// A classified [`BackendError`] when the server cannot be reached.
+    pub async fn pubsub_to(&self, i: usize) -> Result<PubSub> {
+        let server = &self.servers[i];
+        match timeout(self.timeout, server.client.get_async_pubsub()).await {
+            Ok(r) => r.map_err(|e| self.classify(server, e)),
+            Err(_) => Err(BackendError::Timeout {
+                backend: BACKEND,
+                call: "subscribe",
+                timeout_ms: self.timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// The per-server timeout of one command.
+    pub fn call_timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Classify a Redis error from server `i`.
@@ -898,6 +942,14 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
         assert_eq!(redact("rediss://pw@h:1"), "rediss://***@h:1");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis+unix:///run/r.sock?db=1&pass=pw"),
+            "redis+unix:///run/r.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact("redis://u:pw@h:1/0?password=pw2"),
+            "redis://u:***@h:1/0?password=***"
+        );
     }
 
     #[test]
