@@ -889,6 +889,7 @@ async fn etcd_cluster_quorum_lost_and_restored() {
     c.kill(0);
     c.kill(1);
     sleep(TTL * 3).await;
+    g.rec.end_silence(f);
     c.restart(0);
     c.restart(1);
     within(
@@ -983,6 +984,7 @@ async fn backend_frozen(kind: Kind) {
     });
     servers.freeze(true);
     sleep(TTL * 3).await;
+    g.rec.end_silence(f);
     servers.freeze(false);
     g.rec.heal(f, true);
     within(
@@ -1500,6 +1502,21 @@ impl Servers {
         }
     }
 
+    /// Redis: forget everything on server `i` (a restart without persistence
+    /// after [`Servers::kill`] and [`Servers::revive`]).
+    async fn flush(&self, i: usize) {
+        if let Servers::Redis(v) = self {
+            let mut c = within(Duration::from_secs(5), "connecting to redis", v[i].conn()).await;
+            within(
+                Duration::from_secs(5),
+                "FLUSHALL",
+                redis::cmd("FLUSHALL").arg("SYNC").query_async::<()>(&mut c),
+            )
+            .await
+            .expect("FLUSHALL");
+        }
+    }
+
     async fn wait_healthy(&mut self) {
         if let Servers::Cluster(c) = self {
             within(
@@ -1523,6 +1540,65 @@ impl Servers {
     }
 }
 
+/// Redis: start a replica of server `i`, let it copy, cut replication (it
+/// lags from here on, and has lost the election key's last writes), wait
+/// `lag`, then kill server `i` and send every sidecar's connections for it to
+/// the replica.
+async fn promote_replica(servers: &mut Servers, g: &mut Group, i: usize, key: &str, lag: Duration) {
+    let Servers::Redis(v) = servers else {
+        unreachable!("replica promotion is a Redis fault")
+    };
+    let replica = own_redis(DURABLE).await;
+    let mut c = within(Duration::from_secs(5), "connecting to the replica", replica.conn()).await;
+    within(
+        Duration::from_secs(5),
+        "REPLICAOF",
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(v[i].port)
+            .query_async::<()>(&mut c),
+    )
+    .await
+    .expect("REPLICAOF");
+    wait_for(Duration::from_secs(10), "the replica to sync", || {
+        let mut c = c.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            info.contains("master_link_status:up")
+        }
+    })
+    .await;
+    within(
+        Duration::from_secs(5),
+        "REPLICAOF NO ONE",
+        redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async::<()>(&mut c),
+    )
+    .await
+    .expect("REPLICAOF NO ONE");
+    within(
+        Duration::from_secs(5),
+        "DEL on the replica",
+        redis::cmd("DEL").arg(key).query_async::<()>(&mut c),
+    )
+    .await
+    .expect("DEL on the replica");
+    sleep(lag).await;
+    v[i].stop();
+    let to = support::proxy::addr_of(&replica.url);
+    for slot in 0..g.proxies.len() {
+        g.proxies[slot][i].redirect(to).await;
+    }
+    g.upstream[i] = replica.url.clone();
+    v[i] = replica;
+}
+
 /// The faults of the randomized schedule. Redis DEL by hand is left out: the
 /// README documents that it lets a follower lead before the holder's next
 /// renewal (see `redis_key_deleted`), so it would only repeat that finding.
@@ -1540,6 +1616,15 @@ enum Chaos {
     QuorumLost,
     KeyDeleted,
     KeyOverwritten,
+    /// Every server SIGSTOPped (sockets open, nothing answers).
+    BackendFrozen,
+    /// etcd: history compacted during a term, the leader's watch broken by a
+    /// short reset, then the key deleted by hand.
+    Compaction,
+    /// Redis: the leader cut off while every server restarts empty.
+    AmnesiaWhileCutOff,
+    /// Redis: a lagging replica of one server promoted in its place.
+    ReplicaPromoted,
 }
 
 fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
@@ -1597,8 +1682,11 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
         Chaos::BackendDown,
         Chaos::KeyOverwritten,
     ];
+    menu.push(Chaos::BackendFrozen);
     if kind == Kind::Etcd {
-        menu.push(Chaos::KeyDeleted);
+        menu.extend([Chaos::KeyDeleted, Chaos::Compaction]);
+    } else {
+        menu.extend([Chaos::AmnesiaWhileCutOff, Chaos::ReplicaPromoted]);
     }
     if servers.count() == 3 {
         menu.extend([Chaos::ServerDown, Chaos::ServerDown, Chaos::QuorumLost]);
@@ -1783,22 +1871,101 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
             Chaos::QuorumLost => {
                 let i = rng.random_range(0..3);
                 let d = ms_between(&mut rng, 500, 6000);
-                let f = g.rec.fault(Fault::new(
-                    &label(format!(
-                        "servers {i},{} down {} ms",
-                        (i + 1) % 3,
-                        d.as_millis()
-                    )),
-                    Some(l),
-                    Expect::CutOff,
-                    restart_bound,
-                ));
+                let f = g.rec.fault(Fault {
+                    silent_after: Some(SILENT_BOUND),
+                    ..Fault::new(
+                        &label(format!(
+                            "servers {i},{} down {} ms",
+                            (i + 1) % 3,
+                            d.as_millis()
+                        )),
+                        Some(l),
+                        Expect::CutOff,
+                        restart_bound,
+                    )
+                });
                 servers.kill(i);
                 servers.kill((i + 1) % 3);
                 sleep(d).await;
+                g.rec.end_silence(f);
                 servers.revive(i).await;
                 servers.revive((i + 1) % 3).await;
                 servers.wait_healthy().await;
+                g.rec.heal(f, true);
+            }
+            Chaos::BackendFrozen => {
+                let d = ms_between(&mut rng, 300, 6000);
+                let f = g.rec.fault(Fault {
+                    ends_term: (d > TTL).then_some((l, tok)),
+                    silent_after: Some(SILENT_BOUND),
+                    ..Fault::new(
+                        &label(format!("all servers frozen {} ms", d.as_millis())),
+                        Some(l),
+                        Expect::CutOff,
+                        restart_bound,
+                    )
+                });
+                servers.freeze(true);
+                sleep(d).await;
+                g.rec.end_silence(f);
+                servers.freeze(false);
+                g.rec.heal(f, true);
+            }
+            Chaos::Compaction => {
+                let f = g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(
+                        &label("compaction, 150 ms reset of the leader, key deleted".into()),
+                        Some(l),
+                        Expect::Other,
+                        FAILOVER_BOUND,
+                    )
+                });
+                compact(&servers).await;
+                g.cut(l, Mode::Reset);
+                sleep(BLIP).await;
+                g.cut(l, Mode::Pass);
+                sleep(RENEW * 4).await;
+                tamper(&servers, &key, None).await;
+                g.rec.heal(f, false);
+            }
+            Chaos::AmnesiaWhileCutOff => {
+                until_wall_fraction(0.85).await;
+                let f = g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(
+                        &label(format!("{} cut off, every server restarted empty", g.id(l))),
+                        Some(l),
+                        Expect::CutOff,
+                        REDIS_RESTART_BOUND,
+                    )
+                });
+                g.cut(l, Mode::Blackhole);
+                for i in 0..servers.count() {
+                    servers.flush(i).await;
+                    servers.kill(i);
+                    servers.revive(i).await;
+                }
+                sleep(TTL + ms_between(&mut rng, 0, 2000)).await;
+                g.cut(l, Mode::Pass);
+                g.rec.heal(f, false);
+            }
+            Chaos::ReplicaPromoted => {
+                let i = rng.random_range(0..servers.count());
+                let lag = ms_between(&mut rng, 0, 2000);
+                let f = g.rec.fault(Fault {
+                    ends_term: (servers.count() == 1).then_some((l, tok)),
+                    ..Fault::new(
+                        &label(format!(
+                            "a replica of server {i}, {} ms behind and without the key, promoted",
+                            lag.as_millis()
+                        )),
+                        Some(l),
+                        Expect::Other,
+                        REDIS_RESTART_BOUND,
+                    )
+                });
+                promote_replica(&mut servers, &mut g, i, &key, lag).await;
                 g.rec.heal(f, true);
             }
             Chaos::KeyDeleted => {

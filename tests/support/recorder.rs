@@ -134,6 +134,9 @@ pub struct Fault {
     /// and report `backend_healthy: false` with an `error` (issue 12: a
     /// follower never vouches for a leader it cannot see).
     pub silent_after: Option<Duration>,
+    /// When the silence ended (before the servers were thawed or restarted),
+    /// if earlier than `end`; see [`Recorder::end_silence`].
+    pub silent_end: Option<Instant>,
 }
 
 impl Fault {
@@ -151,6 +154,7 @@ impl Fault {
             recover_within: within,
             keeps_token: None,
             silent_after: None,
+            silent_end: None,
         }
     }
 }
@@ -234,6 +238,12 @@ impl Recorder {
         if recover_from_end {
             v[i].recover_from = now;
         }
+    }
+
+    /// The silence of fault `i` ends now (call it just before thawing or
+    /// restarting the servers; answers after it are not held to the silence).
+    pub fn end_silence(&self, i: usize) {
+        self.faults.lock().unwrap()[i].silent_end = Some(Instant::now());
     }
 
     /// The latest answer of `slot`, if any.
@@ -805,11 +815,15 @@ pub fn check(
     for f in faults {
         let Some(after) = f.silent_after else { continue };
         let from = f.start + after;
+        let until = match (f.silent_end, f.end) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         for (label, samples) in slots {
             let mut bad = Vec::new();
             for s in samples
                 .iter()
-                .filter(|s| s.send >= from && f.end.is_none_or(|e| s.recv < e))
+                .filter(|s| s.send >= from && until.is_none_or(|e| s.recv < e))
             {
                 let Some(a) = &s.answer else { continue };
                 report.silent_checked += 1;
