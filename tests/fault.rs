@@ -15,7 +15,8 @@
 //!
 //! `randomized` runs a seeded schedule of these faults: 30 s by default, or
 //! `FAULT_MINUTES` with `FAULT_LONG=1` (see `scripts/fault-soak`); it prints the
-//! seed first (`FAULT_SEED` replays it) and takes `FAULT_BACKEND=etcd|redis`.
+//! seed first (`FAULT_SEED` replays it) and takes `FAULT_BACKEND=etcd|redis`
+//! (and `FAULT_ONLY=Kind,Kind` to draw only some kinds of fault).
 
 mod support;
 
@@ -1691,6 +1692,12 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
     if servers.count() == 3 {
         menu.extend([Chaos::ServerDown, Chaos::ServerDown, Chaos::QuorumLost]);
     }
+    // FAULT_ONLY=BackendFrozen,Compaction: draw only these kinds (to soak one).
+    if let Ok(only) = std::env::var("FAULT_ONLY") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        menu.retain(|c| only.contains(&format!("{c:?}").as_str()));
+        assert!(!menu.is_empty(), "FAULT_ONLY={only:?} leaves no fault for {}", kind.name());
+    }
     let end = Instant::now() + duration;
     let mut n = 0;
     while Instant::now() < end {
@@ -1912,22 +1919,31 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
                 g.rec.heal(f, true);
             }
             Chaos::Compaction => {
-                let f = g.rec.fault(Fault {
-                    ends_term: Some((l, tok)),
-                    ..Fault::new(
-                        &label("compaction, 150 ms reset of the leader, key deleted".into()),
-                        Some(l),
-                        Expect::Other,
-                        FAILOVER_BOUND,
-                    )
-                });
+                let f = g.rec.fault(Fault::new(
+                    &label("compaction, then a 150 ms reset of the leader".into()),
+                    Some(l),
+                    Expect::Other,
+                    FAILOVER_BOUND,
+                ));
                 compact(&servers).await;
                 g.cut(l, Mode::Reset);
                 sleep(BLIP).await;
                 g.cut(l, Mode::Pass);
-                sleep(RENEW * 4).await;
-                tamper(&servers, &key, None).await;
                 g.rec.heal(f, false);
+                // Renewals reopen the leader's watch; then the key goes.
+                sleep(RENEW * 4).await;
+                if let Some((l, tok)) = g.rec.leader_now(Instant::now() - RENEW) {
+                    g.rec.fault(Fault {
+                        ends_term: Some((l, tok)),
+                        ..Fault::new(
+                            &label(format!("key of {} deleted after the compaction", g.id(l))),
+                            Some(l),
+                            Expect::Other,
+                            FAILOVER_BOUND,
+                        )
+                    });
+                    tamper(&servers, &key, None).await;
+                }
             }
             Chaos::AmnesiaWhileCutOff => {
                 until_wall_fraction(0.85).await;
