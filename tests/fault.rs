@@ -45,8 +45,11 @@ const RESTART_BOUND: Duration = Duration::from_secs(4);
 /// After a Redis restart (or a new server process behind the address) nobody
 /// is elected for one TTL plus the uptime clock's second, counted from the
 /// restart (server uptime) or from a candidate's first answer from the new
-/// process (its own clock): TTL + 1 s + a retry period + scheduling slack.
-const REDIS_RESTART_BOUND: Duration = Duration::from_millis(2000 + 1000 + 500 + 500);
+/// process (its own clock). That first answer comes within a retry period
+/// when the candidate's connections break with the old process, and at the
+/// latest at its next campaign (≤ TTL); so TTL (first contact) + TTL + 1 s +
+/// a retry period + scheduling slack.
+const REDIS_RESTART_BOUND: Duration = Duration::from_millis(2000 + 2000 + 1000 + 500 + 500);
 /// A follower stops vouching for the leader this long into a backend's
 /// silence (`ElectorConfig::silence_bound`: TTL + ⅔ of the renew interval),
 /// plus 20 ms for the signal that starts the silence to be delivered.
