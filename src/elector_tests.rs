@@ -510,7 +510,10 @@ async fn a_follower_of_a_silent_backend_stops_vouching_for_the_leader() {
     let f = 1 - l;
     let leader = cs[l].rx.borrow().identity.clone();
     run_for(&cs, Duration::from_secs(5)).await;
-    assert_eq!(cs[f].rx.borrow().leader_at(Instant::now()), Some(leader.as_str()));
+    assert_eq!(
+        cs[f].rx.borrow().leader_at(Instant::now()),
+        Some(leader.as_str())
+    );
     cs[f].link.frozen.store(true, Ordering::SeqCst);
     let frozen = Instant::now();
     run_for(&cs, TTL).await;
@@ -521,7 +524,11 @@ async fn a_follower_of_a_silent_backend_stops_vouching_for_the_leader() {
         assert!(s.error.is_some(), "no error one TTL into the silence");
     }
     let bound = cfg("x").silence_bound();
-    run_for(&cs, (frozen + bound).saturating_duration_since(Instant::now())).await;
+    run_for(
+        &cs,
+        (frozen + bound).saturating_duration_since(Instant::now()),
+    )
+    .await;
     assert_eq!(
         cs[f].rx.borrow().leader_at(Instant::now()),
         None,
@@ -569,7 +576,12 @@ async fn the_last_failover_duration_is_recorded() {
     let (elector, rx) = Elector::new(cfg("b"), link.clone(), Some(metrics.clone()));
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
-    let f = Candidate { link, rx, stop, task };
+    let f = Candidate {
+        link,
+        rx,
+        stop,
+        task,
+    };
     let cs = vec![a, f];
     run_for(&cs, Duration::from_secs(2)).await;
     assert_eq!(metrics.last_failover.get(), 0.0);

@@ -605,9 +605,15 @@ async fn a_watch_from_a_compacted_revision_still_reports_the_change() {
     if let Ok(r) = tokio::time::timeout(Duration::from_millis(500), &mut watch).await {
         panic!("the watch ended although the key did not change: {r:?}");
     }
-    client.delete(key.as_str(), None).await.expect("delete by hand");
+    client
+        .delete(key.as_str(), None)
+        .await
+        .expect("delete by hand");
     let r = tokio::time::timeout(Duration::from_secs(5), &mut watch)
         .await
         .expect("the watch did not report the deletion within 5 s");
-    assert!(r.is_ok(), "the watch failed instead of reporting the deletion: {r:?}");
+    assert!(
+        r.is_ok(),
+        "the watch failed instead of reporting the deletion: {r:?}"
+    );
 }

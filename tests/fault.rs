@@ -914,7 +914,6 @@ async fn etcd_cluster_quorum_lost_and_restored() {
         .await;
 }
 
-
 impl Servers {
     /// Freeze (SIGSTOP) or thaw (SIGCONT) every server: sockets stay open,
     /// nothing answers.
@@ -957,9 +956,13 @@ async fn compact(servers: &Servers) {
         .header()
         .map_or(0, |h| h.revision());
     }
-    within(Duration::from_secs(5), "etcd compact", cl.compact(rev, None))
-        .await
-        .expect("compact");
+    within(
+        Duration::from_secs(5),
+        "etcd compact",
+        cl.compact(rev, None),
+    )
+    .await
+    .expect("compact");
 }
 
 /// Issue 12, item 1: the backend freezes (SIGSTOP: TCP stays open, nothing
@@ -998,8 +1001,11 @@ async fn backend_frozen(kind: Kind) {
     )
     .await;
     sleep(Duration::from_secs(1)).await;
-    g.finish(&format!("{}: backend frozen (SIGSTOP) 3 x TTL", kind.name()))
-        .await;
+    g.finish(&format!(
+        "{}: backend frozen (SIGSTOP) 3 x TTL",
+        kind.name()
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1085,7 +1091,10 @@ async fn until_wall_fraction(frac: f64) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
-    sleep(Duration::from_secs_f64((frac - now.fract()).rem_euclid(1.0))).await;
+    sleep(Duration::from_secs_f64(
+        (frac - now.fract()).rem_euclid(1.0),
+    ))
+    .await;
 }
 
 /// Issue 12, item 5: the leader is cut off (a partition), and Redis restarts
@@ -1264,7 +1273,8 @@ async fn redlock_loses_one_server_then_two() {
     within(
         REDIS_RESTART_BOUND + Duration::from_secs(5),
         "a leader after the servers came back",
-        g.rec.wait_leader(REDIS_RESTART_BOUND + Duration::from_secs(4)),
+        g.rec
+            .wait_leader(REDIS_RESTART_BOUND + Duration::from_secs(4)),
     )
     .await;
     sleep(Duration::from_secs(1)).await;
@@ -1553,7 +1563,12 @@ async fn promote_replica(servers: &mut Servers, g: &mut Group, i: usize, key: &s
         unreachable!("replica promotion is a Redis fault")
     };
     let replica = own_redis(DURABLE).await;
-    let mut c = within(Duration::from_secs(5), "connecting to the replica", replica.conn()).await;
+    let mut c = within(
+        Duration::from_secs(5),
+        "connecting to the replica",
+        replica.conn(),
+    )
+    .await;
     within(
         Duration::from_secs(5),
         "REPLICAOF",
@@ -1699,7 +1714,11 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
     if let Ok(only) = std::env::var("FAULT_ONLY") {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         menu.retain(|c| only.contains(&format!("{c:?}").as_str()));
-        assert!(!menu.is_empty(), "FAULT_ONLY={only:?} leaves no fault for {}", kind.name());
+        assert!(
+            !menu.is_empty(),
+            "FAULT_ONLY={only:?} leaves no fault for {}",
+            kind.name()
+        );
     }
     let end = Instant::now() + duration;
     let mut n = 0;

@@ -471,7 +471,11 @@ impl LeaseBackend for EtcdBackend {
             let revision = resp.header().map_or(0, |h| h.revision());
             match resp.kvs().first() {
                 Some(kv) if seen_lease != 0 && kv.lease() == seen_lease => {
-                    debug!(compacted, revision, "watch history compacted; watching again from the current revision");
+                    debug!(
+                        compacted,
+                        revision,
+                        "watch history compacted; watching again from the current revision"
+                    );
                     from = revision + 1;
                 }
                 _ => return Ok(()),

@@ -221,7 +221,9 @@ enum Answer {
 
 /// Refusal of a fencing counter that is not a non-negative integer.
 #[derive(Debug, thiserror::Error)]
-#[error("the fencing counter {key} holds {value:?}, not a non-negative integer of at most 15 digits")]
+#[error(
+    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most 15 digits"
+)]
 pub struct BadCounter {
     /// The counter key.
     pub key: String,
@@ -628,8 +630,9 @@ impl RedisBackend {
                 *pttl,
             )),
             [Value::Int(3), Value::Int(wait), _] => {
-                let own = hold_until
-                    .map_or(0, |t| t.saturating_duration_since(Instant::now()).as_millis() as i64);
+                let own = hold_until.map_or(0, |t| {
+                    t.saturating_duration_since(Instant::now()).as_millis() as i64
+                });
                 // Our own hold-off, if any, else the server's uptime wait.
                 Ok(Answer::Fresh(if own > 0 { own } else { *wait }))
             }

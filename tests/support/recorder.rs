@@ -813,7 +813,9 @@ pub fn check(
     }
     // f. A silent backend: nobody vouches for a leader past the bound.
     for f in faults {
-        let Some(after) = f.silent_after else { continue };
+        let Some(after) = f.silent_after else {
+            continue;
+        };
         let from = f.start + after;
         let until = match (f.silent_end, f.end) {
             (Some(a), Some(b)) => Some(a.min(b)),
