@@ -3,6 +3,11 @@
 # the non-root user 65532 on distroless (no shell, no package manager).
 #
 #   docker build -t leader-elector .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/leader-elector:TAG --push .
+#
+# Multi-arch: both base images are published for amd64 and arm64; each
+# platform builds natively (under QEMU when it is not the builder's), with a
+# build cache of its own.
 
 FROM rust:1-bookworm AS build
 # protoc: etcd-client's build script compiles etcd's protobuf definitions.
@@ -13,9 +18,10 @@ WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and build artefacts between builds; the
 # binary is copied out of the cached target/ before the layer ends.
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/usr/local/cargo/git \
-    --mount=type=cache,target=/src/target \
+ARG TARGETPLATFORM
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,id=leader-elector-target-${TARGETPLATFORM} \
     cargo build --release --locked \
  && install -D -m 0755 target/release/leader-elector /out/leader-elector
 

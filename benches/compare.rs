@@ -2162,9 +2162,9 @@ fn summary(j: &BTreeMap<String, Value>, cfg: &Cfg) -> String {
             .unwrap_or(f64::NAN);
         notes.push(format!(
             "**`/leader` p99 is {p99:.2} ms** (p50 {:.3} ms) at {rps:.0} requests/s, {:.0}× the \
-             throughput target. The tail is scheduling, not request work: the sidecar's runtime has \
-             a fixed two worker threads, which time-slice on the one pinned core; the machine's \
-             other work adds to it (1-minute load average {wl:.2} at the start of section 6).",
+             throughput target. The tail is scheduling, not request work (p50 is far below it): \
+             the sidecar shares the one pinned core with the machine's other work (1-minute load \
+             average {wl:.2} at the start of section 6).",
             jf(w, &["leader", "p50_ms"]),
             rps / 20_000.0
         ));

@@ -106,8 +106,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
         identity = %cfg.elector.identity,
         backend = backend.name(),
         http_addr = %cfg.http_addr,
-        lease_duration = %humantime::format_duration(cfg.elector.lease_duration),
-        renew_interval = %humantime::format_duration(cfg.elector.renew_interval),
+        // Whole milliseconds: a third of 5s is 1s 666ms, not 1s 666ms 666us 666ns.
+        lease_duration = %humantime::format_duration(whole_ms(cfg.elector.lease_duration)),
+        renew_interval = %humantime::format_duration(whole_ms(cfg.elector.renew_interval)),
         "starting"
     );
     if let BackendConfig::Redis { options, .. } = &cfg.backend {
@@ -302,4 +303,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
     }
     info!("stopped");
     Ok(exit_code)
+}
+
+/// A duration truncated to whole milliseconds, for logs.
+fn whole_ms(d: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(d.as_millis() as u64)
 }

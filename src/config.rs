@@ -78,7 +78,7 @@ pub struct Cli {
     #[arg(long, visible_alias = "http", default_value = "0.0.0.0:4040", env = "LEADER_ELECTOR_HTTP_ADDR", value_parser = parse_addr, value_name = "HOST:PORT")]
     pub http_addr: SocketAddr,
 
-    /// Address of the control API (POST /resign, POST /release), loopback only; empty turns it off.
+    /// Address of the control API (POST /resign, /release; /locks, /semaphores, /jobs), loopback only; empty turns it off.
     #[arg(
         long,
         default_value = "127.0.0.1:4041",

@@ -18,6 +18,7 @@ pub mod hooks;
 pub mod http;
 pub mod kube_label;
 pub mod metrics;
+pub mod ops;
 pub mod shutdown;
 pub mod supervisor;
 

@@ -1,10 +1,12 @@
 //! CLI entry: parse and validate the configuration (exit 2 on a bad flag),
 //! set up logging, run the sidecar (exit 1 on a runtime failure, 0 after a
-//! clean shutdown).
+//! clean shutdown). `status` and `observe` are the operator's read-only
+//! commands (src/ops.rs); `help [COMMAND]` prints a command's help.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use leader_elector::config::{Cli, Config, LogFormat};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -18,11 +20,39 @@ fn main() -> ExitCode {
         let code = leader_elector::supervisor::exec_shim(&args[2..]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
+    match args.get(1).map(String::as_str) {
+        Some("status" | "observe") => return leader_elector::ops::main(&args),
+        Some("help") => {
+            // `leader-elector help [COMMAND]` is `leader-elector [COMMAND] --help`.
+            let mut help = vec![args[0].clone()];
+            help.extend(args.get(2).cloned());
+            help.push("--help".into());
+            args = help;
+            if matches!(args[1].as_str(), "status" | "observe") {
+                return leader_elector::ops::main(&args);
+            }
+        }
+        _ => {}
+    }
     let run_mode = args.get(1).map(String::as_str) == Some("run");
     if run_mode {
         args.remove(1);
     }
-    let cli = Cli::parse_from(args);
+    let cmd = if run_mode {
+        Cli::command()
+            .name("leader-elector run")
+            .bin_name("leader-elector run")
+            .about("Run COMMAND only while this candidate leads: start it on election, stop it (SIGTERM, then SIGKILL after --kill-grace) before leadership can end, then release.")
+            .override_usage("leader-elector run [OPTIONS] --election <NAME> (--etcd-endpoints <URL> | --redis-url <URL>...) -- COMMAND [ARGS]...")
+    } else {
+        Cli::command().after_help(
+            "Commands:\n  (none)   run the sidecar (these options)\n  run      run a command only while leading: leader-elector run --help\n  status   print who leads an election, read-only: leader-elector status --help\n  observe  print one line per leadership change until interrupted: leader-elector observe --help\n  help     print this help, or a command's: leader-elector help status",
+        )
+    };
+    let cli = match Cli::from_arg_matches(&cmd.get_matches_from(args)) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let config = match Config::from_cli_mode(cli, run_mode) {
         Ok(c) => c,
         Err(e) => {
@@ -40,8 +70,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Colour codes only on a terminal, and never with NO_COLOR set.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Json => logs.json().flatten_event(true).init(),
@@ -66,9 +99,14 @@ fn main() -> ExitCode {
         Ok(None) => ExitCode::SUCCESS,
         Ok(Some(code)) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
+            // Once: through the log when it shows errors (JSON stays JSON),
+            // else on stderr.
             let e = anyhow::Error::new(e);
-            tracing::error!(error = format!("{e:#}"), "leader-elector failed");
-            eprintln!("error: {e:#}");
+            if tracing::enabled!(tracing::Level::ERROR) {
+                tracing::error!(error = format!("{e:#}"), "leader-elector failed");
+            } else {
+                eprintln!("error: {e:#}");
+            }
             ExitCode::from(1)
         }
     }

@@ -342,6 +342,25 @@ impl LeaseBackend for EtcdBackend {
         Ok(resp.kvs().first().map(|kv| self.holder_from(kv, revision)))
     }
 
+    async fn inspect(&self) -> Result<Option<Holder>> {
+        let Some(mut holder) = self.read().await? else {
+            return Ok(None);
+        };
+        let lease = lease_of(&holder.term_id);
+        if lease != 0 {
+            let client = self.client().await?;
+            let left = client
+                .lease_client()
+                .time_to_live(lease, None)
+                .await
+                .map_err(|e| self.classify(e, false))?
+                .ttl();
+            // etcd counts whole seconds; <= 0: the lease is gone, the key with it.
+            holder.expires_in = Some(Duration::from_secs(left.max(0) as u64));
+        }
+        Ok(Some(holder))
+    }
+
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let client = self.client().await?;
         let lease = lease_of(&term.holder.term_id);

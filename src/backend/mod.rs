@@ -247,18 +247,43 @@ impl BackendError {
     }
 
     /// The whole error as one line: this layer, its causes, and the hint.
+    /// gRPC statuses are reduced to their message and their own causes
+    /// (their `Display` dumps the `Debug` text of the transport error), and a
+    /// cause that repeats what is already said is left out.
     pub fn report(&self) -> String {
         let mut out = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
-            out.push_str(": ");
-            out.push_str(&cause.to_string());
-            source = cause.source();
+            let (text, next) = cause_text(cause);
+            if !text.is_empty() && !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            source = next;
         }
         out.push_str(" (hint: ");
         out.push_str(self.hint());
         out.push(')');
         out
+    }
+}
+
+/// One cause's own text and the next cause. etcd-client's error does not
+/// expose its cause through `source()`, and a `tonic::Status` prints its
+/// source's `Debug` form: both are opened here (by type, not by text).
+fn cause_text<'a>(
+    cause: &'a (dyn std::error::Error + 'static),
+) -> (String, Option<&'a (dyn std::error::Error + 'static)>) {
+    let status = match cause.downcast_ref::<etcd_client::Error>() {
+        Some(etcd_client::Error::GRpcStatus(s)) => Some(s),
+        Some(etcd_client::Error::TransportError(t)) => return (String::new(), Some(t)),
+        _ => cause.downcast_ref::<tonic::Status>(),
+    };
+    match status {
+        Some(s) => (s.message().to_owned(), std::error::Error::source(s)),
+        // Says only "transport error": its cause says which.
+        None if cause.is::<tonic::transport::Error>() => (String::new(), cause.source()),
+        None => (cause.to_string(), cause.source()),
     }
 }
 
@@ -330,6 +355,17 @@ pub trait LeaseBackend: Send + Sync {
     /// # Errors
     /// Any [`BackendError`].
     async fn read(&self) -> Result<Option<Holder>>;
+
+    /// Read the current holder for an operator (`leader-elector status`):
+    /// like [`LeaseBackend::read`], with `expires_in` filled in where the
+    /// backend can tell it (etcd: the lease's remaining TTL, one more call).
+    /// Never used by the Elector.
+    ///
+    /// # Errors
+    /// Any [`BackendError`].
+    async fn inspect(&self) -> Result<Option<Holder>> {
+        self.read().await
+    }
 
     /// Resolve when the key changes after `seen` (deleted, or taken by a term
     /// other than `seen`'s). Pending forever while nothing changes.

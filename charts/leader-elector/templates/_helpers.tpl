@@ -124,3 +124,18 @@ RBAC rules the sidecar needs, for your own Role:
   resources: ["events"]
   verbs: ["create"]
 {{- end }}
+
+{{/*
+A duration value (whole numbers with units ms, s, m, h, d, e.g. "1m30s";
+values.schema.json restricts it to that) in milliseconds.
+*/}}
+{{- define "leader-elector.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 }}
+{{- $total := 0 }}
+{{- range regexFindAll "[0-9]+\\s*(ms|s|m|h|d)" (toString .) -1 }}
+{{- $n := regexFind "^[0-9]+" . | int64 }}
+{{- $unit := regexReplaceAll "^[0-9]+\\s*" . "" }}
+{{- $total = add $total (mul $n (get $units $unit)) }}
+{{- end }}
+{{- $total }}
+{{- end }}

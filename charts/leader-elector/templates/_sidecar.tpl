@@ -37,6 +37,10 @@ and .Chart to the templates:
     volumes:
       {{- include "leader-elector.volumes" $le | nindent 6 }}
 
+With `nativeSidecar: true` (Kubernetes >= 1.29) put the sidecar under
+`initContainers:` instead of `containers:` (it then carries
+`restartPolicy: Always`): it starts before your app and stops after it.
+
 `leader-elector.sidecar` renders one list item (the container);
 `leader-elector.volumes` renders zero or more list items (the TLS and password
 Secrets), so it can stand beside your own volumes. RBAC: keep `rbac.create`
@@ -61,6 +65,15 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- if not (or $etcd $redis) }}
 {{- fail (printf "leader-elector: backend %q needs etcd.endpoints or redis.urlsSecret.name" $v.backend) }}
 {{- end }}
+{{- $leaseMs := include "leader-elector.durationMs" $v.leaseDuration | int64 }}
+{{- if lt $leaseMs 1000 }}
+{{- fail (printf "leader-elector: leaseDuration (%s) must be at least 1s" $v.leaseDuration) }}
+{{- end }}
+{{- with $v.renewInterval }}
+{{- if ge (include "leader-elector.durationMs" . | int64) $leaseMs }}
+{{- fail (printf "leader-elector: renewInterval (%s) must be shorter than leaseDuration (%s): the lease would expire between renewals and the sidecar refuses to start" . $v.leaseDuration) }}
+{{- end }}
+{{- end }}
 {{- if and $etcd $redis }}
 {{- fail "leader-elector: both etcd.endpoints and redis.urlsSecret.name are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
 {{- end }}
@@ -80,6 +93,11 @@ The sidecar container, as one item of a Pod's `containers` list.
 - name: leader-elector
   image: {{ include "leader-elector.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if $v.nativeSidecar }}
+  # Native sidecar (an init container that keeps running): starts before the
+  # app containers, once its startupProbe passes, and stops after them.
+  restartPolicy: Always
+  {{- end }}
   {{- with $v.extraArgs }}
   args:
     {{- toYaml . | nindent 4 }}
@@ -150,6 +168,10 @@ The sidecar container, as one item of a Pod's `containers` list.
     - name: leader-http
       containerPort: {{ $v.httpPort }}
       protocol: TCP
+  {{- with $v.startupProbe }}
+  startupProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- with $v.livenessProbe }}
   livenessProbe:
     {{- toYaml . | nindent 4 }}

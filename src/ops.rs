@@ -1,0 +1,496 @@
+//! The operator's read-only commands, no sidecar needed:
+//! `leader-elector status` (who leads an election, once) and
+//! `leader-elector observe` (one line per leadership change until
+//! interrupted, as `etcdctl elect --listen` does, for every backend).
+//!
+//! Invariant: these commands only read. They go through the same
+//! [`LeaseBackend`] as the sidecar (`inspect`, `read`, `watch`) and never
+//! campaign, renew or resign, so running them cannot change who leads.
+//!
+//! Exit codes of `status`: 0 someone leads, 3 nobody leads (the key is free),
+//! 1 the backend could not be read, 2 bad flags. `observe` exits 0 on
+//! SIGINT/SIGTERM (or when its output is closed), 2 on bad flags; backend
+//! errors are reported on stderr and retried.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use serde::Serialize;
+
+use crate::backend::{BackendError, Holder, LeaseBackend};
+use crate::config::{BackendKind, Cli, Config, EtcdArgs, RedisArgs, parse_duration};
+
+/// Exit code of `status` when nobody leads the election.
+pub const EXIT_NO_LEADER: u8 = 3;
+
+/// Flags of `leader-elector status` and `leader-elector observe`.
+#[derive(Parser, Debug, Clone)]
+pub struct OpsCli {
+    /// Name of the election to read.
+    #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
+    pub election: String,
+
+    /// Which backend to read; auto picks etcd when --etcd-endpoints is given, else Redis.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "LEADER_ELECTOR_BACKEND"
+    )]
+    pub backend: BackendKind,
+
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Redis connection.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    /// Output format: a table (status) or plain lines (observe), or JSON (one object per line).
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+
+    /// Deadline of each backend call.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Duration,
+}
+
+/// Output format (`-o`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Human-readable.
+    Table,
+    /// JSON, one object per line.
+    Json,
+}
+
+/// What `status` prints as JSON (and `observe -o json` per change).
+#[derive(Serialize, Debug, PartialEq)]
+pub struct Report {
+    /// The election.
+    pub election: String,
+    /// The backend read (`etcd`, `redis`).
+    pub backend: &'static str,
+    /// The holder identity; `null` when nobody leads.
+    pub leader: Option<String>,
+    /// Fencing token of the current term.
+    pub fencing_token: Option<u64>,
+    /// The backend's id of the term (etcd: lease id in hex; Redis: random token).
+    pub term_id: Option<String>,
+    /// How long the term's lease has left without a renewal, in seconds,
+    /// where the backend tells it (etcd: whole seconds).
+    pub lease_remaining_seconds: Option<f64>,
+    /// When the term started, as observed by `observe` (RFC 3339); `status`
+    /// cannot tell: neither backend stores the acquisition time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}
+
+impl Report {
+    fn new(election: &str, backend: &'static str, holder: Option<&Holder>) -> Report {
+        Report {
+            election: election.to_owned(),
+            backend,
+            leader: holder.map(|h| h.identity.clone()),
+            fencing_token: holder.map(|h| h.fencing_token),
+            term_id: holder.map(|h| h.term_id.clone()),
+            lease_remaining_seconds: holder
+                .and_then(|h| h.expires_in)
+                .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
+            since: None,
+        }
+    }
+}
+
+/// Entry point for `leader-elector status|observe ARGS...`; `args[0]` is the
+/// program name and `args[1]` the command.
+pub fn main(args: &[String]) -> ExitCode {
+    let sub = args[1].as_str();
+    let about = match sub {
+        "status" => {
+            "Print who leads an election: leader, fencing token and how long its lease has left (read-only).\n\nExit codes: 0 someone leads, 3 nobody leads, 1 the backend could not be read, 2 bad flags."
+        }
+        _ => {
+            "Print one line per leadership change of an election until interrupted (read-only), starting with the current leader.\n\nExit codes: 0 after SIGINT/SIGTERM, 2 bad flags; backend errors are printed and retried."
+        }
+    };
+    let cmd = OpsCli::command()
+        .name(if sub == "status" {
+            "leader-elector status"
+        } else {
+            "leader-elector observe"
+        })
+        .bin_name(format!("leader-elector {sub}"))
+        .about(about)
+        .override_usage(format!(
+            "leader-elector {sub} --election <NAME> (--etcd-endpoints <URL> | --redis-url <URL>...) [-o table|json]"
+        ));
+    let matches = cmd.get_matches_from(args[1..].iter());
+    let cli = match OpsCli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let backend = match connect(&cli) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = runtime.block_on(async {
+        match sub {
+            "status" => status(&cli, backend.as_ref(), &mut std::io::stdout()).await,
+            _ => {
+                observe(
+                    &cli,
+                    backend.as_ref(),
+                    &mut std::io::stdout(),
+                    shutdown_signal(),
+                )
+                .await
+            }
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// Build the read-only backend from the flags, with the sidecar's own
+/// validation of the backend flags (so the messages are the same).
+///
+/// # Errors
+/// The configuration error's message, naming the flag.
+pub fn connect(cli: &OpsCli) -> Result<Arc<dyn LeaseBackend>, String> {
+    // The sidecar's flags with their defaults; the backend part from ours.
+    let mut sidecar = Cli::try_parse_from([
+        "leader-elector",
+        "--election",
+        &cli.election,
+        "--identity",
+        "leader-elector-cli",
+        "--control-addr=",
+        "--pod-label-key=",
+    ])
+    .map_err(|e| e.to_string())?;
+    sidecar.backend = cli.backend;
+    sidecar.etcd = cli.etcd.clone();
+    sidecar.redis = cli.redis.clone();
+    sidecar.command.clear();
+    let config = Config::from_cli_mode(sidecar, false).map_err(|e| e.to_string())?;
+    let (backend, _coord) = crate::app::connect(&config.backend).map_err(|e| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    })?;
+    Ok(backend)
+}
+
+/// `status`: read once, print, and return the exit code.
+pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Write) -> u8 {
+    let holder = match tokio::time::timeout(cli.timeout, backend.inspect()).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            eprintln!("error: {}", e.report());
+            return 1;
+        }
+        Err(_) => {
+            eprintln!(
+                "error: {} did not answer within {} (--timeout)",
+                backend.name(),
+                humantime::format_duration(cli.timeout)
+            );
+            return 1;
+        }
+    };
+    let report = Report::new(&cli.election, backend.name(), holder.as_ref());
+    let text = match cli.output {
+        Output::Json => serde_json::to_string(&report).unwrap_or_default(),
+        Output::Table => table(&report),
+    };
+    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
+        return 1;
+    }
+    if holder.is_some() { 0 } else { EXIT_NO_LEADER }
+}
+
+fn table(r: &Report) -> String {
+    let dash = || "-".to_owned();
+    let rows = [
+        ("ELECTION", r.election.clone()),
+        ("BACKEND", r.backend.to_owned()),
+        (
+            "LEADER",
+            r.leader.clone().unwrap_or_else(|| "(none)".into()),
+        ),
+        (
+            "FENCING TOKEN",
+            r.fencing_token.map_or_else(dash, |t| t.to_string()),
+        ),
+        (
+            "LEASE LEFT",
+            r.lease_remaining_seconds
+                .map_or_else(dash, |s| format!("{s:.1}s")),
+        ),
+        ("TERM", r.term_id.clone().unwrap_or_else(dash)),
+    ];
+    let head: Vec<String> = rows
+        .iter()
+        .map(|(h, v)| format!("{h:<w$}", w = h.len().max(v.len())))
+        .collect();
+    let vals: Vec<String> = rows
+        .iter()
+        .map(|(h, v)| format!("{v:<w$}", w = h.len().max(v.len())))
+        .collect();
+    format!(
+        "{}\n{}",
+        head.join("  ").trim_end(),
+        vals.join("  ").trim_end()
+    )
+}
+
+/// What identifies one term: a change of any of these is a change of leader
+/// (or a new term of the same leader).
+fn term_key(h: Option<&Holder>) -> Option<(String, u64, String)> {
+    h.map(|h| (h.identity.clone(), h.fencing_token, h.term_id.clone()))
+}
+
+/// How often `observe` reads again when no change notice arrives (a crashed
+/// Redis holder's key expires without one).
+const OBSERVE_POLL: Duration = Duration::from_secs(1);
+/// How often `observe` reads while nobody leads (there is nothing to watch):
+/// from every 10 ms right after the key became free (a handover ends within
+/// milliseconds) to every 500 ms while it stays free.
+const OBSERVE_POLL_FREE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_millis(500));
+
+/// `observe`: print the current state, then one line per change, until
+/// `stop` resolves or the output is closed. Returns the exit code.
+pub async fn observe(
+    cli: &OpsCli,
+    backend: &dyn LeaseBackend,
+    out: &mut dyn Write,
+    stop: impl std::future::Future<Output = ()>,
+) -> u8 {
+    tokio::pin!(stop);
+    let mut last: Option<Option<(String, u64, String)>> = None;
+    let mut backoff = Duration::from_millis(100);
+    let mut free_poll = OBSERVE_POLL_FREE.0;
+    loop {
+        let read = tokio::select! {
+            r = tokio::time::timeout(cli.timeout, backend.read()) => r,
+            _ = &mut stop => return 0,
+        };
+        let holder = match read {
+            Ok(Ok(h)) => {
+                backoff = Duration::from_millis(100);
+                h
+            }
+            Ok(Err(e)) => {
+                eprintln!("error: {}; retrying in {backoff:?}", e.report());
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = &mut stop => return 0,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+            Err(_) => {
+                eprintln!(
+                    "error: {} did not answer within {}; retrying",
+                    backend.name(),
+                    humantime::format_duration(cli.timeout)
+                );
+                continue;
+            }
+        };
+        let key = term_key(holder.as_ref());
+        if last.as_ref() != Some(&key) {
+            let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+            let line = match cli.output {
+                Output::Json => {
+                    let mut r = Report::new(&cli.election, backend.name(), holder.as_ref());
+                    r.since = Some(now);
+                    serde_json::to_string(&r).unwrap_or_default()
+                }
+                Output::Table => match &holder {
+                    Some(h) => format!(
+                        "{now} {} leads {} (fencing token {})",
+                        h.identity, cli.election, h.fencing_token
+                    ),
+                    None => format!("{now} nobody leads {}", cli.election),
+                },
+            };
+            // A closed output (`| head -1`) ends the command quietly.
+            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                return 0;
+            }
+            last = Some(key);
+        }
+        match &holder {
+            Some(h) => {
+                free_poll = OBSERVE_POLL_FREE.0;
+                let poll = h.expires_in.map_or(OBSERVE_POLL, |e| {
+                    (e + Duration::from_millis(10)).min(OBSERVE_POLL)
+                });
+                tokio::select! {
+                    r = backend.watch(h) => {
+                        if let Err(e) = r {
+                            report_watch_error(&e);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = &mut stop => return 0,
+                }
+            }
+            None => {
+                tokio::select! {
+                    _ = tokio::time::sleep(free_poll) => {}
+                    _ = &mut stop => return 0,
+                }
+                free_poll = (free_poll * 2).min(OBSERVE_POLL_FREE.1);
+                continue;
+            }
+        }
+    }
+}
+
+fn report_watch_error(e: &BackendError) {
+    // A watch that ends (compaction, a broken subscription) is followed by a
+    // fresh read; only say so at debug level of detail.
+    if !matches!(e, BackendError::WatchEnded { .. }) {
+        eprintln!("error: {}; reading again", e.report());
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Campaign;
+    use crate::backend::memory::MemoryBackend;
+
+    fn cli(output: &str) -> OpsCli {
+        OpsCli::try_parse_from(["status", "--election", "billing", "-o", output]).unwrap()
+    }
+
+    #[test]
+    fn table_lines_up_headers_and_values() {
+        let h = Holder {
+            identity: "pod-a".into(),
+            fencing_token: 42,
+            term_id: "694d".into(),
+            revision: 7,
+            expires_in: Some(Duration::from_millis(11_240)),
+        };
+        let t = table(&Report::new("billing", "etcd", Some(&h)));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 2, "{t}");
+        assert!(
+            lines[0].starts_with("ELECTION  BACKEND  LEADER  FENCING TOKEN  LEASE LEFT  TERM"),
+            "{t}"
+        );
+        assert!(
+            lines[1].starts_with("billing   etcd     pod-a   42             11.2s       694d"),
+            "{t}"
+        );
+        let none = table(&Report::new("billing", "redis", None));
+        assert!(none.contains("(none)"), "{none}");
+    }
+
+    #[tokio::test]
+    async fn status_exit_codes_and_json() {
+        let backend = MemoryBackend::new();
+        let mut out = Vec::new();
+        assert_eq!(
+            status(&cli("json"), &backend, &mut out).await,
+            EXIT_NO_LEADER
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["leader"], serde_json::Value::Null);
+        assert_eq!(v["election"], "billing");
+
+        let c = cli("json");
+        let Campaign::Elected(_) = backend
+            .campaign("pod-a", Duration::from_secs(5), None)
+            .await
+            .unwrap()
+        else {
+            panic!("the free memory backend did not elect");
+        };
+        let mut out = Vec::new();
+        assert_eq!(status(&c, &backend, &mut out).await, 0);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["leader"], "pod-a");
+        assert!(v["fencing_token"].as_u64().is_some(), "{v}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn observe_prints_one_line_per_change_and_stops() {
+        let backend = MemoryBackend::new();
+        let c = cli("table");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut out = Vec::new();
+        let watcher = observe(&c, &backend, &mut out, async {
+            let _ = stop_rx.await;
+        });
+        let driver = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            backend
+                .campaign("pod-a", Duration::from_secs(5), None)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            backend.delete_key();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            stop_tx.send(()).unwrap();
+        };
+        let (code, ()) = tokio::join!(watcher, driver);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(code, 0);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].ends_with("nobody leads billing"), "{out}");
+        assert!(
+            lines[1].contains("pod-a leads billing (fencing token"),
+            "{out}"
+        );
+        assert!(lines[2].ends_with("nobody leads billing"), "{out}");
+    }
+}
