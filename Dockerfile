@@ -29,6 +29,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/leader-elector /usr/local/bin/leader-elector
 USER 65532:65532
+# mimalloc gives freed pages back to the OS at once instead of after a delay
+# that only a later allocation would act on: RSS returns to idle after a burst
+# of connections (benches/longpoll_memory.rs, issue 13).
+ENV MIMALLOC_PURGE_DELAY=0
 # Read-only HTTP API: /leader, /, /isLeader, /healthz, /readyz, /metrics.
 EXPOSE 4040
 ENTRYPOINT ["/usr/local/bin/leader-elector"]

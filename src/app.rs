@@ -31,9 +31,13 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 /// Errors that stop the sidecar (exit code 1).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The HTTP address could not be bound.
-    #[error("cannot listen on --http-addr {addr}")]
+    /// A listen address could not be bound.
+    #[error(
+        "cannot listen on {flag} {addr}\nhint: another process holds this address; several sidecars on one host (e.g. with hostNetwork) need distinct --http-addr and --control-addr"
+    )]
     Bind {
+        /// The flag the address came from (`--http-addr`, `--control-addr`).
+        flag: &'static str,
         /// The address.
         addr: std::net::SocketAddr,
         /// The I/O error.
@@ -98,6 +102,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
     let listener = TcpListener::bind(cfg.http_addr)
         .await
         .map_err(|source| RunError::Bind {
+            flag: "--http-addr",
             addr: cfg.http_addr,
             source,
         })?;
@@ -125,7 +130,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
-                .map_err(|source| RunError::Bind { addr, source })?,
+                .map_err(|source| RunError::Bind {
+                    flag: "--control-addr",
+                    addr,
+                    source,
+                })?,
         ),
         None => None,
     };
@@ -204,16 +213,17 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
             resign_cooldown: cfg.resign_cooldown,
             coord: Some(coord),
         });
-        let stop = http_stop.clone();
         tokio::spawn(
-            async move {
-                axum::serve(
+            crate::serve::serve(
+                crate::serve::Listener {
                     listener,
-                    app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-                )
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-            }
+                    flag: "--control-addr",
+                    router: app,
+                    healthz: false,
+                    limits: cfg.limits,
+                },
+                http_stop.clone(),
+            )
             .instrument(info_span!("control")),
         )
     });
@@ -221,30 +231,34 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
         state,
         metrics: Some(metrics),
     });
-    let stop = http_stop.clone();
     let mut http_task = tokio::spawn(
-        async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        }
+        crate::serve::serve(
+            crate::serve::Listener {
+                listener,
+                flag: "--http-addr",
+                router: app,
+                healthz: true,
+                limits: cfg.limits,
+            },
+            http_stop.clone(),
+        )
         .instrument(info_span!("http")),
     );
 
     let mut signals = tokio::spawn(crate::shutdown::on_signals(shutdown.clone()));
 
     // Wait for shutdown, or for a task that ended on its own (a bug or a panic).
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        r = &mut elector_task => {
+    match wait_for_shutdown(&shutdown, &mut elector_task, &mut http_task, &mut signals).await {
+        Woke::Shutdown => {}
+        Woke::ElectorEnded(r) => {
             error!(result = ?r, "the elector task ended unexpectedly");
             shutdown.cancel();
         }
-        r = &mut http_task => {
+        Woke::HttpEnded(r) => {
             error!(result = ?r, "the HTTP server ended unexpectedly");
             shutdown.cancel();
         }
-        r = &mut signals => {
+        Woke::Signals(r) => {
             shutdown.cancel();
             if let Ok(Err(e)) = r {
                 return Err(RunError::Signals(e));
@@ -308,4 +322,79 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
 /// A duration truncated to whole milliseconds, for logs.
 fn whole_ms(d: std::time::Duration) -> std::time::Duration {
     std::time::Duration::from_millis(d.as_millis() as u64)
+}
+
+/// What ended [`wait_for_shutdown`].
+#[derive(Debug)]
+enum Woke {
+    /// Shutdown was requested (a signal, or the caller).
+    Shutdown,
+    /// The Elector ended although no shutdown was requested (a bug or a panic).
+    ElectorEnded(Result<(), tokio::task::JoinError>),
+    /// The read listener ended on its own.
+    HttpEnded(Result<(), tokio::task::JoinError>),
+    /// The signal task ended (it only returns when it cannot install handlers).
+    Signals(Result<std::io::Result<()>, tokio::task::JoinError>),
+}
+
+/// Wait for shutdown or for a task that ended on its own. A task that ends
+/// *because* shutdown was requested is not unexpected: the token is checked
+/// first (`biased`), and again when a task wins the race, since the Elector
+/// may finish in the same poll as the signal task cancels the token.
+async fn wait_for_shutdown(
+    shutdown: &CancellationToken,
+    elector_task: &mut tokio::task::JoinHandle<()>,
+    http_task: &mut tokio::task::JoinHandle<()>,
+    signals: &mut tokio::task::JoinHandle<std::io::Result<()>>,
+) -> Woke {
+    let woke = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Woke::Shutdown,
+        r = &mut *elector_task => Woke::ElectorEnded(r),
+        r = &mut *http_task => Woke::HttpEnded(r),
+        r = &mut *signals => Woke::Signals(r),
+    };
+    match woke {
+        Woke::ElectorEnded(Ok(())) | Woke::HttpEnded(Ok(())) if shutdown.is_cancelled() => {
+            Woke::Shutdown
+        }
+        w => w,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race of issue 13: the Elector ends cleanly right as shutdown is
+    /// requested. Before the fix, an unbiased `select!` picked the Elector's
+    /// branch about half the time and logged an ERROR.
+    #[tokio::test]
+    async fn a_clean_shutdown_is_not_an_unexpected_end() {
+        for _ in 0..32 {
+            let shutdown = CancellationToken::new();
+            let mut elector = tokio::spawn(async {});
+            let mut http = tokio::spawn(std::future::pending::<()>());
+            let mut signals = tokio::spawn(std::future::pending::<std::io::Result<()>>());
+            tokio::task::yield_now().await;
+            shutdown.cancel();
+            while !elector.is_finished() {
+                tokio::task::yield_now().await;
+            }
+            let woke = wait_for_shutdown(&shutdown, &mut elector, &mut http, &mut signals).await;
+            assert!(matches!(woke, Woke::Shutdown), "{woke:?}");
+            http.abort();
+            signals.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_elector_that_ends_on_its_own_is_reported() {
+        let shutdown = CancellationToken::new();
+        let mut elector = tokio::spawn(async {});
+        let mut http = tokio::spawn(std::future::pending::<()>());
+        let mut signals = tokio::spawn(std::future::pending::<std::io::Result<()>>());
+        let woke = wait_for_shutdown(&shutdown, &mut elector, &mut http, &mut signals).await;
+        assert!(matches!(woke, Woke::ElectorEnded(Ok(()))), "{woke:?}");
+    }
 }

@@ -87,6 +87,18 @@ pub struct Cli {
     )]
     pub control_addr: String,
 
+    /// Connections each listener (--http-addr, --control-addr) serves at once; beyond it new connections get 503 (GET /healthz still 200) [range: 1-65536].
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "LEADER_ELECTOR_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: usize,
+
+    /// Time a client has to send a request's headers; also how long an idle keep-alive connection stays open [range: 100ms-5m].
+    #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_HEADER_READ_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub header_read_timeout: Duration,
+
+    /// Longest pause while a request body is being received; past it the request gets 400 [range: 100ms-5m].
+    #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_REQUEST_BODY_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub request_body_timeout: Duration,
+
     /// On SIGTERM, stop claiming at once but keep the lease until the app calls POST /release or this much time passes [default: release at once].
     #[arg(long, env = "LEADER_ELECTOR_DRAIN_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     pub drain_timeout: Option<Duration>,
@@ -163,7 +175,12 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct EtcdArgs {
     /// etcd client URLs, comma-separated (http://host:port or https://host:port).
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_ENDPOINTS", value_delimiter = ',', value_parser = parse_endpoint, value_name = "URL[,URL...]")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "URL[,URL...]"
+    )]
     pub etcd_endpoints: Vec<String>,
 
     /// Key prefix; the election key is <prefix><election>.
@@ -271,6 +288,8 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// Address of the control API; `None` when turned off.
     pub control_addr: Option<SocketAddr>,
+    /// Connection cap and timeouts of each listener.
+    pub limits: crate::serve::Limits,
     /// Default cooldown after a resign.
     pub resign_cooldown: Duration,
     /// Health-gated candidacy: URL and poll interval.
@@ -362,27 +381,40 @@ pub fn parse_http_url(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// Check one etcd endpoint: `http://host:port` or `https://host:port`.
+/// Check one etcd endpoint: `http://host:port` or `https://host:port`, with
+/// a port other than 0 and no credentials. Messages show the value redacted.
+/// (Checked after parsing, not by clap, which would echo the raw value.)
 ///
 /// # Errors
-/// A message with the value and an example.
+/// A message with the redacted value and an example.
 pub fn parse_endpoint(s: &str) -> Result<String, String> {
     let s = s.trim();
+    let shown = redact(s);
     let uri: axum::http::Uri = s.parse().map_err(|_| {
-        format!("{s} is not a URL; use http://HOST:PORT, e.g. http://127.0.0.1:2379")
+        format!("{shown} is not a URL; use http://HOST:PORT, e.g. http://127.0.0.1:2379")
     })?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
         _ => {
             return Err(format!(
-                "{s} needs the scheme http:// or https://, e.g. http://127.0.0.1:2379"
+                "{shown} needs the scheme http:// or https://, e.g. http://127.0.0.1:2379"
             ));
         }
     }
-    let has_port = uri.authority().and_then(|a| a.port_u16()).is_some();
-    if !has_port || !matches!(uri.path(), "" | "/") {
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(format!(
-            "{s} must be http(s)://HOST:PORT with a port and no path, e.g. http://127.0.0.1:2379"
+            "{shown} carries credentials, which are not used\nhint: remove them from the URL and pass --etcd-username with --etcd-password-file"
+        ));
+    }
+    let port = uri.authority().and_then(|a| a.port_u16());
+    if port.is_none() || !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!(
+            "{shown} must be http(s)://HOST:PORT with a port and no path, e.g. http://127.0.0.1:2379"
+        ));
+    }
+    if port == Some(0) {
+        return Err(format!(
+            "{shown} has port 0, which cannot be dialled; give etcd's client port, e.g. http://127.0.0.1:2379"
         ));
     }
     Ok(s.trim_end_matches('/').to_owned())
@@ -404,6 +436,142 @@ fn default_identity() -> Option<String> {
         .filter(|s| !s.trim().is_empty())
         .or_else(|| gethostname::gethostname().into_string().ok())
         .filter(|s| !s.trim().is_empty())
+}
+
+/// Default of `--max-connections`: a sidecar's clients are its app (a few
+/// long-polls), the kubelet and Prometheus; 256 leaves ample room and holds
+/// about 6 MiB of connection state at the cap (about 21 KiB each, measured
+/// by `benches/longpoll_memory.rs`), far inside the chart's 64 Mi limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default of `--header-read-timeout`.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `--request-body-timeout`.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+const MS: Duration = Duration::from_millis(1);
+const SEC: Duration = Duration::from_secs(1);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The accepted range of every duration flag: `(flag, min, max)`, inclusive.
+/// Values outside cannot work (a TTL etcd refuses, a busy loop, an
+/// `Instant` overflow) and stop start-up. README "Flags and ranges" lists them.
+pub const DURATION_RANGES: &[(&str, Duration, Duration)] = &[
+    ("--lease-duration", SEC, HOUR),
+    ("--renew-interval", Duration::from_millis(100), HOUR),
+    (
+        "--retry-period",
+        Duration::from_millis(10),
+        Duration::from_secs(300),
+    ),
+    ("--drift-margin", Duration::ZERO, HOUR),
+    ("--drain-timeout", Duration::ZERO, HOUR),
+    ("--resign-cooldown", Duration::ZERO, DAY),
+    (
+        "--health-interval",
+        Duration::from_millis(100),
+        Duration::from_secs(600),
+    ),
+    ("--health-grace", Duration::ZERO, DAY),
+    (
+        "--completed-retention",
+        SEC,
+        Duration::from_secs(30 * 24 * 3600),
+    ),
+    ("--kill-grace", MS, HOUR),
+    (
+        "--header-read-timeout",
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    ),
+    (
+        "--request-body-timeout",
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    ),
+];
+
+/// Highest accepted `--max-connections`.
+pub const MAX_CONNECTIONS_LIMIT: usize = 65536;
+
+fn check_range(flag: &str, value: Duration) -> Result<(), ConfigError> {
+    let Some(&(_, min, max)) = DURATION_RANGES.iter().find(|(f, ..)| *f == flag) else {
+        return Ok(());
+    };
+    if value < min || value > max {
+        return Err(config_error(format!(
+            "{flag} ({}) must be between {} and {}\nhint: see the README's table of flags and ranges",
+            humantime::format_duration(value),
+            if min.is_zero() {
+                "0s".to_owned()
+            } else {
+                humantime::format_duration(min).to_string()
+            },
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(())
+}
+
+fn check_ranges(cli: &Cli) -> Result<(), ConfigError> {
+    let given: [(&str, Option<Duration>); 12] = [
+        ("--lease-duration", Some(cli.lease_duration)),
+        ("--renew-interval", cli.renew_interval),
+        ("--retry-period", Some(cli.retry_period)),
+        ("--drift-margin", cli.drift_margin),
+        ("--drain-timeout", cli.drain_timeout),
+        ("--resign-cooldown", cli.resign_cooldown),
+        ("--health-interval", Some(cli.health_interval)),
+        ("--health-grace", cli.health_grace),
+        ("--completed-retention", Some(cli.completed_retention)),
+        ("--kill-grace", cli.kill_grace),
+        ("--header-read-timeout", Some(cli.header_read_timeout)),
+        ("--request-body-timeout", Some(cli.request_body_timeout)),
+    ];
+    for (flag, value) in given {
+        if let Some(v) = value {
+            check_range(flag, v)?;
+        }
+    }
+    if cli.max_connections == 0 || cli.max_connections > MAX_CONNECTIONS_LIMIT {
+        return Err(config_error(format!(
+            "--max-connections ({}) must be between 1 and {MAX_CONNECTIONS_LIMIT}\nhint: each open connection holds about 21 KiB; the default is {DEFAULT_MAX_CONNECTIONS}",
+            cli.max_connections
+        )));
+    }
+    if cli.log_level.trim().is_empty() {
+        return Err(config_error(
+            "--log-level must not be empty\nhint: use e.g. info or leader_elector=debug",
+        ));
+    }
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cli.log_level) {
+        return Err(config_error(format!(
+            "--log-level ({}) is not a log filter: {e}\nhint: use e.g. info or leader_elector=debug",
+            cli.log_level
+        )));
+    }
+    Ok(())
+}
+
+/// Check that `pem` holds a PEM block with `label` in its `BEGIN` line
+/// (`CERTIFICATE`, `PRIVATE KEY`).
+fn check_pem(flag: &str, path: &Path, pem: &[u8], label: &str) -> Result<(), ConfigError> {
+    let text = String::from_utf8_lossy(pem);
+    let found = text
+        .lines()
+        .any(|l| l.starts_with("-----BEGIN ") && l.contains(label));
+    if !found {
+        let what = if pem.iter().all(u8::is_ascii_whitespace) {
+            "is empty".to_owned()
+        } else {
+            format!("holds no PEM {label}")
+        };
+        return Err(config_error(format!(
+            "{flag} ({}) {what}\nhint: give a PEM file starting with -----BEGIN {label}-----",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// HTTP/2 keep-alive ping interval towards etcd. etcd closes connections that
@@ -470,7 +638,11 @@ fn redis_backend(cli: &Cli, elector: &ElectorConfig) -> Result<BackendConfig, Co
     let ca_pem = r
         .redis_ca_file
         .as_deref()
-        .map(|p| read_file("--redis-ca-file", p))
+        .map(|p| {
+            let pem = read_file("--redis-ca-file", p)?;
+            check_pem("--redis-ca-file", p, &pem, "CERTIFICATE")?;
+            Ok::<_, ConfigError>(pem)
+        })
         .transpose()?;
     if ca_pem.is_some() && !r.redis_url.iter().any(|u| u.starts_with("rediss://")) {
         return Err(config_error(
@@ -531,6 +703,7 @@ impl Config {
     /// A [`ConfigError`] naming the flag at fault and the fix.
     pub fn from_cli_mode(cli: Cli, run_mode: bool) -> Result<Config, ConfigError> {
         check_election(&cli.election)?;
+        check_ranges(&cli)?;
         let identity = match cli.identity.clone() {
             Some(id) if id.trim().is_empty() => {
                 return Err(config_error(
@@ -662,8 +835,14 @@ impl Config {
                         "--etcd-endpoints is required: no backend is configured\nhint: e.g. --etcd-endpoints http://127.0.0.1:2379",
                     ));
                 }
+                let endpoints = e
+                    .etcd_endpoints
+                    .iter()
+                    .map(|ep| parse_endpoint(ep))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|m| config_error(format!("--etcd-endpoints: {m}")))?;
                 let tls = e.etcd_ca_file.is_some();
-                for ep in &e.etcd_endpoints {
+                for ep in &endpoints {
                     if tls && ep.starts_with("http://") {
                         return Err(config_error(format!(
                             "--etcd-endpoints ({ep}) must use https:// when --etcd-ca-file is given"
@@ -678,7 +857,11 @@ impl Config {
                 let ca_pem = e
                     .etcd_ca_file
                     .as_deref()
-                    .map(|p| read_file("--etcd-ca-file", p))
+                    .map(|p| {
+                        let pem = read_file("--etcd-ca-file", p)?;
+                        check_pem("--etcd-ca-file", p, &pem, "CERTIFICATE")?;
+                        Ok::<_, ConfigError>(pem)
+                    })
                     .transpose()?;
                 let client_cert_pem = match (&e.etcd_cert_file, &e.etcd_key_file) {
                     (None, None) => None,
@@ -688,10 +871,11 @@ impl Config {
                                 "--etcd-cert-file needs --etcd-ca-file (client certificates are sent over TLS)",
                             ));
                         }
-                        Some((
-                            read_file("--etcd-cert-file", c)?,
-                            read_file("--etcd-key-file", k)?,
-                        ))
+                        let cert = read_file("--etcd-cert-file", c)?;
+                        check_pem("--etcd-cert-file", c, &cert, "CERTIFICATE")?;
+                        let key = read_file("--etcd-key-file", k)?;
+                        check_pem("--etcd-key-file", k, &key, "PRIVATE KEY")?;
+                        Some((cert, key))
                     }
                     (Some(_), None) => {
                         return Err(config_error(
@@ -706,6 +890,11 @@ impl Config {
                 };
                 let credentials = match (&e.etcd_username, &e.etcd_password_file) {
                     (None, None) => None,
+                    (Some(user), _) if user.trim().is_empty() => {
+                        return Err(config_error(
+                            "--etcd-username must not be empty\nhint: leave out --etcd-username and --etcd-password-file when etcd has no auth",
+                        ));
+                    }
                     (Some(user), Some(file)) => {
                         let raw = read_file("--etcd-password-file", file)?;
                         let text = String::from_utf8(raw).map_err(|_| {
@@ -733,7 +922,7 @@ impl Config {
                     key: format!("{}{}", e.etcd_prefix, cli.election),
                     prefix: e.etcd_prefix.clone(),
                     options: EtcdOptions {
-                        endpoints: e.etcd_endpoints.clone(),
+                        endpoints,
                         ca_pem,
                         client_cert_pem,
                         credentials,
@@ -748,6 +937,11 @@ impl Config {
             backend,
             http_addr: cli.http_addr,
             control_addr,
+            limits: crate::serve::Limits {
+                max_connections: cli.max_connections,
+                header_read_timeout: cli.header_read_timeout,
+                body_timeout: cli.request_body_timeout,
+            },
             resign_cooldown,
             candidate_health: cli
                 .candidate_health_url
@@ -902,5 +1096,109 @@ mod tests {
         assert_eq!(options.per_server_timeout, Duration::from_millis(500));
         let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
         assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
+    }
+
+    /// Issue 13: every setting that cannot work stops start-up, naming the flag.
+    #[test]
+    fn unworkable_values_are_refused_naming_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--lease-duration=1000y"],
+                "--lease-duration (1000years) must be between 1s and 1h",
+            ),
+            (
+                &["--renew-interval=1ms"],
+                "--renew-interval (1ms) must be between 100ms and 1h",
+            ),
+            (&["--completed-retention=1000y"], "--completed-retention"),
+            (&["--health-interval=1ns"], "--health-interval (1ns)"),
+            (&["--drain-timeout=100y"], "--drain-timeout"),
+            (&["--resign-cooldown=100y"], "--resign-cooldown"),
+            (&["--retry-period=100y"], "--retry-period"),
+            (&["--health-grace=100y"], "--health-grace"),
+            (&["--header-read-timeout=0s"], "--header-read-timeout"),
+            (&["--request-body-timeout=1h"], "--request-body-timeout"),
+            (&["--max-connections=0"], "--max-connections (0)"),
+            (&["--log-level="], "--log-level must not be empty"),
+            (&["--log-level=info,[bad"], "--log-level"),
+            (
+                &["--etcd-username=", "--etcd-password-file=/dev/null"],
+                "--etcd-username must not be empty",
+            ),
+        ];
+        for (extra, want) in cases {
+            let mut args = vec!["--election=a", "--id=me", EP];
+            args.extend_from_slice(extra);
+            let e = cli(&args).expect_err(want);
+            assert!(e.contains(want), "{extra:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn etcd_endpoints_with_port_0_or_credentials_are_refused_without_echoing_the_secret() {
+        let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=http://h:0"]).unwrap_err();
+        assert!(
+            e.contains("--etcd-endpoints") && e.contains("port 0"),
+            "{e}"
+        );
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--etcd-endpoints=http://user:secret@h:2379",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--etcd-endpoints") && e.contains("--etcd-username"),
+            "{e}"
+        );
+        assert!(
+            e.contains("--etcd-password-file") && !e.contains("secret"),
+            "{e}"
+        );
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--redis-url=redis+unix:///run/r.sock?pass=secret",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_or_non_pem_ca_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        for (file, want) in [(&empty, "is empty"), (&junk, "holds no PEM CERTIFICATE")] {
+            let ca = format!("--etcd-ca-file={}", file.display());
+            let e = cli(&[
+                "--election=a",
+                "--id=me",
+                "--etcd-endpoints=https://h:2379",
+                &ca,
+            ])
+            .unwrap_err();
+            assert!(e.contains("--etcd-ca-file") && e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn listener_limits_default_and_parse() {
+        let c = cli(&["--election=a", "--id=me", EP]).unwrap();
+        assert_eq!(c.limits, crate::serve::Limits::default());
+        let c = cli(&[
+            "--election=a",
+            "--id=me",
+            EP,
+            "--max-connections=10",
+            "--header-read-timeout=2s",
+            "--request-body-timeout=3s",
+        ])
+        .unwrap();
+        assert_eq!(c.limits.max_connections, 10);
+        assert_eq!(c.limits.header_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.limits.body_timeout, Duration::from_secs(3));
     }
 }

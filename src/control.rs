@@ -4,7 +4,9 @@
 //! the app finished its leader work.
 //!
 //! Invariant: requests from non-loopback peers are refused (403) even if the
-//! listener was bound to another address by mistake.
+//! listener was bound to another address by mistake; so are requests whose
+//! `Host` is not a loopback name or address (DNS rebinding) and requests with
+//! an `Origin` that is not loopback (a web page posting cross-site, CSRF).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -53,6 +55,61 @@ pub fn control_router(cs: ControlState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(loopback_only))
+        .layer(middleware::from_fn(crate::http::json_errors))
+}
+
+/// Whether `host` (a `Host` header value or a URL's host, with or without a
+/// port) names the loopback interface: `localhost`, `*.localhost`, or a
+/// loopback IP address.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((ip, tail)) if tail.is_empty() || tail.starts_with(':') => ip,
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => host,
+        }
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a request's `Host` or `Origin` is refused, if it is.
+fn browser_check(req: &Request) -> Option<String> {
+    let headers = req.headers();
+    if let Some(host) = headers.get(axum::http::header::HOST) {
+        let text = host.to_str().unwrap_or("");
+        if !is_loopback_host(text) {
+            return Some(format!(
+                "the control API answers requests for a loopback host only, not Host {}; call it as http://127.0.0.1:PORT or http://localhost:PORT",
+                String::from_utf8_lossy(host.as_bytes())
+            ));
+        }
+    }
+    if let Some(origin) = headers.get(axum::http::header::ORIGIN) {
+        let text = origin.to_str().unwrap_or("");
+        let ok = text
+            .parse::<axum::http::Uri>()
+            .ok()
+            .filter(|u| matches!(u.scheme_str(), Some("http") | Some("https")))
+            .and_then(|u| u.host().map(is_loopback_host))
+            .unwrap_or(false);
+        if !ok {
+            return Some(format!(
+                "the control API refuses cross-origin requests from browsers (Origin {}); only loopback origins may call it",
+                String::from_utf8_lossy(origin.as_bytes())
+            ));
+        }
+    }
+    None
 }
 
 async fn loopback_only(req: Request, next: Next) -> Response {
@@ -61,7 +118,10 @@ async fn loopback_only(req: Request, next: Next) -> Response {
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     match peer {
-        Some(ip) if ip.is_loopback() => next.run(req).await,
+        Some(ip) if ip.is_loopback() => match browser_check(&req) {
+            None => next.run(req).await,
+            Some(why) => error_response(StatusCode::FORBIDDEN, why),
+        },
         Some(ip) => error_response(
             StatusCode::FORBIDDEN,
             format!("the control API answers loopback clients only, not {ip}"),
@@ -105,10 +165,9 @@ async fn resign(
 }
 
 async fn release(State(cs): State<ControlState>) -> Response {
-    let draining = {
-        let s = cs.state.borrow();
-        s.stopping && s.own_term.is_some()
-    };
+    // A draining Elector has already recorded the end of its claim
+    // (`own_term` is gone); `stopping` is what tells a drain apart.
+    let draining = cs.state.borrow().stopping;
     cs.handle.release().await;
     json_response(StatusCode::OK, json!({ "released": draining }))
 }
@@ -168,6 +227,131 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    }
+
+    fn with_header(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body> {
+        req.headers_mut().insert(name, value.parse().unwrap());
+        req
+    }
+
+    async fn status_and_body(req: Request<Body>) -> (StatusCode, serde_json::Value) {
+        let resp = router().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).expect("a JSON body"))
+    }
+
+    #[tokio::test]
+    async fn foreign_host_and_origin_are_refused_with_json_403() {
+        let base = || request("127.0.0.1:5555", "/resign?cooldown=1s");
+        // DNS rebinding: the page's own name reaches 127.0.0.1.
+        let (s, body) = status_and_body(with_header(base(), "host", "evil.example:4041")).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("Host evil.example"),
+            "{body}"
+        );
+        // CSRF: a page elsewhere posts to localhost.
+        let req = with_header(
+            with_header(base(), "host", "127.0.0.1:4041"),
+            "origin",
+            "https://evil.example",
+        );
+        let (s, body) = status_and_body(req).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("Origin"), "{body}");
+        let (s, _) = status_and_body(with_header(base(), "origin", "null")).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        // Loopback names and origins pass.
+        for host in [
+            "127.0.0.1:4041",
+            "localhost:4041",
+            "[::1]:4041",
+            "localhost",
+            "LOCALHOST.",
+        ] {
+            let (s, body) = status_and_body(with_header(base(), "host", host)).await;
+            assert_eq!(s, StatusCode::OK, "{host}: {body}");
+        }
+        let req = with_header(
+            with_header(base(), "host", "localhost:4041"),
+            "origin",
+            "http://localhost:3000",
+        );
+        assert_eq!(status_and_body(req).await.0, StatusCode::OK);
+    }
+
+    /// Issue 13: a path that is not UTF-8 after percent-decoding used to get
+    /// axum's plain-text 400; every error of the control port is JSON.
+    #[tokio::test]
+    async fn an_undecodable_path_gets_a_json_400() {
+        let backend = crate::backend::etcd::EtcdBackend::new(
+            "/k",
+            crate::backend::etcd::EtcdOptions {
+                endpoints: vec!["http://127.0.0.1:9".into()],
+                ..Default::default()
+            },
+        );
+        let coord = crate::coord::http::CoordState {
+            service: std::sync::Arc::new(crate::coord::Service::new(
+                Box::new(crate::coord::etcd::EtcdCoord::new(backend, "/p/")),
+                None,
+                "me".into(),
+            )),
+            completed_retention: Duration::from_secs(60),
+        };
+        let cfg = crate::elector::ElectorConfig::new("e", "me", Duration::from_secs(3));
+        let (elector, state) = crate::elector::Elector::new(
+            cfg,
+            std::sync::Arc::new(crate::backend::memory::MemoryBackend::new()),
+            None,
+        );
+        let app = control_router(ControlState {
+            handle: elector.handle(),
+            state,
+            resign_cooldown: Duration::from_secs(1),
+            coord: Some(coord),
+        });
+        let resp = app
+            .oneshot(request("127.0.0.1:5555", "/locks/%FF%FE"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).expect("a JSON body");
+        assert!(body["error"].is_string(), "{body}");
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "127.0.0.1",
+            "127.1.2.3:80",
+            "[::1]",
+            "[::1]:4041",
+            "localhost",
+            "a.localhost:1",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "10.0.0.1",
+            "evil.example",
+            "localhost.evil.example",
+            "[::2]:1",
+            "127.0.0.1.nip.io",
+            "",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
     }
 
     #[tokio::test]

@@ -681,6 +681,16 @@ impl Elector {
         let backend = self.backend.clone();
         let now = Instant::now();
         let ttl = term.ttl;
+        let asked = self.cfg.lease_duration;
+        if ttl > asked && self.state.borrow().lease_duration == asked {
+            // First grant that differs (etcd: at least 2 s, whole seconds).
+            warn!(
+                election = %self.cfg.election,
+                asked = %humantime::format_duration(asked),
+                granted = %humantime::format_duration(ttl),
+                "the backend granted a longer lease than --lease-duration; failover takes up to the granted TTL"
+            );
+        }
         let mut valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
         self.state.send_modify(|s| {
             s.lease_duration = ttl;
@@ -710,7 +720,14 @@ impl Elector {
                             // Stop claiming at once; keep the lease so no one
                             // else starts while the app finishes.
                             self.state.send_modify(|s| { s.stopping = true; s.ready = false; });
-                            info!(election = %self.cfg.election, drain_timeout = ?d, "draining: not claiming, keeping the lease until POST /release or the drain timeout");
+                            // Record the end of our claim now, not at release:
+                            // long-polls return and `stopped_leading` goes out.
+                            self.observe(None);
+                            if self.cfg.release_wait.is_some() {
+                                info!(election = %self.cfg.election, "not claiming; stopping the command before releasing the lease");
+                            } else {
+                                info!(election = %self.cfg.election, drain_timeout = ?d, "draining: not claiming, keeping the lease until POST /release or the drain timeout");
+                            }
                             drain_until = Some(Instant::now() + d);
                         }
                         _ => break StepDown::Shutdown,

@@ -598,3 +598,37 @@ async fn the_last_failover_duration_is_recorded() {
         "last failover {took} s"
     );
 }
+
+/// Issue 13: the moment a draining leader stops claiming, the transition is
+/// recorded (long-polls on the index return) and `stopped_leading` goes out,
+/// while the key is still held until the app releases.
+#[tokio::test(start_paused = true)]
+async fn a_drain_announces_stopped_leading_when_it_begins() {
+    let b = MemoryBackend::new();
+    let mut c = cfg("a");
+    c.drain_timeout = Some(Duration::from_secs(30));
+    let (a, handle, mut events) = start_with(&b, c, None);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    assert_eq!(events.try_recv().unwrap().event, "became_leader");
+    let index = a.rx.borrow().transitions;
+    a.stop.cancel();
+    run_for(std::slice::from_ref(&a), Duration::from_millis(10)).await;
+    assert_eq!(
+        events
+            .try_recv()
+            .expect("no event when the drain began")
+            .event,
+        "stopped_leading"
+    );
+    assert!(
+        a.rx.borrow().transitions > index,
+        "the long-poll index moves"
+    );
+    assert_eq!(b.holder().unwrap().identity, "a", "the lease is still kept");
+    handle.release().await;
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    assert!(
+        events.try_recv().is_err(),
+        "no second stopped_leading at release"
+    );
+}

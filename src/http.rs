@@ -121,7 +121,50 @@ pub fn router(app: AppState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(app)
+}
+
+/// Largest error body [`json_errors`] reads to rewrap.
+const MAX_ERROR_BODY: usize = 8 * 1024;
+
+/// Middleware: every 4xx/5xx answer has a JSON body `{"error": ...}`. Answers
+/// that are not JSON (axum's plain-text rejections, e.g. a path that is not
+/// UTF-8 after percent-decoding) are rewrapped, keeping status and headers.
+pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, MAX_ERROR_BODY)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase()
+    } else {
+        text
+    };
+    let mut out = error_response(status, message);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 /// A JSON response with `Cache-Control: no-store`.
@@ -174,9 +217,15 @@ async fn leader(
     let mut rx = app.state.clone();
     if let Some((index, wait)) = poll {
         let deadline = Instant::now() + wait;
+        // A drain stops claiming without a change of holder: that, too, ends
+        // the poll, so an app that follows the long-poll learns at once.
+        let stopping = rx.borrow().stopping;
         loop {
-            if rx.borrow_and_update().transitions != index {
-                break;
+            {
+                let s = rx.borrow_and_update();
+                if s.transitions != index || s.stopping != stopping {
+                    break;
+                }
             }
             tokio::select! {
                 r = rx.changed() => if r.is_err() { break },

@@ -237,3 +237,33 @@ async fn metrics_render_with_client_go_names() {
     assert!(text.contains("leader_election_backend_up{backend=\"memory\",name=\"e\"}"));
     assert!(text.contains("leader_election_valid_for_seconds{name=\"e\"} 4.9"));
 }
+
+#[tokio::test]
+async fn undecodable_paths_and_queries_get_json_400() {
+    let (_tx, rx) = watch::channel(follower());
+    // Not UTF-8 after percent-decoding: axum's own rejection is plain text.
+    let (s, h, b) = get(rx.clone(), "/leader?index=%FF%FE").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert_eq!(h[header::CONTENT_TYPE], "application/json");
+    assert!(b["error"].as_str().is_some_and(|e| !e.is_empty()), "{b}");
+    let (s, _, b) = get(rx, "/%FF%FE").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(b["error"].is_string(), "{b}");
+}
+
+#[tokio::test]
+async fn a_long_poll_returns_when_the_sidecar_stops_claiming() {
+    let (tx, rx) = watch::channel(leading(Duration::from_secs(60)));
+    let uri = format!("/leader?index={}&wait=60s", rx.borrow().transitions);
+    let poll = tokio::spawn(async move { get(rx, &uri).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!poll.is_finished());
+    // Drain begins: the Elector stops claiming but still holds the key.
+    tx.send_modify(|s| s.stopping = true);
+    let (s, _, b) = tokio::time::timeout(Duration::from_secs(5), poll)
+        .await
+        .expect("the long-poll did not return when the sidecar stopped claiming")
+        .unwrap();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert_eq!(b["is_leader"], false);
+}

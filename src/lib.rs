@@ -19,6 +19,7 @@ pub mod http;
 pub mod kube_label;
 pub mod metrics;
 pub mod ops;
+pub mod serve;
 pub mod shutdown;
 pub mod supervisor;
 

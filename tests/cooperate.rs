@@ -117,6 +117,11 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
             .and_then(|s| s.code()),
         Some(0)
     );
+    // No drain was configured: run mode stops the child, it does not "drain"
+    // (issue 13), and a clean SIGTERM logs no ERROR.
+    let log = cs[first].log();
+    assert!(!log.contains("draining"), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
     let second = one_leader(&cs, Duration::from_secs(5)).await;
     sleep(Duration::from_millis(300)).await;
 
@@ -284,7 +289,7 @@ async fn http_post(port: u16, path: &str) -> (u16, String) {
         .unwrap();
     s.write_all(
         format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
         .as_bytes(),
     )
@@ -315,17 +320,52 @@ fn with_control(etcd: &str, election: &str, id: &str, extra: &[&str]) -> (Sideca
 async fn drain_holds_the_lease_until_release_then_hands_over() {
     let etcd = Etcd::start().await;
     let name = election("drain");
-    let (a, a_ctl) = with_control(&etcd.url, &name, "a", &["--drain-timeout", "20s"]);
+    let hook = Hook::start(200).await;
+    let url = hook.url();
+    let (a, a_ctl) = with_control(
+        &etcd.url,
+        &name,
+        "a",
+        &["--drain-timeout", "20s", "--notify-url", &url],
+    );
     wait_for(Duration::from_secs(10), "a to lead", || a.is_leader()).await;
     let (b, _) = with_control(&etcd.url, &name, "b", &[]);
     wait_for(Duration::from_secs(5), "b to follow", || async {
         b.leader().await.is_some_and(|(_, j)| j["leader"] == "a")
     })
     .await;
+    // The app follows a's long-poll (issue 13): it must return at SIGTERM.
+    let (_, now) = a.leader().await.unwrap();
+    let index = now["transitions"].as_u64().unwrap();
+    let port = a.port;
+    let poll =
+        tokio::spawn(
+            async move { http_get(port, &format!("/leader?index={index}&wait=60s")).await },
+        );
+    sleep(Duration::from_millis(200)).await;
+    assert!(!poll.is_finished(), "the long-poll returned before SIGTERM");
     a.signal(Signal::SIGTERM);
     wait_for(Duration::from_millis(500), "a to stop claiming", || async {
         !a.is_leader().await
     })
+    .await;
+    let (status, body) = tokio::time::timeout(Duration::from_secs(2), poll)
+        .await
+        .expect("the long-poll did not return when a stopped claiming")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    wait_for(
+        Duration::from_secs(2),
+        "stopped_leading before the release",
+        || async {
+            hook.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| e.contains("\"stopped_leading\""))
+        },
+    )
     .await;
     // Three seconds later nobody leads: a keeps its lease while draining.
     let end = Instant::now() + Duration::from_secs(3);

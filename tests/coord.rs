@@ -21,7 +21,7 @@ async fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, 
         let body = body.unwrap_or("");
         s.write_all(
             format!(
-                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             )
             .as_bytes(),

@@ -617,3 +617,42 @@ async fn a_watch_from_a_compacted_revision_still_reports_the_change() {
         "the watch failed instead of reporting the deletion: {r:?}"
     );
 }
+
+/// Issue 13: a 1 s lease is granted as 2 s by etcd: the sidecar says so at
+/// start-up with the granted value; and a clean SIGTERM logs no ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_granted_ttl_is_warned_and_a_clean_sigterm_logs_no_error() {
+    let etcd = Etcd::start().await;
+    let flags = [
+        "--lease-duration",
+        "1s",
+        "--renew-interval",
+        "300ms",
+        "--retry-period",
+        "300ms",
+    ];
+    let mut s = Sidecar::start(&etcd.url, &election("granted-ttl"), "a", &flags);
+    wait_for(Duration::from_secs(10), "a to lead", || s.is_leader()).await;
+    s.signal(Signal::SIGTERM);
+    let status = s.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(status.and_then(|st| st.code()), Some(0), "SIGTERM exits 0");
+    // Text logs colour field names: drop the ANSI escapes before matching.
+    let mut log = String::new();
+    let mut in_escape = false;
+    for c in s.log().chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => log.push(c),
+        }
+    }
+    assert!(
+        log.contains("granted a longer lease") && log.contains("granted=2s"),
+        "no warning naming the granted TTL:\n{log}"
+    );
+    assert!(
+        !log.contains("ERROR"),
+        "a clean shutdown logged an ERROR:\n{log}"
+    );
+}

@@ -155,21 +155,43 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
-/// `url` with any password replaced by `***`, for logs and errors.
+/// `url` with any password replaced by `***`, for logs and errors: the
+/// userinfo's password (or a lone userinfo) and the values of `pass=` and
+/// `password=` query parameters (`redis+unix:///run/redis.sock?pass=...`).
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let creds = &url[scheme_end + 3..at];
+            let creds = &base[scheme_end + 3..at];
             let user = creds.split_once(':').map_or(creds, |(u, _)| u);
             let user = if creds.contains(':') {
                 format!("{user}:***")
             } else {
                 "***".to_owned()
             };
-            format!("{}{}{}", &url[..scheme_end + 3], user, &url[at..])
+            format!("{}{}{}", &base[..scheme_end + 3], user, &base[at..])
         }
-        _ => url.to_owned(),
+        _ => base.to_owned(),
+    };
+    if let Some(q) = query {
+        out.push('?');
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _))
+                    if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
+                {
+                    format!("{k}=***")
+                }
+                _ => kv.to_owned(),
+            })
+            .collect();
+        out.push_str(&parts.join("&"));
     }
+    out
 }
 
 /// Check a Redis URL: `redis://[user[:password]@]host:port[/db]` or `rediss://…`.
@@ -1015,6 +1037,14 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
         assert_eq!(redact("rediss://pw@h:1"), "rediss://***@h:1");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis+unix:///run/r.sock?db=1&pass=pw"),
+            "redis+unix:///run/r.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact("redis://u:pw@h:1/0?password=pw2"),
+            "redis://u:***@h:1/0?password=***"
+        );
     }
 
     #[test]

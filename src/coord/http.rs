@@ -125,10 +125,18 @@ fn token(
     let bytes = match body {
         Ok(b) => b,
         Err(rej) => {
+            // 413 only for a body over the limit; a malformed (e.g. bad
+            // chunked encoding) or stalled body is the client's 400.
+            let status = rej.status();
+            let what = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "too large"
+            } else {
+                "unreadable"
+            };
             return Err((
-                StatusCode::PAYLOAD_TOO_LARGE,
+                status,
                 format!(
-                    "the request body is too large or unreadable ({rej}); send at most {MAX_BODY} bytes: {{\"token\": \"...\"}}"
+                    "the request body is {what} ({rej}); send at most {MAX_BODY} bytes: {{\"token\": \"...\"}}"
                 ),
             ));
         }

@@ -1,0 +1,193 @@
+//! Serving a router on a TCP listener with the limits a port reachable by
+//! anything in the cluster needs (issue 13): a cap on concurrent connections,
+//! a header-read timeout that also closes idle keep-alive connections, and a
+//! request-body inactivity timeout.
+//!
+//! Invariant: at most `max_connections` connections are served by the router
+//! at once. Connections beyond the cap are answered by a tiny fixed service
+//! (`/healthz` → 200 when the listener has one, anything else → 503 JSON,
+//! `Connection: close`, a short header timeout), at most
+//! [`OVERFLOW_CONNECTIONS`] of them at once; past that, new connections are
+//! closed at accept. So the file descriptors and memory a client can pin are
+//! bounded, and a kubelet liveness probe still gets its answer while the cap
+//! is reached.
+//!
+//! HTTP/1.1 only: one request at a time per connection, so the connection
+//! cap is also a cap on concurrent requests (HTTP/2 would multiplex many
+//! long-polls over one connection).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderValue, Request, StatusCode, header};
+use axum::response::Response;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+use tower_http::timeout::TimeoutBody;
+use tracing::{debug, warn};
+
+use crate::http::error_response;
+
+/// Connections served by the fixed overflow answer at once, beyond the cap.
+pub const OVERFLOW_CONNECTIONS: usize = 64;
+/// Header-read timeout of an overflow connection.
+pub const OVERFLOW_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest buffer hyper keeps per connection (request head included). The
+/// API's requests are a request line and a few headers; hyper's default
+/// (about 400 KiB) lets one slow client pin far more memory than it needs.
+pub const MAX_BUF_SIZE: usize = 16 * 1024;
+/// Pause after a failed `accept` (e.g. the file-descriptor limit), so the
+/// loop does not spin; existing connections keep being served meanwhile.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The limits of one listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served by the router at once (`--max-connections`).
+    pub max_connections: usize,
+    /// Time allowed to receive a request's head, which is also how long an
+    /// idle keep-alive connection stays open (`--header-read-timeout`).
+    pub header_read_timeout: Duration,
+    /// Longest pause while reading a request body (`--request-body-timeout`).
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: crate::config::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: crate::config::DEFAULT_HEADER_READ_TIMEOUT,
+            body_timeout: crate::config::DEFAULT_REQUEST_BODY_TIMEOUT,
+        }
+    }
+}
+
+/// What one listener serves.
+pub struct Listener {
+    /// The bound socket.
+    pub listener: TcpListener,
+    /// The flag the address came from, for log messages (`--http-addr`).
+    pub flag: &'static str,
+    /// The router. Requests carry `ConnectInfo<SocketAddr>` of the peer.
+    pub router: Router,
+    /// Whether `GET /healthz` is answered 200 beyond the cap.
+    pub healthz: bool,
+    /// The limits.
+    pub limits: Limits,
+}
+
+/// Serve `l` until `stop` is cancelled, then wait for the open connections to
+/// finish their requests (hyper's graceful shutdown). Wrap the call in a
+/// timeout to bound the wait.
+pub async fn serve(l: Listener, stop: CancellationToken) {
+    let Listener {
+        listener,
+        flag,
+        router,
+        healthz,
+        limits,
+    } = l;
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let overflow = Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS));
+    let graceful = GracefulShutdown::new();
+    let mut warned_cap = false;
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(flag, error = %e, "cannot accept a connection; retrying");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(stream);
+        if let Ok(permit) = permits.clone().try_acquire_owned() {
+            warned_cap = false;
+            let router = router.clone();
+            let body_timeout = limits.body_timeout;
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let mut req = req.map(|b| Body::new(TimeoutBody::new(body_timeout, b)));
+                req.extensions_mut().insert(ConnectInfo(peer));
+                router.clone().oneshot(req)
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(MAX_BUF_SIZE)
+                .serve_connection(io, svc);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    debug!(%peer, error = %e, "connection ended with an error");
+                }
+                drop(permit);
+            });
+        } else if let Ok(permit) = overflow.clone().try_acquire_owned() {
+            if !warned_cap {
+                warned_cap = true;
+                warn!(
+                    flag,
+                    max_connections = limits.max_connections,
+                    "connection cap reached: new connections get 503 until some close; raise --max-connections if this load is expected"
+                );
+            }
+            let max = limits.max_connections;
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                Ok::<_, Infallible>(overflow_answer(req.uri().path(), healthz, max))
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(OVERFLOW_HEADER_TIMEOUT.min(limits.header_read_timeout))
+                .max_buf_size(MAX_BUF_SIZE)
+                .keep_alive(false)
+                .serve_connection(io, svc);
+            tokio::spawn(async move {
+                let _ = conn.await;
+                drop(permit);
+            });
+        } else {
+            // Past the cap and the overflow allowance: close at once.
+            drop(io);
+        }
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// The answer to a request on a connection beyond the cap.
+fn overflow_answer(path: &str, healthz: bool, max: usize) -> Response {
+    let mut resp = if healthz && path == "/healthz" {
+        crate::http::json_response(StatusCode::OK, serde_json::json!({ "status": "ok" }))
+    } else {
+        let mut r = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "too many connections: this listener serves at most {max} at once (--max-connections); retry shortly"
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        r
+    };
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+#[cfg(test)]
+#[path = "serve_tests.rs"]
+mod tests;
