@@ -100,6 +100,79 @@ async fn contended(port: u16, each: usize) -> f64 {
     (20 * each) as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// Backend requests per second while `waiters` clients wait (wait=60s) on a
+/// lock that stays held, measured over `window` after the waiters settled,
+/// minus the rate with nobody waiting. `count` reads the backend's total of
+/// requests served. Returns (requests/s at rest with nobody waiting, extra
+/// requests/s per waiting client).
+async fn at_rest<F, Fut>(port: u16, waiters: usize, window: Duration, count: F) -> (f64, f64)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let g: serde_json::Value = client
+        .post(format!("{base}/locks/rest?ttl=120s"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        g["token"].is_string(),
+        "the at-rest lock was not granted: {g}"
+    );
+    let before = count().await;
+    tokio::time::sleep(window).await;
+    let idle = (count().await - before) / window.as_secs_f64();
+    let mut tasks = Vec::new();
+    for _ in 0..waiters {
+        let client = client.clone();
+        let url = format!("{base}/locks/rest?ttl=10s&wait=300s");
+        tasks.push(tokio::spawn(async move {
+            let _ = client.post(url).send().await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = count().await;
+    tokio::time::sleep(window).await;
+    let busy = (count().await - before) / window.as_secs_f64();
+    for t in tasks {
+        t.abort();
+    }
+    (idle, (busy - idle).max(0.0) / waiters as f64)
+}
+
+/// etcd's count of gRPC requests started (unary and streams), from its /metrics.
+async fn etcd_requests(url: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Redis's count of commands processed.
+async fn redis_commands(redis: &RedisServer) -> f64 {
+    let mut c = redis.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -126,6 +199,20 @@ async fn main() {
         let hot = contended(port, 25).await;
         println!("| {name} | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
     }
+    let waiters: usize = std::env::var("BENCH_WAITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let window = Duration::from_secs(10);
+    let url = etcd.url.clone();
+    let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&url)).await;
+    println!(
+        "\n{waiters} clients waiting on a held lock: etcd {per:.3} requests/s per waiting client (at rest with nobody waiting: {idle:.1}/s)"
+    );
+    let (idle, per) = at_rest(pr, waiters, window, || redis_commands(&redis)).await;
+    println!(
+        "{waiters} clients waiting on a held lock: Redis {per:.3} commands/s per waiting client (at rest with nobody waiting: {idle:.1}/s)\n"
+    );
     // redis-py's Lock, the same loop directly against the same Redis.
     let py = std::process::Command::new("python3")
         .arg("bench/redispy_lock_loop.py")

@@ -71,7 +71,15 @@ pub fn connect(cfg: &BackendConfig) -> Result<Backends, RunError> {
             options,
         } => {
             let backend = EtcdBackend::new(key.clone(), options.clone());
-            let coord = Box::new(EtcdCoord::new(backend.clone(), prefix));
+            // Coordination calls are not on the election's renew path: the
+            // election's call timeout, but at least the coordination default.
+            let coord = Box::new(
+                EtcdCoord::new(backend.clone(), prefix).with_deadline(
+                    options
+                        .connect_timeout
+                        .max(crate::coord::etcd::DEFAULT_DEADLINE),
+                ),
+            );
             (backend, coord)
         }
         BackendConfig::Redis {

@@ -584,3 +584,225 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
         409
     );
 }
+
+// ---- Issue 11: regression tests, one per defect ----
+
+/// A JSON body carrying `token`.
+fn token_body(g: &Value) -> String {
+    format!(
+        "{{\"token\":\"{}\"}}",
+        g["token"].as_str().expect("a token")
+    )
+}
+
+/// Defect 1 (etcd counted its own permit) and 8 (`live_permits` a string):
+/// N sequential acquirers of an N-permit semaphore are all granted; the next
+/// one is refused with the number of live permits as a number.
+async fn n_permits_are_granted_to_n_sequential_acquirers(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("sem-n-{kind}")).await;
+    let (st, g) = call(port, "POST", "/semaphores/solo?permits=1&ttl=30s", None).await;
+    assert_eq!(st, 200, "permits=1 with nothing held must grant: {g}");
+    let (st, busy) = call(port, "POST", "/semaphores/solo?permits=1&ttl=30s", None).await;
+    assert_eq!(st, 409, "{busy}");
+    assert_eq!(busy["live_permits"], 1, "live_permits is a number: {busy}");
+    for i in 1..=3 {
+        let (st, g) = call(port, "POST", "/semaphores/three?permits=3&ttl=30s", None).await;
+        assert_eq!(st, 200, "acquirer {i} of 3 must be granted: {g}");
+    }
+    let (st, busy) = call(port, "POST", "/semaphores/three?permits=3&ttl=30s", None).await;
+    assert_eq!(st, 409, "{busy}");
+    assert_eq!(busy["live_permits"], 3, "{busy}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_permits_are_granted_to_n_sequential_acquirers_on_etcd() {
+    n_permits_are_granted_to_n_sequential_acquirers("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_permits_are_granted_to_n_sequential_acquirers_on_redis() {
+    n_permits_are_granted_to_n_sequential_acquirers("redis").await;
+}
+
+/// Defect 2: a fair and a plain lock of the same name are one lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock() {
+    let (_b, _s, port) = sidecar("etcd", "fair-plain").await;
+    // Plain holds: fair is refused.
+    let (st, plain) = call(port, "POST", "/locks/invoices?ttl=30s", None).await;
+    assert_eq!(st, 200, "{plain}");
+    let (st, b) = call(port, "POST", "/locks/invoices?fair=true&ttl=30s", None).await;
+    assert_eq!(
+        st, 409,
+        "a fair lock was granted while the plain one is held: {b}"
+    );
+    // A fair waiter queues behind the plain holder and gets the lock at its release.
+    let waiter = tokio::spawn(async move {
+        call(
+            port,
+            "POST",
+            "/locks/invoices?fair=true&ttl=30s&wait=20s&owner=fair",
+            None,
+        )
+        .await
+    });
+    sleep(Duration::from_millis(300)).await;
+    let (st, r) = call(port, "DELETE", "/locks/invoices", Some(&token_body(&plain))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, fair) = waiter.await.unwrap();
+    assert_eq!(
+        st, 200,
+        "the fair waiter must get the lock the plain holder released: {fair}"
+    );
+    assert!(fair["fencing_token"].as_u64() > plain["fencing_token"].as_u64());
+    // Fair holds: plain is refused, even with a wait shorter than the hold.
+    let (st, b) = call(port, "POST", "/locks/invoices?ttl=30s&wait=500ms", None).await;
+    assert_eq!(
+        st, 409,
+        "a plain lock was granted while the fair one is held: {b}"
+    );
+    assert_eq!(b["holder"], "fair", "{b}");
+    // And a plain waiter gets it when the fair holder releases.
+    let waiter =
+        tokio::spawn(
+            async move { call(port, "POST", "/locks/invoices?ttl=30s&wait=20s", None).await },
+        );
+    sleep(Duration::from_millis(300)).await;
+    let (st, r) = call(port, "DELETE", "/locks/invoices", Some(&token_body(&fair))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, g) = waiter.await.unwrap();
+    assert_eq!(st, 200, "{g}");
+}
+
+/// Defects 4 and 5: a fencing counter that is not a non-negative integer is
+/// refused and reported, and nothing is written (no phantom permit, no lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_redis_fencing_counter_is_refused_and_nothing_is_written() {
+    let (b, _s, port) = sidecar("redis", "bad-counter").await;
+    let Backend::Redis(r) = &b else {
+        unreachable!()
+    };
+    let mut c = r.conn().await;
+    for bad in ["1.5", "-10", "abc"] {
+        for (path, key) in [
+            (
+                "/semaphores/pool?permits=3&ttl=30s",
+                "leader-elector:{sem:pool}",
+            ),
+            ("/locks/l?ttl=30s", "leader-elector:{lock:l}"),
+            ("/jobs/q/7/claim?ttl=30s", "leader-elector:{job:q/7}:claim"),
+        ] {
+            let fkey = format!("{}:fencing", key.trim_end_matches(":claim"));
+            let _: () = redis::cmd("SET")
+                .arg(&fkey)
+                .arg(bad)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let (st, e) = call(port, "POST", path, None).await;
+            assert_eq!(st, 500, "counter {bad}: {path}: {e}");
+            let msg = e["error"].as_str().unwrap_or_default();
+            assert!(msg.contains(&fkey) && msg.contains(bad), "{msg}");
+            let exists: u32 = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(exists, 0, "counter {bad}: {path} wrote {key} anyway");
+            let _: () = redis::cmd("DEL")
+                .arg(&fkey)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    }
+    // Repaired: granted again, tokens positive and growing.
+    let (st, g) = call(port, "POST", "/semaphores/pool?permits=1&ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+    assert!(
+        g["fencing_token"]
+            .as_u64()
+            .is_some_and(|f| f < u64::MAX / 2),
+        "{g}"
+    );
+}
+
+/// Defect 6: against a blackholed etcd a call answers with a timeout after
+/// one deadline, not after the transport gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_etcd_answers_with_a_deadline_error() {
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let port = free_port();
+    let mut args = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
+    args.extend(FAST.iter().map(|s| s.to_string()));
+    args.extend(["--control-addr".into(), format!("127.0.0.1:{port}")]);
+    let _s = Sidecar::start_raw(&election("blackhole"), "me", &args);
+    wait_for(Duration::from_secs(10), "the control API", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let (st, g) = call(port, "POST", "/locks/x?ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+    proxy.set(support::proxy::Mode::Blackhole);
+    for (method, path, body) in [
+        ("POST", "/locks/y?ttl=30s&wait=500ms", None),
+        ("POST", "/locks/x/renew", Some(token_body(&g))),
+        ("DELETE", "/locks/x", Some(token_body(&g))),
+        ("POST", "/semaphores/s?permits=2", None),
+        ("POST", "/jobs/q/1/claim", None),
+    ] {
+        let (st, e) = call(port, method, path, body.as_deref()).await;
+        assert_eq!(st, 503, "{method} {path}: {e}");
+        let msg = e["error"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("timed out after"),
+            "{method} {path} must name its deadline: {msg}"
+        );
+    }
+    proxy.set(support::proxy::Mode::Pass);
+}
+
+/// Defect 8: a repeated DELETE says "already released"; owners with control
+/// characters are refused; WRONGTYPE on a coordination key names that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smaller_defects_answer_what_happened() {
+    let (b, _s, port) = sidecar("redis", "smaller").await;
+    let (st, g) = call(port, "POST", "/locks/a?ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+    let (st, r) = call(port, "DELETE", "/locks/a", Some(&token_body(&g))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = call(port, "DELETE", "/locks/a", Some(&token_body(&g))).await;
+    assert_eq!(st, 409, "{r}");
+    let msg = r["error"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("already released") && !msg.contains("it expired ("),
+        "{msg}"
+    );
+    let (st, r) = call(port, "POST", "/locks/b?owner=a%0Ab", None).await;
+    assert_eq!(st, 400, "{r}");
+    assert!(
+        r["error"].as_str().unwrap_or_default().contains("owner"),
+        "{r}"
+    );
+    let Backend::Redis(server) = &b else {
+        unreachable!()
+    };
+    let mut c = server.conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg("leader-elector:{lock:h}")
+        .arg("f")
+        .arg("v")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (st, r) = call(port, "POST", "/locks/h", None).await;
+    assert_eq!(st, 500, "{r}");
+    let msg = r["error"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("leader-elector:{lock:h}") && !msg.contains("election key"),
+        "WRONGTYPE must name the coordination key, not the election's: {msg}"
+    );
+}

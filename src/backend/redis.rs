@@ -497,6 +497,28 @@ impl RedisBackend {
         self.connection(&self.servers[i]).await
     }
 
+    /// A new pub/sub connection to server `i` for the coordination API's
+    /// waiters (issue 11), within the per-server timeout.
+    ///
+    /// # Errors
+    /// A classified [`BackendError`] when the server cannot be reached.
+    pub async fn pubsub_to(&self, i: usize) -> Result<PubSub> {
+        let server = &self.servers[i];
+        match timeout(self.timeout, server.client.get_async_pubsub()).await {
+            Ok(r) => r.map_err(|e| self.classify(server, e)),
+            Err(_) => Err(BackendError::Timeout {
+                backend: BACKEND,
+                call: "subscribe",
+                timeout_ms: self.timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// The per-server timeout of one command.
+    pub fn call_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Classify a Redis error from server `i`.
     pub fn classify_error(&self, i: usize, err: redis::RedisError) -> BackendError {
         self.classify(&self.servers[i], err)

@@ -6,6 +6,7 @@
 //! key under the lock's prefix and watches only the key with the next lower
 //! `create_revision` (no thundering herd).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,38 +15,93 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, WatchOptions,
 };
+use tokio::time::Instant;
 
-use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Try, random_token};
+use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
+use crate::backend::BackendError;
 use crate::backend::etcd::EtcdBackend;
+
+/// Deadline of one etcd call when none is configured.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The etcd [`Coordinator`], sharing the election's client.
 pub struct EtcdCoord {
     backend: Arc<EtcdBackend>,
     prefix: String,
+    deadline: Duration,
 }
 
 impl EtcdCoord {
-    /// Coordination keys under `<election key>/../_coord/` (the election's prefix).
+    /// Coordination keys under `<election key>/../_coord/` (the election's
+    /// prefix); every etcd call gets [`DEFAULT_DEADLINE`].
     pub fn new(backend: Arc<EtcdBackend>, prefix: &str) -> Self {
         EtcdCoord {
             backend,
             prefix: format!("{prefix}_coord/"),
+            deadline: DEFAULT_DEADLINE,
+        }
+    }
+
+    /// Give every etcd call at most `deadline` (at least 1 ms): a request
+    /// answers within its `wait` plus one deadline, however etcd behaves.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Run one etcd call under the deadline.
+    async fn call<T>(
+        &self,
+        what: &'static str,
+        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.deadline, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.err(e)),
+            Err(_) => Err(CoordError::Backend(BackendError::Timeout {
+                backend: "etcd",
+                call: what,
+                timeout_ms: self.deadline.as_millis() as u64,
+            })),
         }
     }
 
     async fn client(&self) -> Result<Client> {
-        Ok(self.backend.client().await?)
+        match tokio::time::timeout(self.deadline, self.backend.client()).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(CoordError::Backend(BackendError::Timeout {
+                backend: "etcd",
+                call: "connect",
+                timeout_ms: self.deadline.as_millis() as u64,
+            })),
+        }
     }
 
     fn err(&self, e: etcd_client::Error) -> CoordError {
         CoordError::Backend(self.backend.classify(e, false))
     }
 
-    fn lock_key(&self, name: &str) -> String {
-        format!("{}locks/{name}", self.prefix)
+    /// Revoke a lease we no longer need, under the deadline; a failure is
+    /// harmless (the lease expires with its TTL).
+    async fn drop_lease(&self, client: &mut Client, lease: i64) {
+        let _ = self.call("lease revoke", client.lease_revoke(lease)).await;
     }
-    fn fair_prefix(&self, name: &str) -> String {
-        format!("{}fair/{name}/", self.prefix)
+
+    /// Revoke `lease` after `error`, unless etcd did not answer in time
+    /// (then the revoke would only add a deadline; the lease expires anyway).
+    async fn abandon(&self, client: &mut Client, lease: i64, error: &CoordError) {
+        if !matches!(
+            error,
+            CoordError::Backend(BackendError::Timeout { .. } | BackendError::Unreachable { .. })
+        ) {
+            self.drop_lease(client, lease).await;
+        }
+    }
+
+    /// One prefix per lock name, shared by plain and fair acquirers: the
+    /// holder is the key with the lowest `create_revision`.
+    fn lock_prefix(&self, name: &str) -> String {
+        format!("{}locks/{name}/", self.prefix)
     }
     fn sem_prefix(&self, name: &str) -> String {
         format!("{}sem/{name}/", self.prefix)
@@ -53,52 +109,62 @@ impl EtcdCoord {
     fn job_key(&self, queue: &str, job: &str, part: &str) -> String {
         format!("{}jobs/{queue}/{job}/{part}", self.prefix)
     }
-
-    /// The key a token's lock or permit lives at.
-    fn key_of(&self, kind: Kind, name: &str, token: &str) -> String {
-        let lease = token
-            .trim_start_matches('f')
-            .split('.')
-            .next()
-            .unwrap_or("");
+    fn prefix_of(&self, kind: Kind, name: &str) -> String {
         match kind {
-            Kind::Lock if token.starts_with('f') => format!("{}{lease}", self.fair_prefix(name)),
-            Kind::Lock => self.lock_key(name),
-            Kind::Semaphore => format!("{}{lease}", self.sem_prefix(name)),
+            Kind::Lock => self.lock_prefix(name),
+            Kind::Semaphore => self.sem_prefix(name),
         }
     }
 
     async fn grant(&self, client: &mut Client, ttl: Duration) -> Result<(i64, Duration)> {
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
-        let g = client
-            .lease_grant(secs, None)
-            .await
-            .map_err(|e| self.err(e))?;
+        let g = self
+            .call("lease grant", client.lease_grant(secs, None))
+            .await?;
         Ok((g.id(), Duration::from_secs(g.ttl().max(1) as u64)))
     }
 
     /// One keep-alive of `lease`: the TTL it now has, 0 when it is gone.
     async fn keep_alive_once(&self, client: &Client, lease: i64) -> Result<i64> {
-        let (mut keeper, mut stream) = client
-            .lease_client()
-            .keep_alive(lease)
-            .await
-            .map_err(|e| self.err(e))?;
-        keeper.keep_alive().await.map_err(|e| self.err(e))?;
-        match stream.message().await.map_err(|e| self.err(e))? {
+        let once = async {
+            let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match self.call("lease keep-alive", once).await? {
             Some(r) => Ok(r.ttl()),
-            None => Ok(0),
+            // The stream ended without an answer (etcd restarting): that says
+            // nothing about the lease, so it is an error, not "gone".
+            None => Err(CoordError::Backend(BackendError::WatchEnded {
+                backend: "etcd",
+                reason: "the lease keep-alive stream ended without an answer".into(),
+            })),
         }
+    }
+
+    /// The first (oldest) key under `prefix`: the lock's holder.
+    async fn first(&self, client: &mut Client, prefix: &str) -> Result<Option<String>> {
+        let r = self
+            .call(
+                "get",
+                client.get(
+                    prefix,
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                ),
+            )
+            .await?;
+        Ok(r.kvs().first().map(|kv| owner_of(kv.value())))
     }
 }
 
-fn lease_of(token: &str) -> i64 {
-    let hex = token
-        .trim_start_matches('f')
-        .split('.')
-        .next()
-        .unwrap_or("");
-    i64::from_str_radix(hex, 16).unwrap_or(0)
+/// The token's parts, when it is a version-1 token of a kind that serves `kind`.
+fn parse(kind: Kind, token: &str) -> Option<Token> {
+    Token::parse(token).filter(|t| t.kind.serves(kind) && t.lease > 0)
 }
 
 fn owner_of(value: &[u8]) -> String {
@@ -112,51 +178,65 @@ fn holds(value: &[u8], token: &str) -> bool {
     value.starts_with(token.as_bytes()) && value.get(token.len()) == Some(&b'|')
 }
 
+fn grant(name: &str, token: &Token, fencing: i64, ttl: Duration) -> Grant {
+    Grant {
+        name: name.to_owned(),
+        token: token.to_string(),
+        fencing_token: fencing.max(0) as u64,
+        ttl_ms: ttl.as_millis() as u64,
+    }
+}
+
 #[async_trait]
 impl Coordinator for EtcdCoord {
     fn backend(&self) -> &'static str {
         "etcd"
     }
 
+    fn queues(&self) -> bool {
+        true
+    }
+
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let mut client = self.client().await?;
-        let key = self.lock_key(name);
+        let prefix = self.lock_prefix(name);
         // Cheap look first: a busy lock costs one read, not a lease.
-        let peek = client
-            .get(key.clone(), None)
-            .await
-            .map_err(|e| self.err(e))?;
-        if let Some(kv) = peek.kvs().first() {
-            return Ok(Try::Held(owner_of(kv.value())));
+        if let Some(holder) = self.first(&mut client, &prefix).await? {
+            return Ok(Try::Held(holder));
         }
         let (lease, granted) = self.grant(&mut client, ttl).await?;
-        let token = format!("{lease:x}.{}", random_token(""));
+        let token = Token::new(TokenKind::Lock, lease);
+        let key = format!("{prefix}{lease:x}");
+        // Free only when no key at all lives under the name's prefix: no
+        // holder and no fair waiter (an empty range compares as revision 0).
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
-                key.clone(),
+                key,
                 format!("{token}|{owner}"),
                 Some(PutOptions::new().with_lease(lease)),
             )])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = client.txn(txn).await;
-        let resp = match resp {
+            .or_else([TxnOp::get(
+                prefix.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            )]);
+        let resp = match self.call("txn", client.txn(txn)).await {
             Ok(r) => r,
             Err(e) => {
-                let _ = client.lease_revoke(lease).await;
-                return Err(self.err(e));
+                self.abandon(&mut client, lease, &e).await;
+                return Err(e);
             }
         };
         if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
-            return Ok(Try::Acquired(Grant {
-                name: name.to_owned(),
-                token,
-                fencing_token: rev.max(0) as u64,
-                ttl_ms: granted.as_millis() as u64,
-            }));
+            return Ok(Try::Acquired(grant(name, &token, rev, granted)));
         }
-        let _ = client.lease_revoke(lease).await;
+        self.drop_lease(&mut client, lease).await;
         let holder = resp
             .op_responses()
             .into_iter()
@@ -175,21 +255,30 @@ impl Coordinator for EtcdCoord {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Try> {
+        let deadline = Instant::now() + wait;
         let mut client = self.client().await?;
         let (lease, granted) = self.grant(&mut client, ttl).await?;
-        let token = format!("f{lease:x}.{}", random_token(""));
-        let prefix = self.fair_prefix(name);
+        let token = Token::new(TokenKind::FairLock, lease);
+        let prefix = self.lock_prefix(name);
         let my_key = format!("{prefix}{lease:x}");
-        let put = client
-            .put(
-                my_key.clone(),
-                format!("{token}|{owner}"),
-                Some(PutOptions::new().with_lease(lease)),
+        let put = match self
+            .call(
+                "put",
+                client.put(
+                    my_key.clone(),
+                    format!("{token}|{owner}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
             )
             .await
-            .map_err(|e| self.err(e))?;
+        {
+            Ok(p) => p,
+            Err(e) => {
+                self.abandon(&mut client, lease, &e).await;
+                return Err(e);
+            }
+        };
         let my_rev = put.header().map_or(0, |h| h.revision());
-        let deadline = tokio::time::Instant::now() + wait;
         // Keep the waiter's lease alive while it queues.
         let keeper = {
             let client = client.clone();
@@ -206,48 +295,51 @@ impl Coordinator for EtcdCoord {
                 }
             }
         };
-        // The waiter just ahead of us: (its key, the read's revision, its owner).
+        // The key just ahead of ours (plain holder or fair waiter): (its key,
+        // the read's revision). `limit` applies after the revision filter.
         let ahead = |client: Client| {
             let prefix = prefix.clone();
             async move {
                 let mut client = client;
-                let r = client
-                    .get(
-                        prefix,
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_max_create_revision(my_rev - 1)
-                                .with_sort(SortTarget::Create, SortOrder::Descend)
-                                .with_limit(1),
+                let r = self
+                    .call(
+                        "get",
+                        client.get(
+                            prefix,
+                            Some(
+                                GetOptions::new()
+                                    .with_prefix()
+                                    .with_keys_only()
+                                    .with_max_create_revision(my_rev - 1)
+                                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                                    .with_limit(1),
+                            ),
                         ),
                     )
-                    .await
-                    .map_err(|e| self.err(e))?;
+                    .await?;
                 let rev = r.header().map_or(0, |h| h.revision());
-                Ok::<_, CoordError>(
-                    r.kvs()
-                        .first()
-                        .map(|kv| (kv.key().to_vec(), rev, owner_of(kv.value()))),
-                )
+                Ok::<_, CoordError>(r.kvs().first().map(|kv| (kv.key().to_vec(), rev)))
             }
         };
         // First look: free now means acquired, whatever the wait.
         let first = match ahead(client.clone()).await {
             Ok(a) => a,
             Err(e) => {
-                let _ = client.lease_revoke(lease).await;
+                self.abandon(&mut client, lease, &e).await;
                 return Err(e);
             }
         };
         let queue = async {
             let mut next = first;
-            while let Some((key, rev, _holder)) = next {
-                let mut w = client
-                    .clone()
-                    .watch(key, Some(WatchOptions::new().with_start_revision(rev + 1)))
-                    .await
-                    .map_err(|e| self.err(e))?;
+            while let Some((key, rev)) = next {
+                let mut w = self
+                    .call(
+                        "watch",
+                        client
+                            .clone()
+                            .watch(key, Some(WatchOptions::new().with_start_revision(rev + 1))),
+                    )
+                    .await?;
                 loop {
                     let Some(msg) = w.message().await.map_err(|e| self.err(e))? else {
                         break;
@@ -268,38 +360,24 @@ impl Coordinator for EtcdCoord {
         // `None`: the wait ran out while queued.
         let outcome = tokio::select! {
             biased;
-            r = queue => Some(r.map(|_| ())),
+            r = queue => Some(r),
             _ = keeper => None,
             _ = tokio::time::sleep_until(deadline) => None,
         };
         match outcome {
-            Some(Ok(())) => Ok(Try::Acquired(Grant {
-                name: name.to_owned(),
-                token,
-                fencing_token: my_rev.max(0) as u64,
-                ttl_ms: granted.as_millis() as u64,
-            })),
+            Some(Ok(())) => Ok(Try::Acquired(grant(name, &token, my_rev, granted))),
             None => {
-                // Timed out in the queue: leave it.
-                let _ = client.lease_revoke(lease).await;
-                let first = client
-                    .get(
-                        prefix.clone(),
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                                .with_limit(1),
-                        ),
-                    )
-                    .await
-                    .ok()
-                    .and_then(|r| r.kvs().first().map(|kv| owner_of(kv.value())))
-                    .unwrap_or_default();
-                Ok(Try::Held(first))
+                // Timed out in the queue: leave it, and say who holds the
+                // lock (both calls at once: one deadline, not two).
+                let mut reader = client.clone();
+                let (_, first) = tokio::join!(
+                    self.drop_lease(&mut client, lease),
+                    self.first(&mut reader, &prefix)
+                );
+                Ok(Try::Held(first.ok().flatten().unwrap_or_default()))
             }
             Some(Err(e)) => {
-                let _ = client.lease_revoke(lease).await;
+                self.abandon(&mut client, lease, &e).await;
                 Err(e)
             }
         }
@@ -308,61 +386,129 @@ impl Coordinator for EtcdCoord {
     async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
         let mut client = self.client().await?;
         let (lease, granted) = self.grant(&mut client, ttl).await?;
-        let token = format!("{lease:x}.{}", random_token(""));
+        let token = Token::new(TokenKind::Permit, lease);
         let prefix = self.sem_prefix(name);
-        let put = client
-            .put(
-                format!("{prefix}{lease:x}"),
-                format!("{token}|{owner}"),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        let my_rev = put.header().map_or(0, |h| h.revision());
-        // Live permits created before ours: ours counts only if fewer than N.
-        // Every later acquirer sees ours too, so live holders never exceed N.
-        let before = client
-            .get(
-                prefix.clone(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_max_create_revision(my_rev - 1)
-                        .with_count_only(),
+        let put = match self
+            .call(
+                "put",
+                client.put(
+                    format!("{prefix}{lease:x}"),
+                    format!("{token}|{owner}"),
+                    Some(PutOptions::new().with_lease(lease)),
                 ),
             )
             .await
-            .map_err(|e| self.err(e))?
-            .count();
-        if before < i64::from(permits) {
-            return Ok(Try::Acquired(Grant {
-                name: name.to_owned(),
-                token,
-                fencing_token: my_rev.max(0) as u64,
-                ttl_ms: granted.as_millis() as u64,
-            }));
+        {
+            Ok(p) => p,
+            Err(e) => {
+                self.abandon(&mut client, lease, &e).await;
+                return Err(e);
+            }
+        };
+        let my_rev = put.header().map_or(0, |h| h.revision());
+        // Live permits created before ours: ours counts only if fewer than N.
+        // Every later acquirer sees ours too, so live holders never exceed N.
+        // Count the keys returned: etcd computes a range's `count` before the
+        // `max_create_revision` filter, so `count` would include ours.
+        let before = match self
+            .call(
+                "get",
+                client.get(
+                    prefix.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_max_create_revision(my_rev - 1),
+                    ),
+                ),
+            )
+            .await
+        {
+            Ok(r) => r.kvs().len() as u64,
+            Err(e) => {
+                self.abandon(&mut client, lease, &e).await;
+                return Err(e);
+            }
+        };
+        if before < u64::from(permits) {
+            return Ok(Try::Acquired(grant(name, &token, my_rev, granted)));
         }
-        let _ = client.lease_revoke(lease).await;
-        Ok(Try::Held(before.to_string()))
+        self.drop_lease(&mut client, lease).await;
+        Ok(Try::Full(before))
+    }
+
+    async fn changed(&self, kind: Kind, name: &str, _seen: u64, until: Instant) -> Result<()> {
+        let mut client = self.client().await?;
+        let prefix = self.prefix_of(kind, name);
+        // Read first so the watch starts where the read saw the range: a
+        // release between the caller's attempt and this read shows here.
+        // Wake only when one of the keys seen now goes: keys that come and
+        // go meanwhile are losing acquirers (a semaphore's losers write and
+        // revoke a key) or waiters, and waking on them would have every
+        // waiter's retry wake every other waiter, for ever.
+        let r = self
+            .call(
+                "get",
+                client.get(
+                    prefix.clone(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                ),
+            )
+            .await?;
+        let present: std::collections::HashSet<Vec<u8>> =
+            r.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+        if kind == Kind::Lock && present.is_empty() {
+            return Ok(());
+        }
+        let rev = r.header().map_or(0, |h| h.revision());
+        let mut w = self
+            .call(
+                "watch",
+                client.watch(
+                    prefix,
+                    Some(
+                        WatchOptions::new()
+                            .with_prefix()
+                            .with_start_revision(rev + 1),
+                    ),
+                ),
+            )
+            .await?;
+        let deleted = async {
+            loop {
+                let Some(msg) = w.message().await.map_err(|e| self.err(e))? else {
+                    return Ok(());
+                };
+                if msg.canceled()
+                    || msg.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_some_and(|kv| present.contains(kv.key()))
+                    })
+                {
+                    return Ok(());
+                }
+            }
+        };
+        tokio::select! {
+            r = deleted => r,
+            _ = tokio::time::sleep_until(until) => Ok(()),
+        }
     }
 
     async fn renew(&self, kind: Kind, name: &str, token: &str, _ttl: Duration) -> Result<Outcome> {
-        let mut client = self.client().await?;
-        let lease = lease_of(token);
-        if lease == 0 {
+        let Some(t) = parse(kind, token) else {
             return Ok(Outcome::Gone);
-        }
-        let key = self.key_of(kind, name, token);
-        let current = client
-            .get(key.clone(), None)
-            .await
-            .map_err(|e| self.err(e))?;
+        };
+        let mut client = self.client().await?;
+        let key = format!("{}{:x}", self.prefix_of(kind, name), t.lease);
+        let current = self.call("get", client.get(key, None)).await?;
         match current.kvs().first() {
             None => return Ok(Outcome::Gone),
             Some(kv) if !holds(kv.value(), token) => return Ok(Outcome::NotYours),
             Some(_) => {}
         }
-        let left = self.keep_alive_once(&client, lease).await?;
+        let left = self.keep_alive_once(&client, t.lease).await?;
         if left <= 0 {
             return Ok(Outcome::Gone);
         }
@@ -370,12 +516,12 @@ impl Coordinator for EtcdCoord {
     }
 
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
+        let Some(t) = parse(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
         let mut client = self.client().await?;
-        let key = self.key_of(kind, name, token);
-        let current = client
-            .get(key.clone(), None)
-            .await
-            .map_err(|e| self.err(e))?;
+        let key = format!("{}{:x}", self.prefix_of(kind, name), t.lease);
+        let current = self.call("get", client.get(key.clone(), None)).await?;
         let Some(kv) = current.kvs().first() else {
             return Ok(Outcome::Gone);
         };
@@ -388,12 +534,12 @@ impl Coordinator for EtcdCoord {
                 CompareOp::Equal,
                 kv.mod_revision(),
             )])
-            .and_then([TxnOp::delete(key.clone(), None)]);
-        let resp = client.txn(txn).await.map_err(|e| self.err(e))?;
+            .and_then([TxnOp::delete(key, None)]);
+        let resp = self.call("txn", client.txn(txn)).await?;
         if !resp.succeeded() {
             return Ok(Outcome::NotYours);
         }
-        let _ = client.lease_revoke(lease_of(token)).await;
+        self.drop_lease(&mut client, t.lease).await;
         Ok(Outcome::Ok(None))
     }
 
@@ -402,13 +548,15 @@ impl Coordinator for EtcdCoord {
         let claim = self.job_key(queue, job, "claim");
         let done = self.job_key(queue, job, "done");
         // Cheap look first: a claimed or completed job costs one read.
-        let peek = client
-            .txn(Txn::new().and_then([
-                TxnOp::get(done.clone(), None),
-                TxnOp::get(claim.clone(), None),
-            ]))
-            .await
-            .map_err(|e| self.err(e))?;
+        let peek = self
+            .call(
+                "txn",
+                client.txn(Txn::new().and_then([
+                    TxnOp::get(done.clone(), None),
+                    TxnOp::get(claim.clone(), None),
+                ])),
+            )
+            .await?;
         let ops = peek.op_responses();
         if matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()) {
             return Ok(Claim::Completed);
@@ -419,7 +567,7 @@ impl Coordinator for EtcdCoord {
             return Ok(Claim::ClaimedByOther(owner_of(kv.value())));
         }
         let (lease, granted) = self.grant(&mut client, ttl).await?;
-        let token = format!("{lease:x}.{}", random_token(""));
+        let token = Token::new(TokenKind::Job, lease);
         let txn = Txn::new()
             .when([
                 Compare::create_revision(done.clone(), CompareOp::Equal, 0),
@@ -434,23 +582,23 @@ impl Coordinator for EtcdCoord {
                 TxnOp::get(done.clone(), None),
                 TxnOp::get(claim.clone(), None),
             ]);
-        let resp = match client.txn(txn).await {
+        let resp = match self.call("txn", client.txn(txn)).await {
             Ok(r) => r,
             Err(e) => {
-                let _ = client.lease_revoke(lease).await;
-                return Err(self.err(e));
+                self.abandon(&mut client, lease, &e).await;
+                return Err(e);
             }
         };
         if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
-            return Ok(Claim::Claimed(Grant {
-                name: format!("{queue}/{job}"),
-                token,
-                fencing_token: rev.max(0) as u64,
-                ttl_ms: granted.as_millis() as u64,
-            }));
+            return Ok(Claim::Claimed(grant(
+                &format!("{queue}/{job}"),
+                &token,
+                rev,
+                granted,
+            )));
         }
-        let _ = client.lease_revoke(lease).await;
+        self.drop_lease(&mut client, lease).await;
         let ops = resp.op_responses();
         let done_exists = matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty());
         if done_exists {
@@ -474,19 +622,17 @@ impl Coordinator for EtcdCoord {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome> {
+        let Some(t) = Token::parse(token).filter(|t| t.kind == TokenKind::Job && t.lease > 0)
+        else {
+            return Ok(Outcome::Gone);
+        };
         let mut client = self.client().await?;
         let claim = self.job_key(queue, job, "claim");
         let done = self.job_key(queue, job, "done");
-        let current = client
-            .get(claim.clone(), None)
-            .await
-            .map_err(|e| self.err(e))?;
+        let current = self.call("get", client.get(claim.clone(), None)).await?;
         let Some(kv) = current.kvs().first() else {
             // Completed by us already (a retry)? Then it is done.
-            let d = client
-                .get(done.clone(), None)
-                .await
-                .map_err(|e| self.err(e))?;
+            let d = self.call("get", client.get(done.clone(), None)).await?;
             return Ok(match d.kvs().first() {
                 Some(kv) if holds(kv.value(), token) => Outcome::Ok(None),
                 Some(_) => Outcome::NotYours,
@@ -511,12 +657,60 @@ impl Coordinator for EtcdCoord {
                 ),
                 TxnOp::delete(claim.clone(), None),
             ]);
-        let resp = client.txn(txn).await.map_err(|e| self.err(e))?;
+        let resp = match self.call("txn", client.txn(txn)).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.abandon(&mut client, keep, &e).await;
+                return Err(e);
+            }
+        };
         if !resp.succeeded() {
-            let _ = client.lease_revoke(keep).await;
+            self.drop_lease(&mut client, keep).await;
             return Ok(Outcome::NotYours);
         }
-        let _ = client.lease_revoke(lease_of(token)).await;
+        self.drop_lease(&mut client, t.lease).await;
         Ok(Outcome::Ok(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_lease_whatever_its_first_hex_digit() {
+        // Lease ids of a cluster whose member id starts with 0x0f print as
+        // "f…": the kind and the lease must still be read right.
+        for lease in [0x0f90_1234_5678_9abc_i64, 0x7fff_ffff_ffff_ffff, 1, 0xabc] {
+            for kind in [
+                TokenKind::Lock,
+                TokenKind::FairLock,
+                TokenKind::Permit,
+                TokenKind::Job,
+            ] {
+                let t = Token::new(kind, lease);
+                let back = Token::parse(&t.to_string()).expect("a token we issued parses");
+                assert_eq!((back.kind, back.lease), (kind, lease), "{t}");
+            }
+        }
+        let plain = Token::new(TokenKind::Lock, 0x0f90_1234_5678_9abc).to_string();
+        assert!(plain.starts_with("v1.l.f901234"), "{plain}");
+        assert!(parse(Kind::Lock, &plain).is_some());
+        assert!(parse(Kind::Semaphore, &plain).is_none());
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused() {
+        for bad in [
+            "",
+            "f90.abc",
+            "v2.l.1.00000000000000000000000000000000",
+            "v1.x.1.00000000000000000000000000000000",
+            "v1.l.1.0000",
+            "v1.l.zz.00000000000000000000000000000000",
+            "v1.l.1.00000000000000000000000000000000.extra",
+        ] {
+            assert!(Token::parse(bad).is_none(), "{bad:?} parsed");
+        }
     }
 }

@@ -26,7 +26,7 @@ use axum::response::Response;
 use axum::routing::post;
 use serde_json::json;
 
-use super::{Claim, CoordError, Kind, Outcome, Service, Try, check_name};
+use super::{Claim, CoordError, Kind, Outcome, Service, Try, check_name, check_owner};
 use crate::http::{error_response, json_response};
 
 /// Largest accepted request body, in bytes.
@@ -107,10 +107,7 @@ fn duration(
 fn owner(params: &Params, service: &Service) -> Result<String, Bad> {
     match params.get("owner") {
         None => Ok(service.default_owner.clone()),
-        Some(o) if !o.is_empty() && o.len() <= 253 && !o.contains('|') => Ok(o.clone()),
-        Some(_) => Err(reject(
-            "query parameter owner must be 1-253 characters without '|'",
-        )),
+        Some(o) => check_owner(o).map(|_| o.clone()).map_err(reject),
     }
 }
 
@@ -185,15 +182,23 @@ fn backend_error(e: CoordError) -> Response {
     match e {
         CoordError::Unsupported(msg) => bad(msg),
         CoordError::Backend(b) => error_response(StatusCode::SERVICE_UNAVAILABLE, b.report()),
+        e @ CoordError::Corrupt { .. } => {
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
+        e @ CoordError::TooManyWaiters { .. } => {
+            error_response(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+        }
     }
 }
 
-fn acquired(t: Try, busy_field: &str) -> Response {
+fn acquired(t: Try) -> Response {
+    const BUSY: &str = "still held after the wait; try again later or with a longer wait";
     match t {
         Try::Acquired(g) => json_response(StatusCode::OK, g),
-        Try::Held(h) => json_response(
+        Try::Held(h) => json_response(StatusCode::CONFLICT, json!({ "error": BUSY, "holder": h })),
+        Try::Full(live) => json_response(
             StatusCode::CONFLICT,
-            json!({ "error": "still held after the wait; try again later or with a longer wait", busy_field: h }),
+            json!({ "error": BUSY, "live_permits": live }),
         ),
     }
 }
@@ -204,7 +209,7 @@ fn renewed(o: Outcome) -> Response {
             StatusCode::OK,
             json!({ "renewed": true, "ttl_ms": ttl.map(|t| t.as_millis() as u64) }),
         ),
-        Outcome::Gone | Outcome::NotYours => error_response(
+        Outcome::Gone | Outcome::NotYours | Outcome::AlreadyReleased => error_response(
             StatusCode::GONE,
             "no longer yours: it expired or was taken by someone else since; acquire it again (a renewal never re-creates it)",
         ),
@@ -216,7 +221,11 @@ fn released(o: Outcome) -> Response {
         Outcome::Ok(_) => json_response(StatusCode::OK, json!({ "released": true })),
         Outcome::Gone => error_response(
             StatusCode::CONFLICT,
-            "not yours: it expired (nothing was deleted)",
+            "not held by this token: it was released already, or it expired (nothing was deleted)",
+        ),
+        Outcome::AlreadyReleased => error_response(
+            StatusCode::CONFLICT,
+            "already released with this token (nothing was deleted)",
         ),
         Outcome::NotYours => error_response(
             StatusCode::CONFLICT,
@@ -247,7 +256,7 @@ async fn lock_acquire(
         }
     };
     match s.service.lock(&name, &owner, ttl, wait, fair).await {
-        Ok(t) => acquired(t, "holder"),
+        Ok(t) => acquired(t),
         Err(e) => backend_error(e),
     }
 }
@@ -360,7 +369,7 @@ async fn sem_acquire(
         Err(r) => return reply(r),
     };
     match s.service.semaphore(&name, &owner, permits, ttl, wait).await {
-        Ok(t) => acquired(t, "live_permits"),
+        Ok(t) => acquired(t),
         Err(e) => backend_error(e),
     }
 }
@@ -413,7 +422,7 @@ async fn job_complete(
         .await
     {
         Ok(Outcome::Ok(_)) => json_response(StatusCode::OK, json!({ "completed": true })),
-        Ok(Outcome::Gone) => error_response(
+        Ok(Outcome::Gone | Outcome::AlreadyReleased) => error_response(
             StatusCode::GONE,
             "the claim expired before completion; claim the job again",
         ),

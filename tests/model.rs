@@ -1,0 +1,724 @@
+//! Randomized, seeded model check of the coordination API (issue 11).
+//!
+//! Several concurrent clients drive two real sidecars on one real etcd or one
+//! real Redis with random operations (plain and fair locks with and without
+//! `wait`, renew, release, semaphores with a random N, job claims and
+//! completions). Every call is recorded with its call and return instants and
+//! its answer; afterwards the history is checked against a sequential
+//! reference model of what the contract promises:
+//!
+//! - **safety**: per lock name (fair and plain alike) no two holders at once;
+//!   per semaphore at most N live permits; per job at most one claimant and
+//!   one completing token; fencing tokens grow per name;
+//! - **liveness**: an acquisition refused when, per the model, nothing could
+//!   have been held during the whole call (or the lock stayed free for a
+//!   whole second of a `wait`), a semaphore refused with fewer than N permits
+//!   possibly live, a renew or release refused although the token was
+//!   certainly held from its call to its answer, and a renew granted to a
+//!   token certainly expired at its call, are all violations.
+//!
+//! "Certainly held" runs from the grant's answer until the earliest instant
+//! the backend may have dropped it (call of the last renewal + TTL, or the
+//! call of a release); "possibly held" runs from the acquisition's call until
+//! the latest instant it may still exist (answer of the last renewal that may
+//! have worked + TTL + the backend's expiry slack, or a release's answer).
+//! Ambiguous answers (5xx, transport errors) count as "possibly" only.
+//!
+//! Knobs (environment):
+//! - `MODEL_SEED=<u64>` replays a seed (printed by every run and failure);
+//! - `MODEL_SECS=<s>` run length per backend (default 12 s);
+//! - `MODEL_FAULTS=1` adds faults: clients pausing past their TTL, a
+//!   blackhole between the sidecars and the backend for a few seconds, and
+//!   backend restarts (Redis with `appendfsync always`, so it keeps its keys).
+//!
+//! Reports the ops checked per second and the violations found.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use support::proxy::{Mode, Proxy};
+use support::*;
+use tokio::time::{Instant, sleep};
+
+const CLIENTS: u64 = 10;
+const LOCKS: &[&str] = &["L0", "L1"];
+const SEMS: &[&str] = &["S0", "S1"];
+const TTL_S: u64 = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum What {
+    Lock,
+    Sem,
+    Job,
+}
+
+/// One recorded call.
+#[derive(Clone, Debug)]
+struct Op {
+    client: u64,
+    verb: &'static str,
+    what: What,
+    name: String,
+    /// Acquisitions: `wait` asked; fair lock.
+    wait: Duration,
+    fair: bool,
+    /// The token acted on (renew/release/complete), or granted (acquisitions).
+    token: Option<String>,
+    fence: u64,
+    ttl: Duration,
+    call: Instant,
+    ret: Instant,
+    /// HTTP status; 0 = transport error.
+    status: u16,
+    body: Value,
+}
+
+impl Op {
+    fn ambiguous(&self) -> bool {
+        self.status == 0 || self.status >= 500
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random())
+}
+
+fn secs() -> u64 {
+    std::env::var("MODEL_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12)
+}
+
+fn faults() -> bool {
+    std::env::var("MODEL_FAULTS").is_ok_and(|v| v == "1")
+}
+
+enum Server {
+    Etcd(Etcd),
+    Redis(RedisServer),
+}
+
+impl Server {
+    async fn restart(&mut self) {
+        match self {
+            Server::Etcd(e) => e.restart().await,
+            Server::Redis(r) => r.restart().await,
+        }
+    }
+}
+
+async fn start_sidecar(kind: &str, url: &str, test: &str, id: &str) -> (Sidecar, u16) {
+    let port = free_port();
+    let mut args = vec![
+        if kind == "etcd" {
+            "--etcd-endpoints"
+        } else {
+            "--redis-url"
+        }
+        .to_owned(),
+        url.to_owned(),
+    ];
+    args.extend(FAST.iter().map(|s| s.to_string()));
+    args.extend([
+        "--control-addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--log-level".into(),
+        "warn".into(),
+    ]);
+    let s = Sidecar::start_raw(&election(test), id, &args);
+    wait_for(Duration::from_secs(15), "the control API", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    (s, port)
+}
+
+async fn send(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    port: u16,
+    path: &str,
+) -> (u16, Value) {
+    let r = http
+        .request(method, format!("http://127.0.0.1:{port}{path}"))
+        .send()
+        .await;
+    match r {
+        Ok(r) => {
+            let st = r.status().as_u16();
+            (st, r.json().await.unwrap_or(Value::Null))
+        }
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// A grant a client holds.
+#[derive(Clone)]
+struct Held {
+    what: What,
+    name: String,
+    token: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn client(
+    id: u64,
+    seed: u64,
+    kind: &'static str,
+    ports: Vec<u16>,
+    sem_n: Arc<HashMap<String, u32>>,
+    until: Instant,
+    faults: bool,
+    history: Arc<Mutex<Vec<Op>>>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (id.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut held: Vec<Held> = Vec::new();
+    let mut next_job = 0u32;
+    while Instant::now() < until {
+        let port = ports[rng.random_range(0..ports.len())];
+        let ttl = Duration::from_secs(TTL_S);
+        let mut op = Op {
+            client: id,
+            verb: "",
+            what: What::Lock,
+            name: String::new(),
+            wait: Duration::ZERO,
+            fair: false,
+            token: None,
+            fence: 0,
+            ttl,
+            call: Instant::now(),
+            ret: Instant::now(),
+            status: 0,
+            body: Value::Null,
+        };
+        let roll: f64 = rng.random();
+        let (method, path);
+        if !held.is_empty() && roll < 0.45 {
+            let i = rng.random_range(0..held.len());
+            let h = held[i].clone();
+            if faults && rng.random_bool(0.05) {
+                // Pause past the TTL while holding.
+                sleep(ttl + Duration::from_millis(rng.random_range(100..1500))).await;
+            } else {
+                sleep(Duration::from_millis(rng.random_range(0..100))).await;
+            }
+            op.what = h.what;
+            op.name = h.name.clone();
+            op.token = Some(h.token.clone());
+            let base = match h.what {
+                What::Lock => format!("/locks/{}", h.name),
+                What::Sem => format!("/semaphores/{}", h.name),
+                What::Job => format!("/jobs/{}", h.name),
+            };
+            let r: f64 = rng.random();
+            if h.what == What::Job {
+                op.verb = "complete";
+                method = reqwest::Method::POST;
+                path = format!("{base}/complete?token={}", h.token);
+                held.remove(i);
+            } else if r < 0.4 {
+                op.verb = "renew";
+                method = reqwest::Method::POST;
+                path = format!("{base}/renew?ttl={TTL_S}s&token={}", h.token);
+            } else {
+                op.verb = "release";
+                method = reqwest::Method::DELETE;
+                path = format!("{base}?token={}", h.token);
+                if rng.random_bool(0.9) {
+                    held.remove(i);
+                }
+            }
+        } else {
+            let waits = [0u64, 0, 0, 100, 500, 1500];
+            op.wait = Duration::from_millis(waits[rng.random_range(0..waits.len())]);
+            op.verb = "acquire";
+            method = reqwest::Method::POST;
+            let r: f64 = rng.random();
+            if r < 0.5 {
+                op.what = What::Lock;
+                op.name = LOCKS[rng.random_range(0..LOCKS.len())].to_owned();
+                op.fair = kind == "etcd" && rng.random_bool(0.4);
+                path = format!(
+                    "/locks/{}?ttl={TTL_S}s&wait={}ms&fair={}&owner=c{id}",
+                    op.name,
+                    op.wait.as_millis(),
+                    op.fair
+                );
+            } else if r < 0.85 {
+                op.what = What::Sem;
+                op.name = SEMS[rng.random_range(0..SEMS.len())].to_owned();
+                path = format!(
+                    "/semaphores/{}?permits={}&ttl={TTL_S}s&wait={}ms&owner=c{id}",
+                    op.name,
+                    sem_n[&op.name],
+                    op.wait.as_millis()
+                );
+            } else {
+                op.what = What::Job;
+                op.wait = Duration::ZERO;
+                // A small window of jobs shared by all clients.
+                next_job += rng.random_range(0..2);
+                op.name = format!("q/j{}", next_job % 40);
+                path = format!("/jobs/{}/claim?ttl={TTL_S}s&owner=c{id}", op.name);
+            }
+        }
+        op.call = Instant::now();
+        let (st, body) = send(&http, method, port, &path).await;
+        op.ret = Instant::now();
+        op.status = st;
+        if op.verb == "acquire" && st == 200 {
+            op.token = body["token"].as_str().map(str::to_owned);
+            op.fence = body["fencing_token"].as_u64().unwrap_or(0);
+            op.ttl = Duration::from_millis(body["ttl_ms"].as_u64().unwrap_or(0));
+            held.push(Held {
+                what: op.what,
+                name: op.name.clone(),
+                token: op.token.clone().unwrap_or_default(),
+            });
+        }
+        if op.verb == "renew" && st == 200 {
+            op.ttl = Duration::from_millis(body["ttl_ms"].as_u64().unwrap_or(0));
+        }
+        if (op.verb == "renew" || op.verb == "release") && st != 200 && st != 0 && st < 500 {
+            held.retain(|h| Some(&h.token) != op.token.as_ref());
+        }
+        op.body = body;
+        history.lock().unwrap().push(op);
+        sleep(Duration::from_millis(rng.random_range(0..10))).await;
+    }
+}
+
+/// One grant's life as the model sees it.
+struct Life<'a> {
+    acq: &'a Op,
+    /// Possibly held: [poss.0, poss.1).
+    poss: (Instant, Instant),
+    /// Certainly held: [cert.0, cert.1) (may be empty).
+    cert: (Instant, Instant),
+}
+
+/// Check the history; returns the violations.
+fn check(
+    history: &[Op],
+    sem_n: &HashMap<String, u32>,
+    outages: &[(Instant, Instant)],
+    slack: Duration,
+) -> Vec<String> {
+    let mut v = Vec::new();
+    // Latest outage end after `t`, so late-delivered requests are covered.
+    let heal_after = |t: Instant| {
+        outages
+            .iter()
+            .filter(|(_, e)| *e >= t)
+            .map(|(_, e)| *e)
+            .max()
+            .unwrap_or(t)
+    };
+    // Actions on each token, in call order.
+    let mut by_token: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for op in history {
+        if op.verb != "acquire"
+            && let Some(t) = &op.token
+        {
+            by_token.entry(t.as_str()).or_default().push(op);
+        }
+    }
+    for ops in by_token.values_mut() {
+        ops.sort_by_key(|o| o.call);
+    }
+    // Claimants per (what, name): every acquisition call is a possible
+    // claimant during its call (etcd writes a waiter's or a loser's key before
+    // it knows); grants last longer.
+    let mut lives: HashMap<(What, &str), Vec<Life<'_>>> = HashMap::new();
+    for op in history.iter().filter(|o| o.verb == "acquire") {
+        let key = (op.what, op.name.as_str());
+        let ttl = Duration::from_secs(TTL_S);
+        if op.status == 200 {
+            let token = op.token.as_deref().unwrap_or("");
+            let mut cert_end = op.call + op.ttl;
+            let mut poss_end = op.ret + op.ttl + slack;
+            let mut released = false;
+            // An outage (restart, partition) that begins while the grant
+            // may live can extend it: etcd gives every lease its full TTL
+            // again after a restart, and requests held in a partition
+            // arrive late.
+            let widen = |mut end: Instant| {
+                loop {
+                    let next = outages
+                        .iter()
+                        .filter(|(s, _)| *s < end)
+                        .map(|(_, e)| *e + ttl + slack)
+                        .fold(end, Instant::max);
+                    if next == end {
+                        return end;
+                    }
+                    end = next;
+                }
+            };
+            poss_end = widen(poss_end);
+            for a in by_token.get(token).map(Vec::as_slice).unwrap_or(&[]) {
+                poss_end = widen(poss_end);
+                match (a.verb, a.status) {
+                    ("renew", 200) => {
+                        if a.call >= poss_end {
+                            v.push(format!(
+                                "expired holder renewed: {} {} token {token} renewed at +{:?} after it possibly expired at +{:?}",
+                                op.verb, op.name, a.call - op.call, poss_end - op.call
+                            ));
+                        }
+                        if a.call < cert_end && !released {
+                            cert_end = cert_end.max(a.call + a.ttl);
+                        }
+                        poss_end = poss_end.max(a.ret + a.ttl + slack);
+                    }
+                    ("renew", s) if s == 0 || s >= 500 => {
+                        poss_end = poss_end.max(heal_after(a.ret) + ttl + slack);
+                    }
+                    ("renew", _) | ("release", _) | ("complete", _)
+                        if !a.ambiguous() && a.status != 200 =>
+                    {
+                        // The call ran somewhere in [call, return]: a refusal
+                        // is wrong only if all of it lies in the certain interval.
+                        if a.ret < cert_end && !released {
+                            let near: Vec<String> = outages
+                                .iter()
+                                .filter(|(s, e)| *e + ttl >= op.call && *s <= a.ret)
+                                .map(|(s, e)| {
+                                    format!(
+                                        "[{:+.3}s, {:+.3}s]",
+                                        s.duration_since(op.call).as_secs_f64()
+                                            - op.call.duration_since(*s).as_secs_f64(),
+                                        e.duration_since(op.call).as_secs_f64()
+                                            - op.call.duration_since(*e).as_secs_f64()
+                                    )
+                                })
+                                .collect();
+                            v.push(format!(
+                                "{} of a token certainly held refused: {:?} {} token {token} at +{:?} (certainly held until +{:?}): {} {}; acquired by c{} in {:?}; outages nearby {near:?}",
+                                a.verb, op.what, op.name, a.call - op.call, cert_end - op.call, a.status, a.body, op.client, op.ret - op.call
+                            ));
+                        }
+                    }
+                    ("release", 200) | ("complete", 200) => {
+                        if !released {
+                            cert_end = cert_end.min(a.call);
+                            if op.what != What::Job {
+                                poss_end = poss_end.min(a.ret);
+                            }
+                        }
+                        released = true;
+                    }
+                    _ => {
+                        // Ambiguous release/complete: certainty ends at its call.
+                        cert_end = cert_end.min(a.call);
+                    }
+                }
+                if a.verb != "renew" {
+                    cert_end = cert_end.min(a.call);
+                }
+            }
+            let poss_end = widen(poss_end);
+            lives.entry(key).or_default().push(Life {
+                acq: op,
+                poss: (op.call, poss_end),
+                cert: (op.ret, cert_end.max(op.ret)),
+            });
+        } else {
+            let end = if op.ambiguous() || outages.iter().any(|(s, e)| *s < op.ret && *e > op.call)
+            {
+                heal_after(op.ret) + ttl + slack
+            } else {
+                op.ret
+            };
+            lives.entry(key).or_default().push(Life {
+                acq: op,
+                poss: (op.call, end),
+                cert: (op.ret, op.ret),
+            });
+        }
+    }
+    for ((what, name), ls) in &lives {
+        let cap = match what {
+            What::Lock | What::Job => 1usize,
+            What::Sem => sem_n[*name] as usize,
+        };
+        // Safety: certainly-held intervals never exceed the cap at once.
+        let mut events: Vec<(Instant, i32, usize)> = Vec::new();
+        for (i, l) in ls.iter().enumerate() {
+            if l.cert.0 < l.cert.1 {
+                events.push((l.cert.0, 1, i));
+                events.push((l.cert.1, -1, i));
+            }
+        }
+        events.sort_by_key(|(t, d, _)| (*t, *d));
+        let mut live: Vec<usize> = Vec::new();
+        for (_, d, i) in &events {
+            if *d > 0 {
+                live.push(*i);
+                if live.len() > cap {
+                    let who: Vec<String> = live
+                        .iter()
+                        .map(|j| {
+                            let a = ls[*j].acq;
+                            format!("c{} fence {} fair={}", a.client, a.fence, a.fair)
+                        })
+                        .collect();
+                    v.push(format!(
+                        "{what:?} {name}: {} certain holders of {cap}: {who:?}",
+                        live.len()
+                    ));
+                }
+            } else {
+                live.retain(|j| j != i);
+            }
+        }
+        // Fencing tokens grow: a grant answered before another's call has a smaller token.
+        let mut grants: Vec<&Life> = ls.iter().filter(|l| l.acq.status == 200).collect();
+        grants.sort_by_key(|l| l.acq.ret);
+        let mut prefix_max: Vec<(Instant, u64)> = Vec::new();
+        for l in &grants {
+            let m = prefix_max.last().map_or(0, |p| p.1).max(l.acq.fence);
+            prefix_max.push((l.acq.ret, m));
+        }
+        for l in &grants {
+            let i = prefix_max.partition_point(|(t, _)| *t < l.acq.call);
+            if i > 0 && prefix_max[i - 1].1 >= l.acq.fence {
+                v.push(format!(
+                    "{what:?} {name}: fencing token {} not above an earlier grant's {}",
+                    l.acq.fence,
+                    prefix_max[i - 1].1
+                ));
+            }
+        }
+        // Liveness of refusals (locks and semaphores; jobs below).
+        if *what == What::Job {
+            continue;
+        }
+        for (i, l) in ls.iter().enumerate() {
+            let a = l.acq;
+            if a.status != 409 {
+                continue;
+            }
+            let (from, to) = (a.call, a.ret);
+            // Possible claimants other than this call, overlapping [from, to].
+            let mut ev: Vec<(Instant, i32)> = Vec::new();
+            for (j, o) in ls.iter().enumerate() {
+                if j != i && o.poss.0 < to && o.poss.1 > from {
+                    ev.push((o.poss.0.max(from), 1));
+                    ev.push((o.poss.1.min(to), -1));
+                }
+            }
+            ev.sort_by_key(|(t, d)| (*t, -*d));
+            let (mut n, mut most) = (0i32, 0i32);
+            // The longest stretch with fewer than `cap` possible claimants.
+            let (mut gap_from, mut longest) = (from, Duration::ZERO);
+            let mut below = true;
+            for (t, d) in &ev {
+                n += d;
+                most = most.max(n);
+                let now_below = (n as usize) < cap;
+                if below && !now_below {
+                    longest = longest.max(*t - gap_from);
+                } else if !below && now_below {
+                    gap_from = *t;
+                }
+                below = now_below;
+            }
+            if below {
+                longest = longest.max(to - gap_from);
+            }
+            if (most as usize) < cap {
+                v.push(format!(
+                    "{what:?} {name} refused (c{} wait {:?} fair={}) though at most {most} of {cap} could be held during the call: {}",
+                    a.client, a.wait, a.fair, a.body
+                ));
+            } else if a.wait >= Duration::from_millis(1000)
+                && longest >= Duration::from_millis(1000)
+            {
+                v.push(format!(
+                    "{what:?} {name} refused (c{} wait {:?} fair={}) though it was free for {longest:?} of the wait",
+                    a.client, a.wait, a.fair
+                ));
+            }
+        }
+    }
+    // Jobs: at most one token completes a job; a claim that starts after a
+    // completion was answered is told "completed".
+    let mut completed: HashMap<&str, (Instant, &str)> = HashMap::new();
+    for op in history
+        .iter()
+        .filter(|o| o.verb == "complete" && o.status == 200)
+    {
+        let t = op.token.as_deref().unwrap_or("");
+        match completed.get(op.name.as_str()) {
+            Some((_, other)) if *other != t => {
+                v.push(format!("job {} completed by two tokens", op.name))
+            }
+            Some((at, _)) if *at <= op.ret => {}
+            _ => {
+                completed.insert(op.name.as_str(), (op.ret, t));
+            }
+        }
+    }
+    for op in history
+        .iter()
+        .filter(|o| o.what == What::Job && o.verb == "acquire")
+    {
+        if let Some((at, _)) = completed.get(op.name.as_str())
+            && *at < op.call
+            && op.status == 200
+        {
+            v.push(format!(
+                "job {} claimed again after it was completed",
+                op.name
+            ));
+        }
+    }
+    v
+}
+
+async fn model_check(kind: &'static str) {
+    let seed = seed();
+    let faults = faults();
+    let run = Duration::from_secs(secs());
+    eprintln!(
+        "model check on {kind}: MODEL_SEED={seed} MODEL_SECS={} MODEL_FAULTS={}",
+        run.as_secs(),
+        faults as u8
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut server = match kind {
+        "etcd" => Server::Etcd(Etcd::start().await),
+        _ => Server::Redis(
+            RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await,
+        ),
+    };
+    let url = match &server {
+        Server::Etcd(e) => e.url.clone(),
+        Server::Redis(r) => r.url.clone(),
+    };
+    let proxy = Proxy::to_url(&url).await;
+    let via = proxy.url_for(&url);
+    let test = format!("model-{kind}");
+    let (_a, pa) = start_sidecar(kind, &via, &test, "a").await;
+    let (_b, pb) = start_sidecar(kind, &via, &test, "b").await;
+    let sem_n: Arc<HashMap<String, u32>> = Arc::new(
+        SEMS.iter()
+            .map(|s| (s.to_string(), rng.random_range(1..=3)))
+            .collect(),
+    );
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let until = started + run;
+    let mut tasks = Vec::new();
+    for id in 0..CLIENTS {
+        tasks.push(tokio::spawn(client(
+            id,
+            seed,
+            kind,
+            vec![pa, pb],
+            sem_n.clone(),
+            until,
+            faults,
+            history.clone(),
+        )));
+    }
+    let mut outages = Vec::new();
+    if faults {
+        while Instant::now() + Duration::from_secs(8) < until {
+            sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
+            let from = Instant::now();
+            if rng.random_bool(0.5) {
+                proxy.set(Mode::Blackhole);
+                sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
+                proxy.set(Mode::Pass);
+            } else {
+                server.restart().await;
+            }
+            outages.push((from, Instant::now()));
+        }
+    }
+    for t in tasks {
+        t.await.expect("a model client panicked");
+    }
+    let elapsed = started.elapsed();
+    let history = history.lock().unwrap().clone();
+    let slack = match kind {
+        "etcd" => Duration::from_millis(1500),
+        _ => Duration::from_millis(300),
+    };
+    let t0 = Instant::now();
+    let violations = check(&history, &sem_n, &outages, slack);
+    let check_time = t0.elapsed();
+    let mut counts: HashMap<(String, u16), usize> = HashMap::new();
+    for op in &history {
+        *counts.entry((op.verb.to_owned(), op.status)).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort();
+    eprintln!(
+        "model check on {kind}: seed {seed}: {} ops in {:.1} s ({:.0} ops/s run), checked in {:?}, {} outages, semaphores {:?}, {} violations; answers {:?}",
+        history.len(),
+        elapsed.as_secs_f64(),
+        history.len() as f64 / elapsed.as_secs_f64(),
+        check_time,
+        outages.len(),
+        sem_n,
+        violations.len(),
+        counts
+    );
+    for op in history.iter().filter(|o| o.ambiguous()).take(5) {
+        eprintln!(
+            "ambiguous answer: {} {:?} {} after {:?}: {} {}",
+            op.verb,
+            op.what,
+            op.name,
+            op.ret - op.call,
+            op.status,
+            op.body
+        );
+    }
+    for x in violations.iter().take(20) {
+        eprintln!("VIOLATION: {x}");
+    }
+    assert!(
+        history
+            .iter()
+            .filter(|o| o.status == 200 && o.verb == "acquire")
+            .count()
+            > 20,
+        "too few grants to mean anything (seed {seed})"
+    );
+    assert!(
+        violations.is_empty(),
+        "{} violations on {kind}; replay with MODEL_SEED={seed}",
+        violations.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_check_on_etcd() {
+    model_check("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_check_on_redis() {
+    model_check("redis").await;
+}
