@@ -113,6 +113,15 @@ impl ElectorConfig {
         Ok(())
     }
 
+    /// How long a follower may keep naming the leader after the send instant
+    /// of the last backend answer that showed it: one lease duration plus one
+    /// call timeout. A follower checks at least that often while all is well
+    /// (etcd: a read every renew interval; Redis: a campaign when the key's
+    /// `PTTL` runs out), so only a silent backend lets the bound pass.
+    pub fn silence_bound(&self) -> Duration {
+        self.lease_duration + self.call_timeout()
+    }
+
     fn margin(&self, ttl: Duration, rtt: Duration) -> Duration {
         self.drift_margin
             .unwrap_or_else(|| (ttl / 100).max(rtt * 2).max(Duration::from_millis(50)))
@@ -164,6 +173,11 @@ pub struct LeaderState {
     /// Redlock: servers that answered the last acquisition or renewal of our
     /// term, and servers in all.
     pub servers: Option<(usize, usize)>,
+    /// While following: the instant (monotonic) after which the observed
+    /// leader is no longer vouched for, because no backend answer has shown
+    /// it for [`ElectorConfig::silence_bound`]. `None`: no bound (not yet
+    /// heard, or leading).
+    pub heard_until: Option<Instant>,
 }
 
 impl LeaderState {
@@ -183,6 +197,7 @@ impl LeaderState {
             stopping: false,
             transitions: 0,
             servers: None,
+            heard_until: None,
         }
     }
 
@@ -201,10 +216,15 @@ impl LeaderState {
     }
 
     /// The leader as this candidate may report it at `now`: the observed
-    /// holder, except that our own term past `valid_until` is reported as
-    /// unknown (`None`) rather than as us.
+    /// holder, except that our own term past `valid_until`, and another
+    /// holder not confirmed by the backend since `heard_until`, are reported
+    /// as unknown (`None`): a follower never vouches for a leader it cannot see.
     pub fn leader_at(&self, now: Instant) -> Option<&str> {
-        if self.own_term.is_some() && !self.is_leader(now) {
+        if self.own_term.is_some() {
+            if !self.is_leader(now) {
+                return None;
+            }
+        } else if self.heard_until.is_some_and(|t| now >= t) {
             return None;
         }
         self.leader.as_deref()
@@ -336,6 +356,9 @@ pub struct Elector {
     /// Readers that act for a term (the Pod labeler): each shows the fencing
     /// token it still acts for; the key is released after they let go.
     participants: Vec<watch::Receiver<Option<u64>>>,
+    /// The term last shown alive by a backend answer (fencing token), and the
+    /// send instant of that answer: the start of the next failover.
+    term_seen: Option<(u64, Instant)>,
 }
 
 impl Elector {
@@ -364,6 +387,7 @@ impl Elector {
                 candidacy: None,
                 cooldown_until: None,
                 participants: Vec::new(),
+                term_seen: None,
             },
             rx,
         )
@@ -425,10 +449,13 @@ impl Elector {
         while !self.may_campaign() {
             let until = self.cooldown_until.unwrap_or_else(Instant::now);
             let mut gate = self.candidacy.clone();
-            // Who leads meanwhile? Read it, then watch it.
+            // Who leads meanwhile? Read it, then watch it (and read again
+            // every renew interval, so a silent backend is noticed).
+            let sent = Instant::now();
             let seen = match self.call("read", backend.read()).await {
                 Ok(h) => {
                     self.backend_ok();
+                    self.heard(h.as_ref().map(|h| h.fencing_token), sent);
                     self.observe(h.as_ref());
                     h
                 }
@@ -453,6 +480,7 @@ impl Elector {
                 cmd = self.commands.recv() => self.handle_idle_command(cmd),
                 _ = sleep_until(until), if Instant::now() < until => {}
                 _ = watch => {}
+                _ = sleep(self.cfg.renew_interval) => {}
                 _ = async { gate.as_mut().expect("guarded").changed().await }, if gate.is_some() => {
                     if gate.as_ref().is_some_and(|g| g.has_changed().is_err()) {
                         // The health checker is gone: stop gating rather than never campaign.
@@ -493,10 +521,40 @@ impl Elector {
             match attempt {
                 Ok(Campaign::Elected(term)) => {
                     self.backend_ok();
+                    self.heard(Some(term.holder.fencing_token), sent);
                     self.lead(term, sent, &shutdown).await;
+                }
+                Ok(Campaign::Following(holder))
+                    if self
+                        .abandoned
+                        .as_ref()
+                        .is_some_and(|t| t.holder.term_id == holder.term_id) =>
+                {
+                    // Our own abandoned term still holds the key (its release
+                    // failed, e.g. while the backend was starting): end it
+                    // rather than follow our own dead term until it expires.
+                    self.backend_ok();
+                    self.observe(None);
+                    let term = self.abandoned.take().expect("matched above");
+                    match self.call("resign", backend.resign(&term)).await {
+                        Ok(()) => {
+                            info!(election = %self.cfg.election, fencing_token = term.holder.fencing_token, "released our own abandoned term; campaigning again");
+                            self.last_seen = None;
+                        }
+                        Err(e) => {
+                            self.backend_failed(&e);
+                            self.abandoned = Some(term);
+                            let wait = self.backoff.next();
+                            tokio::select! {
+                                _ = shutdown.cancelled() => break,
+                                _ = sleep(wait) => {}
+                            }
+                        }
+                    }
                 }
                 Ok(Campaign::Following(holder)) => {
                     self.backend_ok();
+                    self.heard(Some(holder.fencing_token), sent);
                     self.observe(Some(&holder));
                     self.last_seen = Some(holder.clone());
                     self.follow(&holder, &shutdown).await;
@@ -506,6 +564,7 @@ impl Elector {
                     retry_after,
                 }) => {
                     self.backend_ok();
+                    self.heard(None, sent);
                     self.observe(None);
                     debug!(previous = %previous.identity, ?retry_after, "key is free but the previous term is still alive");
                     if !previous.term_id.is_empty() {
@@ -560,9 +619,32 @@ impl Elector {
         let watch = backend.watch(holder);
         tokio::pin!(watch);
         let mut gate = self.candidacy.clone();
+        // A backend with a watch (etcd) is silent while nothing changes, and
+        // a frozen server or a member without quorum stays silent too: read
+        // the key every renew interval (a linearizable read needs the quorum),
+        // so silence is noticed within one renew interval plus a call timeout.
+        let mut next_check = recheck
+            .is_none()
+            .then(|| Instant::now() + self.cfg.renew_interval);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = sleep_until(next_check.unwrap_or_else(Instant::now)), if next_check.is_some() => {
+                    let sent = Instant::now();
+                    match self.call("read", backend.read()).await {
+                        Ok(Some(h)) if h.term_id == holder.term_id => {
+                            self.backend_ok();
+                            self.heard(Some(h.fencing_token), sent);
+                            next_check = Some(sent + self.cfg.renew_interval);
+                        }
+                        // The key changed and the watch did not say so: campaign.
+                        Ok(_) => return,
+                        Err(e) => {
+                            self.backend_failed(&e);
+                            return;
+                        }
+                    }
+                }
                 cmd = self.commands.recv() => {
                     self.handle_idle_command(cmd);
                     continue;
@@ -709,6 +791,7 @@ impl Elector {
                             retry.reset();
                             if let Some(m) = &self.metrics { m.renew_latency.observe(rtt.as_secs_f64()); }
                             self.backend_ok();
+                            self.heard(Some(term.holder.fencing_token), send);
                             self.state.send_modify(|s| {
                                 if let Some(t) = &mut s.own_term { t.valid_until = valid_until; }
                                 s.lease_duration = ttl;
@@ -850,6 +933,30 @@ impl Elector {
             s.error = Some(report.clone());
             changed
         });
+    }
+
+    /// A backend answer sent at `sent` showed the term with fencing token
+    /// `token` holding the key (`None`: nobody). Extends how long followers
+    /// may name the observed leader, and records the duration of a failover
+    /// when the term differs from the one seen before.
+    fn heard(&mut self, token: Option<u64>, sent: Instant) {
+        let until = sent + self.cfg.silence_bound();
+        self.state.send_if_modified(|s| {
+            s.heard_until = Some(until);
+            // Read-time only: no reader needs waking for this.
+            false
+        });
+        let Some(token) = token else { return };
+        if let Some((previous, at)) = self.term_seen
+            && previous != token
+        {
+            let took = Instant::now().saturating_duration_since(at);
+            info!(election = %self.cfg.election, previous_fencing_token = previous, fencing_token = token, failover_ms = took.as_millis() as u64, "observed a new term");
+            if let Some(m) = &self.metrics {
+                m.last_failover.set(took.as_secs_f64());
+            }
+        }
+        self.term_seen = Some((token, sent));
     }
 
     fn set_own_term(&mut self, term: &Term, valid_until: Instant) {

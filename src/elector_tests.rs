@@ -2,7 +2,7 @@
 //! backend: no real sleeps, exact timing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,9 +19,29 @@ use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Renewal, Term
 struct Link {
     inner: MemoryBackend,
     cut: AtomicBool,
+    /// A frozen server (SIGSTOP) or a member without quorum: calls never answer.
+    frozen: AtomicBool,
+    /// Fail this many resigns (a release sent while the backend is starting).
+    fail_resigns: AtomicUsize,
 }
 
 impl Link {
+    fn new(inner: &MemoryBackend) -> Arc<Link> {
+        Arc::new(Link {
+            inner: inner.clone(),
+            cut: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
+            fail_resigns: AtomicUsize::new(0),
+        })
+    }
+
+    /// Pend while frozen.
+    async fn thaw(&self) {
+        while self.frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn check(&self) -> Result<(), BackendError> {
         if self.cut.load(Ordering::SeqCst) {
             Err(BackendError::Unreachable {
@@ -46,26 +66,43 @@ impl LeaseBackend for Link {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Campaign, BackendError> {
+        self.thaw().await;
         self.check()?;
         self.inner.campaign(identity, ttl, previous).await
     }
     async fn renew(&self, term: &Term) -> Result<Renewal, BackendError> {
+        self.thaw().await;
         self.check()?;
         self.inner.renew(term).await
     }
     async fn resign(&self, term: &Term) -> Result<(), BackendError> {
+        self.thaw().await;
         self.check()?;
+        if self
+            .fail_resigns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(BackendError::Unreachable {
+                backend: "memory",
+                endpoints: "memory".into(),
+                source: "release refused by the test".into(),
+            });
+        }
         self.inner.resign(term).await
     }
     async fn read(&self) -> Result<Option<Holder>, BackendError> {
+        self.thaw().await;
         self.check()?;
         self.inner.read().await
     }
     async fn watch(&self, seen: &Holder) -> Result<(), BackendError> {
+        self.thaw().await;
         self.check()?;
-        // A cut link breaks the watch too: poll the switch while waiting.
+        // A cut link breaks the watch too: poll the switch while waiting. A
+        // frozen one stays silent: no event, no error.
         tokio::select! {
-            r = self.inner.watch(seen) => r,
+            r = async { let r = self.inner.watch(seen).await; self.thaw().await; r } => r,
             _ = async { while !self.cut.load(Ordering::SeqCst) { tokio::time::sleep(Duration::from_millis(10)).await } } => self.check(),
         }
     }
@@ -90,10 +127,7 @@ fn cfg(identity: &str) -> ElectorConfig {
 }
 
 fn start(backend: &MemoryBackend, identity: &str) -> Candidate {
-    let link = Arc::new(Link {
-        inner: backend.clone(),
-        cut: AtomicBool::new(false),
-    });
+    let link = Link::new(backend);
     let (elector, rx) = Elector::new(cfg(identity), link.clone(), None);
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
@@ -314,10 +348,7 @@ fn start_with(
     ElectorHandle,
     tokio::sync::broadcast::Receiver<Event>,
 ) {
-    let link = Arc::new(Link {
-        inner: backend.clone(),
-        cut: AtomicBool::new(false),
-    });
+    let link = Link::new(backend);
     let (mut elector, rx) = Elector::new(cfg, link.clone(), None);
     if let Some(g) = gate {
         elector = elector.with_candidacy(g);
@@ -463,6 +494,109 @@ async fn events_arrive_in_order() {
     assert_eq!(seen[0].0, "became_leader");
     assert_eq!(seen[1].0, "stopped_leading");
     assert_eq!(seen[2], ("leader_changed", Some("b".to_owned()), 3));
+}
+
+/// Issue 12, item 1: a follower whose backend goes silent (a frozen etcd, a
+/// member without quorum: no answer, no error, the watch just quiet) reports
+/// `error`, `backend_healthy: false` and not ready within one lease duration,
+/// and stops naming the leader after [`ElectorConfig::silence_bound`]. On the
+/// original code it kept vouching for the leader for as long as the silence.
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_silent_backend_stops_vouching_for_the_leader() {
+    let b = MemoryBackend::new();
+    let cs = vec![start(&b, "a"), start(&b, "b")];
+    run_for(&cs, Duration::from_millis(100)).await;
+    let l = leader_of(&cs);
+    let f = 1 - l;
+    let leader = cs[l].rx.borrow().identity.clone();
+    run_for(&cs, Duration::from_secs(5)).await;
+    assert_eq!(
+        cs[f].rx.borrow().leader_at(Instant::now()),
+        Some(leader.as_str())
+    );
+    cs[f].link.frozen.store(true, Ordering::SeqCst);
+    let frozen = Instant::now();
+    run_for(&cs, TTL).await;
+    {
+        let s = cs[f].rx.borrow();
+        assert!(!s.backend_healthy, "still healthy one TTL into the silence");
+        assert!(!s.ready, "still ready one TTL into the silence");
+        assert!(s.error.is_some(), "no error one TTL into the silence");
+    }
+    let bound = cfg("x").silence_bound();
+    run_for(
+        &cs,
+        (frozen + bound).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert_eq!(
+        cs[f].rx.borrow().leader_at(Instant::now()),
+        None,
+        "still names the leader {bound:?} into the silence"
+    );
+    // The leader, whose backend answers, was never disturbed.
+    assert!(cs[l].rx.borrow().is_leader(Instant::now()));
+    cs[f].link.frozen.store(false, Ordering::SeqCst);
+    run_for(&cs, Duration::from_secs(3)).await;
+    let s = cs[f].rx.borrow();
+    assert!(s.backend_healthy && s.ready && s.error.is_none());
+    assert_eq!(s.leader_at(Instant::now()), Some(leader.as_str()));
+}
+
+/// Issue 12, item 3: when releasing a term we stopped claiming fails (and so
+/// does the retry before the next campaign), the candidate that then finds
+/// its own old term holding the key releases it instead of following it until
+/// its lease runs out. On the original code it followed itself for ~one TTL.
+#[tokio::test(start_paused = true)]
+async fn a_candidate_releases_its_own_abandoned_term_instead_of_following_it() {
+    let b = MemoryBackend::new();
+    let (a, handle, _) = start_with(&b, cfg("a"), None);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    let first = a.rx.borrow().fencing_token.expect("a leads");
+    a.link.fail_resigns.store(2, Ordering::SeqCst);
+    assert!(handle.resign(Duration::ZERO).await, "was leading");
+    run_for(std::slice::from_ref(&a), TTL / 3).await;
+    let s = a.rx.borrow();
+    assert!(
+        s.is_leader(Instant::now()) && s.fencing_token != Some(first),
+        "a still follows its own abandoned term {first} ({:?})",
+        s.fencing_token
+    );
+}
+
+/// Issue 12, item 4: the last failover's duration is recorded, from the last
+/// backend answer that showed the previous term to the observation of the next.
+#[tokio::test(start_paused = true)]
+async fn the_last_failover_duration_is_recorded() {
+    let b = MemoryBackend::new();
+    let a = start(&b, "a");
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    let metrics = crate::metrics::Metrics::new(prometheus::Registry::new(), "e", "memory").unwrap();
+    let link = Link::new(&b);
+    let (elector, rx) = Elector::new(cfg("b"), link.clone(), Some(metrics.clone()));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(elector.run(stop.clone()));
+    let f = Candidate {
+        link,
+        rx,
+        stop,
+        task,
+    };
+    let cs = vec![a, f];
+    run_for(&cs, Duration::from_secs(2)).await;
+    assert_eq!(metrics.last_failover.get(), 0.0);
+    // a's link is cut: it steps down by valid_until, its lease expires, b leads.
+    cs[0].link.cut.store(true, Ordering::SeqCst);
+    run_for(&cs, TTL * 2).await;
+    assert!(cs[1].rx.borrow().is_leader(Instant::now()));
+    let took = metrics.last_failover.get();
+    // From b's last answer showing a's term (a renew interval at most before
+    // the lease ran out) to b's own term; the in-memory backend reports the
+    // expiry at b's next read (another renew interval at most).
+    assert!(
+        took > 0.0 && took <= 2.0 + cfg("b").call_timeout().as_secs_f64(),
+        "last failover {took} s"
+    );
 }
 
 /// Issue 13: the moment a draining leader stops claiming, the transition is

@@ -28,6 +28,7 @@ fn follower() -> LeaderState {
         stopping: false,
         transitions: 3,
         servers: None,
+        heard_until: None,
     }
 }
 

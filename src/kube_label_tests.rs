@@ -132,6 +132,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         stopping: false,
         transitions: 0,
         servers: None,
+        heard_until: None,
     }
 }
 

@@ -44,6 +44,12 @@ pub struct Metrics {
     pub valid_for: Gauge,
     /// `leader_election_pod_label_patches_total{name}`: successful patches of our Pod's leader label.
     pub label_patches: IntCounter,
+    /// `leader_election_last_failover_seconds{name}`: duration of the last
+    /// failover this candidate observed, in seconds: from the send instant of
+    /// the last backend answer that showed the previous term alive to the
+    /// observation of the next term. Never shorter than the real gap; longer
+    /// by at most one follower check (etcd: a renew interval; Redis: a TTL).
+    pub last_failover: Gauge,
     /// `leader_election_pod_label_failures_total{name,reason}`: failed label patches (`forbidden`, `not_found`, `api_error`, `unreachable`).
     pub label_patch_failures: IntCounterVec,
 }
@@ -115,6 +121,10 @@ impl Metrics {
                 "leader_election_valid_for_seconds",
                 "Seconds until this candidate's leadership validity ends (0 when not leading).",
             ))?,
+            last_failover: Gauge::with_opts(opts(
+                "leader_election_last_failover_seconds",
+                "Seconds from the last backend answer showing the previous term alive to the observation of the next term, for the last change of term.",
+            ))?,
             label_patches: IntCounter::with_opts(opts(
                 "leader_election_pod_label_patches_total",
                 "Successful patches of this Pod's leader label.",
@@ -139,6 +149,7 @@ impl Metrics {
         m.registry.register(Box::new(m.backend_up.clone()))?;
         m.registry.register(Box::new(m.valid_for.clone()))?;
         m.registry.register(Box::new(m.label_patches.clone()))?;
+        m.registry.register(Box::new(m.last_failover.clone()))?;
         m.registry
             .register(Box::new(m.label_patch_failures.clone()))?;
         Ok(Arc::new(m))

@@ -557,6 +557,67 @@ async fn followers_at_rest_send_nothing_and_their_watch_survives() {
     }
 }
 
+/// Issue 12, item 2: a watch opened from a revision etcd has since compacted
+/// (the leader's watch on its own key, reopened from the revision at which a
+/// long term was won) comes back from a revision etcd still has, and still
+/// reports a change of the key at once. On the original code every reopen
+/// failed with "revision compacted" for the rest of the term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_compacted_revision_still_reports_the_change() {
+    use leader_elector::backend::etcd::{EtcdBackend, EtcdOptions};
+    use leader_elector::backend::{Campaign, LeaseBackend};
+    let etcd = Etcd::start().await;
+    let el = election("etcd-compacted-watch");
+    let key = format!("/leader-elector/{el}");
+    let backend = EtcdBackend::new(
+        key.clone(),
+        EtcdOptions {
+            endpoints: vec![etcd.url.clone()],
+            connect_timeout: Duration::from_secs(2),
+            keepalive_interval: Duration::from_secs(2),
+            ..EtcdOptions::default()
+        },
+    );
+    let term = match backend
+        .campaign("a", Duration::from_secs(30), None)
+        .await
+        .expect("campaign")
+    {
+        Campaign::Elected(t) => t,
+        other => panic!("not elected on an empty etcd: {other:?}"),
+    };
+    // A long term: other writes move the revision on, and etcd compacts.
+    let mut client = etcd.client().await;
+    let mut rev = 0;
+    for i in 0..20 {
+        rev = client
+            .put(format!("/other/{i}"), "x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    client.compact(rev, None).await.expect("compact");
+    let watch = backend.watch(&term.holder);
+    tokio::pin!(watch);
+    // Nothing changed the key: the watch must stay open, not fail.
+    if let Ok(r) = tokio::time::timeout(Duration::from_millis(500), &mut watch).await {
+        panic!("the watch ended although the key did not change: {r:?}");
+    }
+    client
+        .delete(key.as_str(), None)
+        .await
+        .expect("delete by hand");
+    let r = tokio::time::timeout(Duration::from_secs(5), &mut watch)
+        .await
+        .expect("the watch did not report the deletion within 5 s");
+    assert!(
+        r.is_ok(),
+        "the watch failed instead of reporting the deletion: {r:?}"
+    );
+}
+
 /// Issue 13: a 1 s lease is granted as 2 s by etcd: the sidecar says so at
 /// start-up with the granted value; and a clean SIGTERM logs no ERROR.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

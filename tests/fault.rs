@@ -15,7 +15,8 @@
 //!
 //! `randomized` runs a seeded schedule of these faults: 30 s by default, or
 //! `FAULT_MINUTES` with `FAULT_LONG=1` (see `scripts/fault-soak`); it prints the
-//! seed first (`FAULT_SEED` replays it) and takes `FAULT_BACKEND=etcd|redis`.
+//! seed first (`FAULT_SEED` replays it) and takes `FAULT_BACKEND=etcd|redis`
+//! (and `FAULT_ONLY=Kind,Kind` to draw only some kinds of fault).
 
 mod support;
 
@@ -41,6 +42,18 @@ const FAILOVER_BOUND: Duration = Duration::from_millis(3000);
 /// README: after an etcd restart (or a Raft leader change) leases get their
 /// full TTL again, so a dead holder can keep the key up to 2 × TTL.
 const RESTART_BOUND: Duration = Duration::from_secs(4);
+/// After a Redis restart (or a new server process behind the address) nobody
+/// is elected for one TTL plus the uptime clock's second, counted from the
+/// restart (server uptime) or from a candidate's first answer from the new
+/// process (its own clock). That first answer comes within a retry period
+/// when the candidate's connections break with the old process, and at the
+/// latest at its next campaign (≤ TTL); so TTL (first contact) + TTL + 1 s +
+/// a retry period + scheduling slack.
+const REDIS_RESTART_BOUND: Duration = Duration::from_millis(2000 + 2000 + 1000 + 500 + 500);
+/// A follower stops vouching for the leader this long into a backend's
+/// silence (`ElectorConfig::silence_bound`: TTL + ⅔ of the renew interval),
+/// plus 20 ms for the signal that starts the silence to be delivered.
+const SILENT_BOUND: Duration = Duration::from_millis(2000 + 333 + 20);
 /// A cut shorter than the safety margin: must not cause a failover.
 const BLIP: Duration = Duration::from_millis(150);
 /// Answers delayed by more than the renew interval.
@@ -524,7 +537,7 @@ async fn backend_down(kind: Kind) {
     let (l, tok) = g.leader("first election").await;
     let bound = match kind {
         Kind::Etcd => RESTART_BOUND,
-        Kind::Redis => FAILOVER_BOUND,
+        Kind::Redis => REDIS_RESTART_BOUND,
     };
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
@@ -864,8 +877,11 @@ async fn etcd_cluster_raft_leader_killed() {
 async fn etcd_cluster_quorum_lost_and_restored() {
     let (mut servers, g) = cluster_group("cluster-quorum").await;
     let (l, tok) = g.leader("first election on the cluster").await;
+    // Issue 12: the remaining member still answers pings, but nothing
+    // trustworthy: every sidecar reports it within the silence bound.
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
+        silent_after: Some(SILENT_BOUND),
         ..Fault::new(
             "2 of 3 members SIGKILLed for 3 x TTL",
             Some(l),
@@ -877,6 +893,7 @@ async fn etcd_cluster_quorum_lost_and_restored() {
     c.kill(0);
     c.kill(1);
     sleep(TTL * 3).await;
+    g.rec.end_silence(f);
     c.restart(0);
     c.restart(1);
     within(
@@ -897,7 +914,225 @@ async fn etcd_cluster_quorum_lost_and_restored() {
         .await;
 }
 
+impl Servers {
+    /// Freeze (SIGSTOP) or thaw (SIGCONT) every server: sockets stay open,
+    /// nothing answers.
+    fn freeze(&self, frozen: bool) {
+        let sig = if frozen {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        match self {
+            Servers::Cluster(c) => (0..c.len()).for_each(|i| c.signal(i, sig)),
+            Servers::Redis(v) => v.iter().for_each(|r| r.signal(sig)),
+        }
+    }
+}
+
+/// Move etcd's revision on with writes to other keys, then compact its whole
+/// history: a watch from any earlier revision can no longer be opened.
+async fn compact(servers: &Servers) {
+    let Servers::Cluster(c) = servers else {
+        unreachable!("compaction is an etcd fault")
+    };
+    let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
+    let mut cl = within(
+        Duration::from_secs(5),
+        "connecting to the etcd cluster",
+        etcd_client::Client::connect(c.urls(), Some(opts)),
+    )
+    .await
+    .expect("connect to the etcd cluster");
+    let mut rev = 0;
+    for i in 0..20 {
+        rev = within(
+            Duration::from_secs(5),
+            "etcd put",
+            cl.put(format!("/other/{i}"), "x", None),
+        )
+        .await
+        .expect("put another key")
+        .header()
+        .map_or(0, |h| h.revision());
+    }
+    within(
+        Duration::from_secs(5),
+        "etcd compact",
+        cl.compact(rev, None),
+    )
+    .await
+    .expect("compact");
+}
+
+/// Issue 12, item 1: the backend freezes (SIGSTOP: TCP stays open, nothing
+/// answers). The leader steps down by its `valid_until`; every follower must
+/// report `error`, `backend_healthy: false` and stop naming the leader within
+/// the silence bound. On the original code followers kept vouching for the
+/// old leader until HTTP/2 keep-alive gave up (~13 s).
+async fn backend_frozen(kind: Kind) {
+    let servers = Servers::single(kind).await;
+    let g = Group::start(&servers, &format!("{}-frozen", kind.name()), ABC).await;
+    let (l, tok) = g.leader("first election").await;
+    sleep(Duration::from_secs(1)).await;
+    let bound = match kind {
+        Kind::Etcd => RESTART_BOUND,
+        Kind::Redis => FAILOVER_BOUND,
+    };
+    let f = g.rec.fault(Fault {
+        ends_term: Some((l, tok)),
+        silent_after: Some(SILENT_BOUND),
+        ..Fault::new(
+            "backend frozen (SIGSTOP) 3 x TTL",
+            Some(l),
+            Expect::CutOff,
+            bound,
+        )
+    });
+    servers.freeze(true);
+    sleep(TTL * 3).await;
+    g.rec.end_silence(f);
+    servers.freeze(false);
+    g.rec.heal(f, true);
+    within(
+        bound + Duration::from_secs(5),
+        "a leader after the backend thawed",
+        g.rec.wait_leader(bound + Duration::from_secs(4)),
+    )
+    .await;
+    sleep(Duration::from_secs(1)).await;
+    g.finish(&format!(
+        "{}: backend frozen (SIGSTOP) 3 x TTL",
+        kind.name()
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_frozen() {
+    backend_frozen(Kind::Etcd).await;
+}
+
+/// Issue 12, item 2: etcd compacts its history during a long term, then the
+/// leader's watch breaks (a reset of its connections shorter than the safety
+/// margin). The watch must come back from a revision etcd still has, so a key
+/// deleted by hand afterwards is noticed by the watch, not by the next
+/// renewal. On the original code every reopen failed ("revision compacted").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_compaction_during_a_term() {
+    let servers = Servers::single(Kind::Etcd).await;
+    let g = Group::start(&servers, "etcd-compaction", ABC).await;
+    let key = key_of(Kind::Etcd, &g.election);
+    let (l, tok) = g.leader("first election").await;
+    sleep(Duration::from_secs(1)).await;
+    let f = g.rec.fault(Fault::new(
+        "compaction, then a 150 ms reset of the leader",
+        Some(l),
+        Expect::Other,
+        FAILOVER_BOUND,
+    ));
+    compact(&servers).await;
+    g.cut(l, Mode::Reset);
+    sleep(BLIP).await;
+    g.cut(l, Mode::Pass);
+    g.rec.heal(f, false);
+    // Renewals reopen the watch.
+    sleep(RENEW * 4).await;
+    let (l2, tok2) = g.leader("the same leader after the blip").await;
+    assert_eq!(
+        (l2, tok2),
+        (l, tok),
+        "a 150 ms reset changed the leader: the scenario needs one long term"
+    );
+    let d = g.rec.fault(Fault {
+        ends_term: Some((l, tok)),
+        ..Fault::new(
+            "key deleted after the compaction",
+            Some(l),
+            Expect::Other,
+            FAILOVER_BOUND,
+        )
+    });
+    tamper(&servers, &key, None).await;
+    within(
+        FAILOVER_BOUND + Duration::from_secs(3),
+        "a new term after the key was deleted",
+        g.rec
+            .wait_new_leader((l, tok), FAILOVER_BOUND + Duration::from_secs(2)),
+    )
+    .await;
+    g.rec.heal(d, false);
+    sleep(Duration::from_millis(500)).await;
+    let log = g.sidecars[l].as_ref().expect("the holder runs").log();
+    assert!(
+        // The original code's watch error ("revision compacted at N").
+        !log.contains("revision compacted at"),
+        "the holder's watch could not come back after the compaction:\n{}",
+        tail(&log, 30)
+    );
+    assert!(
+        log.contains("key deleted or overwritten"),
+        "the holder learned of the delete from a renewal, not from its watch:\n{}",
+        tail(&log, 30)
+    );
+    g.finish("etcd: compaction during a term, then the key deleted by hand")
+        .await;
+}
+
 // ----------------------------------------------------------- Redis scenarios
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen() {
+    backend_frozen(Kind::Redis).await;
+}
+
+/// Wait until the wall clock is `frac` into a second.
+async fn until_wall_fraction(frac: f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    sleep(Duration::from_secs_f64(
+        (frac - now.fract()).rem_euclid(1.0),
+    ))
+    .await;
+}
+
+/// Issue 12, item 5: the leader is cut off (a partition), and Redis restarts
+/// empty late in a wall-clock second, when `uptime_in_seconds` runs up to a
+/// second ahead of real uptime. Nobody may be elected on the emptied server
+/// before the cut-off leader's term has run out on its own clock. On the
+/// original code a follower led 400-700 ms before the old leader stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_while_the_leader_is_cut_off() {
+    let mut servers = Servers::Redis(vec![own_redis(&[]).await]);
+    let g = Group::start(&servers, "redis-amnesia-cut", ABC).await;
+    for round in 0..3 {
+        let (l, tok) = g.leader("a leader before the cut").await;
+        until_wall_fraction(0.85).await;
+        let f = g.rec.fault(Fault {
+            ends_term: Some((l, tok)),
+            ..Fault::new(
+                &format!("leader cut off, Redis restarted empty #{round}"),
+                Some(l),
+                Expect::CutOff,
+                REDIS_RESTART_BOUND,
+            )
+        });
+        g.cut(l, Mode::Blackhole);
+        let Servers::Redis(v) = &mut servers else {
+            unreachable!()
+        };
+        restart_redis(&mut v[0]).await;
+        sleep(TTL * 2).await;
+        g.cut(l, Mode::Pass);
+        g.rec.heal(f, false);
+        sleep(Duration::from_secs(1)).await;
+    }
+    g.leader("a leader at the end").await;
+    g.finish("redis: restarted empty while the leader is cut off (3 times)")
+        .await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_sigkill_leader() {
@@ -1028,7 +1263,7 @@ async fn redlock_loses_one_server_then_two() {
             "2 of 3 servers down for 2 x TTL",
             Some(l),
             Expect::CutOff,
-            FAILOVER_BOUND,
+            REDIS_RESTART_BOUND,
         )
     });
     v[1].stop();
@@ -1037,9 +1272,10 @@ async fn redlock_loses_one_server_then_two() {
     restart_redis(&mut v[1]).await;
     g.rec.heal(two, true);
     within(
-        FAILOVER_BOUND + Duration::from_secs(5),
+        REDIS_RESTART_BOUND + Duration::from_secs(5),
         "a leader after the servers came back",
-        g.rec.wait_leader(FAILOVER_BOUND + Duration::from_secs(4)),
+        g.rec
+            .wait_leader(REDIS_RESTART_BOUND + Duration::from_secs(4)),
     )
     .await;
     sleep(Duration::from_secs(1)).await;
@@ -1073,7 +1309,7 @@ async fn redis_restarted_without_persistence() {
                 &format!("restart without persistence #{round}"),
                 Some(l),
                 Expect::Other,
-                FAILOVER_BOUND,
+                REDIS_RESTART_BOUND,
             )
         });
         let Servers::Redis(v) = &mut servers else {
@@ -1281,6 +1517,21 @@ impl Servers {
         }
     }
 
+    /// Redis: forget everything on server `i` (a restart without persistence
+    /// after [`Servers::kill`] and [`Servers::revive`]).
+    async fn flush(&self, i: usize) {
+        if let Servers::Redis(v) = self {
+            let mut c = within(Duration::from_secs(5), "connecting to redis", v[i].conn()).await;
+            within(
+                Duration::from_secs(5),
+                "FLUSHALL",
+                redis::cmd("FLUSHALL").arg("SYNC").query_async::<()>(&mut c),
+            )
+            .await
+            .expect("FLUSHALL");
+        }
+    }
+
     async fn wait_healthy(&mut self) {
         if let Servers::Cluster(c) = self {
             within(
@@ -1304,6 +1555,70 @@ impl Servers {
     }
 }
 
+/// Redis: start a replica of server `i`, let it copy, cut replication (it
+/// lags from here on, and has lost the election key's last writes), wait
+/// `lag`, then kill server `i` and send every sidecar's connections for it to
+/// the replica.
+async fn promote_replica(servers: &mut Servers, g: &mut Group, i: usize, key: &str, lag: Duration) {
+    let Servers::Redis(v) = servers else {
+        unreachable!("replica promotion is a Redis fault")
+    };
+    let replica = own_redis(DURABLE).await;
+    let mut c = within(
+        Duration::from_secs(5),
+        "connecting to the replica",
+        replica.conn(),
+    )
+    .await;
+    within(
+        Duration::from_secs(5),
+        "REPLICAOF",
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(v[i].port)
+            .query_async::<()>(&mut c),
+    )
+    .await
+    .expect("REPLICAOF");
+    wait_for(Duration::from_secs(10), "the replica to sync", || {
+        let mut c = c.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            info.contains("master_link_status:up")
+        }
+    })
+    .await;
+    within(
+        Duration::from_secs(5),
+        "REPLICAOF NO ONE",
+        redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async::<()>(&mut c),
+    )
+    .await
+    .expect("REPLICAOF NO ONE");
+    within(
+        Duration::from_secs(5),
+        "DEL on the replica",
+        redis::cmd("DEL").arg(key).query_async::<()>(&mut c),
+    )
+    .await
+    .expect("DEL on the replica");
+    sleep(lag).await;
+    v[i].stop();
+    let to = support::proxy::addr_of(&replica.url);
+    for slot in 0..g.proxies.len() {
+        g.proxies[slot][i].redirect(to).await;
+    }
+    g.upstream[i] = replica.url.clone();
+    v[i] = replica;
+}
+
 /// The faults of the randomized schedule. Redis DEL by hand is left out: the
 /// README documents that it lets a follower lead before the holder's next
 /// renewal (see `redis_key_deleted`), so it would only repeat that finding.
@@ -1321,6 +1636,15 @@ enum Chaos {
     QuorumLost,
     KeyDeleted,
     KeyOverwritten,
+    /// Every server SIGSTOPped (sockets open, nothing answers).
+    BackendFrozen,
+    /// etcd: history compacted during a term, the leader's watch broken by a
+    /// short reset, then the key deleted by hand.
+    Compaction,
+    /// Redis: the leader cut off while every server restarts empty.
+    AmnesiaWhileCutOff,
+    /// Redis: a lagging replica of one server promoted in its place.
+    ReplicaPromoted,
 }
 
 fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
@@ -1364,7 +1688,7 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
     let key = key_of(kind, &g.election);
     let restart_bound = match kind {
         Kind::Etcd => RESTART_BOUND,
-        Kind::Redis => FAILOVER_BOUND,
+        Kind::Redis => REDIS_RESTART_BOUND,
     };
     let mut menu = vec![
         Chaos::KillLeader,
@@ -1378,11 +1702,24 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
         Chaos::BackendDown,
         Chaos::KeyOverwritten,
     ];
+    menu.push(Chaos::BackendFrozen);
     if kind == Kind::Etcd {
-        menu.push(Chaos::KeyDeleted);
+        menu.extend([Chaos::KeyDeleted, Chaos::Compaction]);
+    } else {
+        menu.extend([Chaos::AmnesiaWhileCutOff, Chaos::ReplicaPromoted]);
     }
     if servers.count() == 3 {
         menu.extend([Chaos::ServerDown, Chaos::ServerDown, Chaos::QuorumLost]);
+    }
+    // FAULT_ONLY=BackendFrozen,Compaction: draw only these kinds (to soak one).
+    if let Ok(only) = std::env::var("FAULT_ONLY") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        menu.retain(|c| only.contains(&format!("{c:?}").as_str()));
+        assert!(
+            !menu.is_empty(),
+            "FAULT_ONLY={only:?} leaves no fault for {}",
+            kind.name()
+        );
     }
     let end = Instant::now() + duration;
     let mut n = 0;
@@ -1564,22 +1901,110 @@ async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
             Chaos::QuorumLost => {
                 let i = rng.random_range(0..3);
                 let d = ms_between(&mut rng, 500, 6000);
-                let f = g.rec.fault(Fault::new(
-                    &label(format!(
-                        "servers {i},{} down {} ms",
-                        (i + 1) % 3,
-                        d.as_millis()
-                    )),
-                    Some(l),
-                    Expect::CutOff,
-                    restart_bound,
-                ));
+                let f = g.rec.fault(Fault {
+                    silent_after: Some(SILENT_BOUND),
+                    ..Fault::new(
+                        &label(format!(
+                            "servers {i},{} down {} ms",
+                            (i + 1) % 3,
+                            d.as_millis()
+                        )),
+                        Some(l),
+                        Expect::CutOff,
+                        restart_bound,
+                    )
+                });
                 servers.kill(i);
                 servers.kill((i + 1) % 3);
                 sleep(d).await;
+                g.rec.end_silence(f);
                 servers.revive(i).await;
                 servers.revive((i + 1) % 3).await;
                 servers.wait_healthy().await;
+                g.rec.heal(f, true);
+            }
+            Chaos::BackendFrozen => {
+                let d = ms_between(&mut rng, 300, 6000);
+                let f = g.rec.fault(Fault {
+                    ends_term: (d > TTL).then_some((l, tok)),
+                    silent_after: Some(SILENT_BOUND),
+                    ..Fault::new(
+                        &label(format!("all servers frozen {} ms", d.as_millis())),
+                        Some(l),
+                        Expect::CutOff,
+                        restart_bound,
+                    )
+                });
+                servers.freeze(true);
+                sleep(d).await;
+                g.rec.end_silence(f);
+                servers.freeze(false);
+                g.rec.heal(f, true);
+            }
+            Chaos::Compaction => {
+                let f = g.rec.fault(Fault::new(
+                    &label("compaction, then a 150 ms reset of the leader".into()),
+                    Some(l),
+                    Expect::Other,
+                    FAILOVER_BOUND,
+                ));
+                compact(&servers).await;
+                g.cut(l, Mode::Reset);
+                sleep(BLIP).await;
+                g.cut(l, Mode::Pass);
+                g.rec.heal(f, false);
+                // Renewals reopen the leader's watch; then the key goes.
+                sleep(RENEW * 4).await;
+                if let Some((l, tok)) = g.rec.leader_now(Instant::now() - RENEW) {
+                    g.rec.fault(Fault {
+                        ends_term: Some((l, tok)),
+                        ..Fault::new(
+                            &label(format!("key of {} deleted after the compaction", g.id(l))),
+                            Some(l),
+                            Expect::Other,
+                            FAILOVER_BOUND,
+                        )
+                    });
+                    tamper(&servers, &key, None).await;
+                }
+            }
+            Chaos::AmnesiaWhileCutOff => {
+                until_wall_fraction(0.85).await;
+                let f = g.rec.fault(Fault {
+                    ends_term: Some((l, tok)),
+                    ..Fault::new(
+                        &label(format!("{} cut off, every server restarted empty", g.id(l))),
+                        Some(l),
+                        Expect::CutOff,
+                        REDIS_RESTART_BOUND,
+                    )
+                });
+                g.cut(l, Mode::Blackhole);
+                for i in 0..servers.count() {
+                    servers.flush(i).await;
+                    servers.kill(i);
+                    servers.revive(i).await;
+                }
+                sleep(TTL + ms_between(&mut rng, 0, 2000)).await;
+                g.cut(l, Mode::Pass);
+                g.rec.heal(f, false);
+            }
+            Chaos::ReplicaPromoted => {
+                let i = rng.random_range(0..servers.count());
+                let lag = ms_between(&mut rng, 0, 2000);
+                let f = g.rec.fault(Fault {
+                    ends_term: (servers.count() == 1).then_some((l, tok)),
+                    ..Fault::new(
+                        &label(format!(
+                            "a replica of server {i}, {} ms behind and without the key, promoted",
+                            lag.as_millis()
+                        )),
+                        Some(l),
+                        Expect::Other,
+                        REDIS_RESTART_BOUND,
+                    )
+                });
+                promote_replica(&mut servers, &mut g, i, &key, lag).await;
                 g.rec.heal(f, true);
             }
             Chaos::KeyDeleted => {

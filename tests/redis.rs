@@ -321,3 +321,317 @@ async fn an_even_number_of_redlock_servers_warns_about_the_quorum() {
         s.log()
     );
 }
+
+// ------------------------------------------------ the backend at its edges
+//
+// Issue 12: the Redis guards at the edges of their clocks, and one token per
+// Redlock term. These drive the library's backend directly, so each step is
+// one campaign whose answer can be checked.
+
+use std::sync::Arc;
+
+use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+use leader_elector::backend::{BackendError, Campaign, LeaseBackend, Term};
+
+fn backend_on(urls: &[String], election: &str) -> Arc<RedisBackend> {
+    RedisBackend::new(
+        "leader-elector:",
+        election,
+        RedisOptions {
+            urls: urls.to_vec(),
+            per_server_timeout: Duration::from_millis(500),
+            ..RedisOptions::default()
+        },
+    )
+    .expect("a Redis backend")
+}
+
+fn counter_key(election: &str) -> String {
+    format!("leader-elector:{{{election}}}:fencing")
+}
+
+fn election_key(election: &str) -> String {
+    format!("leader-elector:{{{election}}}")
+}
+
+async fn campaign(b: &RedisBackend, id: &str, ttl: Duration) -> Result<Campaign, BackendError> {
+    tokio::time::timeout(Duration::from_secs(5), b.campaign(id, ttl, None))
+        .await
+        .expect("a campaign hung for 5 s")
+}
+
+/// Campaign every 20 ms until elected (a fresh server keeps candidates out for
+/// one TTL plus a second); panics after `limit`.
+async fn elect(b: &RedisBackend, id: &str, ttl: Duration, limit: Duration) -> Term {
+    let end = Instant::now() + limit;
+    loop {
+        match campaign(b, id, ttl).await {
+            Ok(Campaign::Elected(t)) => return t,
+            Ok(_) => {}
+            Err(e) => panic!("campaign of {id} failed: {}", e.report()),
+        }
+        assert!(Instant::now() < end, "{id} not elected within {limit:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn set(server: &RedisServer, key: &str, value: &str) {
+    let mut c = server.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query_async(&mut c)
+        .await
+        .expect("SET by hand");
+}
+
+async fn get(server: &RedisServer, key: &str) -> Option<String> {
+    let mut c = server.conn().await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("GET by hand")
+}
+
+/// A counter that went back (a lagging replica promoted, a restore from an old
+/// backup) must not hand out a token an earlier term had: the next token is
+/// max(counter + 1, server time in ms). On the original code the next token
+/// was the old counter + 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_when_the_counter_goes_back() {
+    let redis = RedisServer::start().await;
+    let el = election("redis-counter-back");
+    let ttl = Duration::from_secs(1);
+    let a = backend_on(std::slice::from_ref(&redis.url), &el);
+    let first = elect(&a, "a", ttl, Duration::from_secs(10)).await;
+    a.resign(&first).await.expect("resign");
+    // The counter now holds what a replica that stopped replicating long ago has.
+    set(&redis, &counter_key(&el), "5").await;
+    let b = backend_on(std::slice::from_ref(&redis.url), &el);
+    let second = elect(&b, "b", ttl, Duration::from_secs(5)).await;
+    assert!(
+        second.holder.fencing_token > first.holder.fencing_token,
+        "token {} after token {}: a counter that went back reused tokens",
+        second.holder.fencing_token,
+        first.holder.fencing_token
+    );
+}
+
+/// Issue 11 defect 5, election side: a fencing counter that is not a
+/// non-negative integer is refused and reported (reason `fencing_counter`),
+/// nothing is taken, and it is never wrapped from signed to unsigned. On the
+/// original code `-10` gave a term with token 18446744073709551607.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_counter_that_is_not_a_non_negative_integer_is_refused() {
+    let redis = RedisServer::start().await;
+    let el = election("redis-bad-counter");
+    let ttl = Duration::from_secs(1);
+    let a = backend_on(std::slice::from_ref(&redis.url), &el);
+    let t = elect(&a, "a", ttl, Duration::from_secs(10)).await;
+    a.resign(&t).await.expect("resign");
+    for bad in ["-10", "1.5", "abc", "12345678901234567890"] {
+        set(&redis, &counter_key(&el), bad).await;
+        match campaign(&a, "a", ttl).await {
+            Err(e) => {
+                assert_eq!(e.reason(), "fencing_counter", "{bad}: {}", e.report());
+                assert!(e.report().contains(bad), "{bad}: {}", e.report());
+            }
+            Ok(other) => panic!("counter {bad:?} was not refused: {other:?}"),
+        }
+        assert_eq!(
+            get(&redis, &election_key(&el)).await,
+            None,
+            "counter {bad:?}: the key was taken"
+        );
+    }
+    // A counter fixed by hand is accepted again.
+    set(&redis, &counter_key(&el), "42").await;
+    let t = elect(&a, "a", ttl, Duration::from_secs(2)).await;
+    assert!(t.holder.fencing_token > 42);
+}
+
+/// Redlock: every observer reads the same token for one term, the leader's
+/// (the largest counter of its quorum), whichever servers it reads. On the
+/// original code a follower read the first server's own counter value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_followers_read_the_leaders_token_for_the_term() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(RedisServer::start().await);
+    }
+    let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
+    let el = election("redlock-one-token");
+    // Counters that disagree (servers that took part in different terms),
+    // all ahead of the clock so the counters decide; the largest is last.
+    for (s, c) in servers
+        .iter()
+        .zip(["5000000000000", "6000000000000", "7000000000000"])
+    {
+        set(s, &counter_key(&el), c).await;
+    }
+    let ttl = Duration::from_secs(2);
+    let leader = backend_on(&urls, &el);
+    let term = elect(&leader, "a", ttl, Duration::from_secs(10)).await;
+    assert_eq!(term.holder.fencing_token, 7_000_000_000_001);
+    let follower = backend_on(&urls, &el);
+    for _ in 0..5 {
+        match campaign(&follower, "b", ttl).await.expect("campaign") {
+            Campaign::Following(h) => {
+                assert_eq!(h.identity, "a");
+                assert_eq!(
+                    h.fencing_token, term.holder.fencing_token,
+                    "a follower reads another token than the leader's"
+                );
+            }
+            other => panic!("b should follow a: {other:?}"),
+        }
+        let read = follower.read().await.expect("read").expect("a holder");
+        assert_eq!(read.fencing_token, term.holder.fencing_token);
+    }
+    for s in &servers {
+        let v = get(s, &election_key(&el))
+            .await
+            .expect("the key on every server");
+        assert!(
+            v.contains(&format!("|{}|", term.holder.fencing_token)),
+            "{v}: a copy of the key carries another token"
+        );
+    }
+}
+
+/// Wait until the wall clock is `frac` into a second.
+async fn until_wall_fraction(frac: f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let wait = (frac - now.fract()).rem_euclid(1.0);
+    sleep(Duration::from_secs_f64(wait)).await;
+}
+
+/// Redis counts `uptime_in_seconds` in whole wall-clock seconds: started late
+/// in a second, it reads N after N - 1 s and a little. The guard against a
+/// restart that forgot a live term must hold a full TTL of real time, so it
+/// demands one second more. On the original code a candidate was elected on
+/// a server restarted at .9 of a wall second about 0.9 s before a TTL had passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_elects_nobody_before_a_full_ttl_of_real_time() {
+    let mut redis = RedisServer::start().await;
+    let el = election("redis-uptime-edge");
+    let ttl = Duration::from_secs(2);
+    for round in 0..2 {
+        until_wall_fraction(0.9).await;
+        // Measured from before the restart: never shorter than the server's uptime.
+        let before = Instant::now();
+        redis.restart().await;
+        // A candidate that never saw the old server relies on the uptime guard alone.
+        let b = backend_on(&[redis.url.clone()], &format!("{el}-{round}"));
+        elect(&b, "b", ttl, Duration::from_secs(10)).await;
+        let took = before.elapsed();
+        eprintln!("round {round}: elected {took:?} after the restart began");
+        assert!(
+            took >= ttl,
+            "elected {took:?} after a restart, before one TTL ({ttl:?}) of real uptime"
+        );
+    }
+}
+
+/// Replica promoted (or any new server process behind the same address): a
+/// candidate that saw the previous process keeps out of the new one for one
+/// TTL plus a second on its own clock, whatever the new server's uptime and
+/// counter say. So the old leader's term (which the new server never heard
+/// of) runs out before anyone is elected there, and the next token is larger
+/// than every token the old server gave. On the original code the follower was
+/// elected at once, with a token the old server had already handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token() {
+    use support::proxy::Proxy;
+    let primary = RedisServer::start().await;
+    let replica = RedisServer::start().await;
+    let el = election("redis-promoted");
+    let ttl = Duration::from_secs(2);
+    // The replica copies the primary, then stops (it lags from here on).
+    {
+        let mut c = replica.conn().await;
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(primary.port)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let proxy = Proxy::to_url(&primary.url).await;
+    let url = proxy.url_for(&primary.url);
+    let a = backend_on(std::slice::from_ref(&url), &el);
+    let b = backend_on(std::slice::from_ref(&url), &el);
+    let t1 = elect(&a, "a", ttl, Duration::from_secs(10)).await;
+    // Let the replica copy the counter, then cut replication.
+    wait_for(
+        Duration::from_secs(5),
+        "the replica to copy the counter",
+        || {
+            let r = &replica;
+            let k = counter_key(&el);
+            async move { get(r, &k).await.is_some() }
+        },
+    )
+    .await;
+    {
+        let mut c = replica.conn().await;
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(election_key(&el))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    // More terms on the primary: its counter moves on, the replica's does not.
+    a.resign(&t1).await.unwrap();
+    let t2 = elect(&b, "b", ttl, Duration::from_secs(2)).await;
+    b.resign(&t2).await.unwrap();
+    let t3 = elect(&a, "a", ttl, Duration::from_secs(2)).await;
+    assert!(matches!(
+        campaign(&b, "b", ttl).await.unwrap(),
+        Campaign::Following(_)
+    ));
+    // Failover: the address now leads to the replica, promoted; a still
+    // believes in t3 for up to a TTL.
+    let promoted = Instant::now();
+    proxy.redirect(support::proxy::addr_of(&replica.url)).await;
+    let mut first_elected = None;
+    while first_elected.is_none() {
+        if let Ok(Campaign::Elected(t)) = campaign(&b, "b", ttl).await {
+            first_elected = Some(t);
+        }
+        assert!(
+            promoted.elapsed() < Duration::from_secs(10),
+            "b never elected on the promoted replica"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let t4 = first_elected.unwrap();
+    let took = promoted.elapsed();
+    eprintln!(
+        "tokens {} {} {} then {} on the promoted replica after {took:?}",
+        t1.holder.fencing_token,
+        t2.holder.fencing_token,
+        t3.holder.fencing_token,
+        t4.holder.fencing_token
+    );
+    assert!(
+        took >= ttl,
+        "elected on the promoted replica {took:?} after the failover, while the old term could still run"
+    );
+    assert!(
+        t4.holder.fencing_token > t3.holder.fencing_token,
+        "token {} on the promoted replica after {}: reused",
+        t4.holder.fencing_token,
+        t3.holder.fencing_token
+    );
+}

@@ -26,6 +26,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::Mutex;
+use tracing::debug;
 
 use super::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, is_tls_error,
@@ -437,44 +438,66 @@ impl LeaseBackend for EtcdBackend {
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let mut client = self.client().await?;
-        let opts = WatchOptions::new().with_start_revision(seen.revision + 1);
-        let mut stream = client
-            .watch(self.key.clone(), Some(opts))
-            .await
-            .map_err(|e| self.classify(e, false))?;
         let seen_lease = lease_of(&seen.term_id);
+        let mut from = seen.revision + 1;
         loop {
-            let msg = stream
-                .message()
+            let opts = WatchOptions::new().with_start_revision(from);
+            let mut stream = client
+                .watch(self.key.clone(), Some(opts))
                 .await
                 .map_err(|e| self.classify(e, false))?;
-            let Some(msg) = msg else {
-                return Err(BackendError::WatchEnded {
-                    backend: BACKEND,
-                    reason: "stream closed".into(),
-                });
-            };
-            if msg.canceled() {
-                let reason = if msg.compact_revision() > 0 {
-                    format!("revision compacted at {}", msg.compact_revision())
-                } else {
-                    format!("cancelled: {}", msg.cancel_reason())
+            let compacted = loop {
+                let msg = stream
+                    .message()
+                    .await
+                    .map_err(|e| self.classify(e, false))?;
+                let Some(msg) = msg else {
+                    return Err(BackendError::WatchEnded {
+                        backend: BACKEND,
+                        reason: "stream closed".into(),
+                    });
                 };
-                return Err(BackendError::WatchEnded {
-                    backend: BACKEND,
-                    reason,
-                });
-            }
-            for event in msg.events() {
-                match event.event_type() {
-                    EventType::Delete => return Ok(()),
-                    EventType::Put => {
-                        let lease = event.kv().map_or(0, |kv| kv.lease());
-                        if lease != seen_lease || seen_lease == 0 {
-                            return Ok(());
+                if msg.canceled() {
+                    if msg.compact_revision() > 0 {
+                        break msg.compact_revision();
+                    }
+                    return Err(BackendError::WatchEnded {
+                        backend: BACKEND,
+                        reason: format!("cancelled: {}", msg.cancel_reason()),
+                    });
+                }
+                for event in msg.events() {
+                    match event.event_type() {
+                        EventType::Delete => return Ok(()),
+                        EventType::Put => {
+                            let lease = event.kv().map_or(0, |kv| kv.lease());
+                            if lease != seen_lease || seen_lease == 0 {
+                                return Ok(());
+                            }
                         }
                     }
                 }
+            };
+            // etcd compacted the history we asked for (a long term outlives
+            // the compaction window). The events we missed no longer exist;
+            // what matters is whether the key still belongs to the same term.
+            // Read it, and watch again from the revision of that read, which
+            // etcd still has.
+            let resp = client
+                .get(self.key.clone(), None)
+                .await
+                .map_err(|e| self.classify(e, false))?;
+            let revision = resp.header().map_or(0, |h| h.revision());
+            match resp.kvs().first() {
+                Some(kv) if seen_lease != 0 && kv.lease() == seen_lease => {
+                    debug!(
+                        compacted,
+                        revision,
+                        "watch history compacted; watching again from the current revision"
+                    );
+                    from = revision + 1;
+                }
+                _ => return Ok(()),
             }
         }
     }

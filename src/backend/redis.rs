@@ -42,25 +42,46 @@ use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, R
 const BACKEND: &str = "redis";
 
 const ACQUIRE: &str = r"
+-- ARGV: 1 term token, 2 identity, 3 TTL in ms, 4 the run_id this candidate
+-- last saw on this server ('' if none), 5 '1' while this candidate keeps out
+-- of a server it saw restart less than a TTL ago (on its own clock).
+-- Every answer ends with this server's run_id.
+local info = redis.call('INFO', 'server')
+local run = string.match(info, 'run_id:(%x+)') or ''
 local current = redis.call('GET', KEYS[1])
 if current then
-  return {0, current, redis.call('PTTL', KEYS[1])}
+  return {0, current, redis.call('PTTL', KEYS[1]), run}
+end
+local ttl = tonumber(ARGV[3])
+-- A server that restarted (or was replaced, e.g. a replica promoted) since
+-- this candidate last saw it may have forgotten a live term.
+if ARGV[5] == '1' or (ARGV[4] ~= '' and ARGV[4] ~= run) then
+  return {3, ttl + 1000, run}
 end
 -- A server up for less than one TTL may have restarted without persistence
--- and forgotten a live term: keep out of it until a full TTL has passed.
-local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-if up and up * 1000 < tonumber(ARGV[3]) then
-  return {3, tonumber(ARGV[3]) - up * 1000}
+-- and forgotten a live term. uptime_in_seconds counts whole wall-clock
+-- seconds and reads N after as little as N - 1 s: demand one more second.
+local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+if up and up * 1000 < ttl + 1000 then
+  return {3, ttl + 1000 - up * 1000, run}
 end
--- A missing counter starts at the server's clock in ms, so fencing tokens
--- keep growing even when a restart without persistence forgot the counter.
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+-- The fencing counter must be a non-negative integer that a Lua number holds
+-- exactly (at most 15 digits); anything else was written by someone else and
+-- is refused, never wrapped or rounded.
+local c = redis.call('GET', KEYS[2])
+if c and (not string.match(c, '^%d+$') or string.len(c) > 15) then
+  return {4, c, run}
 end
-local fencing = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. fencing .. '|' .. ARGV[2], 'PX', ARGV[3])
-return {1, fencing}
+-- Tokens only grow: the next token is max(counter + 1, server clock in ms),
+-- so a counter that went back (a lagging replica promoted, a restart without
+-- persistence) does not hand out a token an earlier term had.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fencing = math.max((tonumber(c) or 0) + 1, now)
+local f = string.format('%.0f', fencing)
+redis.call('SET', KEYS[2], f)
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
+return {1, f, run}
 ";
 
 const RENEW: &str = r"
@@ -79,11 +100,19 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
-/// Raise the fencing counter to at least ARGV[1] (Redlock, after a win), so
-/// the next quorum, which shares a server with this one, counts past it.
+/// Redlock, after a win: raise the fencing counter to at least ARGV[1], so
+/// the next quorum (which shares a server with this one) counts past it, and
+/// write the term's token into our value where we hold the key, so every
+/// observer reads the same token for the term. A counter that is not a
+/// non-negative integer is left alone and reported (-1).
 const RAISE: &str = r"
-local c = tonumber(redis.call('GET', KEYS[1]) or '0')
-if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+local c = redis.call('GET', KEYS[2])
+if c and (not string.match(c, '^%d+$') or string.len(c) > 15) then return -1 end
+if tonumber(c or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[2], ARGV[1]) end
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, string.len(ARGV[2]) + 1) == ARGV[2] .. '|' then
+  redis.call('SET', KEYS[1], ARGV[3], 'XX', 'KEEPTTL')
+end
 return 1
 ";
 
@@ -187,15 +216,67 @@ struct Server {
     conn: Mutex<Option<MultiplexedConnection>>,
     pubsub: Mutex<Option<PubSub>>,
     checked_config: std::sync::atomic::AtomicBool,
+    /// The server process this candidate last saw (its `run_id`), and until
+    /// when (on our monotonic clock) it keeps out of a server it saw restart.
+    run: std::sync::Mutex<RunSeen>,
+}
+
+/// What this candidate knows of one server's process.
+#[derive(Default)]
+struct RunSeen {
+    /// `run_id` of the process that last answered; `None` before the first answer.
+    id: Option<String>,
+    /// No campaign on this server before this instant: it restarted (or was
+    /// replaced) while we watched, so a term it forgot may still be running.
+    hold_until: Option<Instant>,
 }
 
 /// What one server answered to the campaign script.
+#[derive(Debug, PartialEq, Eq)]
 enum Answer {
     Acquired(u64),
     Held(String, i64),
-    /// The server is younger than one TTL (maybe restarted without
-    /// persistence); try again after this many milliseconds.
+    /// The server is younger than one TTL plus a second, or restarted while we
+    /// watched (maybe without persistence); try again after this many milliseconds.
     Fresh(i64),
+}
+
+/// Refusal of a fencing counter that is not a non-negative integer.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most 15 digits"
+)]
+pub struct BadCounter {
+    /// The counter key.
+    pub key: String,
+    /// What it holds.
+    pub value: String,
+}
+
+/// The integer in a script answer (an integer reply, or a bulk string of digits).
+fn uint_of(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The holder of the term seen on at least `quorum` of `held`, with the
+/// largest fencing token among those copies (the leader's token: Redlock
+/// writes it into every copy it can, and any quorum of copies includes one)
+/// and the earliest expiry. `None` when no term has a quorum.
+fn quorum_holder(held: &[Holder], quorum: usize) -> Option<Holder> {
+    for h in held {
+        let same: Vec<&Holder> = held.iter().filter(|o| o.term_id == h.term_id).collect();
+        if same.len() >= quorum {
+            let mut holder = h.clone();
+            holder.fencing_token = same.iter().map(|o| o.fencing_token).max().unwrap_or(0);
+            holder.expires_in = same.iter().filter_map(|o| o.expires_in).min();
+            return Some(holder);
+        }
+    }
+    None
 }
 
 /// The Redis [`LeaseBackend`] for one election, over one server or a Redlock group.
@@ -288,6 +369,7 @@ impl RedisBackend {
                 conn: Mutex::new(None),
                 pubsub: Mutex::new(None),
                 checked_config: std::sync::atomic::AtomicBool::new(false),
+                run: std::sync::Mutex::new(RunSeen::default()),
             });
         }
         if servers.is_empty() {
@@ -545,10 +627,22 @@ impl RedisBackend {
         server: &Server,
         token: &str,
         identity: &str,
-        ttl_ms: &str,
+        ttl: Duration,
     ) -> Result<Answer> {
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let (known, holding) = {
+            let seen = server.run.lock().expect("run lock");
+            let holding = seen.hold_until.is_some_and(|t| Instant::now() < t);
+            (seen.id.clone().unwrap_or_default(), holding)
+        };
+        let hold = if holding { "1" } else { "0" };
         let v = self
-            .run_on(server, &self.acquire, &[token, identity, ttl_ms], true)
+            .run_on(
+                server,
+                &self.acquire,
+                &[token, identity, &ttl_ms, &known, hold],
+                true,
+            )
             .await?;
         let bad = || BackendError::Server {
             backend: BACKEND,
@@ -557,13 +651,43 @@ impl RedisBackend {
         let Value::Array(items) = &v else {
             return Err(bad());
         };
+        let run = match items.last() {
+            Some(Value::BulkString(r)) => String::from_utf8_lossy(r).into_owned(),
+            _ => return Err(bad()),
+        };
+        // A new server process behind the same address: keep out of it for
+        // one TTL (plus the uptime clock's second) on our own clock, whatever
+        // its wall clock says.
+        let hold_until = {
+            let mut seen = server.run.lock().expect("run lock");
+            if seen.id.as_deref().is_some_and(|k| k != run) {
+                warn!(server = %server.label, run_id = %run, "the Redis server restarted or was replaced: no campaign on it for one lease duration");
+                seen.hold_until = Some(Instant::now() + ttl + Duration::from_secs(1));
+            }
+            seen.id = Some(run);
+            seen.hold_until
+        };
         match items.as_slice() {
-            [Value::Int(1), Value::Int(fencing)] => Ok(Answer::Acquired(*fencing as u64)),
-            [Value::Int(0), Value::BulkString(value), Value::Int(pttl)] => Ok(Answer::Held(
+            [Value::Int(1), f, _] => uint_of(f).map(Answer::Acquired).ok_or_else(bad),
+            [Value::Int(0), Value::BulkString(value), Value::Int(pttl), _] => Ok(Answer::Held(
                 String::from_utf8_lossy(value).into_owned(),
                 *pttl,
             )),
-            [Value::Int(3), Value::Int(wait)] => Ok(Answer::Fresh(*wait)),
+            [Value::Int(3), Value::Int(wait), _] => {
+                let own = hold_until.map_or(0, |t| {
+                    t.saturating_duration_since(Instant::now()).as_millis() as i64
+                });
+                // Our own hold-off, if any, else the server's uptime wait.
+                Ok(Answer::Fresh(if own > 0 { own } else { *wait }))
+            }
+            [Value::Int(4), Value::BulkString(value), _] => Err(BackendError::Rejected {
+                backend: BACKEND,
+                code: "fencing_counter",
+                source: Box::new(BadCounter {
+                    key: self.counter_key.clone(),
+                    value: String::from_utf8_lossy(value).into_owned(),
+                }),
+            }),
             _ => Err(bad()),
         }
     }
@@ -634,11 +758,10 @@ impl LeaseBackend for RedisBackend {
         self.ensure_subscribed().await;
         let start = Instant::now();
         let token = new_token();
-        let ttl_ms = ttl.as_millis().max(1).to_string();
         let answers = join_all(
             self.servers
                 .iter()
-                .map(|s| self.acquire_on(s, &token, identity, &ttl_ms)),
+                .map(|s| self.acquire_on(s, &token, identity, ttl)),
         )
         .await;
         let n = self.servers.len();
@@ -667,22 +790,26 @@ impl LeaseBackend for RedisBackend {
         if acquired.len() >= self.quorum && !validity.is_zero() {
             let fencing = acquired.iter().map(|(_, f)| *f).max().unwrap_or(0);
             // Redlock: raise every server's counter to this token before
-            // claiming, so the next quorum (sharing a server) counts past it.
+            // claiming, so the next quorum (sharing a server) counts past it,
+            // and write the token into our copies of the key, so followers
+            // read the leader's token whichever servers they ask.
             let raised = if n > 1 {
                 let token_s = fencing.to_string();
+                let value = format!("{token}|{fencing}|{identity}");
                 join_all(self.servers.iter().map(|s| {
-                    let args = [token_s.as_str()];
+                    let args = [token_s.as_str(), token.as_str(), value.as_str()];
                     async move {
                         let work = async {
                             let mut conn = self.connection(s).await?;
                             self.raise
+                                .key(&self.key)
                                 .key(&self.counter_key)
-                                .arg(args[0])
+                                .arg(&args[..])
                                 .invoke_async::<Value>(&mut conn)
                                 .await
                                 .map_err(|e| self.classify(s, e))
                         };
-                        matches!(timeout(self.timeout, work).await, Ok(Ok(_)))
+                        matches!(timeout(self.timeout, work).await, Ok(Ok(Value::Int(1))))
                     }
                 }))
                 .await
@@ -737,13 +864,8 @@ impl LeaseBackend for RedisBackend {
             return Err(e);
         }
         // The holder seen on a quorum of servers, if any.
-        for h in &held {
-            let same: Vec<&Holder> = held.iter().filter(|o| o.term_id == h.term_id).collect();
-            if same.len() >= self.quorum {
-                let mut holder = h.clone();
-                holder.expires_in = same.iter().filter_map(|o| o.expires_in).min();
-                return Ok(Campaign::Following(holder));
-            }
+        if let Some(holder) = quorum_holder(&held, self.quorum) {
+            return Ok(Campaign::Following(holder));
         }
         // A split: retry after a random delay (Redlock spec), or when the
         // minority keys expire; a server younger than one TTL sets the wait.
@@ -808,12 +930,7 @@ impl LeaseBackend for RedisBackend {
         if answered < self.quorum {
             return Err(first_error.expect("fewer answers than a quorum means an error"));
         }
-        for h in &held {
-            if held.iter().filter(|o| o.term_id == h.term_id).count() >= self.quorum {
-                return Ok(Some(h.clone()));
-            }
-        }
-        Ok(None)
+        Ok(quorum_holder(&held, self.quorum))
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {

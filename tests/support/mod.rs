@@ -798,6 +798,14 @@ impl EtcdCluster {
         self.ids.iter().position(|id| *id == leader)
     }
 
+    /// Send `sig` to member `i` (SIGSTOP freezes it with its sockets open;
+    /// SIGCONT resumes it).
+    pub fn signal(&self, i: usize, sig: Signal) {
+        if let Some(c) = &self.members[i].child {
+            let _ = kill(Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
     /// SIGKILL member `i`, keeping its data.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

@@ -55,6 +55,7 @@ pub struct Proxy {
     /// The server it forwards to.
     pub upstream: SocketAddr,
     mode: watch::Sender<Mode>,
+    target: watch::Sender<SocketAddr>,
     accepted: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
@@ -69,11 +70,13 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let (mode, rx) = watch::channel(Mode::Pass);
         let accepted = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(accept_loop(listener, upstream, rx, accepted.clone()));
+        let (target, target_rx) = watch::channel(upstream);
+        let task = tokio::spawn(accept_loop(listener, target_rx, rx, accepted.clone()));
         Proxy {
             port,
             upstream,
             mode,
+            target,
             accepted,
             task,
         }
@@ -93,6 +96,17 @@ impl Proxy {
     /// Switch the mode; open connections follow at once.
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// Send new connections to `upstream` from now on (a failover behind a
+    /// fixed address); open connections are reset, as the old server's would be.
+    pub async fn redirect(&self, upstream: SocketAddr) {
+        let before = self.mode();
+        self.target.send_replace(upstream);
+        self.set(Mode::Reset);
+        // Let every connection task see the reset before traffic flows again.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.set(before);
     }
 
     /// The mode in force.
@@ -125,7 +139,7 @@ pub fn addr_of(url: &str) -> SocketAddr {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
+    upstream: watch::Receiver<SocketAddr>,
     mode: watch::Receiver<Mode>,
     accepted: Arc<AtomicUsize>,
 ) {
@@ -135,7 +149,8 @@ async fn accept_loop(
         };
         accepted.fetch_add(1, Ordering::Relaxed);
         let _ = client.set_nodelay(true);
-        tokio::spawn(connection(client, upstream, mode.clone()));
+        let to = *upstream.borrow();
+        tokio::spawn(connection(client, to, mode.clone()));
     }
 }
 

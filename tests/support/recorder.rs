@@ -128,6 +128,15 @@ pub struct Fault {
     pub recover_within: Duration,
     /// [`Expect::NoFailover`]: the fencing token the leader must keep.
     pub keeps_token: Option<u64>,
+    /// The backend is silent to every sidecar (frozen, or without quorum)
+    /// from `start` until `end`. Every answer to a request sent at
+    /// `start + d` or later and received before `end` must name no leader,
+    /// and report `backend_healthy: false` with an `error` (issue 12: a
+    /// follower never vouches for a leader it cannot see).
+    pub silent_after: Option<Duration>,
+    /// When the silence ended (before the servers were thawed or restarted),
+    /// if earlier than `end`; see [`Recorder::end_silence`].
+    pub silent_end: Option<Instant>,
 }
 
 impl Fault {
@@ -144,6 +153,8 @@ impl Fault {
             recover_from: now,
             recover_within: within,
             keeps_token: None,
+            silent_after: None,
+            silent_end: None,
         }
     }
 }
@@ -227,6 +238,12 @@ impl Recorder {
         if recover_from_end {
             v[i].recover_from = now;
         }
+    }
+
+    /// The silence of fault `i` ends now (call it just before thawing or
+    /// restarting the servers; answers after it are not held to the silence).
+    pub fn end_silence(&self, i: usize) {
+        self.faults.lock().unwrap()[i].silent_end = Some(Instant::now());
     }
 
     /// The latest answer of `slot`, if any.
@@ -482,6 +499,10 @@ pub struct Report {
     pub per_fault: Vec<FaultReport>,
     /// Samples in all.
     pub samples: usize,
+    /// Answers checked against a silent backend's bound (see [`Fault::silent_after`]).
+    pub silent_checked: usize,
+    /// Of those, answers that named a leader or reported a healthy backend.
+    pub silent_violations: usize,
     /// Every problem found, one line each (empty: all good).
     pub problems: Vec<String>,
 }
@@ -790,6 +811,44 @@ pub fn check(
         }
         report.per_fault.push(fr);
     }
+    // f. A silent backend: nobody vouches for a leader past the bound.
+    for f in faults {
+        let Some(after) = f.silent_after else {
+            continue;
+        };
+        let from = f.start + after;
+        let until = match (f.silent_end, f.end) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        for (label, samples) in slots {
+            let mut bad = Vec::new();
+            for s in samples
+                .iter()
+                .filter(|s| s.send >= from && until.is_none_or(|e| s.recv < e))
+            {
+                let Some(a) = &s.answer else { continue };
+                report.silent_checked += 1;
+                if a.leader.is_some() || a.backend_healthy || a.error.is_none() {
+                    report.silent_violations += 1;
+                    bad.push(s.clone());
+                }
+            }
+            if let Some(first) = bad.first() {
+                let a = first.answer.as_ref().unwrap();
+                report.problems.push(format!(
+                    "[{}] SILENT: {label}: {} answer(s) sent more than {:.0} ms into the silence named a leader or a healthy backend (first at {:.0} ms: leader {:?}, backend_healthy {}, error {})",
+                    f.name,
+                    bad.len(),
+                    ms(after),
+                    rel(first.send),
+                    a.leader,
+                    a.backend_healthy,
+                    a.error.is_some()
+                ));
+            }
+        }
+    }
     report
 }
 
@@ -812,7 +871,7 @@ impl Report {
             });
         let _ = writeln!(
             s,
-            "== fault summary [{}]: terms {} (transitions {}), faults {}, overlaps {}, longest leaderless gap {:.0} ms, worst stale claim {}, slowest recovery {}, token regressions {}, samples {}",
+            "== fault summary [{}]: terms {} (transitions {}), faults {}, overlaps {}, longest leaderless gap {:.0} ms, worst stale claim {}, slowest recovery {}, token regressions {}, silent-backend answers vouching {} of {}, samples {}",
             self.scenario,
             self.terms,
             self.transitions,
@@ -822,6 +881,8 @@ impl Report {
             stale,
             slowest,
             self.token_regressions.len(),
+            self.silent_violations,
+            self.silent_checked,
             self.samples
         );
         for f in &self.per_fault {
