@@ -138,8 +138,14 @@ async fn three_elect_one_hand_over_on_sigterm_and_fail_over_on_sigkill() {
         let after = g.eps[*i].counts();
         for (key, n) in &after {
             let was = before[k].get(key).copied().unwrap_or(0);
-            if key.ends_with("lease") {
+            // Followers never write at rest. (Since issue 12 the Elector
+            // also reads the key every renew interval while following, on
+            // every backend, so GETs are counted and printed, not refused.)
+            if key.ends_with("lease") && !key.starts_with("GET") && !key.starts_with("WATCH") {
                 assert_eq!(*n, was, "follower {i} sent {key} at rest: {after:?}");
+            }
+            if key == "GET lease" {
+                println!("follower {i}: {} GET lease in 3 s at rest", n - was);
             }
         }
     }
