@@ -211,13 +211,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
     let http_stop = CancellationToken::new();
     let control_task = control_listener.map(|listener| {
         let coord = CoordState {
-            service: Arc::new(Service::new(
-                coordinator,
-                CoordMetrics::new(&registry)
-                    .map_err(|e| warn!(error = %e, "coordination metrics are off"))
-                    .ok(),
-                cfg.elector.identity.clone(),
-            )),
+            service: Arc::new(
+                Service::new(
+                    coordinator,
+                    CoordMetrics::new(&registry)
+                        .map_err(|e| warn!(error = %e, "coordination metrics are off"))
+                        .ok(),
+                    cfg.elector.identity.clone(),
+                )
+                .with_max_waiters(cfg.coord_max_waiters),
+            ),
             completed_retention: cfg.completed_retention,
         };
         let app = control_router(ControlState {

@@ -95,6 +95,10 @@ pub struct Cli {
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "LEADER_ELECTOR_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: usize,
 
+    /// Acquisitions with a `wait` that may wait at once on this sidecar (locks, fair locks, semaphores); beyond it they get 429 [range: 1-65536].
+    #[arg(long, default_value_t = crate::coord::DEFAULT_MAX_WAITERS, env = "LEADER_ELECTOR_COORD_MAX_WAITERS", value_name = "N")]
+    pub coord_max_waiters: usize,
+
     /// Time a client has to send a request's headers; also how long an idle keep-alive connection stays open [range: 100ms-5m].
     #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_HEADER_READ_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     pub header_read_timeout: Duration,
@@ -322,6 +326,8 @@ pub struct Config {
     pub run: Option<RunOptions>,
     /// How long completed jobs are remembered.
     pub completed_retention: Duration,
+    /// How many coordination acquisitions may wait at once (`--coord-max-waiters`).
+    pub coord_max_waiters: usize,
     /// Pod labelling: `None` when off (empty key, or not in a Pod).
     pub labeler: Option<crate::kube_label::LabelerConfig>,
     /// Log format.
@@ -522,6 +528,8 @@ pub const DURATION_RANGES: &[(&str, Duration, Duration)] = &[
 
 /// Highest accepted `--max-connections`.
 pub const MAX_CONNECTIONS_LIMIT: usize = 65536;
+/// Highest accepted `--coord-max-waiters`.
+pub const COORD_MAX_WAITERS_LIMIT: usize = 65536;
 
 fn check_range(flag: &str, value: Duration) -> Result<(), ConfigError> {
     let Some(&(_, min, max)) = DURATION_RANGES.iter().find(|(f, ..)| *f == flag) else {
@@ -566,6 +574,13 @@ fn check_ranges(cli: &Cli) -> Result<(), ConfigError> {
         return Err(config_error(format!(
             "--max-connections ({}) must be between 1 and {MAX_CONNECTIONS_LIMIT}\nhint: each open connection holds about 21 KiB; the default is {DEFAULT_MAX_CONNECTIONS}",
             cli.max_connections
+        )));
+    }
+    if cli.coord_max_waiters == 0 || cli.coord_max_waiters > COORD_MAX_WAITERS_LIMIT {
+        return Err(config_error(format!(
+            "--coord-max-waiters ({}) must be between 1 and {COORD_MAX_WAITERS_LIMIT}\nhint: beyond the cap an acquisition with a wait answers 429; the default is {}",
+            cli.coord_max_waiters,
+            crate::coord::DEFAULT_MAX_WAITERS
         )));
     }
     if cli.log_level.trim().is_empty() {
@@ -1048,6 +1063,7 @@ impl Config {
             notify_url: cli.notify_url.clone(),
             labeler: labeler_config(&cli)?,
             completed_retention: cli.completed_retention,
+            coord_max_waiters: cli.coord_max_waiters,
             run,
             log_format: cli.log_format,
             log_level: cli.log_level,
@@ -1277,6 +1293,14 @@ mod tests {
             (&["--header-read-timeout=0s"], "--header-read-timeout"),
             (&["--request-body-timeout=1h"], "--request-body-timeout"),
             (&["--max-connections=0"], "--max-connections (0)"),
+            (
+                &["--coord-max-waiters=0"],
+                "--coord-max-waiters (0) must be between 1 and 65536",
+            ),
+            (
+                &["--coord-max-waiters=65537"],
+                "--coord-max-waiters (65537)",
+            ),
             (&["--log-level="], "--log-level must not be empty"),
             (&["--log-level=info,[bad"], "--log-level"),
             (
@@ -1358,5 +1382,20 @@ mod tests {
         assert_eq!(c.limits.max_connections, 10);
         assert_eq!(c.limits.header_read_timeout, Duration::from_secs(2));
         assert_eq!(c.limits.body_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn coord_max_waiters_defaults_parses_and_is_refused_outside_its_range() {
+        let c = cli(&["--election=a", "--id=me", EP]).unwrap();
+        assert_eq!(c.coord_max_waiters, crate::coord::DEFAULT_MAX_WAITERS);
+        let c = cli(&["--election=a", "--id=me", EP, "--coord-max-waiters=1"]).unwrap();
+        assert_eq!(c.coord_max_waiters, 1);
+        let c = cli(&["--election=a", "--id=me", EP, "--coord-max-waiters=65536"]).unwrap();
+        assert_eq!(c.coord_max_waiters, 65536);
+        for bad in ["0", "65537", "-1", "lots"] {
+            let flag = format!("--coord-max-waiters={bad}");
+            let e = cli(&["--election=a", "--id=me", EP, &flag]).unwrap_err();
+            assert!(e.contains("--coord-max-waiters"), "{bad}: {e}");
+        }
     }
 }

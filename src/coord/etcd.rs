@@ -1,6 +1,6 @@
 //! Coordination on etcd: every lock, permit and claim is a key bound to its
-//! own lease; the token is `<lease hex>.<random>` and the key's value is
-//! `<token>|<owner>`. Renew = one keep-alive of that lease plus a read proving
+//! own lease; the key is `<prefix><lease hex>.<nonce>` (the whole token, so a
+//! release is one delete) and its value is `<token>|<owner>`. Renew = one keep-alive of that lease plus a read proving
 //! the key is still ours (an expired lease answers TTL 0 and is never
 //! re-created). Fair locks follow etcd's own lock recipe: each waiter writes a
 //! key under the lock's prefix and watches only the key with the next lower
@@ -115,6 +115,17 @@ impl EtcdCoord {
             Kind::Semaphore => self.sem_prefix(name),
         }
     }
+    /// The key of a lock or permit: `<prefix><lease hex>.<nonce>`. The whole
+    /// token is in the key's name, so a key that exists under this name is
+    /// the token's own: a release is one delete, with no read before it.
+    fn key_of(&self, kind: Kind, name: &str, token: &Token) -> String {
+        format!(
+            "{}{:x}.{}",
+            self.prefix_of(kind, name),
+            token.lease,
+            token.nonce
+        )
+    }
 
     async fn grant(&self, client: &mut Client, ttl: Duration) -> Result<(i64, Duration)> {
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
@@ -206,7 +217,7 @@ impl Coordinator for EtcdCoord {
         }
         let (lease, granted) = self.grant(&mut client, ttl).await?;
         let token = Token::new(TokenKind::Lock, lease);
-        let key = format!("{prefix}{lease:x}");
+        let key = self.key_of(Kind::Lock, name, &token);
         // Free only when no key at all lives under the name's prefix: no
         // holder and no fair waiter (an empty range compares as revision 0).
         let txn = Txn::new()
@@ -260,25 +271,53 @@ impl Coordinator for EtcdCoord {
         let (lease, granted) = self.grant(&mut client, ttl).await?;
         let token = Token::new(TokenKind::FairLock, lease);
         let prefix = self.lock_prefix(name);
-        let my_key = format!("{prefix}{lease:x}");
-        let put = match self
-            .call(
-                "put",
-                client.put(
-                    my_key.clone(),
-                    format!("{token}|{owner}"),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-            )
-            .await
-        {
-            Ok(p) => p,
+        let my_key = self.key_of(Kind::Lock, name, &token);
+        // The nearest key ahead of ours (a plain holder or a fair waiter):
+        // with `limit(2)`, whether it is the only one ahead too.
+        let nearest = || {
+            GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(2)
+        };
+        // Join the queue and look ahead in one txn: the read runs before the
+        // put, so it sees exactly the keys created before ours.
+        let join = Txn::new().and_then([
+            TxnOp::get(prefix.clone(), Some(nearest())),
+            TxnOp::put(
+                my_key.clone(),
+                format!("{token}|{owner}"),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+        ]);
+        let joined = match self.call("txn", client.txn(join)).await {
+            Ok(r) => r,
             Err(e) => {
                 self.abandon(&mut client, lease, &e).await;
                 return Err(e);
             }
         };
-        let my_rev = put.header().map_or(0, |h| h.revision());
+        let my_rev = joined.header().map_or(0, |h| h.revision());
+        // (the nearest key ahead, a revision it existed at, whether it is
+        // the last key ahead)
+        type Ahead = Option<(Vec<u8>, i64, bool)>;
+        let read_ahead = |kvs: &[etcd_client::KeyValue], rev: i64| -> Ahead {
+            kvs.first()
+                .map(|kv| (kv.key().to_vec(), rev, kvs.len() == 1))
+        };
+        let first = joined
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                // The keys it saw are as they were at `my_rev` too (our put
+                // touched only our key): watching from `my_rev + 1` starts at
+                // the head, where etcd serves a watch at once (an older start
+                // revision waits for etcd's catch-up loop, up to 100 ms).
+                TxnOpResponse::Get(g) => Some(read_ahead(g.kvs(), my_rev)),
+                _ => None,
+            })
+            .flatten();
         // Keep the waiter's lease alive while it queues.
         let keeper = {
             let client = client.clone();
@@ -295,8 +334,8 @@ impl Coordinator for EtcdCoord {
                 }
             }
         };
-        // The key just ahead of ours (plain holder or fair waiter): (its key,
-        // the read's revision). `limit` applies after the revision filter.
+        // A later look at the keys ahead. `limit` applies after the
+        // revision filter.
         let ahead = |client: Client| {
             let prefix = prefix.clone();
             async move {
@@ -304,52 +343,72 @@ impl Coordinator for EtcdCoord {
                 let r = self
                     .call(
                         "get",
-                        client.get(
-                            prefix,
-                            Some(
-                                GetOptions::new()
-                                    .with_prefix()
-                                    .with_keys_only()
-                                    .with_max_create_revision(my_rev - 1)
-                                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                                    .with_limit(1),
-                            ),
-                        ),
+                        client.get(prefix, Some(nearest().with_max_create_revision(my_rev - 1))),
                     )
                     .await?;
                 let rev = r.header().map_or(0, |h| h.revision());
-                Ok::<_, CoordError>(r.kvs().first().map(|kv| (kv.key().to_vec(), rev)))
-            }
-        };
-        // First look: free now means acquired, whatever the wait.
-        let first = match ahead(client.clone()).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.abandon(&mut client, lease, &e).await;
-                return Err(e);
+                Ok::<_, CoordError>(read_ahead(r.kvs(), rev))
             }
         };
         let queue = async {
             let mut next = first;
-            while let Some((key, rev)) = next {
+            while let Some((key, rev, last)) = next {
+                // Watch from the head (etcd serves such a watch at once; one
+                // from an older revision waits for etcd's catch-up loop, up
+                // to 100 ms, which a busy queue would feel on every handoff).
                 let mut w = self
-                    .call(
-                        "watch",
-                        client
-                            .clone()
-                            .watch(key, Some(WatchOptions::new().with_start_revision(rev + 1))),
-                    )
+                    .call("watch", client.clone().watch(key.clone(), None))
                     .await?;
+                // The created answer says the revision the watch starts
+                // after; if anything was written since `rev`, look whether
+                // the key is still there (its delete then comes later).
+                let started = self
+                    .call("watch", w.message())
+                    .await?
+                    .filter(|m| m.created() && !m.canceled())
+                    .and_then(|m| m.header().map(|h| h.revision()));
+                let gone = match started {
+                    None => false,
+                    Some(at) if at <= rev => false,
+                    Some(_) => self
+                        .call(
+                            "get",
+                            client
+                                .clone()
+                                .get(key.clone(), Some(GetOptions::new().with_keys_only())),
+                        )
+                        .await?
+                        .kvs()
+                        .is_empty(),
+                };
+                if gone {
+                    if last {
+                        return Ok(());
+                    }
+                    next = ahead(client.clone()).await?;
+                    continue;
+                }
+                if started.is_none() {
+                    next = ahead(client.clone()).await?;
+                    continue;
+                }
                 loop {
                     let Some(msg) = w.message().await.map_err(|e| self.err(e))? else {
                         break;
                     };
-                    if msg.canceled()
-                        || msg
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
+                    if msg.canceled() {
+                        break;
+                    }
+                    if msg
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
                     {
+                        // Keys are never created ahead of ours: when the last
+                        // one ahead goes, the lock is ours without a look.
+                        if last {
+                            return Ok(());
+                        }
                         break;
                     }
                 }
@@ -392,7 +451,7 @@ impl Coordinator for EtcdCoord {
             .call(
                 "put",
                 client.put(
-                    format!("{prefix}{lease:x}"),
+                    self.key_of(Kind::Semaphore, name, &token),
                     format!("{token}|{owner}"),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
@@ -501,7 +560,7 @@ impl Coordinator for EtcdCoord {
             return Ok(Outcome::Gone);
         };
         let mut client = self.client().await?;
-        let key = format!("{}{:x}", self.prefix_of(kind, name), t.lease);
+        let key = self.key_of(kind, name, &t);
         let current = self.call("get", client.get(key, None)).await?;
         match current.kvs().first() {
             None => return Ok(Outcome::Gone),
@@ -520,26 +579,19 @@ impl Coordinator for EtcdCoord {
             return Ok(Outcome::Gone);
         };
         let mut client = self.client().await?;
-        let key = format!("{}{:x}", self.prefix_of(kind, name), t.lease);
-        let current = self.call("get", client.get(key.clone(), None)).await?;
-        let Some(kv) = current.kvs().first() else {
+        // The key's name holds the whole token: if it exists it is ours, and
+        // one delete releases it (the next waiter's watch sees the delete).
+        let key = self.key_of(kind, name, &t);
+        let deleted = self.call("delete", client.delete(key, None)).await?;
+        if deleted.deleted() == 0 {
             return Ok(Outcome::Gone);
-        };
-        if !holds(kv.value(), token) {
-            return Ok(Outcome::NotYours);
         }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                kv.mod_revision(),
-            )])
-            .and_then([TxnOp::delete(key, None)]);
-        let resp = self.call("txn", client.txn(txn)).await?;
-        if !resp.succeeded() {
-            return Ok(Outcome::NotYours);
-        }
-        self.drop_lease(&mut client, t.lease).await;
+        // The lease holds no key any more: revoke it off the answer path
+        // (under the deadline; if that fails it expires with its TTL).
+        let deadline = self.deadline;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(deadline, client.lease_revoke(t.lease)).await;
+        });
         Ok(Outcome::Ok(None))
     }
 

@@ -628,23 +628,10 @@ impl Service {
         fair: bool,
     ) -> Result<Try> {
         // A plain request that may wait joins the queue where the backend
-        // has one (etcd): one name is one lock, and each release then wakes
-        // exactly one waiter instead of every waiter retrying.
+        // has one (etcd) at once: joining takes the lock when nobody holds it
+        // and nobody queues (exactly a plain try), in fewer round trips than
+        // a try first; one name is one lock, and each release wakes one waiter.
         let queue = fair || (!wait.is_zero() && self.coord.queues());
-        if !fair && queue {
-            let started = Instant::now();
-            match self.coord.lock(name, owner, ttl).await {
-                Ok(Try::Acquired(g)) => {
-                    self.note(name, "acquired", started, Some(&g));
-                    return Ok(Try::Acquired(g));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.note(name, "error", started, None);
-                    return Err(e);
-                }
-            }
-        }
         if queue {
             let started = Instant::now();
             let _waiting = if wait.is_zero() {
