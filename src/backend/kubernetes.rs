@@ -351,6 +351,19 @@ impl KubeLeaseBackend {
 
     /// Classify a kube-rs error once (team rule: 403 names verb, resource and
     /// the Role; 404 on create names the namespace; 429 and 5xx retryable).
+    /// The error of a write that lost its compare-and-swap [`CAS_TRIES`]
+    /// times in a row while the Lease still named this term.
+    fn contended(&self, conn: &Conn) -> BackendError {
+        BackendError::Server {
+            backend: NAME,
+            source: Box::new(KubeLeaseError::Contended {
+                namespace: conn.namespace.clone(),
+                name: self.name.clone(),
+                tries: CAS_TRIES,
+            }),
+        }
+    }
+
     fn classify(&self, conn: &Conn, verb: &'static str, err: kube::Error) -> BackendError {
         match err {
             kube::Error::Api(status) => {
@@ -707,14 +720,7 @@ impl LeaseBackend for KubeLeaseBackend {
                 Err(e) => return Err(self.classify(conn, "update", e)),
             }
         }
-        Err(BackendError::Server {
-            backend: NAME,
-            source: Box::new(KubeLeaseError::Contended {
-                namespace: conn.namespace.clone(),
-                name: self.name.clone(),
-                tries: CAS_TRIES,
-            }),
-        })
+        Err(self.contended(conn))
     }
 
     async fn resign(&self, term: &Term) -> Result<()> {
@@ -760,14 +766,7 @@ impl LeaseBackend for KubeLeaseBackend {
                 Err(e) => return Err(self.classify(conn, "update", e)),
             }
         }
-        Err(BackendError::Server {
-            backend: NAME,
-            source: Box::new(KubeLeaseError::Contended {
-                namespace: conn.namespace.clone(),
-                name: self.name.clone(),
-                tries: CAS_TRIES,
-            }),
-        })
+        Err(self.contended(conn))
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
