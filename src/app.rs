@@ -119,11 +119,32 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
             addr: cfg.http_addr,
             source,
         })?;
+    let control_listener = match cfg.control_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Bind {
+                    flag: "--control-addr",
+                    addr,
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    // The bound addresses: for a port of 0 in a flag, the one the kernel chose
+    // (tests and scripts read it from this line instead of probing for a port).
+    let http_bound = listener.local_addr().map_or(cfg.http_addr, |a| a);
+    let control_bound = control_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     info!(
         election = %cfg.elector.election,
         identity = %cfg.elector.identity,
         backend = backend.name(),
-        http_addr = %cfg.http_addr,
+        http_addr = %http_bound,
+        control_addr = %control_bound,
         // Whole milliseconds: a third of 5s is 1s 666ms, not 1s 666ms 666us 666ns.
         lease_duration = %humantime::format_duration(whole_ms(cfg.elector.lease_duration)),
         renew_interval = %humantime::format_duration(whole_ms(cfg.elector.renew_interval)),
@@ -139,18 +160,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<Option<i32>
             );
         }
     }
-    let control_listener = match cfg.control_addr {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| RunError::Bind {
-                    flag: "--control-addr",
-                    addr,
-                    source,
-                })?,
-        ),
-        None => None,
-    };
     let (mut elector, state) = Elector::new(cfg.elector.clone(), backend, Some(metrics.clone()));
     let handle = elector.handle();
 
