@@ -1,7 +1,8 @@
 //! Randomized, seeded model check of the coordination API (issue 11).
 //!
-//! Several concurrent clients drive two real sidecars on one real etcd or one
-//! real Redis with random operations (plain and fair locks with and without
+//! Several concurrent clients drive two real sidecars on one real etcd, one
+//! real Redis, or a Redlock group of three real Redis servers, with random
+//! operations (plain and fair locks with and without
 //! `wait`, renew, release, semaphores with a random N, job claims and
 //! completions). Every call is recorded with its call and return instants and
 //! its answer; afterwards the history is checked against a sequential
@@ -106,13 +107,41 @@ fn faults() -> bool {
 enum Server {
     Etcd(Etcd),
     Redis(RedisServer),
+    /// A Redlock group of three servers.
+    Redlock(Vec<RedisServer>),
 }
 
 impl Server {
-    async fn restart(&mut self) {
+    async fn start(kind: &str) -> Server {
+        let keep = ["--appendonly", "yes", "--appendfsync", "always"];
+        match kind {
+            "etcd" => Server::Etcd(Etcd::start().await),
+            "redlock" => Server::Redlock(vec![
+                RedisServer::start_with(&keep).await,
+                RedisServer::start_with(&keep).await,
+                RedisServer::start_with(&keep).await,
+            ]),
+            _ => Server::Redis(RedisServer::start_with(&keep).await),
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        match self {
+            Server::Etcd(e) => vec![e.url.clone()],
+            Server::Redis(r) => vec![r.url.clone()],
+            Server::Redlock(g) => g.iter().map(|r| r.url.clone()).collect(),
+        }
+    }
+
+    /// Restart the server (on a Redlock group: one of them, by `pick`).
+    async fn restart(&mut self, pick: usize) {
         match self {
             Server::Etcd(e) => e.restart().await,
             Server::Redis(r) => r.restart().await,
+            Server::Redlock(g) => {
+                let n = g.len();
+                g[pick % n].restart().await
+            }
         }
     }
 }
@@ -604,18 +633,15 @@ async fn model_check(kind: &'static str) {
         faults as u8
     );
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut server = match kind {
-        "etcd" => Server::Etcd(Etcd::start().await),
-        _ => Server::Redis(
-            RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await,
-        ),
-    };
-    let url = match &server {
-        Server::Etcd(e) => e.url.clone(),
-        Server::Redis(r) => r.url.clone(),
-    };
-    let proxy = Proxy::to_url(&url).await;
-    let via = proxy.url_for(&url);
+    let mut server = Server::start(kind).await;
+    let mut proxies = Vec::new();
+    let mut vias = Vec::new();
+    for url in server.urls() {
+        let proxy = Proxy::to_url(&url).await;
+        vias.push(proxy.url_for(&url));
+        proxies.push(proxy);
+    }
+    let via = vias.join(",");
     let test = format!("model-{kind}");
     let (_a, pa) = start_sidecar(kind, &via, &test, "a").await;
     let (_b, pb) = start_sidecar(kind, &via, &test, "b").await;
@@ -646,11 +672,11 @@ async fn model_check(kind: &'static str) {
             sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
             let from = Instant::now();
             if rng.random_bool(0.5) {
-                proxy.set(Mode::Blackhole);
+                proxies.iter().for_each(|p| p.set(Mode::Blackhole));
                 sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
-                proxy.set(Mode::Pass);
+                proxies.iter().for_each(|p| p.set(Mode::Pass));
             } else {
-                server.restart().await;
+                server.restart(rng.random_range(0..3)).await;
             }
             outages.push((from, Instant::now()));
         }
@@ -721,4 +747,10 @@ async fn model_check_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_check_on_redis() {
     model_check("redis").await;
+}
+
+/// The coordination API on a Redlock group of three servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_check_on_redlock() {
+    model_check("redlock").await;
 }
