@@ -147,7 +147,7 @@ async fn a_lock_is_granted_with_one_of_three_down_and_refused_with_two() {
 async fn fencing_tokens_grow_across_different_majorities() {
     let servers = three().await;
     let c = coord_on(&servers, "redlock-fencing");
-    let key = format!("leader-elector:{{lock:F}}:fencing");
+    let key = "leader-elector:{lock:F}:fencing";
     for (s, v) in servers.iter().zip(["5", "5", "3"]) {
         let mut conn = s.conn().await;
         let _: () = redis::cmd("SET")
