@@ -151,7 +151,7 @@ async fn fencing_tokens_grow_across_different_majorities() {
     for (s, v) in servers.iter().zip(["5", "5", "3"]) {
         let mut conn = s.conn().await;
         let _: () = redis::cmd("SET")
-            .arg(&key)
+            .arg(key)
             .arg(v)
             .query_async(&mut conn)
             .await
