@@ -18,17 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
 use futures_util::future::join_all;
 use rand::Rng;
 use redis::Value;
-use redis::aio::PubSub;
-use tokio::sync::Mutex;
-use tokio::time::{Instant, timeout};
-use tracing::{debug, warn};
+use tokio::time::Instant;
+use tracing::warn;
 
 use super::group::{Group, drift, tally, unexpected};
 use super::lua::{Lua, Stored, ms};
+use super::released::Released;
 use super::server::{Server, text_of, uint_of};
 use super::{BACKEND, BadCounter, RedisOptions};
 use crate::backend::{
@@ -62,8 +60,8 @@ pub struct RedisBackend {
     counter_key: String,
     channel: String,
     group: Arc<Group>,
-    /// Per server: the subscription to the release channel.
-    subs: Vec<Mutex<Option<PubSub>>>,
+    /// The release channel, subscribed on every server.
+    released: Released,
     /// Per server: the process last seen.
     runs: Vec<std::sync::Mutex<RunSeen>>,
 }
@@ -163,7 +161,7 @@ impl RedisBackend {
             channel: format!("{base}:released"),
             key: base,
             group: Arc::new(Group::new(servers)),
-            subs: (0..n).map(|_| Mutex::new(None)).collect(),
+            released: Released::new(n),
             runs: (0..n).map(|_| Default::default()).collect(),
         }))
     }
@@ -338,51 +336,6 @@ impl RedisBackend {
         })
     }
 
-    /// Subscribe every server's pub/sub connection to the election channel, once.
-    async fn ensure_subscribed(&self) {
-        for (server, slot) in self.group.servers().iter().zip(&self.subs) {
-            let mut guard = slot.lock().await;
-            if guard.is_some() {
-                continue;
-            }
-            let sub = async {
-                let mut ps = server.pubsub().await?;
-                ps.subscribe(&self.channel)
-                    .await
-                    .map_err(|e| server.classify(e))?;
-                Ok::<_, BackendError>(ps)
-            };
-            match timeout(server.timeout(), sub).await {
-                Ok(Ok(ps)) => *guard = Some(ps),
-                Ok(Err(e)) => {
-                    debug!(server = %server.label(), error = %e, "cannot subscribe to the release channel yet")
-                }
-                Err(_) => {
-                    debug!(server = %server.label(), "subscribing to the release channel timed out")
-                }
-            }
-        }
-    }
-
-    /// Wait on server `i`'s subscription for the release of `token`.
-    /// Returns `false` when the subscription broke.
-    async fn wait_release_on(&self, i: usize, token: &str) -> bool {
-        let mut guard = self.subs[i].lock().await;
-        let Some(ps) = guard.as_mut() else {
-            return false;
-        };
-        let prefix = format!("{token}|");
-        let mut stream = ps.on_message();
-        while let Some(msg) = stream.next().await {
-            if msg.get_payload_bytes().starts_with(prefix.as_bytes()) {
-                return true;
-            }
-        }
-        drop(stream);
-        *guard = None;
-        false
-    }
-
     async fn read_on(&self, server: &Server) -> Result<Option<Holder>> {
         let (value, pttl): (Option<String>, i64) = server
             .query(
@@ -411,7 +364,7 @@ impl LeaseBackend for RedisBackend {
         _previous: Option<&Holder>,
     ) -> Result<Campaign> {
         // Subscribe before reading, so a release after our read is not missed.
-        self.ensure_subscribed().await;
+        self.released.subscribe(&self.group, &self.channel).await;
         let start = Instant::now();
         let token = new_token();
         let found = self.ask_all(&token, identity, ttl).await;
@@ -426,7 +379,7 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
-        self.ensure_subscribed().await;
+        self.released.subscribe(&self.group, &self.channel).await;
         let reads = join_all(self.group.servers().iter().map(|s| self.read_on(s))).await;
         let mut held = Vec::new();
         let mut answered = 0;
@@ -504,16 +457,9 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
-        self.ensure_subscribed().await;
-        let mut pending: Vec<_> = (0..self.servers())
-            .map(|i| Box::pin(self.wait_release_on(i, &seen.term_id)))
-            .collect();
-        while !pending.is_empty() {
-            let (released, _, rest) = futures_util::future::select_all(pending).await;
-            if released {
-                return Ok(());
-            }
-            pending = rest;
+        self.released.subscribe(&self.group, &self.channel).await;
+        if self.released.wait(&seen.term_id).await {
+            return Ok(());
         }
         // Every subscription is broken: report it; the Elector backs off and
         // campaigns again (which re-subscribes).

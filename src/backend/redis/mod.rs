@@ -18,6 +18,7 @@
 mod election;
 pub mod group;
 pub mod lua;
+mod released;
 pub mod server;
 
 use std::time::Duration;
