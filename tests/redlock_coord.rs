@@ -12,7 +12,6 @@ use std::time::Duration;
 use leader_elector::backend::redis::{RedisBackend, RedisOptions};
 use leader_elector::coord::redis::RedisCoord;
 use leader_elector::coord::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Try};
-use nix::sys::signal::Signal;
 use support::*;
 use tokio::time::timeout;
 
@@ -140,39 +139,40 @@ async fn a_lock_is_granted_with_one_of_three_down_and_refused_with_two() {
     assert!(claim.is_err(), "a claim on 1 of 3 must fail: {claim:?}");
 }
 
+async fn set_on(server: &RedisServer, key: &str, value: Option<&str>) {
+    let mut conn = server.conn().await;
+    let cmd = match value {
+        Some(v) => redis::cmd("SET").arg(key).arg(v).clone(),
+        None => redis::cmd("DEL").arg(key).clone(),
+    };
+    let _: () = cmd.query_async(&mut conn).await.unwrap();
+}
+
 /// With per-server counters alone, grants from {1,2}, {2,3}, {1,3} can hand
-/// out the same token twice; the raise round makes them grow. Each grant here
-/// has one server paused (SIGSTOP), so the three majorities differ.
+/// out the same token twice (counters 5, 5, 3 give 6, then 7, then 7 again);
+/// the raise round makes them grow. Each grant here has one server refuse (a
+/// foreign value on the lock key, so its counter does not move), so the
+/// three majorities differ. Without the raise round this test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_grow_across_different_majorities() {
     let servers = three().await;
     let c = coord_on(&servers, "redlock-fencing");
-    let key = "leader-elector:{lock:F}:fencing";
+    let key = "leader-elector:{lock:F}";
+    let counter = "leader-elector:{lock:F}:fencing";
     for (s, v) in servers.iter().zip(["5", "5", "3"]) {
-        let mut conn = s.conn().await;
-        let _: () = redis::cmd("SET")
-            .arg(key)
-            .arg(v)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        set_on(s, counter, Some(v)).await;
     }
     let mut last = 0;
-    let ttl = Duration::from_secs(2);
-    for paused in [2, 0, 1] {
-        servers[paused].signal(Signal::SIGSTOP);
-        let g = granted(within("lock", c.lock("F", "x", ttl)).await, "lock");
+    for refusing in [2, 0, 1] {
+        set_on(&servers[refusing], key, Some("other|1|someone")).await;
+        let g = granted(within("lock", c.lock("F", "x", TTL)).await, "lock");
         within("release", c.release(Kind::Lock, "F", &g.token))
             .await
             .unwrap();
-        servers[paused].signal(Signal::SIGCONT);
-        // Requests queued on the paused server run late (each timed-out
-        // request went on a new connection, so a late lock may follow its
-        // release): wait until such a copy has expired.
-        tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+        set_on(&servers[refusing], key, None).await;
         assert!(
             g.fencing_token > last,
-            "token {} after {last} (server {paused} paused)",
+            "token {} after {last} (server {refusing} refused)",
             g.fencing_token
         );
         last = g.fencing_token;
