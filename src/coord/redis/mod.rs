@@ -181,9 +181,12 @@ impl RedisCoord {
         tally(self.group.eval_all(lua, keys, args).await)
     }
 
-    /// A renew, release or completion by the group's rule: done on a quorum
-    /// (at least one server for `any`: a release), else an error when too
-    /// few answered, else `NotYours` or `Gone` by the majority of refusals.
+    /// A renew, release or completion by the group's rule: done on a quorum,
+    /// else an error when too few answered, else `NotYours` or `Gone` by the
+    /// majority of refusals. A release (`any`) is done when a quorum answered
+    /// and at least one server deleted the token: no quorum holds it any
+    /// more, so it can be neither renewed nor counted. A release that fewer
+    /// than a quorum answered is an error, since a quorum may still hold it.
     fn verdict(
         &self,
         t: Tally,
@@ -192,10 +195,10 @@ impl RedisCoord {
         ttl: Option<Duration>,
     ) -> Result<Outcome> {
         let quorum = self.group.quorum();
-        if t.ok >= quorum || (any && t.ok > 0) {
+        let answered = t.ok + t.gone + t.taken + t.restored;
+        if t.ok >= quorum || (any && t.ok > 0 && answered >= quorum) {
             return Ok(Outcome::Ok(ttl));
         }
-        let answered = t.ok + t.gone + t.taken + t.restored;
         if answered < quorum {
             return Err(self.failed(self.group.no_quorum(t.error, t.ok, "answered"), keys));
         }
