@@ -206,17 +206,11 @@ end
 return taken
 ";
 
-/// Job claim. KEYS: claim, done, counter. ARGV: token, owner, TTL in ms.
-/// Answers `{1, fencing}`, `{2}` completed, `{0, value}` held, `{-2, counter}`.
+/// Job claim: [`LOCK`] on the claim unless the job is done. KEYS: claim,
+/// counter, done. ARGV: token, owner, TTL in ms. Answers as [`LOCK`], or
+/// `{2}` completed.
 const CLAIM: &str = r"
-if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
-local current = redis.call('GET', KEYS[1])
-if current then return {0, current} end
-local ok, bad = fence_ok(KEYS[3])
-if not ok then return {-2, bad} end
-local f = fence_next(KEYS[3])
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
-return {1, f}
+if redis.call('EXISTS', KEYS[3]) == 1 then return {2} end
 ";
 
 /// Job completion. KEYS: claim, done. ARGV: token, retention in ms. Answers
@@ -284,7 +278,10 @@ const ALL: [Lua; 13] = [
 
 static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
     ALL.iter()
-        .map(|s| Script::new(&format!("{FENCE}{}", s.body())))
+        .map(|s| match s {
+            Lua::Claim => Script::new(&format!("{FENCE}{CLAIM}{LOCK}")),
+            _ => Script::new(&format!("{FENCE}{}", s.body())),
+        })
         .collect()
 });
 

@@ -57,7 +57,7 @@ pub struct RedisCoord {
 /// One acquisition to try on the group.
 struct Ask<'a> {
     lua: Lua,
-    /// The object key first, the fencing counter last.
+    /// The object key, the fencing counter, then any others.
     keys: &'a [String],
     owner: &'a str,
     /// Third script argument (TTL in ms, or permits).
@@ -102,7 +102,7 @@ impl RedisCoord {
     async fn try_once(&self, ask: &Ask<'_>) -> Result<Got> {
         let token = ask.token.to_string();
         let key = ask.keys[0].as_str();
-        let fkey = ask.keys[ask.keys.len() - 1].as_str();
+        let fkey = ask.keys[1].as_str();
         let keys: Vec<&str> = ask.keys.iter().map(String::as_str).collect();
         let mut args = vec![token.as_str(), ask.owner];
         args.extend(ask.args.iter().map(String::as_str));
@@ -140,6 +140,10 @@ impl RedisCoord {
             return Err(bad);
         }
         if round.answered() < quorum {
+            // Named as before: the counter last.
+            let mut keys = keys;
+            let counter = keys.remove(1);
+            keys.push(counter);
             let e = round.first_error();
             return Err(self.failed(self.group.no_quorum(e, round.answered(), "answered"), &keys));
         }
@@ -435,8 +439,8 @@ impl Coordinator for RedisCoord {
         let base = self.key("job", &name);
         let keys = [
             format!("{base}:claim"),
-            format!("{base}:done"),
             format!("{base}:fencing"),
+            format!("{base}:done"),
         ];
         let ask = Ask {
             lua: Lua::Claim,
