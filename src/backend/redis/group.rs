@@ -269,3 +269,47 @@ pub fn unexpected(v: &Value) -> BackendError {
         source: format!("unexpected script answer: {v:?}").into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_tallied_with_the_first_error_kept() {
+        let t = tally(vec![
+            Ok(Value::Int(1)),
+            Ok(Value::Int(-1)),
+            Ok(Value::Int(0)),
+            Ok(Value::Int(2)),
+            Ok(Value::Nil),
+            Ok(Value::Int(1)),
+        ]);
+        assert_eq!((t.ok, t.taken, t.gone, t.restored), (2, 1, 1, 1));
+        assert!(matches!(t.error, Some(BackendError::Server { .. })));
+    }
+
+    #[test]
+    fn a_grant_answer_carries_the_counter_and_a_refusal_its_payload() {
+        let granted = step(Value::Array(vec![Value::Int(1), Value::Int(42)])).unwrap();
+        assert!(matches!(granted, Step::Granted(42)));
+        let held = step(Value::Array(vec![Value::Int(0), Value::Int(3)])).unwrap();
+        assert!(matches!(held, Step::Refused(v) if v.len() == 2));
+        assert!(step(Value::Int(1)).is_err());
+    }
+
+    #[test]
+    fn the_quorum_is_a_strict_majority() {
+        let opts = super::super::RedisOptions::default();
+        let group = |n: usize| {
+            let servers = (0..n)
+                .map(|i| Server::open(&format!("redis://127.0.0.1:{}", 7000 + i), &opts).unwrap())
+                .collect();
+            Group::new(servers)
+        };
+        assert_eq!(group(1).quorum(), 1);
+        assert_eq!(group(3).quorum(), 2);
+        assert_eq!(group(4).quorum(), 3);
+        assert_eq!(group(5).quorum(), 3);
+        assert!(!group(1).is_redlock());
+    }
+}
