@@ -276,14 +276,8 @@ const ALL: [Lua; 13] = [
     Lua::Complete,
 ];
 
-static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
-    ALL.iter()
-        .map(|s| match s {
-            Lua::Claim => Script::new(&format!("{FENCE}{CLAIM}{LOCK}")),
-            _ => Script::new(&format!("{FENCE}{}", s.body())),
-        })
-        .collect()
-});
+static SCRIPTS: LazyLock<Vec<Script>> =
+    LazyLock::new(|| ALL.iter().map(|s| Script::new(&s.source())).collect());
 
 impl Lua {
     fn body(self) -> &'static str {
@@ -301,6 +295,15 @@ impl Lua {
             Lua::Slots => SLOTS,
             Lua::Claim => CLAIM,
             Lua::Complete => COMPLETE,
+        }
+    }
+
+    /// The script's source (the shared prelude plus the body), for `EVAL`
+    /// inside a pipeline.
+    pub fn source(self) -> String {
+        match self {
+            Lua::Claim => format!("{FENCE}{CLAIM}{LOCK}"),
+            _ => format!("{FENCE}{}", self.body()),
         }
     }
 

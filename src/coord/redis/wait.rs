@@ -70,15 +70,15 @@ async fn due(server: &Server, kind: Kind, key: &str, seen: u64) -> Result<Option
             Ok((pttl > 0).then(|| Duration::from_millis(pttl as u64)))
         }
         Kind::Semaphore => {
-            let live = server.eval(Lua::SemLive, &[key], &[] as &[&str]).await?;
-            let live = crate::backend::redis::server::uint_of(&live).unwrap_or(0);
-            if live < seen {
-                return Ok(None);
-            }
-            let (next,): (Vec<(String, f64)>,) = server
+            // One round trip: the live count and the next expiry.
+            let (live, next): (u64, Vec<(String, f64)>) = server
                 .query(
                     "read",
                     redis::pipe()
+                        .cmd("EVAL")
+                        .arg(Lua::SemLive.source())
+                        .arg(1)
+                        .arg(key)
                         .cmd("ZRANGE")
                         .arg(key)
                         .arg(0)
@@ -86,6 +86,9 @@ async fn due(server: &Server, kind: Kind, key: &str, seen: u64) -> Result<Option
                         .arg("WITHSCORES"),
                 )
                 .await?;
+            if live < seen {
+                return Ok(None);
+            }
             Ok(Some(next.first().map_or(MAX_NAP, |(_, at)| {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
