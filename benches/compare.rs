@@ -39,7 +39,7 @@ use futures_util::future::join_all;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{Sidecar, free_port, http_get, redis_sidecar, require};
+use support::{Etcd, RedisServer, Sidecar, http_get, redis_sidecar, require};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
@@ -111,116 +111,56 @@ enum Kind {
     Redis,
 }
 
-/// A throwaway etcd member or redis-server on loopback, killed on drop.
+/// A throwaway etcd member or redis-server on loopback (the test kit's),
+/// killed on drop.
 struct Server {
     kind: Kind,
     url: String,
     port: u16,
-    child: std::process::Child,
+    process: Process,
     /// A connection kept open for `INFO commandstats` (a new one would add
     /// HELLO/CLIENT commands to the counts).
     redis: Option<redis::aio::MultiplexedConnection>,
-    _dir: TempDir,
+}
+
+/// The kit's server behind a [`Server`].
+enum Process {
+    Etcd(Etcd),
+    Redis(RedisServer),
 }
 
 impl Server {
-    async fn etcd() -> Server {
-        require("etcd", "etcd-server");
-        let dir = TempDir::new().unwrap();
-        let (port, peer_port) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "n", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &url])
-            .args(["--advertise-client-urls", &url])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("n={peer}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start etcd");
-        let s = Server {
-            kind: Kind::Etcd,
-            url,
-            port,
-            child,
-            redis: None,
-            _dir: dir,
-        };
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ok = timeout(Duration::from_secs(2), async {
-                match etcd_client::Client::connect([s.url.clone()], None).await {
-                    Ok(mut c) => c.status().await.is_ok(),
-                    Err(_) => false,
-                }
-            })
-            .await
-            .unwrap_or(false);
-            if ok {
-                return s;
-            }
-            assert!(Instant::now() < end, "etcd did not start within 20 s");
-            sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn redis() -> Server {
-        require("redis-server", "redis-server");
-        let dir = TempDir::new().unwrap();
-        let port = free_port();
-        let url = format!("redis://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.path().join("redis.log")).unwrap();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(log)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        let mut s = Server {
-            kind: Kind::Redis,
-            url,
-            port,
-            child,
-            redis: None,
-            _dir: dir,
-        };
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(client) = redis::Client::open(s.url.clone())
-                && let Ok(Ok(c)) = timeout(
-                    Duration::from_secs(2),
-                    client.get_multiplexed_async_connection(),
-                )
-                .await
-            {
-                s.redis = Some(c);
-                return s;
-            }
-            assert!(
-                Instant::now() < end,
-                "redis-server did not start within 20 s"
-            );
-            sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     async fn start(kind: Kind) -> Arc<Server> {
         Arc::new(match kind {
-            Kind::Etcd => Server::etcd().await,
-            Kind::Redis => Server::redis().await,
+            Kind::Etcd => {
+                let e = Etcd::start().await;
+                Server {
+                    kind,
+                    url: e.url.clone(),
+                    port: e.port(),
+                    process: Process::Etcd(e),
+                    redis: None,
+                }
+            }
+            Kind::Redis => {
+                let r = RedisServer::start().await;
+                Server {
+                    kind,
+                    url: r.url.clone(),
+                    port: r.port,
+                    redis: Some(r.conn().await),
+                    process: Process::Redis(r),
+                }
+            }
         })
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        match &self.process {
+            Process::Etcd(e) => e.pid(),
+            Process::Redis(r) => r.pid(),
+        }
+        .unwrap_or(0)
     }
 
     /// etcd's WAL fsyncs so far: (seconds spent, count); (0, 0) for Redis.
@@ -287,13 +227,6 @@ impl Server {
             }
         }
         out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -811,9 +744,9 @@ impl Group {
                 }
             }
             if let Some((i, log)) = dead {
-                // support::free_port hands out a port that was free a moment
-                // ago; with hundreds of processes another may take it first.
-                // That is the harness's race, not the candidate's: replace it.
+                // Sidecars bind port 0, so this should not happen any more;
+                // a candidate that still lost its port is the harness's
+                // fault, not the candidate's: replace it.
                 if log.contains("Address already in use") && self.port_retries < 5 {
                     self.port_retries += 1;
                     let c = self.cands.remove(i);
