@@ -41,7 +41,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use support::{Etcd, RedisServer, Sidecar, http_get, redis_sidecar, require};
 use tempfile::TempDir;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
@@ -271,31 +271,7 @@ fn loadavg() -> f64 {
 
 /// GET with a caller-chosen timeout (long-polls outlive `support::http_get`'s 3 s).
 async fn get(port: u16, path: &str, limit: Duration) -> std::io::Result<(u16, String)> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        s.set_nodelay(true)?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| std::io::Error::other("bad HTTP answer"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
-    };
-    timeout(limit, fut)
-        .await
-        .map_err(|_| std::io::Error::other("HTTP request timed out"))?
+    support::http_get_within(port, path, limit).await
 }
 
 /// The commands clients send to Redis during `window`, by name, read with
@@ -949,22 +925,10 @@ impl Group {
 
 // ---------------------------------------------------------------- formatting
 
+/// Median, p90 and maximum of `v` (NaN when empty).
 fn stats(v: &[f64]) -> (f64, f64, f64) {
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    let med = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    let p90 = v[((n as f64 * 0.9).ceil() as usize)
-        .saturating_sub(1)
-        .min(n - 1)];
-    (med, p90, v[n - 1])
+    let s = support::stats::summarize(v);
+    (s.median, s.p90, s.max)
 }
 
 /// `a ÷ b` with two significant digits, "—" when undefined.
