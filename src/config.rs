@@ -15,7 +15,6 @@ use clap::{Args, Parser, ValueEnum};
 use crate::backend::etcd::EtcdOptions;
 use crate::backend::redis::{RedisOptions, check_url, redact};
 use crate::elector::ElectorConfig;
-use crate::supervisor::{OnChildExit, RunOptions};
 
 /// leader-elector: one active replica at a time for a singleton workload.
 #[derive(Parser, Debug, Clone)]
@@ -301,6 +300,30 @@ fn config_error(message: impl Into<String>) -> ConfigError {
     ConfigError {
         message: message.into(),
     }
+}
+
+/// What to do when the child ends on its own (`--on-child-exit`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnChildExit {
+    /// Give leadership up (and stay out for --resign-cooldown).
+    Resign,
+    /// Start the child again while still leading (with backoff).
+    Restart,
+    /// Resign and exit with the child's exit code.
+    Exit,
+}
+
+/// Run-mode settings.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The command and its arguments.
+    pub command: Vec<String>,
+    /// Time between SIGTERM and SIGKILL, never past `valid_until`.
+    pub kill_grace: Duration,
+    /// What to do when the child exits on its own.
+    pub on_child_exit: OnChildExit,
+    /// Cooldown after a resign caused by the child's exit.
+    pub resign_cooldown: Duration,
 }
 
 /// The checked configuration.

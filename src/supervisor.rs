@@ -35,29 +35,7 @@ use tracing::{error, info, warn};
 
 use crate::elector::{ElectorHandle, LeaderState};
 
-/// What to do when the child ends on its own (`--on-child-exit`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnChildExit {
-    /// Give leadership up (and stay out for --resign-cooldown).
-    Resign,
-    /// Start the child again while still leading (with backoff).
-    Restart,
-    /// Resign and exit with the child's exit code.
-    Exit,
-}
-
-/// Run-mode settings.
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    /// The command and its arguments.
-    pub command: Vec<String>,
-    /// Time between SIGTERM and SIGKILL, never past `valid_until`.
-    pub kill_grace: Duration,
-    /// What to do when the child exits on its own.
-    pub on_child_exit: OnChildExit,
-    /// Cooldown after a resign caused by the child's exit.
-    pub resign_cooldown: Duration,
-}
+pub use crate::config::{OnChildExit, RunOptions};
 
 /// The exit code that reflects `status` (128 + signal number when killed).
 pub fn exit_code(status: ExitStatus) -> i32 {
