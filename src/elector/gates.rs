@@ -3,7 +3,7 @@
 //! the resign cooldown, the drain on shutdown, the release wait of run mode
 //! and the participants (the Pod labeler) that act for a term.
 //!
-//! The core calls them at five points, and only there:
+//! The core calls them at four points, and only there:
 //!
 //! 1. [`Gates::may_campaign`] before every campaign: `false` keeps the
 //!    candidate a read-only follower ([`Gates::cool_down`] and the candidacy
