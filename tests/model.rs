@@ -147,7 +147,7 @@ impl Server {
 }
 
 async fn start_sidecar(kind: &str, url: &str, test: &str, id: &str) -> (Sidecar, u16) {
-    let port = free_port();
+    let port = server_port();
     let mut args = vec![
         if kind == "etcd" {
             "--etcd-endpoints"
