@@ -170,15 +170,41 @@ impl Drop for Sidecar {
     }
 }
 
-/// Indexes of the sidecars whose `/leader` answers 200 right now.
+/// Indexes of the sidecars that lead right now, as far as polling can tell
+/// (all at once; a claimant counts only if it confirms, see below).
 pub async fn leaders(sidecars: &[Sidecar]) -> Vec<usize> {
-    let mut out = Vec::new();
-    for (i, s) in sidecars.iter().enumerate() {
-        if s.is_leader().await {
-            out.push(i);
-        }
+    // One 200 says a sidecar led at some instant of its request, so two 200s
+    // of one round prove no overlap (a handover can fall between them). A
+    // claimant asked again once the whole round answered, still leading the
+    // same term (same fencing token), led throughout from its first answer
+    // to its second; two such claimants both led at the instant the first
+    // round ended: that is an overlap. Claimants that do not confirm are left out.
+    let first = futures_util::future::join_all(sidecars.iter().map(claim)).await;
+    let claimants: Vec<(usize, u64)> = first
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.map(|t| (i, t)))
+        .collect();
+    if claimants.len() <= 1 {
+        return claimants.into_iter().map(|(i, _)| i).collect();
     }
-    out
+    let again =
+        futures_util::future::join_all(claimants.iter().map(|(i, _)| claim(&sidecars[*i]))).await;
+    claimants
+        .iter()
+        .zip(again)
+        .filter(|((_, token), now)| *now == Some(*token))
+        .map(|((i, _), _)| *i)
+        .collect()
+}
+
+/// The fencing token of a sidecar whose `/leader` answers 200 (0 when the
+/// answer carries none); `None` when it does not lead or does not answer.
+async fn claim(s: &Sidecar) -> Option<u64> {
+    match s.leader().await {
+        Some((200, body)) => Some(body["fencing_token"].as_u64().unwrap_or(0)),
+        _ => None,
+    }
 }
 
 /// Wait until exactly one sidecar leads and every live one names it; return its index.
