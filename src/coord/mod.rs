@@ -169,6 +169,10 @@ pub trait Coordinator: Send + Sync {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome>;
+    /// Wait for the work this coordinator runs off the answer path (etcd:
+    /// the lease revokes after releases), at most one call deadline. For the
+    /// app's shutdown. Default: nothing to wait for.
+    async fn close(&self) {}
 }
 
 /// A random token: `prefix` + 32 hex digits.

@@ -1,0 +1,255 @@
+//! Waiting on etcd: the fair lock's queue (etcd's `concurrency` lock recipe:
+//! each waiter's key under the lock's prefix, ordered by `create_revision`,
+//! and each waiter watches only the key just ahead of its own), and
+//! [`EtcdCoord::changed_under`], the wake-up of plain waiters.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use tokio::time::Instant;
+
+use super::{EtcdCoord, grant};
+use crate::backend::etcd::store::revision_of;
+use crate::coord::{CoordError, Kind, Result, Token, TokenKind, Try};
+
+/// The nearest key ahead of ours: its name, a revision it existed at, and
+/// whether it is the last key ahead.
+type Ahead = Option<(Vec<u8>, i64, bool)>;
+
+/// What became of the key ahead while we watched it.
+enum Ahead1 {
+    /// It was deleted.
+    Gone,
+    /// The watch ended or could not say: look at the keys ahead again.
+    Unknown,
+}
+
+/// The nearest keys ahead of ours, newest first: with `limit(2)`, whether
+/// the nearest is the only one ahead too.
+fn nearest() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+}
+
+fn read_ahead(kvs: &[KeyValue], rev: i64) -> Ahead {
+    kvs.first()
+        .map(|kv| (kv.key().to_vec(), rev, kvs.len() == 1))
+}
+
+/// Keep the waiter's lease alive while it queues (every third of its TTL,
+/// at least every 500 ms). Never returns; on a failure it stops renewing
+/// and waits for ever (the lease then expires and the queue sees it go).
+async fn keep_queued(client: Client, lease: i64, granted: Duration) {
+    let every = (granted / 3).max(Duration::from_millis(500));
+    let Ok((mut k, mut s)) = client.lease_client().keep_alive(lease).await else {
+        return std::future::pending::<()>().await;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        if k.keep_alive().await.is_err() || s.message().await.is_err() {
+            return std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl EtcdCoord {
+    /// Take lock `name` in arrival order, waiting up to `wait`
+    /// ([`crate::coord::Coordinator::lock_fair`]).
+    pub(super) async fn queue_for(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Try> {
+        let deadline = Instant::now() + wait;
+        let mut client = self.client().await?;
+        let prefix = self.lock_prefix(name);
+        let mut token = Token::new(TokenKind::FairLock, 0);
+        // Join the queue and look ahead in one txn: the read runs before the
+        // put, so it sees exactly the keys created before ours.
+        let join = |lease| {
+            token = Token::new(TokenKind::FairLock, lease);
+            Txn::new().and_then([
+                TxnOp::get(prefix.clone(), Some(nearest())),
+                TxnOp::put(
+                    self.key_of(Kind::Lock, name, &token),
+                    format!("{token}|{owner}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ])
+        };
+        let joined = self
+            .store
+            .create(&mut client, ttl, self.limit(), join)
+            .await?;
+        let (lease, granted) = (joined.lease.id, joined.lease.ttl);
+        let my_rev = revision_of(joined.resp.header());
+        let first = joined
+            .resp
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                // The keys it saw are as they were at `my_rev` too (our put
+                // touched only our key): watching from `my_rev + 1` starts at
+                // the head, where etcd serves a watch at once (an older start
+                // revision waits for etcd's catch-up loop, up to 100 ms).
+                TxnOpResponse::Get(g) => Some(read_ahead(g.kvs(), my_rev)),
+                _ => None,
+            })
+            .flatten();
+        // `None`: the wait ran out while queued.
+        let outcome = tokio::select! {
+            biased;
+            r = self.queue(&client, &prefix, my_rev, first) => Some(r),
+            _ = keep_queued(client.clone(), lease, granted) => None,
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        match outcome {
+            Some(Ok(())) => Ok(Try::Acquired(grant(name, &token, my_rev, granted))),
+            None => {
+                // Timed out in the queue: leave it, and say who holds the
+                // lock (both calls at once: one deadline, not two).
+                let mut reader = client.clone();
+                let (_, first) = tokio::join!(
+                    self.drop_lease(&mut client, lease),
+                    self.first(&mut reader, &prefix)
+                );
+                Ok(Try::Held(first.ok().flatten().unwrap_or_default()))
+            }
+            Some(Err(e)) => {
+                self.abandon(&mut client, lease, &e).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait in the queue of `prefix` until no key created before `my_rev`
+    /// is left; `next` is the nearest key ahead as the join saw it.
+    async fn queue(&self, client: &Client, prefix: &str, my_rev: i64, first: Ahead) -> Result<()> {
+        let mut next = first;
+        while let Some((key, rev, last)) = next {
+            // Keys are never created ahead of ours: when the last one ahead
+            // goes, the lock is ours without a look.
+            if let Ahead1::Gone = self.watch_ahead(client, key, rev).await?
+                && last
+            {
+                return Ok(());
+            }
+            next = self.ahead(client, prefix, my_rev).await?;
+        }
+        Ok(())
+    }
+
+    /// A later look at the keys ahead of `my_rev`. `limit` applies after the
+    /// revision filter.
+    async fn ahead(&self, client: &Client, prefix: &str, my_rev: i64) -> Result<Ahead> {
+        let opts = nearest().with_max_create_revision(my_rev - 1);
+        let r = self
+            .call("get", client.clone().get(prefix, Some(opts)))
+            .await?;
+        Ok(read_ahead(r.kvs(), revision_of(r.header())))
+    }
+
+    /// Watch `key`, which existed at revision `rev`, until it is deleted.
+    async fn watch_ahead(&self, client: &Client, key: Vec<u8>, rev: i64) -> Result<Ahead1> {
+        // Watch from the head (etcd serves such a watch at once; one from an
+        // older revision waits for etcd's catch-up loop, up to 100 ms, which
+        // a busy queue would feel on every handoff).
+        let mut w = self
+            .call("watch", client.clone().watch(key.clone(), None))
+            .await?;
+        // The created answer says the revision the watch starts after; if
+        // anything was written since `rev`, look whether the key is still
+        // there (its delete then comes later).
+        let started = self
+            .call("watch", w.message())
+            .await?
+            .filter(|m| m.created() && !m.canceled())
+            .and_then(|m| m.header().map(|h| h.revision()));
+        match started {
+            None => return Ok(Ahead1::Unknown),
+            Some(at) if at > rev => {
+                let opts = GetOptions::new().with_keys_only();
+                let now = self
+                    .call("get", client.clone().get(key, Some(opts)))
+                    .await?;
+                if now.kvs().is_empty() {
+                    return Ok(Ahead1::Gone);
+                }
+            }
+            Some(_) => {}
+        }
+        while let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? {
+            if msg.canceled() {
+                break;
+            }
+            if msg
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                return Ok(Ahead1::Gone);
+            }
+        }
+        Ok(Ahead1::Unknown)
+    }
+
+    fn store_err(&self, e: etcd_client::Error) -> CoordError {
+        CoordError::Backend(self.store.classify(e, false))
+    }
+
+    /// Wait until one of the keys under `prefix` now is deleted, or until
+    /// `until` ([`crate::coord::Coordinator::changed`]). `lock`: an empty
+    /// prefix means the lock is free, so answer at once.
+    pub(super) async fn changed_under(
+        &self,
+        prefix: &str,
+        lock: bool,
+        until: Instant,
+    ) -> Result<()> {
+        let mut client = self.client().await?;
+        // Read first so the watch starts where the read saw the range: a
+        // release between the caller's attempt and this read shows here.
+        // Wake only when one of the keys seen now goes: keys that come and
+        // go meanwhile are losing acquirers (a semaphore's losers write and
+        // revoke a key) or waiters, and waking on them would have every
+        // waiter's retry wake every other waiter, for ever.
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let r = self.call("get", client.get(prefix, Some(opts))).await?;
+        let present: HashSet<Vec<u8>> = r.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+        if lock && present.is_empty() {
+            return Ok(());
+        }
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision_of(r.header()) + 1);
+        let mut w = self.call("watch", client.watch(prefix, Some(opts))).await?;
+        let deleted = async {
+            loop {
+                let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? else {
+                    return Ok(());
+                };
+                if msg.canceled()
+                    || msg.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_some_and(|kv| present.contains(kv.key()))
+                    })
+                {
+                    return Ok(());
+                }
+            }
+        };
+        tokio::select! {
+            r = deleted => r,
+            _ = tokio::time::sleep_until(until) => Ok(()),
+        }
+    }
+}
