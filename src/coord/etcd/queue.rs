@@ -8,13 +8,18 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use tokio::time::Instant;
 
 use super::{EtcdCoord, grant};
+use crate::backend::BackendError;
 use crate::backend::etcd::store::revision_of;
 use crate::coord::{CoordError, Kind, Result, Token, TokenKind, Try};
+
+/// Most keys ahead a joining waiter reads by name. With more ahead, it waits
+/// key by key instead (the nearest key ahead, then a look).
+const MAX_AHEAD: i64 = 256;
 
 /// The nearest key ahead of ours: its name, a revision it existed at, and
 /// whether it is the last key ahead.
@@ -36,6 +41,47 @@ fn nearest() -> GetOptions {
         .with_keys_only()
         .with_sort(SortTarget::Create, SortOrder::Descend)
         .with_limit(2)
+}
+
+/// The keys ahead of a joining waiter, by name, newest first, at most
+/// [`MAX_AHEAD`] of them (the txn's count says whether that is all).
+fn all_ahead() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(MAX_AHEAD)
+}
+
+/// What the join's read saw: the names of all keys ahead when it saw them
+/// all, and the nearest key ahead.
+struct Joined {
+    names: Option<HashSet<Vec<u8>>>,
+    first: Ahead,
+}
+
+fn joined(resp: &etcd_client::TxnResponse, my_rev: i64) -> Joined {
+    let get = resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    });
+    let Some(g) = get else {
+        return Joined {
+            names: Some(HashSet::new()),
+            first: None,
+        };
+    };
+    let kvs = g.kvs();
+    let names =
+        (g.count() == kvs.len() as i64).then(|| kvs.iter().map(|kv| kv.key().to_vec()).collect());
+    // The keys it saw are as they were at `my_rev` too (our put touched only
+    // our key): watching from `my_rev + 1` starts at the head, where etcd
+    // serves a watch at once (an older start revision waits for etcd's
+    // catch-up loop, up to 100 ms).
+    let first = kvs
+        .first()
+        .map(|kv| (kv.key().to_vec(), my_rev, kvs.len() == 1));
+    Joined { names, first }
 }
 
 fn read_ahead(kvs: &[KeyValue], rev: i64) -> Ahead {
@@ -62,6 +108,13 @@ async fn keep_queued(client: Client, lease: i64, granted: Duration) {
 impl EtcdCoord {
     /// Take lock `name` in arrival order, waiting up to `wait`
     /// ([`crate::coord::Coordinator::lock_fair`]).
+    ///
+    /// The waiter watches the deletes under the lock's prefix from before it
+    /// joins, joins (one txn: read the names of the keys ahead, put ours),
+    /// and holds the lock once every key ahead is deleted: no read after any
+    /// wake, so a handoff costs the holder's delete and nothing more. With
+    /// more than [`MAX_AHEAD`] ahead, or when the watch ends, it waits key by
+    /// key ([`EtcdCoord::queue`]).
     pub(super) async fn queue_for(
         &self,
         name: &str,
@@ -72,63 +125,125 @@ impl EtcdCoord {
         let deadline = Instant::now() + wait;
         let mut client = self.client().await?;
         let prefix = self.lock_prefix(name);
-        let mut token = Token::new(TokenKind::FairLock, 0);
+        // The watch must start before the join; the grant runs meanwhile.
+        let watcher = client.clone();
+        let (lease, deletes) = tokio::join!(
+            self.store.grant(&mut client, ttl, self.limit()),
+            self.deletes_under(&watcher, &prefix)
+        );
+        let lease = lease?;
+        let deletes = match deletes {
+            Ok(w) => w,
+            Err(e) => {
+                self.abandon(&mut client, lease.id, &e).await;
+                return Err(e);
+            }
+        };
+        let token = Token::new(TokenKind::FairLock, lease.id);
         // Join the queue and look ahead in one txn: the read runs before the
         // put, so it sees exactly the keys created before ours.
-        let join = |lease| {
-            token = Token::new(TokenKind::FairLock, lease);
-            Txn::new().and_then([
-                TxnOp::get(prefix.clone(), Some(nearest())),
-                TxnOp::put(
-                    self.key_of(Kind::Lock, name, &token),
-                    format!("{token}|{owner}"),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-            ])
-        };
+        let join = Txn::new().and_then([
+            TxnOp::get(prefix.clone(), Some(all_ahead())),
+            TxnOp::put(
+                self.key_of(Kind::Lock, name, &token),
+                format!("{token}|{owner}"),
+                Some(PutOptions::new().with_lease(lease.id)),
+            ),
+        ]);
         let joined = self
             .store
-            .create(&mut client, ttl, self.limit(), join)
+            .put_under(&mut client, lease, join, self.limit())
             .await?;
-        let (lease, granted) = (joined.lease.id, joined.lease.ttl);
         let my_rev = revision_of(joined.resp.header());
-        let first = joined
-            .resp
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                // The keys it saw are as they were at `my_rev` too (our put
-                // touched only our key): watching from `my_rev + 1` starts at
-                // the head, where etcd serves a watch at once (an older start
-                // revision waits for etcd's catch-up loop, up to 100 ms).
-                TxnOpResponse::Get(g) => Some(read_ahead(g.kvs(), my_rev)),
-                _ => None,
-            })
-            .flatten();
+        let ahead = self::joined(&joined.resp, my_rev);
+        let queue = async {
+            if let Some(names) = ahead.names
+                && self.all_deleted(deletes, names).await?
+            {
+                return Ok(());
+            }
+            self.queue(&client, &prefix, my_rev, ahead.first).await
+        };
         // `None`: the wait ran out while queued.
         let outcome = tokio::select! {
             biased;
-            r = self.queue(&client, &prefix, my_rev, first) => Some(r),
-            _ = keep_queued(client.clone(), lease, granted) => None,
+            r = queue => Some(r),
+            _ = keep_queued(client.clone(), lease.id, lease.ttl) => None,
             _ = tokio::time::sleep_until(deadline) => None,
         };
+        self.queued(outcome, client, name, &prefix, &token, my_rev, lease.ttl)
+            .await
+    }
+
+    /// The answer of a fair acquisition once its queueing ended (`None`: the
+    /// wait ran out).
+    #[allow(clippy::too_many_arguments)]
+    async fn queued(
+        &self,
+        outcome: Option<Result<()>>,
+        mut client: Client,
+        name: &str,
+        prefix: &str,
+        token: &Token,
+        my_rev: i64,
+        granted: Duration,
+    ) -> Result<Try> {
         match outcome {
-            Some(Ok(())) => Ok(Try::Acquired(grant(name, &token, my_rev, granted))),
+            Some(Ok(())) => Ok(Try::Acquired(grant(name, token, my_rev, granted))),
             None => {
                 // Timed out in the queue: leave it, and say who holds the
                 // lock (both calls at once: one deadline, not two).
                 let mut reader = client.clone();
                 let (_, first) = tokio::join!(
-                    self.drop_lease(&mut client, lease),
-                    self.first(&mut reader, &prefix)
+                    self.drop_lease(&mut client, token.lease),
+                    self.first(&mut reader, prefix)
                 );
                 Ok(Try::Held(first.ok().flatten().unwrap_or_default()))
             }
             Some(Err(e)) => {
-                self.abandon(&mut client, lease, &e).await;
+                self.abandon(&mut client, token.lease, &e).await;
                 Err(e)
             }
         }
+    }
+
+    /// A watch of the deletes under `prefix` (puts filtered out, so waiters
+    /// joining wake nobody), started: its events are those after now.
+    async fn deletes_under(&self, client: &Client, prefix: &str) -> Result<WatchStream> {
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        let mut w = self
+            .call("watch", client.clone().watch(prefix, Some(opts)))
+            .await?;
+        match self.call("watch", w.message()).await? {
+            Some(m) if m.created() && !m.canceled() => Ok(w),
+            _ => Err(CoordError::Backend(BackendError::WatchEnded {
+                backend: "etcd",
+                reason: "the watch of the lock's queue was not created".into(),
+            })),
+        }
+    }
+
+    /// Wait until every key of `names` is deleted: `true` then, `false` when
+    /// the watch ended first (then the caller looks again).
+    async fn all_deleted(&self, mut w: WatchStream, mut names: HashSet<Vec<u8>>) -> Result<bool> {
+        while !names.is_empty() {
+            let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? else {
+                return Ok(false);
+            };
+            if msg.canceled() {
+                return Ok(false);
+            }
+            for e in msg.events() {
+                if e.event_type() == EventType::Delete
+                    && let Some(kv) = e.kv()
+                {
+                    names.remove(kv.key());
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Wait in the queue of `prefix` until no key created before `my_rev`
