@@ -39,9 +39,9 @@ use futures_util::future::join_all;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{Sidecar, free_port, http_get, redis_sidecar, require};
+use support::{Etcd, RedisServer, Sidecar, http_get, redis_sidecar, require};
 use tempfile::TempDir;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
@@ -111,116 +111,56 @@ enum Kind {
     Redis,
 }
 
-/// A throwaway etcd member or redis-server on loopback, killed on drop.
+/// A throwaway etcd member or redis-server on loopback (the test kit's),
+/// killed on drop.
 struct Server {
     kind: Kind,
     url: String,
     port: u16,
-    child: std::process::Child,
+    process: Process,
     /// A connection kept open for `INFO commandstats` (a new one would add
     /// HELLO/CLIENT commands to the counts).
     redis: Option<redis::aio::MultiplexedConnection>,
-    _dir: TempDir,
+}
+
+/// The kit's server behind a [`Server`].
+enum Process {
+    Etcd(Etcd),
+    Redis(RedisServer),
 }
 
 impl Server {
-    async fn etcd() -> Server {
-        require("etcd", "etcd-server");
-        let dir = TempDir::new().unwrap();
-        let (port, peer_port) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "n", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &url])
-            .args(["--advertise-client-urls", &url])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("n={peer}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start etcd");
-        let s = Server {
-            kind: Kind::Etcd,
-            url,
-            port,
-            child,
-            redis: None,
-            _dir: dir,
-        };
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ok = timeout(Duration::from_secs(2), async {
-                match etcd_client::Client::connect([s.url.clone()], None).await {
-                    Ok(mut c) => c.status().await.is_ok(),
-                    Err(_) => false,
-                }
-            })
-            .await
-            .unwrap_or(false);
-            if ok {
-                return s;
-            }
-            assert!(Instant::now() < end, "etcd did not start within 20 s");
-            sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn redis() -> Server {
-        require("redis-server", "redis-server");
-        let dir = TempDir::new().unwrap();
-        let port = free_port();
-        let url = format!("redis://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.path().join("redis.log")).unwrap();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(log)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        let mut s = Server {
-            kind: Kind::Redis,
-            url,
-            port,
-            child,
-            redis: None,
-            _dir: dir,
-        };
-        let end = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(client) = redis::Client::open(s.url.clone())
-                && let Ok(Ok(c)) = timeout(
-                    Duration::from_secs(2),
-                    client.get_multiplexed_async_connection(),
-                )
-                .await
-            {
-                s.redis = Some(c);
-                return s;
-            }
-            assert!(
-                Instant::now() < end,
-                "redis-server did not start within 20 s"
-            );
-            sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     async fn start(kind: Kind) -> Arc<Server> {
         Arc::new(match kind {
-            Kind::Etcd => Server::etcd().await,
-            Kind::Redis => Server::redis().await,
+            Kind::Etcd => {
+                let e = Etcd::start().await;
+                Server {
+                    kind,
+                    url: e.url.clone(),
+                    port: e.port(),
+                    process: Process::Etcd(e),
+                    redis: None,
+                }
+            }
+            Kind::Redis => {
+                let r = RedisServer::start().await;
+                Server {
+                    kind,
+                    url: r.url.clone(),
+                    port: r.port,
+                    redis: Some(r.conn().await),
+                    process: Process::Redis(r),
+                }
+            }
         })
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        match &self.process {
+            Process::Etcd(e) => e.pid(),
+            Process::Redis(r) => r.pid(),
+        }
+        .unwrap_or(0)
     }
 
     /// etcd's WAL fsyncs so far: (seconds spent, count); (0, 0) for Redis.
@@ -290,13 +230,6 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn delta(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     b.iter()
         .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0.0)))
@@ -338,31 +271,7 @@ fn loadavg() -> f64 {
 
 /// GET with a caller-chosen timeout (long-polls outlive `support::http_get`'s 3 s).
 async fn get(port: u16, path: &str, limit: Duration) -> std::io::Result<(u16, String)> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        s.set_nodelay(true)?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| std::io::Error::other("bad HTTP answer"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
-    };
-    timeout(limit, fut)
-        .await
-        .map_err(|_| std::io::Error::other("HTTP request timed out"))?
+    support::http_get_within(port, path, limit).await
 }
 
 /// The commands clients send to Redis during `window`, by name, read with
@@ -811,9 +720,9 @@ impl Group {
                 }
             }
             if let Some((i, log)) = dead {
-                // support::free_port hands out a port that was free a moment
-                // ago; with hundreds of processes another may take it first.
-                // That is the harness's race, not the candidate's: replace it.
+                // Sidecars bind port 0, so this should not happen any more;
+                // a candidate that still lost its port is the harness's
+                // fault, not the candidate's: replace it.
                 if log.contains("Address already in use") && self.port_retries < 5 {
                     self.port_retries += 1;
                     let c = self.cands.remove(i);
@@ -1016,22 +925,10 @@ impl Group {
 
 // ---------------------------------------------------------------- formatting
 
+/// Median, p90 and maximum of `v` (NaN when empty).
 fn stats(v: &[f64]) -> (f64, f64, f64) {
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    let med = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    let p90 = v[((n as f64 * 0.9).ceil() as usize)
-        .saturating_sub(1)
-        .min(n - 1)];
-    (med, p90, v[n - 1])
+    let s = support::stats::summarize(v);
+    (s.median, s.p90, s.max)
 }
 
 /// `a ÷ b` with two significant digits, "—" when undefined.

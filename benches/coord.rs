@@ -24,7 +24,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 async fn start_sidecar(args: Vec<String>) -> (Sidecar, u16) {
-    let port = free_port();
+    let port = server_port();
     let mut a = args;
     a.extend([
         "--control-addr".into(),

@@ -16,18 +16,10 @@ use nix::sys::signal::Signal;
 use support::*;
 use tokio::time::{Instant, sleep};
 
+/// Median, p90 and maximum of `v`.
 fn median(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    let med = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    let p90 = v[((n as f64 * 0.9).ceil() as usize)
-        .saturating_sub(1)
-        .min(n - 1)];
-    (med, p90, v[n - 1])
+    let s = support::stats::summarize(v);
+    (s.median, s.p90, s.max)
 }
 
 /// The first instant one of `candidates` answers 200, polling all of them in parallel.

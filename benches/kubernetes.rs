@@ -96,13 +96,10 @@ async fn new_leader(cs: &[Cand], not: usize, limit: Duration) -> usize {
 }
 
 fn stats(v: &mut [f64]) -> String {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let med = v[v.len() / 2];
+    let s = support::stats::summarize(v);
     format!(
-        "median {med:.1} ms, min {:.1}, max {:.1} (n={})",
-        v[0],
-        v[v.len() - 1],
-        v.len()
+        "median {:.1} ms, min {:.1}, max {:.1} (n={})",
+        s.median, s.min, s.max, s.n
     )
 }
 

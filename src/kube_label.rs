@@ -193,10 +193,7 @@ pub async fn run_labeler(
     shutdown: CancellationToken,
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
-    // What we believe the label is: None = unknown (patch on next pass).
-    let mut applied: Option<bool> = None;
-    let mut backoff = Duration::from_millis(200);
-    let mut retry_at: Option<Instant> = None;
+    let mut label = Label::new();
     let mut was_leading = false;
     loop {
         let (leading, token, renewed) = {
@@ -208,20 +205,8 @@ pub async fn run_labeler(
             )
         };
         if leading != was_leading {
-            let (reason, msg) = if leading {
-                (
-                    "BecameLeader",
-                    format!(
-                        "{} became leader (fencing token {})",
-                        cfg.pod,
-                        token.unwrap_or(0)
-                    ),
-                )
-            } else {
-                ("StoppedLeading", format!("{} stopped leading", cfg.pod))
-            };
             if cfg.events {
-                record_event(&client, &cfg, reason, msg).await;
+                announce(&client, &cfg, leading, token).await;
             }
             was_leading = leading;
         }
@@ -230,61 +215,22 @@ pub async fn run_labeler(
         }
         // Reconcile: patch when the wanted value differs from what we set, or
         // (leader) when a renewal happened and the live label drifted.
-        let mut want_patch = applied != Some(leading);
-        if !want_patch && leading && renewed.is_some() {
-            match timeout(CALL_TIMEOUT, pods.get(&cfg.pod)).await {
-                Ok(Ok(pod)) => {
-                    let live = pod
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(&cfg.key))
-                        .map(String::as_str);
-                    if live != Some("true") {
-                        info!(key = %cfg.key, live = ?live, "the leader label was changed by hand; putting it back");
-                        want_patch = true;
-                    }
-                }
-                Ok(Err(e)) => debug!(error = %explain(&e, &cfg, "get").0, "could not read our Pod"),
-                Err(_) => debug!("reading our Pod timed out"),
-            }
-        }
-        if want_patch && retry_at.is_none_or(|t| Instant::now() >= t) {
-            let value = if leading { "true" } else { "false" };
-            match patch_label(&pods, &cfg, &cfg.pod, value).await {
-                Ok(()) => {
-                    info!(key = %cfg.key, value, pod = %cfg.pod, "labelled our Pod");
-                    applied = Some(leading);
-                    backoff = Duration::from_millis(200);
-                    retry_at = None;
-                    if let Some(m) = &metrics {
-                        m.label_patches.inc();
-                    }
-                    if leading {
-                        clear_stale(&pods, &cfg, metrics.as_deref()).await;
-                    } else {
-                        acting.send_replace(None);
-                    }
-                }
-                Err(e) => {
-                    let (why, reason) = explain(&e, &cfg, "patch");
-                    warn!(key = %cfg.key, value, error = %why, retry_in = ?backoff, "could not label our Pod; leadership is unaffected");
-                    if let Some(m) = &metrics {
-                        m.label_patch_failures.with_label_values(&[reason]).inc();
-                    }
-                    applied = None;
-                    retry_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                }
-            }
-        } else if !leading && applied == Some(false) {
+        let want_patch = label.applied != Some(leading)
+            || (leading && renewed.is_some() && label_drifted(&pods, &cfg).await);
+        if want_patch && label.retry_at.is_none_or(|t| Instant::now() >= t) {
+            label
+                .patch(&pods, &cfg, leading, &acting, metrics.as_deref())
+                .await;
+        } else if !leading && label.applied == Some(false) {
             acting.send_replace(None);
         }
-        let wait = retry_at.map(|t| t.saturating_duration_since(Instant::now()));
+        let wait = label
+            .retry_at
+            .map(|t| t.saturating_duration_since(Instant::now()));
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // Leave the Service on the way out (the Elector waits for this).
-                if applied != Some(false) {
+                if label.applied != Some(false) {
                     let _ = patch_label(&pods, &cfg, &cfg.pod, "false").await;
                 }
                 acting.send_replace(None);
@@ -292,6 +238,110 @@ pub async fn run_labeler(
             }
             r = state.changed() => if r.is_err() { return },
             _ = sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+        }
+    }
+}
+
+/// Record the Event of a change of our leadership (`BecameLeader` with the
+/// fencing token, or `StoppedLeading`).
+async fn announce(client: &Client, cfg: &LabelerConfig, leading: bool, token: Option<u64>) {
+    let (reason, msg) = if leading {
+        (
+            "BecameLeader",
+            format!(
+                "{} became leader (fencing token {})",
+                cfg.pod,
+                token.unwrap_or(0)
+            ),
+        )
+    } else {
+        ("StoppedLeading", format!("{} stopped leading", cfg.pod))
+    };
+    record_event(client, cfg, reason, msg).await;
+}
+
+/// Whether our Pod's live label is no longer `"true"` (changed by hand).
+/// A failed read counts as no drift (logged at debug).
+async fn label_drifted(pods: &Api<Pod>, cfg: &LabelerConfig) -> bool {
+    match timeout(CALL_TIMEOUT, pods.get(&cfg.pod)).await {
+        Ok(Ok(pod)) => {
+            let live = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(&cfg.key))
+                .map(String::as_str);
+            if live != Some("true") {
+                info!(key = %cfg.key, live = ?live, "the leader label was changed by hand; putting it back");
+                return true;
+            }
+            false
+        }
+        Ok(Err(e)) => {
+            debug!(error = %explain(&e, cfg, "get").0, "could not read our Pod");
+            false
+        }
+        Err(_) => {
+            debug!("reading our Pod timed out");
+            false
+        }
+    }
+}
+
+/// What the labeler believes of our Pod's label, and its retry backoff.
+struct Label {
+    /// The value we last set: `None` = unknown (patch on the next pass).
+    applied: Option<bool>,
+    backoff: Duration,
+    retry_at: Option<Instant>,
+}
+
+impl Label {
+    fn new() -> Self {
+        Label {
+            applied: None,
+            backoff: Duration::from_millis(200),
+            retry_at: None,
+        }
+    }
+
+    /// Set our Pod's label to `leading`; on success clear stale labels of
+    /// others (leader) or let go of the term (follower); on failure back off.
+    async fn patch(
+        &mut self,
+        pods: &Api<Pod>,
+        cfg: &LabelerConfig,
+        leading: bool,
+        acting: &watch::Sender<Option<u64>>,
+        metrics: Option<&Metrics>,
+    ) {
+        let value = if leading { "true" } else { "false" };
+        match patch_label(pods, cfg, &cfg.pod, value).await {
+            Ok(()) => {
+                info!(key = %cfg.key, value, pod = %cfg.pod, "labelled our Pod");
+                self.applied = Some(leading);
+                self.backoff = Duration::from_millis(200);
+                self.retry_at = None;
+                if let Some(m) = metrics {
+                    m.label_patches.inc();
+                }
+                if leading {
+                    clear_stale(pods, cfg, metrics).await;
+                } else {
+                    acting.send_replace(None);
+                }
+            }
+            Err(e) => {
+                let (why, reason) = explain(&e, cfg, "patch");
+                let retry_in = self.backoff;
+                warn!(key = %cfg.key, value, error = %why, ?retry_in, "could not label our Pod; leadership is unaffected");
+                if let Some(m) = metrics {
+                    m.label_patch_failures.with_label_values(&[reason]).inc();
+                }
+                self.applied = None;
+                self.retry_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(Duration::from_secs(30));
+            }
         }
     }
 }

@@ -5,66 +5,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Request, Response};
-use kube::client::Body;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::backend::kubernetes::mock::{Seen, mock};
 use crate::backend::memory::MemoryBackend;
 use crate::elector::{Elector, ElectorConfig, LeaderState, OwnTerm};
 
-/// One request as the API server saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    method: String,
-    path: String,
-    content_type: String,
-    body: Value,
-}
-
-type Responder = Arc<dyn Fn(&Seen) -> (u16, Value) + Send + Sync>;
-
-/// A mock API server: records every request and answers with `respond`.
-fn mock(respond: Responder) -> (Client, Arc<Mutex<Vec<Seen>>>) {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            let content_type = req
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
-            let bytes = req.into_body().collect_bytes().await.unwrap();
-            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let s = Seen {
-                method,
-                path,
-                content_type,
-                body,
-            };
-            let (code, answer) = respond(&s);
-            log.lock().unwrap().push(s);
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                    .unwrap(),
-            );
-        }
-    });
-    (Client::new(svc, "default"), seen)
-}
+type Responder = crate::backend::kubernetes::mock::Responder<Value>;
 
 fn pod_json(name: &str, label: Option<&str>) -> Value {
     let mut labels = serde_json::Map::new();

@@ -7,6 +7,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
+use leader_elector::app::RunError;
 use leader_elector::config::{Cli, Config, LogFormat};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -71,25 +72,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = match EnvFilter::try_new(&config.log_level) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!(
-                "error: --log-level ({}) is not a log filter: {e}\nhint: use e.g. info or leader_elector=debug",
-                config.log_level
-            );
-            return ExitCode::from(2);
-        }
-    };
-    // Colour codes only on a terminal, and never with NO_COLOR set.
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Json => logs.json().flatten_event(true).init(),
-        LogFormat::Text => logs.init(),
+    if let Err(code) = init_logs(&config) {
+        return code;
     }
     // One thread: the sidecar's work is small, and a second worker time-sliced
     // on a throttled or pinned core only adds tail latency (measured: /leader
@@ -106,19 +90,56 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(leader_elector::app::run(config, CancellationToken::new())) {
+    let result = runtime.block_on(leader_elector::app::run(config, CancellationToken::new()));
+    match result {
         Ok(None) => ExitCode::SUCCESS,
         Ok(Some(code)) => ExitCode::from(code.clamp(0, 255) as u8),
-        Err(e) => {
-            // Once: through the log when it shows errors (JSON stays JSON),
-            // else on stderr.
-            let e = anyhow::Error::new(e);
-            if tracing::enabled!(tracing::Level::ERROR) {
-                tracing::error!(error = format!("{e:#}"), "leader-elector failed");
-            } else {
-                eprintln!("error: {e:#}");
-            }
+        Err(RunError::SecondSignal { .. }) => {
+            // Logged already ("second signal: exiting at once"); do not wait
+            // for tasks still running on the blocking pool.
+            runtime.shutdown_background();
             ExitCode::from(1)
         }
+        Err(e) => report(e),
     }
+}
+
+/// Report a runtime failure once: through the log when it shows errors (JSON
+/// stays JSON), else on stderr; exit code 1.
+fn report(e: RunError) -> ExitCode {
+    let e = anyhow::Error::new(e);
+    if tracing::enabled!(tracing::Level::ERROR) {
+        tracing::error!(error = format!("{e:#}"), "leader-elector failed");
+    } else {
+        eprintln!("error: {e:#}");
+    }
+    ExitCode::from(1)
+}
+
+/// Set up logging from `--log-level` and `--log-format`.
+///
+/// # Errors
+/// Exit code 2 when `--log-level` is not a log filter (said on stderr).
+fn init_logs(config: &Config) -> Result<(), ExitCode> {
+    let filter = match EnvFilter::try_new(&config.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "error: --log-level ({}) is not a log filter: {e}\nhint: use e.g. info or leader_elector=debug",
+                config.log_level
+            );
+            return Err(ExitCode::from(2));
+        }
+    };
+    // Colour codes only on a terminal, and never with NO_COLOR set.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Text => logs.init(),
+    }
+    Ok(())
 }

@@ -3,7 +3,10 @@
 //! (`leader_election_master_status`, `leader_election_slowpath_total`); every
 //! series carries the election as the constant label `name`.
 //!
-//! The Elector increments the counters; the gauges that depend on the clock
+//! The metrics observe the Elector: it reports each step as an
+//! [`Observation`] to the [`Observer`] implemented here and knows no metric
+//! names (the dependency runs from this module to the Elector, never back);
+//! the gauges that depend on the clock
 //! (`master_status`, `valid_for_seconds`) are computed at scrape time by
 //! [`Metrics::refresh`], so they can never be staler than the answer of `/leader`.
 
@@ -15,7 +18,7 @@ use prometheus::{
 };
 use tokio::time::Instant;
 
-use crate::elector::LeaderState;
+use crate::elector::{LeaderState, Observation, Observer};
 
 /// The metric handles of one candidate.
 pub struct Metrics {
@@ -65,93 +68,76 @@ impl Metrics {
         backend: &str,
     ) -> Result<Arc<Self>, prometheus::Error> {
         let opts = |name: &str, help: &str| Opts::new(name, help).const_label("name", election);
+        let r = &registry;
+        let counter = |name: &str, help: &str| register(r, IntCounter::with_opts(opts(name, help)));
+        let by_reason =
+            |name: &str, help: &str| register(r, IntCounterVec::new(opts(name, help), &["reason"]));
+        let gauge = |name: &str, help: &str| register(r, Gauge::with_opts(opts(name, help)));
+        let latency = HistogramOpts::new(
+            "leader_election_renew_duration_seconds",
+            "Round trip of acknowledged lease renewals, in seconds.",
+        )
+        .const_label("name", election)
+        .buckets(vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        ]);
+        let up = opts(
+            "leader_election_backend_up",
+            "1 if the last backend call succeeded, else 0.",
+        )
+        .const_label("backend", backend);
         let m = Metrics {
-            master_status: IntGauge::with_opts(opts(
-                "leader_election_master_status",
-                "1 while this candidate leads the election, else 0.",
-            ))?,
-            slowpath: IntCounter::with_opts(opts(
+            master_status: register(
+                r,
+                IntGauge::with_opts(opts(
+                    "leader_election_master_status",
+                    "1 while this candidate leads the election, else 0.",
+                )),
+            )?,
+            slowpath: counter(
                 "leader_election_slowpath_total",
                 "Renewals that failed and were retried within a renew cycle.",
-            ))?,
-            transitions: IntCounter::with_opts(opts(
+            )?,
+            transitions: counter(
                 "leader_election_transitions_total",
                 "Leader changes observed by this candidate, including to nobody.",
-            ))?,
-            acquire_attempts: IntCounter::with_opts(opts(
+            )?,
+            acquire_attempts: counter(
                 "leader_election_acquire_attempts_total",
                 "Campaign attempts.",
-            ))?,
-            acquire_failures: IntCounterVec::new(
-                opts(
-                    "leader_election_acquire_failures_total",
-                    "Campaign attempts that failed, by reason.",
-                ),
-                &["reason"],
             )?,
-            renew_attempts: IntCounter::with_opts(opts(
+            acquire_failures: by_reason(
+                "leader_election_acquire_failures_total",
+                "Campaign attempts that failed, by reason.",
+            )?,
+            renew_attempts: counter(
                 "leader_election_renew_attempts_total",
                 "Lease renewals sent.",
-            ))?,
-            renew_failures: IntCounterVec::new(
-                opts(
-                    "leader_election_renew_failures_total",
-                    "Lease renewals that failed, by reason.",
-                ),
-                &["reason"],
             )?,
-            renew_latency: Histogram::with_opts(
-                HistogramOpts::new(
-                    "leader_election_renew_duration_seconds",
-                    "Round trip of acknowledged lease renewals, in seconds.",
-                )
-                .const_label("name", election)
-                .buckets(vec![
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                ]),
+            renew_failures: by_reason(
+                "leader_election_renew_failures_total",
+                "Lease renewals that failed, by reason.",
             )?,
-            backend_up: IntGauge::with_opts(
-                opts(
-                    "leader_election_backend_up",
-                    "1 if the last backend call succeeded, else 0.",
-                )
-                .const_label("backend", backend),
-            )?,
-            valid_for: Gauge::with_opts(opts(
+            renew_latency: register(r, Histogram::with_opts(latency))?,
+            backend_up: register(r, IntGauge::with_opts(up))?,
+            valid_for: gauge(
                 "leader_election_valid_for_seconds",
                 "Seconds until this candidate's leadership validity ends (0 when not leading).",
-            ))?,
-            last_failover: Gauge::with_opts(opts(
+            )?,
+            last_failover: gauge(
                 "leader_election_last_failover_seconds",
                 "Seconds from the last backend answer showing the previous term alive to the observation of the next term, for the last change of term.",
-            ))?,
-            label_patches: IntCounter::with_opts(opts(
+            )?,
+            label_patches: counter(
                 "leader_election_pod_label_patches_total",
                 "Successful patches of this Pod's leader label.",
-            ))?,
-            label_patch_failures: IntCounterVec::new(
-                opts(
-                    "leader_election_pod_label_failures_total",
-                    "Failed patches of Pod leader labels, by reason.",
-                ),
-                &["reason"],
+            )?,
+            label_patch_failures: by_reason(
+                "leader_election_pod_label_failures_total",
+                "Failed patches of Pod leader labels, by reason.",
             )?,
             registry,
         };
-        m.registry.register(Box::new(m.master_status.clone()))?;
-        m.registry.register(Box::new(m.slowpath.clone()))?;
-        m.registry.register(Box::new(m.transitions.clone()))?;
-        m.registry.register(Box::new(m.acquire_attempts.clone()))?;
-        m.registry.register(Box::new(m.acquire_failures.clone()))?;
-        m.registry.register(Box::new(m.renew_attempts.clone()))?;
-        m.registry.register(Box::new(m.renew_failures.clone()))?;
-        m.registry.register(Box::new(m.renew_latency.clone()))?;
-        m.registry.register(Box::new(m.backend_up.clone()))?;
-        m.registry.register(Box::new(m.valid_for.clone()))?;
-        m.registry.register(Box::new(m.label_patches.clone()))?;
-        m.registry.register(Box::new(m.last_failover.clone()))?;
-        m.registry
-            .register(Box::new(m.label_patch_failures.clone()))?;
         Ok(Arc::new(m))
     }
 
@@ -167,5 +153,40 @@ impl Metrics {
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Register `metric` (just built by `made`) on `registry` and hand it back.
+fn register<M>(
+    registry: &Registry,
+    made: Result<M, prometheus::Error>,
+) -> Result<M, prometheus::Error>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = made?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl Observer for Metrics {
+    fn observe(&self, observation: Observation) {
+        match observation {
+            Observation::CampaignSent => self.acquire_attempts.inc(),
+            Observation::CampaignFailed { reason } => {
+                self.acquire_failures.with_label_values(&[reason]).inc()
+            }
+            Observation::RenewSent => self.renew_attempts.inc(),
+            Observation::Renewed { round_trip } => {
+                self.renew_latency.observe(round_trip.as_secs_f64())
+            }
+            Observation::RenewFailed { reason } => {
+                self.renew_failures.with_label_values(&[reason]).inc();
+                self.slowpath.inc();
+            }
+            Observation::BackendUp(up) => self.backend_up.set(i64::from(up)),
+            Observation::Transition => self.transitions.inc(),
+            Observation::Failover { took } => self.last_failover.set(took.as_secs_f64()),
+        }
     }
 }

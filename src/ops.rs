@@ -328,21 +328,7 @@ pub async fn observe(
         };
         let key = term_key(holder.as_ref());
         if last.as_ref() != Some(&key) {
-            let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-            let line = match cli.output {
-                Output::Json => {
-                    let mut r = Report::new(&cli.election, backend.name(), holder.as_ref());
-                    r.since = Some(now);
-                    serde_json::to_string(&r).unwrap_or_default()
-                }
-                Output::Table => match &holder {
-                    Some(h) => format!(
-                        "{now} {} leads {} (fencing token {})",
-                        h.identity, cli.election, h.fencing_token
-                    ),
-                    None => format!("{now} nobody leads {}", cli.election),
-                },
-            };
+            let line = change_line(cli, backend.name(), holder.as_ref());
             // A closed output (`| head -1`) ends the command quietly.
             if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
                 return 0;
@@ -375,6 +361,26 @@ pub async fn observe(
                 continue;
             }
         }
+    }
+}
+
+/// One `observe` line: the holder (or nobody) since now, as a table line or
+/// as JSON.
+fn change_line(cli: &OpsCli, backend: &'static str, holder: Option<&Holder>) -> String {
+    let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+    match cli.output {
+        Output::Json => {
+            let mut r = Report::new(&cli.election, backend, holder);
+            r.since = Some(now);
+            serde_json::to_string(&r).unwrap_or_default()
+        }
+        Output::Table => match holder {
+            Some(h) => format!(
+                "{now} {} leads {} (fencing token {})",
+                h.identity, cli.election, h.fencing_token
+            ),
+            None => format!("{now} nobody leads {}", cli.election),
+        },
     }
 }
 

@@ -35,29 +35,7 @@ use tracing::{error, info, warn};
 
 use crate::elector::{ElectorHandle, LeaderState};
 
-/// What to do when the child ends on its own (`--on-child-exit`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnChildExit {
-    /// Give leadership up (and stay out for --resign-cooldown).
-    Resign,
-    /// Start the child again while still leading (with backoff).
-    Restart,
-    /// Resign and exit with the child's exit code.
-    Exit,
-}
-
-/// Run-mode settings.
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    /// The command and its arguments.
-    pub command: Vec<String>,
-    /// Time between SIGTERM and SIGKILL, never past `valid_until`.
-    pub kill_grace: Duration,
-    /// What to do when the child exits on its own.
-    pub on_child_exit: OnChildExit,
-    /// Cooldown after a resign caused by the child's exit.
-    pub resign_cooldown: Duration,
-}
+pub use crate::config::{OnChildExit, RunOptions};
 
 /// The exit code that reflects `status` (128 + signal number when killed).
 pub fn exit_code(status: ExitStatus) -> i32 {
@@ -123,32 +101,11 @@ pub async fn supervise(
     handle: ElectorHandle,
     shutdown: CancellationToken,
 ) -> Option<i32> {
-    let mut hup = signal(SignalKind::hangup()).ok();
-    let mut usr1 = signal(SignalKind::user_defined1()).ok();
-    let mut usr2 = signal(SignalKind::user_defined2()).ok();
+    let mut signals = Forwarded::install();
     let mut restart_delay = Duration::from_millis(100);
     loop {
         // Wait until we lead with enough validity left to stop in time.
-        let (token, mut valid_until) = loop {
-            if shutdown.is_cancelled() {
-                handle.release().await;
-                return None;
-            }
-            {
-                let s = state.borrow_and_update();
-                let now = Instant::now();
-                if s.is_leader(now)
-                    && s.valid_for(now) > opts.kill_grace
-                    && let (Some(t), Some(own)) = (s.fencing_token, s.own_term)
-                {
-                    break (t, own.valid_until);
-                }
-            }
-            tokio::select! {
-                r = state.changed() => if r.is_err() { return None },
-                _ = shutdown.cancelled() => {}
-            }
-        };
+        let (token, mut valid_until) = wait_to_lead(&opts, &mut state, &handle, &shutdown).await?;
         let snapshot = state.borrow().clone();
         let mut child = match spawn(&opts, &snapshot, token) {
             Ok(c) => c,
@@ -159,34 +116,16 @@ pub async fn supervise(
             }
         };
         info!(pid = child.id(), fencing_token = token, command = ?opts.command, "started the command as leader");
-        let outcome = loop {
-            tokio::select! {
-                s = child.wait() => match s {
-                    Ok(s) => break Outcome::Exited(s),
-                    Err(e) => {
-                        error!(error = %e, "cannot wait for the child");
-                        break Outcome::Stop { shutdown: false };
-                    }
-                },
-                r = state.changed() => {
-                    if r.is_err() { break Outcome::Stop { shutdown: true }; }
-                    let s = state.borrow_and_update();
-                    match s.own_term {
-                        Some(own) if s.is_leader(Instant::now()) && own.fencing_token == token => valid_until = own.valid_until,
-                        _ => break Outcome::Stop { shutdown: false },
-                    }
-                }
-                // Renewals are late: stop now, so the child is gone by valid_until.
-                _ = sleep_until(valid_until.checked_sub(opts.kill_grace).unwrap_or(valid_until)) => {
-                    warn!("leadership validity is running out without a renewal; stopping the command");
-                    break Outcome::Stop { shutdown: false };
-                }
-                _ = shutdown.cancelled() => break Outcome::Stop { shutdown: true },
-                Some(()) = async { match hup.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => signal_group(&child, Signal::SIGHUP),
-                Some(()) = async { match usr1.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => signal_group(&child, Signal::SIGUSR1),
-                Some(()) = async { match usr2.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => signal_group(&child, Signal::SIGUSR2),
-            }
-        };
+        let outcome = watch_child(
+            &mut child,
+            token,
+            &mut valid_until,
+            &opts,
+            &mut state,
+            &shutdown,
+            &mut signals,
+        )
+        .await;
         match outcome {
             Outcome::Stop { shutdown: stopping } => {
                 let deadline = (Instant::now() + opts.kill_grace).min(valid_until);
@@ -227,6 +166,106 @@ pub async fn supervise(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Wait until we lead with enough validity left (more than `--kill-grace`)
+/// to stop the child in time; returns our fencing token and how long our
+/// term is valid. `None` when the run is over: shutdown (after releasing) or
+/// the Elector gone.
+async fn wait_to_lead(
+    opts: &RunOptions,
+    state: &mut watch::Receiver<LeaderState>,
+    handle: &ElectorHandle,
+    shutdown: &CancellationToken,
+) -> Option<(u64, Instant)> {
+    loop {
+        if shutdown.is_cancelled() {
+            handle.release().await;
+            return None;
+        }
+        {
+            let s = state.borrow_and_update();
+            let now = Instant::now();
+            if s.is_leader(now)
+                && s.valid_for(now) > opts.kill_grace
+                && let (Some(t), Some(own)) = (s.fencing_token, s.own_term)
+            {
+                return Some((t, own.valid_until));
+            }
+        }
+        tokio::select! {
+            r = state.changed() => if r.is_err() { return None },
+            _ = shutdown.cancelled() => {}
+        }
+    }
+}
+
+/// The signals the sidecar forwards to the child's process group (SIGHUP,
+/// SIGUSR1, SIGUSR2); `None` where a handler cannot be installed.
+struct Forwarded {
+    hup: Option<tokio::signal::unix::Signal>,
+    usr1: Option<tokio::signal::unix::Signal>,
+    usr2: Option<tokio::signal::unix::Signal>,
+}
+
+impl Forwarded {
+    fn install() -> Self {
+        Forwarded {
+            hup: signal(SignalKind::hangup()).ok(),
+            usr1: signal(SignalKind::user_defined1()).ok(),
+            usr2: signal(SignalKind::user_defined2()).ok(),
+        }
+    }
+}
+
+/// The next delivery of `s`; pending forever when it has no handler.
+async fn recv(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match s.as_mut() {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Watch the running child until it exits, our term ends or runs out
+/// without a renewal (`valid_until` follows renewals), or shutdown;
+/// forward SIGHUP, SIGUSR1 and SIGUSR2 to its group meanwhile.
+async fn watch_child(
+    child: &mut Child,
+    token: u64,
+    valid_until: &mut Instant,
+    opts: &RunOptions,
+    state: &mut watch::Receiver<LeaderState>,
+    shutdown: &CancellationToken,
+    signals: &mut Forwarded,
+) -> Outcome {
+    loop {
+        tokio::select! {
+            s = child.wait() => match s {
+                Ok(s) => return Outcome::Exited(s),
+                Err(e) => {
+                    error!(error = %e, "cannot wait for the child");
+                    return Outcome::Stop { shutdown: false };
+                }
+            },
+            r = state.changed() => {
+                if r.is_err() { return Outcome::Stop { shutdown: true }; }
+                let s = state.borrow_and_update();
+                match s.own_term {
+                    Some(own) if s.is_leader(Instant::now()) && own.fencing_token == token => *valid_until = own.valid_until,
+                    _ => return Outcome::Stop { shutdown: false },
+                }
+            }
+            // Renewals are late: stop now, so the child is gone by valid_until.
+            _ = sleep_until(valid_until.checked_sub(opts.kill_grace).unwrap_or(*valid_until)) => {
+                warn!("leadership validity is running out without a renewal; stopping the command");
+                return Outcome::Stop { shutdown: false };
+            }
+            _ = shutdown.cancelled() => return Outcome::Stop { shutdown: true },
+            Some(()) = recv(&mut signals.hup) => signal_group(child, Signal::SIGHUP),
+            Some(()) = recv(&mut signals.usr1) => signal_group(child, Signal::SIGUSR1),
+            Some(()) = recv(&mut signals.usr2) => signal_group(child, Signal::SIGUSR2),
         }
     }
 }

@@ -284,36 +284,18 @@ fn run_mode_needs_a_command_and_a_command_needs_run_mode() {
 
 /// POST `path` on a loopback port; returns the status and body.
 async fn http_post(port: u16, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    http_request(port, "POST", path, None, HTTP_LIMIT)
         .await
-        .unwrap();
-    s.write_all(
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (
-        status,
-        text.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default(),
-    )
+        .expect("POST answered")
 }
 
 fn with_control(etcd: &str, election: &str, id: &str, extra: &[&str]) -> (Sidecar, u16) {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
     let mut args: Vec<&str> = FAST.to_vec();
-    args.extend(["--control-addr", &addr]);
+    args.extend(["--control-addr", "127.0.0.1:0"]);
     args.extend(extra);
-    (Sidecar::start(etcd, election, id, &args), port)
+    let s = Sidecar::start(etcd, election, id, &args);
+    let port = s.control_port.expect("the control API's bound address");
+    (s, port)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -574,7 +556,7 @@ async fn notifications_arrive_in_order_and_a_dead_url_never_delays_the_election(
     let (mut a, _) = with_control(&etcd.url, &name, "a", &["--notify-url", &url]);
     wait_for(Duration::from_secs(10), "a to lead", || a.is_leader()).await;
     // A sidecar whose notify URL is dead elects as fast as any other.
-    let dead = format!("http://127.0.0.1:{}/dead", free_port());
+    let dead = format!("http://127.0.0.1:{}/dead", server_port());
     let t0 = Instant::now();
     let (b, _) = with_control(&etcd.url, &name, "b", &["--notify-url", &dead]);
     a.signal(Signal::SIGTERM);

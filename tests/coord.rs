@@ -56,7 +56,7 @@ enum Backend {
 
 /// A sidecar with its control API on a free port, for `backend`.
 async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
-    let port = free_port();
+    let port = server_port();
     let addr = format!("127.0.0.1:{port}");
     let mut flags: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
     flags.extend(["--control-addr".into(), addr]);
@@ -745,7 +745,7 @@ async fn a_bad_redis_fencing_counter_is_refused_and_nothing_is_written() {
 async fn a_blackholed_etcd_answers_with_a_deadline_error() {
     let etcd = Etcd::start().await;
     let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
-    let port = free_port();
+    let port = server_port();
     let mut args = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
     args.extend(FAST.iter().map(|s| s.to_string()));
     args.extend(["--control-addr".into(), format!("127.0.0.1:{port}")]);

@@ -398,7 +398,7 @@ async fn shutdown_resigns_and_exits_zero_quickly_and_metrics_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_started_before_etcd_keeps_trying_and_elects() {
-    let port = free_port();
+    let port = server_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut s = Sidecar::start(&url, &election("late"), "early", FAST);
     wait_for(Duration::from_secs(5), "the sidecar to answer", || async {

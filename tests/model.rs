@@ -1,7 +1,8 @@
 //! Randomized, seeded model check of the coordination API (issue 11).
 //!
-//! Several concurrent clients drive two real sidecars on one real etcd or one
-//! real Redis with random operations (plain and fair locks with and without
+//! Several concurrent clients drive two real sidecars on one real etcd, one
+//! real Redis, or a Redlock group of three real Redis servers, with random
+//! operations (plain and fair locks with and without
 //! `wait`, renew, release, semaphores with a random N, job claims and
 //! completions). Every call is recorded with its call and return instants and
 //! its answer; afterwards the history is checked against a sequential
@@ -106,19 +107,47 @@ fn faults() -> bool {
 enum Server {
     Etcd(Etcd),
     Redis(RedisServer),
+    /// A Redlock group of three servers.
+    Redlock(Vec<RedisServer>),
 }
 
 impl Server {
-    async fn restart(&mut self) {
+    async fn start(kind: &str) -> Server {
+        let keep = ["--appendonly", "yes", "--appendfsync", "always"];
+        match kind {
+            "etcd" => Server::Etcd(Etcd::start().await),
+            "redlock" => Server::Redlock(vec![
+                RedisServer::start_with(&keep).await,
+                RedisServer::start_with(&keep).await,
+                RedisServer::start_with(&keep).await,
+            ]),
+            _ => Server::Redis(RedisServer::start_with(&keep).await),
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        match self {
+            Server::Etcd(e) => vec![e.url.clone()],
+            Server::Redis(r) => vec![r.url.clone()],
+            Server::Redlock(g) => g.iter().map(|r| r.url.clone()).collect(),
+        }
+    }
+
+    /// Restart the server (on a Redlock group: one of them, by `pick`).
+    async fn restart(&mut self, pick: usize) {
         match self {
             Server::Etcd(e) => e.restart().await,
             Server::Redis(r) => r.restart().await,
+            Server::Redlock(g) => {
+                let n = g.len();
+                g[pick % n].restart().await
+            }
         }
     }
 }
 
 async fn start_sidecar(kind: &str, url: &str, test: &str, id: &str) -> (Sidecar, u16) {
-    let port = free_port();
+    let port = server_port();
     let mut args = vec![
         if kind == "etcd" {
             "--etcd-endpoints"
@@ -172,6 +201,97 @@ struct Held {
     token: String,
 }
 
+/// Act on one of the grants held: renew, release (kept with a 10 % chance,
+/// to try it again) or complete; maybe pause past the TTL first (faults).
+async fn on_held(
+    rng: &mut StdRng,
+    held: &mut Vec<Held>,
+    op: &mut Op,
+    faults: bool,
+) -> (reqwest::Method, String) {
+    let ttl = Duration::from_secs(TTL_S);
+    let i = rng.random_range(0..held.len());
+    let h = held[i].clone();
+    if faults && rng.random_bool(0.05) {
+        // Pause past the TTL while holding.
+        sleep(ttl + Duration::from_millis(rng.random_range(100..1500))).await;
+    } else {
+        sleep(Duration::from_millis(rng.random_range(0..100))).await;
+    }
+    op.what = h.what;
+    op.name = h.name.clone();
+    op.token = Some(h.token.clone());
+    let base = match h.what {
+        What::Lock => format!("/locks/{}", h.name),
+        What::Sem => format!("/semaphores/{}", h.name),
+        What::Job => format!("/jobs/{}", h.name),
+    };
+    let r: f64 = rng.random();
+    if h.what == What::Job {
+        op.verb = "complete";
+        held.remove(i);
+        (
+            reqwest::Method::POST,
+            format!("{base}/complete?token={}", h.token),
+        )
+    } else if r < 0.4 {
+        op.verb = "renew";
+        (
+            reqwest::Method::POST,
+            format!("{base}/renew?ttl={TTL_S}s&token={}", h.token),
+        )
+    } else {
+        op.verb = "release";
+        if rng.random_bool(0.9) {
+            held.remove(i);
+        }
+        (reqwest::Method::DELETE, format!("{base}?token={}", h.token))
+    }
+}
+
+/// Pick an acquisition: a lock (fair on etcd sometimes), a permit, or a
+/// claim on a small window of jobs shared by all clients.
+fn acquisition(
+    rng: &mut StdRng,
+    kind: &str,
+    id: u64,
+    sem_n: &HashMap<String, u32>,
+    next_job: &mut u32,
+    op: &mut Op,
+) -> (reqwest::Method, String) {
+    let waits = [0u64, 0, 0, 100, 500, 1500];
+    op.wait = Duration::from_millis(waits[rng.random_range(0..waits.len())]);
+    op.verb = "acquire";
+    let r: f64 = rng.random();
+    let path = if r < 0.5 {
+        op.what = What::Lock;
+        op.name = LOCKS[rng.random_range(0..LOCKS.len())].to_owned();
+        op.fair = kind == "etcd" && rng.random_bool(0.4);
+        format!(
+            "/locks/{}?ttl={TTL_S}s&wait={}ms&fair={}&owner=c{id}",
+            op.name,
+            op.wait.as_millis(),
+            op.fair
+        )
+    } else if r < 0.85 {
+        op.what = What::Sem;
+        op.name = SEMS[rng.random_range(0..SEMS.len())].to_owned();
+        format!(
+            "/semaphores/{}?permits={}&ttl={TTL_S}s&wait={}ms&owner=c{id}",
+            op.name,
+            sem_n[&op.name],
+            op.wait.as_millis()
+        )
+    } else {
+        op.what = What::Job;
+        op.wait = Duration::ZERO;
+        *next_job += rng.random_range(0..2);
+        op.name = format!("q/j{}", *next_job % 40);
+        format!("/jobs/{}/claim?ttl={TTL_S}s&owner=c{id}", op.name)
+    };
+    (reqwest::Method::POST, path)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn client(
     id: u64,
@@ -209,76 +329,11 @@ async fn client(
             body: Value::Null,
         };
         let roll: f64 = rng.random();
-        let (method, path);
-        if !held.is_empty() && roll < 0.45 {
-            let i = rng.random_range(0..held.len());
-            let h = held[i].clone();
-            if faults && rng.random_bool(0.05) {
-                // Pause past the TTL while holding.
-                sleep(ttl + Duration::from_millis(rng.random_range(100..1500))).await;
-            } else {
-                sleep(Duration::from_millis(rng.random_range(0..100))).await;
-            }
-            op.what = h.what;
-            op.name = h.name.clone();
-            op.token = Some(h.token.clone());
-            let base = match h.what {
-                What::Lock => format!("/locks/{}", h.name),
-                What::Sem => format!("/semaphores/{}", h.name),
-                What::Job => format!("/jobs/{}", h.name),
-            };
-            let r: f64 = rng.random();
-            if h.what == What::Job {
-                op.verb = "complete";
-                method = reqwest::Method::POST;
-                path = format!("{base}/complete?token={}", h.token);
-                held.remove(i);
-            } else if r < 0.4 {
-                op.verb = "renew";
-                method = reqwest::Method::POST;
-                path = format!("{base}/renew?ttl={TTL_S}s&token={}", h.token);
-            } else {
-                op.verb = "release";
-                method = reqwest::Method::DELETE;
-                path = format!("{base}?token={}", h.token);
-                if rng.random_bool(0.9) {
-                    held.remove(i);
-                }
-            }
+        let (method, path) = if !held.is_empty() && roll < 0.45 {
+            on_held(&mut rng, &mut held, &mut op, faults).await
         } else {
-            let waits = [0u64, 0, 0, 100, 500, 1500];
-            op.wait = Duration::from_millis(waits[rng.random_range(0..waits.len())]);
-            op.verb = "acquire";
-            method = reqwest::Method::POST;
-            let r: f64 = rng.random();
-            if r < 0.5 {
-                op.what = What::Lock;
-                op.name = LOCKS[rng.random_range(0..LOCKS.len())].to_owned();
-                op.fair = kind == "etcd" && rng.random_bool(0.4);
-                path = format!(
-                    "/locks/{}?ttl={TTL_S}s&wait={}ms&fair={}&owner=c{id}",
-                    op.name,
-                    op.wait.as_millis(),
-                    op.fair
-                );
-            } else if r < 0.85 {
-                op.what = What::Sem;
-                op.name = SEMS[rng.random_range(0..SEMS.len())].to_owned();
-                path = format!(
-                    "/semaphores/{}?permits={}&ttl={TTL_S}s&wait={}ms&owner=c{id}",
-                    op.name,
-                    sem_n[&op.name],
-                    op.wait.as_millis()
-                );
-            } else {
-                op.what = What::Job;
-                op.wait = Duration::ZERO;
-                // A small window of jobs shared by all clients.
-                next_job += rng.random_range(0..2);
-                op.name = format!("q/j{}", next_job % 40);
-                path = format!("/jobs/{}/claim?ttl={TTL_S}s&owner=c{id}", op.name);
-            }
-        }
+            acquisition(&mut rng, kind, id, &sem_n, &mut next_job, &mut op)
+        };
         op.call = Instant::now();
         let (st, body) = send(&http, method, port, &path).await;
         op.ret = Instant::now();
@@ -314,253 +369,237 @@ struct Life<'a> {
     cert: (Instant, Instant),
 }
 
-/// Check the history; returns the violations.
-fn check(
-    history: &[Op],
-    sem_n: &HashMap<String, u32>,
+/// Latest outage end after `t`, so late-delivered requests are covered.
+fn heal_after(outages: &[(Instant, Instant)], t: Instant) -> Instant {
+    outages
+        .iter()
+        .filter(|(_, e)| *e >= t)
+        .map(|(_, e)| *e)
+        .max()
+        .unwrap_or(t)
+}
+
+/// An outage (restart, partition) that begins while a grant may live can
+/// extend it: etcd gives every lease its full TTL again after a restart,
+/// and requests held in a partition arrive late.
+fn widen(outages: &[(Instant, Instant)], slack: Duration, mut end: Instant) -> Instant {
+    let ttl = Duration::from_secs(TTL_S);
+    loop {
+        let next = outages
+            .iter()
+            .filter(|(s, _)| *s < end)
+            .map(|(_, e)| *e + ttl + slack)
+            .fold(end, Instant::max);
+        if next == end {
+            return end;
+        }
+        end = next;
+    }
+}
+
+/// The violation of refusing `a` on a token `op` granted and still held.
+fn refused_while_held(
+    op: &Op,
+    a: &Op,
+    cert_end: Instant,
+    outages: &[(Instant, Instant)],
+) -> String {
+    let ttl = Duration::from_secs(TTL_S);
+    let token = op.token.as_deref().unwrap_or("");
+    let near: Vec<String> = outages
+        .iter()
+        .filter(|(s, e)| *e + ttl >= op.call && *s <= a.ret)
+        .map(|(s, e)| {
+            format!(
+                "[{:+.3}s, {:+.3}s]",
+                s.duration_since(op.call).as_secs_f64() - op.call.duration_since(*s).as_secs_f64(),
+                e.duration_since(op.call).as_secs_f64() - op.call.duration_since(*e).as_secs_f64()
+            )
+        })
+        .collect();
+    format!(
+        "{} of a token certainly held refused: {:?} {} token {token} at +{:?} (certainly held until +{:?}): {} {}; acquired by c{} in {:?}; outages nearby {near:?}",
+        a.verb,
+        op.what,
+        op.name,
+        a.call - op.call,
+        cert_end - op.call,
+        a.status,
+        a.body,
+        op.client,
+        op.ret - op.call
+    )
+}
+
+/// The life of the grant `op`, followed through the later `actions` on its
+/// token (renewals, releases, completions), with the violations they show.
+fn grant_life<'a>(
+    op: &'a Op,
+    actions: &[&Op],
     outages: &[(Instant, Instant)],
     slack: Duration,
-) -> Vec<String> {
-    let mut v = Vec::new();
-    // Latest outage end after `t`, so late-delivered requests are covered.
-    let heal_after = |t: Instant| {
-        outages
-            .iter()
-            .filter(|(_, e)| *e >= t)
-            .map(|(_, e)| *e)
-            .max()
-            .unwrap_or(t)
-    };
-    // Actions on each token, in call order.
-    let mut by_token: HashMap<&str, Vec<&Op>> = HashMap::new();
-    for op in history {
-        if op.verb != "acquire"
-            && let Some(t) = &op.token
-        {
-            by_token.entry(t.as_str()).or_default().push(op);
-        }
-    }
-    for ops in by_token.values_mut() {
-        ops.sort_by_key(|o| o.call);
-    }
-    // Claimants per (what, name): every acquisition call is a possible
-    // claimant during its call (etcd writes a waiter's or a loser's key before
-    // it knows); grants last longer.
-    let mut lives: HashMap<(What, &str), Vec<Life<'_>>> = HashMap::new();
-    for op in history.iter().filter(|o| o.verb == "acquire") {
-        let key = (op.what, op.name.as_str());
-        let ttl = Duration::from_secs(TTL_S);
-        if op.status == 200 {
-            let token = op.token.as_deref().unwrap_or("");
-            let mut cert_end = op.call + op.ttl;
-            let mut poss_end = op.ret + op.ttl + slack;
-            let mut released = false;
-            // An outage (restart, partition) that begins while the grant
-            // may live can extend it: etcd gives every lease its full TTL
-            // again after a restart, and requests held in a partition
-            // arrive late.
-            let widen = |mut end: Instant| {
-                loop {
-                    let next = outages
-                        .iter()
-                        .filter(|(s, _)| *s < end)
-                        .map(|(_, e)| *e + ttl + slack)
-                        .fold(end, Instant::max);
-                    if next == end {
-                        return end;
-                    }
-                    end = next;
-                }
-            };
-            poss_end = widen(poss_end);
-            for a in by_token.get(token).map(Vec::as_slice).unwrap_or(&[]) {
-                poss_end = widen(poss_end);
-                match (a.verb, a.status) {
-                    ("renew", 200) => {
-                        if a.call >= poss_end {
-                            v.push(format!(
-                                "expired holder renewed: {} {} token {token} renewed at +{:?} after it possibly expired at +{:?}",
-                                op.verb, op.name, a.call - op.call, poss_end - op.call
-                            ));
-                        }
-                        if a.call < cert_end && !released {
-                            cert_end = cert_end.max(a.call + a.ttl);
-                        }
-                        poss_end = poss_end.max(a.ret + a.ttl + slack);
-                    }
-                    ("renew", s) if s == 0 || s >= 500 => {
-                        poss_end = poss_end.max(heal_after(a.ret) + ttl + slack);
-                    }
-                    ("renew", _) | ("release", _) | ("complete", _)
-                        if !a.ambiguous() && a.status != 200 =>
-                    {
-                        // The call ran somewhere in [call, return]: a refusal
-                        // is wrong only if all of it lies in the certain interval.
-                        if a.ret < cert_end && !released {
-                            let near: Vec<String> = outages
-                                .iter()
-                                .filter(|(s, e)| *e + ttl >= op.call && *s <= a.ret)
-                                .map(|(s, e)| {
-                                    format!(
-                                        "[{:+.3}s, {:+.3}s]",
-                                        s.duration_since(op.call).as_secs_f64()
-                                            - op.call.duration_since(*s).as_secs_f64(),
-                                        e.duration_since(op.call).as_secs_f64()
-                                            - op.call.duration_since(*e).as_secs_f64()
-                                    )
-                                })
-                                .collect();
-                            v.push(format!(
-                                "{} of a token certainly held refused: {:?} {} token {token} at +{:?} (certainly held until +{:?}): {} {}; acquired by c{} in {:?}; outages nearby {near:?}",
-                                a.verb, op.what, op.name, a.call - op.call, cert_end - op.call, a.status, a.body, op.client, op.ret - op.call
-                            ));
-                        }
-                    }
-                    ("release", 200) | ("complete", 200) => {
-                        if !released {
-                            cert_end = cert_end.min(a.call);
-                            if op.what != What::Job {
-                                poss_end = poss_end.min(a.ret);
-                            }
-                        }
-                        released = true;
-                    }
-                    _ => {
-                        // Ambiguous release/complete: certainty ends at its call.
-                        cert_end = cert_end.min(a.call);
-                    }
-                }
-                if a.verb != "renew" {
-                    cert_end = cert_end.min(a.call);
-                }
-            }
-            let poss_end = widen(poss_end);
-            lives.entry(key).or_default().push(Life {
-                acq: op,
-                poss: (op.call, poss_end),
-                cert: (op.ret, cert_end.max(op.ret)),
-            });
-        } else {
-            let end = if op.ambiguous() || outages.iter().any(|(s, e)| *s < op.ret && *e > op.call)
-            {
-                heal_after(op.ret) + ttl + slack
-            } else {
-                op.ret
-            };
-            lives.entry(key).or_default().push(Life {
-                acq: op,
-                poss: (op.call, end),
-                cert: (op.ret, op.ret),
-            });
-        }
-    }
-    for ((what, name), ls) in &lives {
-        let cap = match what {
-            What::Lock | What::Job => 1usize,
-            What::Sem => sem_n[*name] as usize,
-        };
-        // Safety: certainly-held intervals never exceed the cap at once.
-        let mut events: Vec<(Instant, i32, usize)> = Vec::new();
-        for (i, l) in ls.iter().enumerate() {
-            if l.cert.0 < l.cert.1 {
-                events.push((l.cert.0, 1, i));
-                events.push((l.cert.1, -1, i));
-            }
-        }
-        events.sort_by_key(|(t, d, _)| (*t, *d));
-        let mut live: Vec<usize> = Vec::new();
-        for (_, d, i) in &events {
-            if *d > 0 {
-                live.push(*i);
-                if live.len() > cap {
-                    let who: Vec<String> = live
-                        .iter()
-                        .map(|j| {
-                            let a = ls[*j].acq;
-                            format!("c{} fence {} fair={}", a.client, a.fence, a.fair)
-                        })
-                        .collect();
+    v: &mut Vec<String>,
+) -> Life<'a> {
+    let ttl = Duration::from_secs(TTL_S);
+    let token = op.token.as_deref().unwrap_or("");
+    let mut cert_end = op.call + op.ttl;
+    let mut poss_end = widen(outages, slack, op.ret + op.ttl + slack);
+    let mut released = false;
+    for a in actions {
+        poss_end = widen(outages, slack, poss_end);
+        match (a.verb, a.status) {
+            ("renew", 200) => {
+                if a.call >= poss_end {
                     v.push(format!(
-                        "{what:?} {name}: {} certain holders of {cap}: {who:?}",
-                        live.len()
+                        "expired holder renewed: {} {} token {token} renewed at +{:?} after it possibly expired at +{:?}",
+                        op.verb, op.name, a.call - op.call, poss_end - op.call
                     ));
                 }
-            } else {
-                live.retain(|j| j != i);
-            }
-        }
-        // Fencing tokens grow: a grant answered before another's call has a smaller token.
-        let mut grants: Vec<&Life> = ls.iter().filter(|l| l.acq.status == 200).collect();
-        grants.sort_by_key(|l| l.acq.ret);
-        let mut prefix_max: Vec<(Instant, u64)> = Vec::new();
-        for l in &grants {
-            let m = prefix_max.last().map_or(0, |p| p.1).max(l.acq.fence);
-            prefix_max.push((l.acq.ret, m));
-        }
-        for l in &grants {
-            let i = prefix_max.partition_point(|(t, _)| *t < l.acq.call);
-            if i > 0 && prefix_max[i - 1].1 >= l.acq.fence {
-                v.push(format!(
-                    "{what:?} {name}: fencing token {} not above an earlier grant's {}",
-                    l.acq.fence,
-                    prefix_max[i - 1].1
-                ));
-            }
-        }
-        // Liveness of refusals (locks and semaphores; jobs below).
-        if *what == What::Job {
-            continue;
-        }
-        for (i, l) in ls.iter().enumerate() {
-            let a = l.acq;
-            if a.status != 409 {
-                continue;
-            }
-            let (from, to) = (a.call, a.ret);
-            // Possible claimants other than this call, overlapping [from, to].
-            let mut ev: Vec<(Instant, i32)> = Vec::new();
-            for (j, o) in ls.iter().enumerate() {
-                if j != i && o.poss.0 < to && o.poss.1 > from {
-                    ev.push((o.poss.0.max(from), 1));
-                    ev.push((o.poss.1.min(to), -1));
+                if a.call < cert_end && !released {
+                    cert_end = cert_end.max(a.call + a.ttl);
                 }
+                poss_end = poss_end.max(a.ret + a.ttl + slack);
             }
-            ev.sort_by_key(|(t, d)| (*t, -*d));
-            let (mut n, mut most) = (0i32, 0i32);
-            // The longest stretch with fewer than `cap` possible claimants.
-            let (mut gap_from, mut longest) = (from, Duration::ZERO);
-            let mut below = true;
-            for (t, d) in &ev {
-                n += d;
-                most = most.max(n);
-                let now_below = (n as usize) < cap;
-                if below && !now_below {
-                    longest = longest.max(*t - gap_from);
-                } else if !below && now_below {
-                    gap_from = *t;
-                }
-                below = now_below;
+            ("renew", s) if s == 0 || s >= 500 => {
+                poss_end = poss_end.max(heal_after(outages, a.ret) + ttl + slack);
             }
-            if below {
-                longest = longest.max(to - gap_from);
-            }
-            if (most as usize) < cap {
-                v.push(format!(
-                    "{what:?} {name} refused (c{} wait {:?} fair={}) though at most {most} of {cap} could be held during the call: {}",
-                    a.client, a.wait, a.fair, a.body
-                ));
-            } else if a.wait >= Duration::from_millis(1000)
-                && longest >= Duration::from_millis(1000)
+            ("renew", _) | ("release", _) | ("complete", _)
+                if !a.ambiguous() && a.status != 200 =>
             {
-                v.push(format!(
-                    "{what:?} {name} refused (c{} wait {:?} fair={}) though it was free for {longest:?} of the wait",
-                    a.client, a.wait, a.fair
-                ));
+                // The call ran somewhere in [call, return]: a refusal
+                // is wrong only if all of it lies in the certain interval.
+                if a.ret < cert_end && !released {
+                    v.push(refused_while_held(op, a, cert_end, outages));
+                }
             }
+            ("release", 200) | ("complete", 200) => {
+                if !released {
+                    cert_end = cert_end.min(a.call);
+                    if op.what != What::Job {
+                        poss_end = poss_end.min(a.ret);
+                    }
+                }
+                released = true;
+            }
+            _ => {
+                // Ambiguous release/complete: certainty ends at its call.
+                cert_end = cert_end.min(a.call);
+            }
+        }
+        if a.verb != "renew" {
+            cert_end = cert_end.min(a.call);
         }
     }
-    // Jobs: at most one token completes a job; a claim that starts after a
-    // completion was answered is told "completed".
+    Life {
+        acq: op,
+        poss: (op.call, widen(outages, slack, poss_end)),
+        cert: (op.ret, cert_end.max(op.ret)),
+    }
+}
+
+/// Safety: certainly-held intervals never exceed the cap at once.
+fn check_safety(what: What, name: &str, ls: &[Life], cap: usize, v: &mut Vec<String>) {
+    let mut events: Vec<(Instant, i32, usize)> = Vec::new();
+    for (i, l) in ls.iter().enumerate() {
+        if l.cert.0 < l.cert.1 {
+            events.push((l.cert.0, 1, i));
+            events.push((l.cert.1, -1, i));
+        }
+    }
+    events.sort_by_key(|(t, d, _)| (*t, *d));
+    let mut live: Vec<usize> = Vec::new();
+    for (_, d, i) in &events {
+        if *d > 0 {
+            live.push(*i);
+            if live.len() > cap {
+                let who: Vec<String> = live
+                    .iter()
+                    .map(|j| {
+                        let a = ls[*j].acq;
+                        format!("c{} fence {} fair={}", a.client, a.fence, a.fair)
+                    })
+                    .collect();
+                v.push(format!(
+                    "{what:?} {name}: {} certain holders of {cap}: {who:?}",
+                    live.len()
+                ));
+            }
+        } else {
+            live.retain(|j| j != i);
+        }
+    }
+}
+
+/// Fencing tokens grow: a grant answered before another's call has a smaller token.
+fn check_fencing(what: What, name: &str, ls: &[Life], v: &mut Vec<String>) {
+    let mut grants: Vec<&Life> = ls.iter().filter(|l| l.acq.status == 200).collect();
+    grants.sort_by_key(|l| l.acq.ret);
+    let mut prefix_max: Vec<(Instant, u64)> = Vec::new();
+    for l in &grants {
+        let m = prefix_max.last().map_or(0, |p| p.1).max(l.acq.fence);
+        prefix_max.push((l.acq.ret, m));
+    }
+    for l in &grants {
+        let i = prefix_max.partition_point(|(t, _)| *t < l.acq.call);
+        if i > 0 && prefix_max[i - 1].1 >= l.acq.fence {
+            v.push(format!(
+                "{what:?} {name}: fencing token {} not above an earlier grant's {}",
+                l.acq.fence,
+                prefix_max[i - 1].1
+            ));
+        }
+    }
+}
+
+/// Liveness of the refusal `ls[i]` (a lock or a semaphore): some other
+/// claimant could have held `cap` during the call, and a long `wait` did not
+/// see it free for a whole second.
+fn check_refusal(what: What, name: &str, ls: &[Life], i: usize, cap: usize, v: &mut Vec<String>) {
+    let a = ls[i].acq;
+    let (from, to) = (a.call, a.ret);
+    // Possible claimants other than this call, overlapping [from, to].
+    let mut ev: Vec<(Instant, i32)> = Vec::new();
+    for (j, o) in ls.iter().enumerate() {
+        if j != i && o.poss.0 < to && o.poss.1 > from {
+            ev.push((o.poss.0.max(from), 1));
+            ev.push((o.poss.1.min(to), -1));
+        }
+    }
+    ev.sort_by_key(|(t, d)| (*t, -*d));
+    let (mut n, mut most) = (0i32, 0i32);
+    // The longest stretch with fewer than `cap` possible claimants.
+    let (mut gap_from, mut longest) = (from, Duration::ZERO);
+    let mut below = true;
+    for (t, d) in &ev {
+        n += d;
+        most = most.max(n);
+        let now_below = (n as usize) < cap;
+        if below && !now_below {
+            longest = longest.max(*t - gap_from);
+        } else if !below && now_below {
+            gap_from = *t;
+        }
+        below = now_below;
+    }
+    if below {
+        longest = longest.max(to - gap_from);
+    }
+    if (most as usize) < cap {
+        v.push(format!(
+            "{what:?} {name} refused (c{} wait {:?} fair={}) though at most {most} of {cap} could be held during the call: {}",
+            a.client, a.wait, a.fair, a.body
+        ));
+    } else if a.wait >= Duration::from_millis(1000) && longest >= Duration::from_millis(1000) {
+        v.push(format!(
+            "{what:?} {name} refused (c{} wait {:?} fair={}) though it was free for {longest:?} of the wait",
+            a.client, a.wait, a.fair
+        ));
+    }
+}
+
+/// Jobs: at most one token completes a job; a claim that starts after a
+/// completion was answered is told "completed".
+fn check_jobs(history: &[Op], v: &mut Vec<String>) {
     let mut completed: HashMap<&str, (Instant, &str)> = HashMap::new();
     for op in history
         .iter()
@@ -591,7 +630,152 @@ fn check(
             ));
         }
     }
+}
+
+/// Check the history; returns the violations.
+fn check(
+    history: &[Op],
+    sem_n: &HashMap<String, u32>,
+    outages: &[(Instant, Instant)],
+    slack: Duration,
+) -> Vec<String> {
+    let mut v = Vec::new();
+    // Actions on each token, in call order.
+    let mut by_token: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for op in history {
+        if op.verb != "acquire"
+            && let Some(t) = &op.token
+        {
+            by_token.entry(t.as_str()).or_default().push(op);
+        }
+    }
+    for ops in by_token.values_mut() {
+        ops.sort_by_key(|o| o.call);
+    }
+    // Claimants per (what, name): every acquisition call is a possible
+    // claimant during its call (etcd writes a waiter's or a loser's key before
+    // it knows); grants last longer.
+    let mut lives: HashMap<(What, &str), Vec<Life<'_>>> = HashMap::new();
+    for op in history.iter().filter(|o| o.verb == "acquire") {
+        let key = (op.what, op.name.as_str());
+        let ttl = Duration::from_secs(TTL_S);
+        let life = if op.status == 200 {
+            let token = op.token.as_deref().unwrap_or("");
+            let actions = by_token.get(token).map(Vec::as_slice).unwrap_or(&[]);
+            grant_life(op, actions, outages, slack, &mut v)
+        } else {
+            let end = if op.ambiguous() || outages.iter().any(|(s, e)| *s < op.ret && *e > op.call)
+            {
+                heal_after(outages, op.ret) + ttl + slack
+            } else {
+                op.ret
+            };
+            Life {
+                acq: op,
+                poss: (op.call, end),
+                cert: (op.ret, op.ret),
+            }
+        };
+        lives.entry(key).or_default().push(life);
+    }
+    for ((what, name), ls) in &lives {
+        let cap = match what {
+            What::Lock | What::Job => 1usize,
+            What::Sem => sem_n[*name] as usize,
+        };
+        check_safety(*what, name, ls, cap, &mut v);
+        check_fencing(*what, name, ls, &mut v);
+        // Liveness of refusals (locks and semaphores; jobs below).
+        if *what == What::Job {
+            continue;
+        }
+        for (i, l) in ls.iter().enumerate() {
+            if l.acq.status == 409 {
+                check_refusal(*what, name, ls, i, cap, &mut v);
+            }
+        }
+    }
+    check_jobs(history, &mut v);
     v
+}
+
+/// Blackhole the backend (every proxy) or restart it (one Redlock server)
+/// every few seconds until 8 s before `until`; returns the outages.
+async fn inject_faults(
+    rng: &mut StdRng,
+    until: Instant,
+    proxies: &[Proxy],
+    server: &mut Server,
+) -> Vec<(Instant, Instant)> {
+    let mut outages = Vec::new();
+    while Instant::now() + Duration::from_secs(8) < until {
+        sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
+        let from = Instant::now();
+        if rng.random_bool(0.5) {
+            proxies.iter().for_each(|p| p.set(Mode::Blackhole));
+            sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
+            proxies.iter().for_each(|p| p.set(Mode::Pass));
+        } else {
+            server.restart(rng.random_range(0..3)).await;
+        }
+        outages.push((from, Instant::now()));
+    }
+    outages
+}
+
+/// Print the run's numbers (ops checked per second, answers) and a few
+/// ambiguous answers.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    kind: &str,
+    seed: u64,
+    history: &[Op],
+    elapsed: Duration,
+    check_time: Duration,
+    outages: usize,
+    sem_n: &HashMap<String, u32>,
+    violations: &[String],
+) {
+    let mut counts: HashMap<(String, u16), usize> = HashMap::new();
+    for op in history {
+        *counts.entry((op.verb.to_owned(), op.status)).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort();
+    eprintln!(
+        "model check on {kind}: seed {seed}: {} ops in {:.1} s ({:.0} ops/s run), checked in {:?}, {} outages, semaphores {:?}, {} violations; answers {:?}",
+        history.len(),
+        elapsed.as_secs_f64(),
+        history.len() as f64 / elapsed.as_secs_f64(),
+        check_time,
+        outages,
+        sem_n,
+        violations.len(),
+        counts
+    );
+    for op in history.iter().filter(|o| o.ambiguous()).take(5) {
+        eprintln!(
+            "ambiguous answer: {} {:?} {} after {:?}: {} {}",
+            op.verb,
+            op.what,
+            op.name,
+            op.ret - op.call,
+            op.status,
+            op.body
+        );
+    }
+}
+
+/// A proxy before every server, and the URL(s) to reach them (comma-joined).
+async fn proxies_to(server: &Server) -> (Vec<Proxy>, String) {
+    let mut proxies = Vec::new();
+    let mut vias = Vec::new();
+    for url in server.urls() {
+        let proxy = Proxy::to_url(&url).await;
+        vias.push(proxy.url_for(&url));
+        proxies.push(proxy);
+    }
+    (proxies, vias.join(","))
 }
 
 async fn model_check(kind: &'static str) {
@@ -604,18 +788,8 @@ async fn model_check(kind: &'static str) {
         faults as u8
     );
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut server = match kind {
-        "etcd" => Server::Etcd(Etcd::start().await),
-        _ => Server::Redis(
-            RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await,
-        ),
-    };
-    let url = match &server {
-        Server::Etcd(e) => e.url.clone(),
-        Server::Redis(r) => r.url.clone(),
-    };
-    let proxy = Proxy::to_url(&url).await;
-    let via = proxy.url_for(&url);
+    let mut server = Server::start(kind).await;
+    let (proxies, via) = proxies_to(&server).await;
     let test = format!("model-{kind}");
     let (_a, pa) = start_sidecar(kind, &via, &test, "a").await;
     let (_b, pb) = start_sidecar(kind, &via, &test, "b").await;
@@ -640,21 +814,11 @@ async fn model_check(kind: &'static str) {
             history.clone(),
         )));
     }
-    let mut outages = Vec::new();
-    if faults {
-        while Instant::now() + Duration::from_secs(8) < until {
-            sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
-            let from = Instant::now();
-            if rng.random_bool(0.5) {
-                proxy.set(Mode::Blackhole);
-                sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
-                proxy.set(Mode::Pass);
-            } else {
-                server.restart().await;
-            }
-            outages.push((from, Instant::now()));
-        }
-    }
+    let outages = if faults {
+        inject_faults(&mut rng, until, &proxies, &mut server).await
+    } else {
+        Vec::new()
+    };
     for t in tasks {
         t.await.expect("a model client panicked");
     }
@@ -667,34 +831,16 @@ async fn model_check(kind: &'static str) {
     let t0 = Instant::now();
     let violations = check(&history, &sem_n, &outages, slack);
     let check_time = t0.elapsed();
-    let mut counts: HashMap<(String, u16), usize> = HashMap::new();
-    for op in &history {
-        *counts.entry((op.verb.to_owned(), op.status)).or_default() += 1;
-    }
-    let mut counts: Vec<_> = counts.into_iter().collect();
-    counts.sort();
-    eprintln!(
-        "model check on {kind}: seed {seed}: {} ops in {:.1} s ({:.0} ops/s run), checked in {:?}, {} outages, semaphores {:?}, {} violations; answers {:?}",
-        history.len(),
-        elapsed.as_secs_f64(),
-        history.len() as f64 / elapsed.as_secs_f64(),
+    report(
+        kind,
+        seed,
+        &history,
+        elapsed,
         check_time,
         outages.len(),
-        sem_n,
-        violations.len(),
-        counts
+        &sem_n,
+        &violations,
     );
-    for op in history.iter().filter(|o| o.ambiguous()).take(5) {
-        eprintln!(
-            "ambiguous answer: {} {:?} {} after {:?}: {} {}",
-            op.verb,
-            op.what,
-            op.name,
-            op.ret - op.call,
-            op.status,
-            op.body
-        );
-    }
     for x in violations.iter().take(20) {
         eprintln!("VIOLATION: {x}");
     }
@@ -721,4 +867,10 @@ async fn model_check_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_check_on_redis() {
     model_check("redis").await;
+}
+
+/// The coordination API on a Redlock group of three servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_check_on_redlock() {
+    model_check("redlock").await;
 }

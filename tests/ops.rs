@@ -177,7 +177,7 @@ async fn status_and_observe_on_redis() {
 
 #[test]
 fn status_exits_1_when_the_backend_is_down_and_2_on_bad_flags() {
-    let port = free_port();
+    let port = server_port();
     let out = ops(
         "status",
         "nobody",

@@ -537,6 +537,22 @@ async fn a_restarted_server_elects_nobody_before_a_full_ttl_of_real_time() {
     }
 }
 
+/// Make `server` a replica of the local server on `port`, or (`None`) a
+/// primary again.
+async fn replica_of(server: &RedisServer, port: Option<u16>) {
+    let mut c = server.conn().await;
+    let (host, port) = match port {
+        Some(p) => ("127.0.0.1".to_owned(), p.to_string()),
+        None => ("NO".to_owned(), "ONE".to_owned()),
+    };
+    let _: () = redis::cmd("REPLICAOF")
+        .arg(host)
+        .arg(port)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
 /// Replica promoted (or any new server process behind the same address): a
 /// candidate that saw the previous process keeps out of the new one for one
 /// TTL plus a second on its own clock, whatever the new server's uptime and
@@ -552,15 +568,7 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
     let el = election("redis-promoted");
     let ttl = Duration::from_secs(2);
     // The replica copies the primary, then stops (it lags from here on).
-    {
-        let mut c = replica.conn().await;
-        let _: () = redis::cmd("REPLICAOF")
-            .arg("127.0.0.1")
-            .arg(primary.port)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    replica_of(&replica, Some(primary.port)).await;
     let proxy = Proxy::to_url(&primary.url).await;
     let url = proxy.url_for(&primary.url);
     let a = backend_on(std::slice::from_ref(&url), &el);
@@ -577,14 +585,9 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
         },
     )
     .await;
+    replica_of(&replica, None).await;
     {
         let mut c = replica.conn().await;
-        let _: () = redis::cmd("REPLICAOF")
-            .arg("NO")
-            .arg("ONE")
-            .query_async(&mut c)
-            .await
-            .unwrap();
         let _: () = redis::cmd("DEL")
             .arg(election_key(&el))
             .query_async(&mut c)

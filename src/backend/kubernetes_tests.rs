@@ -6,48 +6,14 @@
 use std::sync::{Arc, Mutex};
 
 use http::{Request, Response};
+use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::backend::kubernetes::mock::{Seen, mock};
 
-/// One request as the API server saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    method: String,
-    path: String,
-    body: Value,
-}
-
-type Responder = Arc<dyn Fn(&Seen) -> (u16, String) + Send + Sync>;
-
-fn mock(respond: Responder) -> (Client, Arc<Mutex<Vec<Seen>>>) {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            let bytes = req.into_body().collect_bytes().await.unwrap();
-            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let s = Seen { method, path, body };
-            let (code, answer) = respond(&s);
-            log.lock().unwrap().push(s);
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(answer.into_bytes()))
-                    .unwrap(),
-            );
-        }
-    });
-    (Client::new(svc, "default"), seen)
-}
+type Responder = crate::backend::kubernetes::mock::Responder<String>;
 
 const BASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
 
@@ -458,6 +424,7 @@ async fn a_silent_lease_expires_for_a_watching_follower_after_its_own_duration()
             let s = Seen {
                 method: req.method().to_string(),
                 path: path.clone(),
+                content_type: String::new(),
                 body: Value::Null,
             };
             if path.contains("watch=true") {

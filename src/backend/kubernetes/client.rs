@@ -1,0 +1,278 @@
+//! The Lease backend's connection, error classification and its record of
+//! what it last observed of the Lease (the silence clock of client-go's
+//! `observedTime`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::Client;
+use kube::api::Api;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::*;
+
+impl KubeLeaseBackend {
+    /// A backend for Lease `name` that connects on first use (in-cluster
+    /// config or `KUBECONFIG`), so an unreachable API at start is retried by
+    /// the Elector rather than failing the process.
+    pub fn new(name: impl Into<String>, options: KubeOptions) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(KubeLeaseBackend {
+            name: name.into(),
+            options,
+            conn: OnceCell::new(),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// A backend over an existing client (tests: kube-rs's mock service).
+    pub fn with_client(
+        client: Client,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> std::sync::Arc<Self> {
+        let namespace = namespace.into();
+        let conn = Conn {
+            api: Api::namespaced(client, &namespace),
+            namespace: namespace.clone(),
+            server: "(client)".into(),
+        };
+        std::sync::Arc::new(KubeLeaseBackend {
+            name: name.into(),
+            options: KubeOptions {
+                namespace: Some(namespace),
+            },
+            conn: OnceCell::new_with(Some(conn)),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// The Lease name (the election name).
+    pub fn lease_name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) async fn conn(&self) -> Result<&Conn> {
+        self.conn
+            .get_or_try_init(|| async {
+                let config = kube::Config::infer()
+                    .await
+                    .map_err(|e| BackendError::Rejected {
+                        backend: NAME,
+                        code: "no_kubeconfig",
+                        source: Box::new(KubeLeaseError::NoConfig(e)),
+                    })?;
+                let mut config = config;
+                // The Elector owns retries and backoff (and every call's
+                // deadline); kube-rs's own retry of 429/503/504 would run
+                // past them.
+                config.default_retry = false;
+                let namespace = self
+                    .options
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| config.default_namespace.clone());
+                let server = config.cluster_url.to_string();
+                let client = Client::try_from(config).map_err(|e| BackendError::Rejected {
+                    backend: NAME,
+                    code: "no_kubeconfig",
+                    source: Box::new(KubeLeaseError::Client(e)),
+                })?;
+                debug!(%namespace, %server, lease = %self.name, "kubernetes client ready");
+                Ok(Conn {
+                    api: Api::namespaced(client, &namespace),
+                    namespace,
+                    server,
+                })
+            })
+            .await
+    }
+
+    /// Classify a kube-rs error once (team rule: 403 names verb, resource and
+    /// the Role; 404 on create names the namespace; 429 and 5xx retryable).
+    /// The error of a write that lost its compare-and-swap [`CAS_TRIES`]
+    /// times in a row while the Lease still named this term.
+    pub(super) fn contended(&self, conn: &Conn) -> BackendError {
+        BackendError::Server {
+            backend: NAME,
+            source: Box::new(KubeLeaseError::Contended {
+                namespace: conn.namespace.clone(),
+                name: self.name.clone(),
+                tries: CAS_TRIES,
+            }),
+        }
+    }
+
+    pub(super) fn classify(
+        &self,
+        conn: &Conn,
+        verb: &'static str,
+        err: kube::Error,
+    ) -> BackendError {
+        match err {
+            kube::Error::Api(status) => {
+                let namespace = conn.namespace.clone();
+                match status.code {
+                    401 => BackendError::Auth {
+                        backend: NAME,
+                        source: Box::new(KubeLeaseError::Status {
+                            verb,
+                            namespace,
+                            name: self.name.clone(),
+                            code: status.code,
+                            reason: status.reason.clone(),
+                            message: status.message.clone(),
+                        }),
+                    },
+                    403 => BackendError::Auth {
+                        backend: NAME,
+                        source: Box::new(KubeLeaseError::Forbidden {
+                            verb,
+                            namespace,
+                            message: status.message.clone(),
+                        }),
+                    },
+                    404 if verb == "create" => BackendError::Rejected {
+                        backend: NAME,
+                        code: "namespace_not_found",
+                        source: Box::new(KubeLeaseError::NamespaceNotFound {
+                            namespace,
+                            message: status.message.clone(),
+                        }),
+                    },
+                    410 => BackendError::WatchEnded {
+                        backend: NAME,
+                        reason: format!("410 Gone: {}", status.message),
+                    },
+                    code => {
+                        let source = Box::new(KubeLeaseError::Status {
+                            verb,
+                            namespace,
+                            name: self.name.clone(),
+                            code,
+                            reason: status.reason.clone(),
+                            message: status.message.clone(),
+                        });
+                        match code {
+                            429 => BackendError::Rejected {
+                                backend: NAME,
+                                code: "throttled",
+                                source,
+                            },
+                            400 | 422 => BackendError::Rejected {
+                                backend: NAME,
+                                code: "invalid",
+                                source,
+                            },
+                            _ => BackendError::Server {
+                                backend: NAME,
+                                source,
+                            },
+                        }
+                    }
+                }
+            }
+            other => BackendError::Unreachable {
+                backend: NAME,
+                endpoints: conn.server.clone(),
+                source: Box::new(other),
+            },
+        }
+    }
+
+    pub(super) fn is_conflict(err: &kube::Error) -> bool {
+        matches!(err, kube::Error::Api(s) if s.code == 409)
+    }
+
+    /// Record a Lease read or written now; a new `resourceVersion` restarts
+    /// the silence clock.
+    pub(super) fn observe(&self, lease: &Lease) {
+        let mut inner = self.inner.lock().expect("lease state poisoned");
+        Self::observe_locked(&mut inner, lease);
+    }
+
+    pub(super) fn observe_locked(inner: &mut Inner, lease: &Lease) {
+        let rv = rv_of(lease);
+        let changed = inner
+            .seen
+            .as_ref()
+            .is_none_or(|s| s.deleted || rv_of(&s.lease) != rv);
+        let changed_at = match &inner.seen {
+            Some(s) if !changed => s.changed_at,
+            _ => Instant::now(),
+        };
+        inner.max_token = inner.max_token.max(token_of(lease));
+        inner.resume_rv = Some(rv.to_owned());
+        inner.seen = Some(Seen {
+            lease: lease.clone(),
+            changed_at,
+            deleted: false,
+            absent_since: None,
+        });
+    }
+
+    pub(super) fn observe_deleted(&self) {
+        let mut inner = self.inner.lock().expect("lease state poisoned");
+        if let Some(s) = &mut inner.seen {
+            s.deleted = true;
+            s.absent_since.get_or_insert_with(Instant::now);
+        }
+        inner.resume_rv = None;
+    }
+
+    /// The Lease's own duration (never our local setting); `fallback` when
+    /// the field is missing or not positive.
+    pub(super) fn duration_of(lease: &Lease, fallback: Duration) -> Duration {
+        match lease.spec.as_ref().and_then(|s| s.lease_duration_seconds) {
+            Some(s) if s > 0 => Duration::from_secs(s as u64),
+            _ => fallback,
+        }
+    }
+
+    /// When the observed holder's term ends by silence (`None`: no holder).
+    /// For a deleted Lease the silence counts from when we found it gone.
+    pub(super) fn silence_deadline(seen: &Seen, fallback: Duration) -> Option<Instant> {
+        if holder_of(&seen.lease).is_empty() {
+            return None;
+        }
+        let since = seen.absent_since.unwrap_or(seen.changed_at);
+        Some(since + Self::duration_of(&seen.lease, fallback))
+    }
+
+    pub(super) fn new_spec(holder: &str, ttl: Duration, transitions: i32) -> LeaseSpec {
+        let now = now_micro();
+        LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            lease_duration_seconds: Some(lease_duration_secs(ttl)),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    pub(super) fn elected(&self, lease: &Lease, holder: String, ttl: Duration) -> Campaign {
+        self.observe(lease);
+        self.inner.lock().expect("lease state poisoned").own = Some(holder);
+        Campaign::Elected(Term {
+            holder: holder_view(lease),
+            ttl: Duration::from_secs(lease_duration_secs(ttl) as u64),
+            servers: None,
+        })
+    }
+
+    /// Read the Lease; `None` when it does not exist.
+    pub(super) async fn get(&self, conn: &Conn) -> Result<Option<Lease>> {
+        match conn.api.get_opt(&self.name).await {
+            Ok(Some(l)) => {
+                self.observe(&l);
+                Ok(Some(l))
+            }
+            Ok(None) => {
+                self.observe_deleted();
+                Ok(None)
+            }
+            Err(e) => Err(self.classify(conn, "get", e)),
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The election verbs on a Lease: campaign, renew, resign, read and watch,
+//! each a read or a compare-and-swap on the Lease's `resourceVersion`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{PostParams, WatchEvent, WatchParams};
+use tokio::time::{Instant, sleep_until};
+use tracing::debug;
+
+use super::*;
+
+#[async_trait]
+impl LeaseBackend for KubeLeaseBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        _previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        let conn = self.conn().await?;
+        self.inner.lock().expect("lease state poisoned").ttl = Some(ttl);
+        // Two rounds: a lost race (409) is answered by one fresh read.
+        for round in 0..2 {
+            let current = self.get(conn).await?;
+            let mine = format!("{identity}_{}", term_id());
+            let step = match current {
+                None => self.take_absent(conn, round, mine, ttl).await?,
+                Some(lease) => self.take_over(conn, round, lease, mine, ttl).await?,
+            };
+            match step {
+                Round::Done(c) => return Ok(c),
+                Round::Again => continue,
+                Round::Lost => break,
+            }
+        }
+        Ok(self.after_lost_race())
+    }
+
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        let conn = self.conn().await?;
+        let ours = &term.holder.term_id;
+        for _ in 0..CAS_TRIES {
+            let base = {
+                let inner = self.inner.lock().expect("lease state poisoned");
+                match &inner.seen {
+                    Some(s) if s.deleted => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
+                    Some(s) if holder_of(&s.lease) != ours => {
+                        return Ok(Renewal::Lost(LostReason::KeyOverwritten));
+                    }
+                    Some(s) => s.lease.clone(),
+                    None => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
+                }
+            };
+            let mut next = base;
+            let spec = next.spec.get_or_insert_with(Default::default);
+            spec.renew_time = Some(now_micro());
+            let ttl = Self::duration_of(&next, term.ttl);
+            match conn
+                .api
+                .replace(&self.name, &PostParams::default(), &next)
+                .await
+            {
+                Ok(updated) => {
+                    self.observe(&updated);
+                    return Ok(Renewal::Renewed { ttl, servers: None });
+                }
+                Err(e) if Self::is_conflict(&e) => {
+                    // Someone else wrote: re-read and decide; never overwrite.
+                    if self.get(conn).await?.is_none() {
+                        return Ok(Renewal::Lost(LostReason::KeyDeleted));
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    self.observe_deleted();
+                    return Ok(Renewal::Lost(LostReason::KeyDeleted));
+                }
+                Err(e) => return Err(self.classify(conn, "update", e)),
+            }
+        }
+        Err(self.contended(conn))
+    }
+
+    async fn resign(&self, term: &Term) -> Result<()> {
+        let conn = self.conn().await?;
+        let ours = &term.holder.term_id;
+        for _ in 0..CAS_TRIES {
+            let base = {
+                let inner = self.inner.lock().expect("lease state poisoned");
+                match &inner.seen {
+                    Some(s) if !s.deleted && holder_of(&s.lease) == ours => s.lease.clone(),
+                    // Gone or someone else's: nothing of ours to release.
+                    _ => {
+                        drop(inner);
+                        self.inner.lock().expect("poisoned").own = None;
+                        return Ok(());
+                    }
+                }
+            };
+            let mut next = base;
+            let spec = next.spec.get_or_insert_with(Default::default);
+            let now = now_micro();
+            spec.holder_identity = Some(String::new());
+            spec.lease_duration_seconds = Some(1);
+            spec.acquire_time = Some(now.clone());
+            spec.renew_time = Some(now);
+            match conn
+                .api
+                .replace(&self.name, &PostParams::default(), &next)
+                .await
+            {
+                Ok(updated) => {
+                    self.observe(&updated);
+                    self.inner.lock().expect("poisoned").own = None;
+                    return Ok(());
+                }
+                Err(e) if Self::is_conflict(&e) => {
+                    self.get(conn).await?;
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    self.observe_deleted();
+                    return Ok(());
+                }
+                Err(e) => return Err(self.classify(conn, "update", e)),
+            }
+        }
+        Err(self.contended(conn))
+    }
+
+    async fn read(&self) -> Result<Option<Holder>> {
+        let conn = self.conn().await?;
+        Ok(self
+            .get(conn)
+            .await?
+            .filter(|l| !holder_of(l).is_empty())
+            .map(|l| holder_view(&l)))
+    }
+
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        let conn = self.conn().await?;
+        loop {
+            let (rv, deadline, leading, fallback) = {
+                let inner = self.inner.lock().expect("lease state poisoned");
+                let fallback = inner.ttl.unwrap_or(Duration::from_secs(15));
+                let Some(s) = &inner.seen else {
+                    return Ok(());
+                };
+                if s.deleted || holder_of(&s.lease) != seen.term_id {
+                    return Ok(());
+                }
+                let leading = inner.own.as_deref() == Some(seen.term_id.as_str());
+                let rv = inner
+                    .resume_rv
+                    .clone()
+                    .unwrap_or_else(|| rv_of(&s.lease).to_owned());
+                (rv, Self::silence_deadline(s, fallback), leading, fallback)
+            };
+            let params = WatchParams::default()
+                .fields(&format!("metadata.name={}", self.name))
+                .timeout(WATCH_TIMEOUT_SECS);
+            // A hung API must not hold a follower past the silence deadline.
+            let wake = if leading { None } else { deadline };
+            let stream = tokio::select! {
+                r = conn.api.watch(&params, &rv) => r.map_err(|e| self.classify(conn, "watch", e))?,
+                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                    debug!(holder = %seen.term_id, "no change of the lease for its duration: expired");
+                    return Ok(());
+                }
+            };
+            futures_util::pin_mut!(stream);
+            let mut deadline = deadline;
+            loop {
+                let wake = if leading { None } else { deadline };
+                let ev = tokio::select! {
+                    ev = stream.next() => ev,
+                    _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                        debug!(holder = %seen.term_id, "no change of the lease for its duration: expired");
+                        return Ok(());
+                    }
+                };
+                match ev {
+                    None => break, // server-side timeout: reopen from resume_rv
+                    Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
+                        if holder_of(&l) != seen.term_id {
+                            self.observe(&l);
+                            return Ok(());
+                        }
+                        let mut inner = self.inner.lock().expect("lease state poisoned");
+                        if leading {
+                            // Our own renewals: the update answers are the
+                            // CAS versions; only the resume point moves.
+                            inner.resume_rv = Some(rv_of(&l).to_owned());
+                        } else {
+                            Self::observe_locked(&mut inner, &l);
+                            deadline = inner
+                                .seen
+                                .as_ref()
+                                .and_then(|s| Self::silence_deadline(s, fallback));
+                        }
+                    }
+                    Some(Ok(WatchEvent::Deleted(_))) => {
+                        self.observe_deleted();
+                        return Ok(());
+                    }
+                    Some(Ok(WatchEvent::Bookmark(b))) => {
+                        self.inner.lock().expect("lease state poisoned").resume_rv =
+                            Some(b.metadata.resource_version);
+                    }
+                    Some(Ok(WatchEvent::Error(status))) => {
+                        return Err(self.classify(conn, "watch", kube::Error::Api(status)));
+                    }
+                    Some(Err(e)) => return Err(self.classify(conn, "watch", e)),
+                }
+            }
+        }
+    }
+}
+
+/// What one round of a campaign came to.
+enum Round {
+    /// The campaign's answer.
+    Done(Campaign),
+    /// The CAS lost a race: read again (once).
+    Again,
+    /// The second round found the race lost: report what is there now.
+    Lost,
+}
+
+impl KubeLeaseBackend {
+    /// The Lease is absent. If we saw a holder whose term may still run (the
+    /// Lease was deleted by hand), wait its duration from when we found the
+    /// Lease gone; else create it as `mine` with a seeded fencing token.
+    async fn take_absent(
+        &self,
+        conn: &Conn,
+        round: usize,
+        mine: String,
+        ttl: Duration,
+    ) -> Result<Round> {
+        let now = Instant::now();
+        let (max_token, seen) = {
+            let inner = self.inner.lock().expect("lease state poisoned");
+            (inner.max_token, inner.seen.clone())
+        };
+        if let Some(s) = &seen
+            && let Some(end) = Self::silence_deadline(s, ttl)
+            && now < end
+            && !self
+                .inner
+                .lock()
+                .expect("lease state poisoned")
+                .is_unclaimed_own(holder_of(&s.lease))
+        {
+            return Ok(Round::Done(Campaign::Waiting {
+                previous: holder_view(&s.lease),
+                retry_after: end - now,
+            }));
+        }
+        if round > 0 {
+            // Someone created it between our reads and we lost.
+            return Ok(Round::Lost);
+        }
+        let token = (max_token + 1).max(unix_millis());
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(conn.namespace.clone()),
+                annotations: Some([(TOKEN_ANNOTATION.to_owned(), token.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(Self::new_spec(&mine, ttl, 0)),
+        };
+        self.inner
+            .lock()
+            .expect("lease state poisoned")
+            .send_acquisition(&mine);
+        let r = conn.api.create(&PostParams::default(), &lease).await;
+        self.inner
+            .lock()
+            .expect("lease state poisoned")
+            .answered(&mine);
+        match r {
+            Ok(created) => Ok(Round::Done(self.elected(&created, mine, ttl))),
+            Err(e) if Self::is_conflict(&e) => Ok(Round::Again),
+            Err(e) => Err(self.classify(conn, "create", e)),
+        }
+    }
+
+    /// The Lease exists: follow its holder, or, when it is free, silent for
+    /// its duration or an acquisition of ours that was never answered, take
+    /// it by CAS as `mine` with the next fencing token.
+    async fn take_over(
+        &self,
+        conn: &Conn,
+        round: usize,
+        lease: Lease,
+        mine: String,
+        ttl: Duration,
+    ) -> Result<Round> {
+        let now = Instant::now();
+        let (max_token, seen) = {
+            let inner = self.inner.lock().expect("lease state poisoned");
+            (inner.max_token, inner.seen.clone())
+        };
+        let holder = holder_of(&lease);
+        let s = seen.expect("observed by get");
+        let unclaimed = self
+            .inner
+            .lock()
+            .expect("lease state poisoned")
+            .is_unclaimed_own(holder);
+        let expired = unclaimed || Self::silence_deadline(&s, ttl).is_none_or(|end| now >= end);
+        if !expired {
+            return Ok(Round::Done(Campaign::Following(holder_view(&lease))));
+        }
+        if round > 0 {
+            return Ok(Round::Lost);
+        }
+        debug!(
+            previous = holder,
+            "lease free or silent for its duration; taking it"
+        );
+        let old = lease.spec.clone().unwrap_or_default();
+        let transitions = old.lease_transitions.unwrap_or(0).saturating_add(1);
+        let token = (token_of(&lease).max(max_token)) + 1;
+        let mut next = lease.clone();
+        next.spec = Some(Self::new_spec(&mine, ttl, transitions));
+        next.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TOKEN_ANNOTATION.to_owned(), token.to_string());
+        self.inner
+            .lock()
+            .expect("lease state poisoned")
+            .send_acquisition(&mine);
+        let r = conn
+            .api
+            .replace(&self.name, &PostParams::default(), &next)
+            .await;
+        self.inner
+            .lock()
+            .expect("lease state poisoned")
+            .answered(&mine);
+        match r {
+            Ok(updated) => Ok(Round::Done(self.elected(&updated, mine, ttl))),
+            Err(e) if Self::is_conflict(&e) => Ok(Round::Again),
+            Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => Ok(Round::Again),
+            Err(e) => Err(self.classify(conn, "update", e)),
+        }
+    }
+
+    /// Lost a race: report what is there now.
+    fn after_lost_race(&self) -> Campaign {
+        let inner = self.inner.lock().expect("lease state poisoned");
+        match &inner.seen {
+            Some(s) if !s.deleted && !holder_of(&s.lease).is_empty() => {
+                Campaign::Following(holder_view(&s.lease))
+            }
+            Some(s) => Campaign::Waiting {
+                previous: holder_view(&s.lease),
+                retry_after: Duration::from_millis(100),
+            },
+            None => Campaign::Waiting {
+                previous: Holder {
+                    identity: String::new(),
+                    fencing_token: 0,
+                    term_id: String::new(),
+                    revision: 0,
+                    expires_in: None,
+                },
+                retry_after: Duration::from_millis(100),
+            },
+        }
+    }
+}

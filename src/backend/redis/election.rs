@@ -1,0 +1,508 @@
+//! The election on Redis: a client of [`Group`].
+//!
+//! - **Campaign** ([`Lua::Campaign`], atomic per server): if the key is free,
+//!   count the fencing counter beside it (same `{hash tag}`) up to at least
+//!   the server's clock and `SET key "<token>|<fencing>|<identity>" PX ttl`;
+//!   else return the current value and its `PTTL`. The token is random per
+//!   term and decides ownership; the identity lets followers read who leads.
+//! - **Renew**: check that the value carries our token, then `PEXPIRE`. A
+//!   key that is gone or someone else's is never re-created (single server).
+//! - **Resign**: check-then-`DEL`, then `PUBLISH` the released value on the
+//!   election's channel, which followers subscribe to for a fast handover.
+//! - **Redlock**: a term is granted only with a quorum, its TTL shortened by
+//!   [`drift`]; the Elector counts validity from the instant the first
+//!   request was sent. The fencing token is the largest counter in the
+//!   quorum, raised on a quorum before the term is claimed ([`Group::raise`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use rand::Rng;
+use redis::Value;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::group::{Group, drift, tally, unexpected};
+use super::lua::{Lua, Stored, ms};
+use super::released::Released;
+use super::server::{Server, text_of, uint_of};
+use super::{BACKEND, BadCounter, RedisOptions};
+use crate::backend::{
+    BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
+};
+
+/// What this candidate knows of one server's process.
+#[derive(Default)]
+struct RunSeen {
+    /// `run_id` of the process that last answered; `None` before the first answer.
+    id: Option<String>,
+    /// No campaign on this server before this instant: it restarted (or was
+    /// replaced) while we watched, so a term it forgot may still be running.
+    hold_until: Option<Instant>,
+}
+
+/// What one server answered to the campaign script.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Acquired(u64),
+    Held(String, i64),
+    /// The server is younger than one TTL plus a second, or restarted while we
+    /// watched (maybe without persistence); try again after this many milliseconds.
+    Fresh(i64),
+}
+
+/// The Redis [`LeaseBackend`] for one election, over one server or a Redlock group.
+pub struct RedisBackend {
+    prefix: String,
+    key: String,
+    counter_key: String,
+    channel: String,
+    group: Arc<Group>,
+    /// The release channel, subscribed on every server.
+    released: Released,
+    /// Per server: the process last seen.
+    runs: Vec<std::sync::Mutex<RunSeen>>,
+}
+
+/// A parsed holder value `<token>|<fencing>|<identity>` with its `PTTL`.
+fn parse_value(value: &str, pttl_ms: i64) -> Holder {
+    let s = Stored::parse(value);
+    Holder {
+        identity: s.owner,
+        fencing_token: s.fencing,
+        term_id: s.token,
+        revision: 0,
+        // PTTL -1: a key without expiry (written by someone else); -2: gone.
+        // Neither says when to look again: the Elector caps this by its
+        // retry period instead of retrying at once.
+        expires_in: Some(if pttl_ms < 0 {
+            NO_EXPIRY_HINT
+        } else {
+            Duration::from_millis(pttl_ms as u64)
+        }),
+    }
+}
+
+/// Stand-in expiry for a key without a TTL; the Elector waits at most its
+/// retry period.
+const NO_EXPIRY_HINT: Duration = Duration::from_secs(3600);
+
+fn new_token() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn nobody() -> Holder {
+    Holder {
+        identity: String::new(),
+        fencing_token: 0,
+        term_id: String::new(),
+        revision: 0,
+        expires_in: None,
+    }
+}
+
+fn random_retry() -> Duration {
+    Duration::from_millis(rand::rng().random_range(10..=200))
+}
+
+/// The holder of the term seen on at least `quorum` of `held`, with the
+/// largest fencing token among those copies (the leader's token: Redlock
+/// writes it into every copy it can, and any quorum of copies includes one)
+/// and the earliest expiry. `None` when no term has a quorum.
+fn quorum_holder(held: &[Holder], quorum: usize) -> Option<Holder> {
+    for h in held {
+        let same: Vec<&Holder> = held.iter().filter(|o| o.term_id == h.term_id).collect();
+        if same.len() >= quorum {
+            let mut holder = h.clone();
+            holder.fencing_token = same.iter().map(|o| o.fencing_token).max().unwrap_or(0);
+            holder.expires_in = same.iter().filter_map(|o| o.expires_in).min();
+            return Some(holder);
+        }
+    }
+    None
+}
+
+/// What a campaign round found, summed over the servers.
+#[derive(Default)]
+struct Found {
+    acquired: Vec<(usize, u64)>,
+    held: Vec<Holder>,
+    fresh: Option<Duration>,
+    error: Option<BackendError>,
+}
+
+impl RedisBackend {
+    /// A backend for election keys under `prefix` (`<prefix>{<election>}`).
+    /// Does not connect: the first call does.
+    ///
+    /// # Errors
+    /// A message naming the (redacted) URL that cannot be used.
+    pub fn new(
+        prefix: &str,
+        election: &str,
+        options: RedisOptions,
+    ) -> std::result::Result<Arc<Self>, String> {
+        let servers = options
+            .urls
+            .iter()
+            .map(|url| Server::open(url, &options))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if servers.is_empty() {
+            return Err("no Redis URL given".into());
+        }
+        let n = servers.len();
+        let base = format!("{prefix}{{{election}}}");
+        Ok(Arc::new(RedisBackend {
+            prefix: prefix.to_owned(),
+            counter_key: format!("{base}:fencing"),
+            channel: format!("{base}:released"),
+            key: base,
+            group: Arc::new(Group::new(servers)),
+            released: Released::new(n),
+            runs: (0..n).map(|_| Default::default()).collect(),
+        }))
+    }
+
+    /// Number of servers that must agree (N/2 + 1).
+    pub fn quorum(&self) -> usize {
+        self.group.quorum()
+    }
+
+    /// Number of servers (1 = single instance, more = Redlock).
+    pub fn servers(&self) -> usize {
+        self.group.servers().len()
+    }
+
+    /// The key prefix in force, e.g. `leader-elector:`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The servers as a (Redlock) group, shared with the coordination API.
+    pub fn group(&self) -> Arc<Group> {
+        self.group.clone()
+    }
+
+    /// Run the campaign script on server `i` and read its answer, keeping
+    /// track of the server's process (`run_id`).
+    async fn acquire_on(
+        &self,
+        i: usize,
+        token: &str,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<Answer> {
+        let server = &self.group.servers()[i];
+        let (known, holding) = {
+            let seen = self.runs[i].lock().expect("run lock");
+            let holding = seen.hold_until.is_some_and(|t| Instant::now() < t);
+            (seen.id.clone().unwrap_or_default(), holding)
+        };
+        let hold = if holding { "1" } else { "0" };
+        let keys = [self.key.as_str(), self.counter_key.as_str()];
+        let v = server
+            .eval(
+                Lua::Campaign,
+                &keys,
+                &[token, identity, &ms(ttl), &known, hold],
+            )
+            .await?;
+        let Value::Array(items) = &v else {
+            return Err(unexpected(&v));
+        };
+        let run = items
+            .last()
+            .and_then(text_of)
+            .ok_or_else(|| unexpected(&v))?;
+        let hold_until = self.saw_run(i, server, run, ttl);
+        match items.as_slice() {
+            [Value::Int(1), f, _] => uint_of(f)
+                .map(Answer::Acquired)
+                .ok_or_else(|| unexpected(&v)),
+            [Value::Int(0), Value::BulkString(value), Value::Int(pttl), _] => Ok(Answer::Held(
+                String::from_utf8_lossy(value).into_owned(),
+                *pttl,
+            )),
+            [Value::Int(3), Value::Int(wait), _] => {
+                let own = hold_until.map_or(0, |t| {
+                    t.saturating_duration_since(Instant::now()).as_millis() as i64
+                });
+                // Our own hold-off, if any, else the server's uptime wait.
+                Ok(Answer::Fresh(if own > 0 { own } else { *wait }))
+            }
+            [Value::Int(4), Value::BulkString(value), _] => Err(BackendError::Rejected {
+                backend: BACKEND,
+                code: "fencing_counter",
+                source: Box::new(BadCounter {
+                    key: self.counter_key.clone(),
+                    value: String::from_utf8_lossy(value).into_owned(),
+                }),
+            }),
+            _ => Err(unexpected(&v)),
+        }
+    }
+
+    /// Record server `i`'s `run_id`. A new process behind the same address:
+    /// keep out of it for one TTL (plus the uptime clock's second) on our own
+    /// clock, whatever its wall clock says. Returns the hold-off's end.
+    fn saw_run(&self, i: usize, server: &Server, run: String, ttl: Duration) -> Option<Instant> {
+        let mut seen = self.runs[i].lock().expect("run lock");
+        if seen.id.as_deref().is_some_and(|k| k != run) {
+            warn!(server = %server.label(), run_id = %run, "the Redis server restarted or was replaced: no campaign on it for one lease duration");
+            seen.hold_until = Some(Instant::now() + ttl + Duration::from_secs(1));
+        }
+        seen.id = Some(run);
+        seen.hold_until
+    }
+
+    /// Ask every server at once and sum up the answers.
+    async fn ask_all(&self, token: &str, identity: &str, ttl: Duration) -> Found {
+        let n = self.servers();
+        let answers = join_all((0..n).map(|i| self.acquire_on(i, token, identity, ttl))).await;
+        let mut found = Found::default();
+        for (i, a) in answers.into_iter().enumerate() {
+            match a {
+                Ok(Answer::Acquired(f)) => found.acquired.push((i, f)),
+                Ok(Answer::Held(v, pttl)) => found.held.push(parse_value(&v, pttl)),
+                Ok(Answer::Fresh(ms)) => {
+                    let d = Duration::from_millis(ms.max(1) as u64);
+                    found.fresh = Some(found.fresh.map_or(d, |f| f.min(d)));
+                }
+                Err(e) => {
+                    found.error.get_or_insert(e);
+                }
+            }
+        }
+        found
+    }
+
+    /// A quorum granted: raise the counters (Redlock), then claim the term,
+    /// or give it back when too few servers confirmed.
+    async fn win(&self, found: &Found, token: String, identity: &str, ttl: Duration) -> Campaign {
+        let n = self.servers();
+        let fencing = found.acquired.iter().map(|(_, f)| *f).max().unwrap_or(0);
+        let value = Stored {
+            token,
+            fencing,
+            owner: identity.to_owned(),
+        };
+        if self.group.raise(&self.key, &self.counter_key, &value).await < self.quorum() {
+            self.group
+                .release_on(&found.acquired, &self.key, &value.token, &self.channel)
+                .await;
+            return Campaign::Waiting {
+                previous: nobody(),
+                retry_after: random_retry(),
+            };
+        }
+        Campaign::Elected(Term {
+            holder: Holder {
+                identity: value.owner,
+                fencing_token: fencing,
+                term_id: value.token,
+                revision: 0,
+                expires_in: None,
+            },
+            ttl: ttl.saturating_sub(drift(ttl)),
+            servers: (n > 1).then_some((found.acquired.len(), n)),
+        })
+    }
+
+    /// No quorum: follow the holder seen on a quorum, or wait out a split.
+    fn lose(&self, found: Found) -> Result<Campaign> {
+        if found.acquired.len() + found.held.len() < self.quorum()
+            && let Some(e) = found.error
+        {
+            return Err(e);
+        }
+        if let Some(holder) = quorum_holder(&found.held, self.quorum()) {
+            return Ok(Campaign::Following(holder));
+        }
+        // A split: retry after a random delay (Redlock spec), or when the
+        // minority keys expire; a server younger than one TTL sets the wait.
+        let random = found.fresh.unwrap_or_else(random_retry);
+        let retry_after = found
+            .held
+            .iter()
+            .filter_map(|h| h.expires_in)
+            .min()
+            .map_or(random, |e| e.min(random));
+        Ok(Campaign::Waiting {
+            previous: found.held.into_iter().next().unwrap_or_else(nobody),
+            retry_after,
+        })
+    }
+
+    async fn read_on(&self, server: &Server) -> Result<Option<Holder>> {
+        let (value, pttl): (Option<String>, i64) = server
+            .query(
+                "read",
+                redis::pipe()
+                    .cmd("GET")
+                    .arg(&self.key)
+                    .cmd("PTTL")
+                    .arg(&self.key),
+            )
+            .await?;
+        Ok(value.map(|v| parse_value(&v, pttl)))
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        _previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        // Subscribe before reading, so a release after our read is not missed.
+        self.released.subscribe(&self.group, &self.channel).await;
+        let start = Instant::now();
+        let token = new_token();
+        let found = self.ask_all(&token, identity, ttl).await;
+        if found.acquired.len() >= self.quorum() && !self.group.validity(ttl, start).is_zero() {
+            return Ok(self.win(&found, token, identity, ttl).await);
+        }
+        // No quorum: give back what we took, everywhere.
+        self.group
+            .release_on(&found.acquired, &self.key, &token, &self.channel)
+            .await;
+        self.lose(found)
+    }
+
+    async fn read(&self) -> Result<Option<Holder>> {
+        self.released.subscribe(&self.group, &self.channel).await;
+        let reads = join_all(self.group.servers().iter().map(|s| self.read_on(s))).await;
+        let mut held = Vec::new();
+        let mut answered = 0;
+        let mut first_error = None;
+        for r in reads {
+            match r {
+                Ok(h) => {
+                    answered += 1;
+                    held.extend(h);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if answered < self.quorum() {
+            return Err(first_error.expect("fewer answers than a quorum means an error"));
+        }
+        Ok(quorum_holder(&held, self.quorum()))
+    }
+
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        let ttl_ms = ms(term_full_ttl(term));
+        // Redlock: the value to put back where a server lost the key.
+        let recreate = if self.group.is_redlock() {
+            Stored {
+                token: term.holder.term_id.clone(),
+                fencing: term.holder.fencing_token,
+                owner: term.holder.identity.clone(),
+            }
+            .encode()
+        } else {
+            String::new()
+        };
+        let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
+        let t = tally(
+            self.group
+                .eval_all(Lua::ElectionRenew, &[&self.key], &args)
+                .await,
+        );
+        let n = self.servers();
+        if t.ok >= self.quorum() {
+            return Ok(Renewal::Renewed {
+                ttl: term.ttl,
+                servers: (n > 1).then_some((t.ok, n)),
+            });
+        }
+        if t.gone + t.taken > n - self.quorum() {
+            return Ok(Renewal::Lost(if t.taken > t.gone {
+                LostReason::KeyOverwritten
+            } else {
+                LostReason::KeyDeleted
+            }));
+        }
+        Err(self.group.no_quorum(t.error, t.ok, "renewed"))
+    }
+
+    async fn resign(&self, term: &Term) -> Result<()> {
+        let answers = self
+            .group
+            .eval_all(
+                Lua::Release,
+                &[&self.key],
+                &[&term.holder.term_id, &self.channel, ""],
+            )
+            .await;
+        let failed: Vec<BackendError> = answers.into_iter().filter_map(|r| r.err()).collect();
+        // Resigned when no quorum can still hold the key.
+        if failed.len() >= self.quorum()
+            && let Some(e) = failed.into_iter().next()
+        {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        self.released.subscribe(&self.group, &self.channel).await;
+        if self.released.wait(&seen.term_id).await {
+            return Ok(());
+        }
+        // Every subscription is broken: report it; the Elector backs off and
+        // campaigns again (which re-subscribes).
+        Err(BackendError::Unreachable {
+            backend: BACKEND,
+            endpoints: self.group.endpoints(),
+            source: "the release-channel subscription broke on every server".into(),
+        })
+    }
+}
+
+/// The TTL to set on renewal: the term's TTL is already shortened by the
+/// drift, so add it back for the server's PEXPIRE.
+fn term_full_ttl(term: &Term) -> Duration {
+    // term.ttl = ttl - (ttl/100 + 2ms)  =>  ttl = (term.ttl + 2ms) * 100/99
+    (term.ttl + Duration::from_millis(2)).mul_f64(100.0 / 99.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_parse_with_pipes_in_the_identity() {
+        let h = parse_value("abc|42|pod|x", 1500);
+        assert_eq!(h.term_id, "abc");
+        assert_eq!(h.fencing_token, 42);
+        assert_eq!(h.identity, "pod|x");
+        assert_eq!(h.expires_in, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn drift_follows_the_redlock_spec() {
+        assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
+        let term = Term {
+            holder: parse_value("t|1|i", 0),
+            ttl: Duration::from_secs(10) - drift(Duration::from_secs(10)),
+            servers: None,
+        };
+        let back = term_full_ttl(&term);
+        assert!(
+            back >= Duration::from_millis(9999) && back <= Duration::from_millis(10001),
+            "{back:?}"
+        );
+    }
+}

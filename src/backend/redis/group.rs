@@ -1,0 +1,315 @@
+//! **Redlock as a quorum combinator** over single-server stores ([`Server`]),
+//! after redis.io's "Distributed locks with Redis"
+//! (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>).
+//! One server is a group of one (quorum 1), so every caller speaks to a
+//! [`Group`] whatever the set-up.
+//!
+//! - A key is **granted** only when a quorum (N/2 + 1) of servers granted it
+//!   and the validity, TTL − elapsed − [`drift`], is still positive; a failed
+//!   acquisition is released on every server.
+//! - A **renew** succeeds only on a quorum; a **release** goes to all.
+//! - **Fencing tokens of successive grants of one name strictly grow**, even
+//!   when the granting quorums differ: per-server counters alone do not (with
+//!   counters 5, 5, 3, grant A from servers 1 and 2 gives 6, grant B from 2
+//!   and 3 gives 7, grant C from 1 and 3 gives 7 again). So a grant takes the
+//!   largest counter of its quorum, F, and a second round ([`Group::raise`])
+//!   raises the counter on every server that answers to at least F before the
+//!   grant is handed out; unless a quorum confirms, the grant is released and
+//!   refused. Any later quorum shares a server with the confirming one, whose
+//!   counter is at least F, and `INCR` there gives more than F: tokens only
+//!   grow while servers keep their data. The election has done this since
+//!   issue 12.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::Value;
+use tokio::time::Instant;
+
+use super::BACKEND;
+use super::lua::{Lua, Stored};
+use super::server::{Server, uint_of};
+use crate::backend::{BackendError, Result};
+
+/// The Redlock spec's clock drift allowance: 1 % of the TTL plus 2 ms.
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// One server or a Redlock group of independent servers.
+pub struct Group {
+    servers: Vec<Server>,
+    quorum: usize,
+}
+
+/// How the servers answered a verb that each answers 1 (done), 0 (gone) or
+/// -1 (someone else's), e.g. [`Lua::Renew`], [`Lua::Release`].
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Servers that answered 1.
+    pub ok: usize,
+    /// Servers that answered 0.
+    pub gone: usize,
+    /// Servers that answered -1.
+    pub taken: usize,
+    /// Servers that answered 2 (put back; election renew only).
+    pub restored: usize,
+    /// The first error, if any server failed.
+    pub error: Option<BackendError>,
+}
+
+/// What one server answered to an acquisition script (`{1, fencing}`, ...).
+#[derive(Debug)]
+pub enum Step {
+    /// Granted with this server's fencing counter.
+    Granted(u64),
+    /// Refused; the rest of the answer (held value, live count, ...).
+    Refused(Vec<Value>),
+}
+
+/// What a group answered to one acquisition round.
+pub struct Round {
+    /// Per server (by index): its answer.
+    pub answers: Vec<Result<Step>>,
+    /// When the first request was sent.
+    pub start: Instant,
+}
+
+impl Round {
+    /// Indices of the servers that granted, with their counters.
+    pub fn granted(&self) -> Vec<(usize, u64)> {
+        self.answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Ok(Step::Granted(f)) => Some((i, *f)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The refusals' payloads.
+    pub fn refusals(&self) -> impl Iterator<Item = &Vec<Value>> {
+        self.answers.iter().filter_map(|a| match a {
+            Ok(Step::Refused(v)) => Some(v),
+            _ => None,
+        })
+    }
+
+    /// Servers that answered at all.
+    pub fn answered(&self) -> usize {
+        self.answers.iter().filter(|a| a.is_ok()).count()
+    }
+
+    /// The first error, taken out.
+    pub fn first_error(&mut self) -> Option<BackendError> {
+        self.answers.iter_mut().find_map(|a| match a {
+            Err(_) => std::mem::replace(a, Ok(Step::Refused(Vec::new()))).err(),
+            _ => None,
+        })
+    }
+}
+
+impl Group {
+    /// A group over `servers` (at least one); the quorum is N/2 + 1.
+    pub fn new(servers: Vec<Server>) -> Group {
+        let quorum = servers.len() / 2 + 1;
+        Group { servers, quorum }
+    }
+
+    /// The servers, in the configured order.
+    pub fn servers(&self) -> &[Server] {
+        &self.servers
+    }
+
+    /// Servers that must agree (N/2 + 1).
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// Whether this is a Redlock group (more than one server).
+    pub fn is_redlock(&self) -> bool {
+        self.servers.len() > 1
+    }
+
+    /// The configured endpoints (redacted), comma-separated.
+    pub fn endpoints(&self) -> String {
+        let labels: Vec<&str> = self.servers.iter().map(Server::label).collect();
+        labels.join(",")
+    }
+
+    /// Run `lua` on every server at once.
+    pub async fn eval_all(&self, lua: Lua, keys: &[&str], args: &[&str]) -> Vec<Result<Value>> {
+        join_all(self.servers.iter().map(|s| s.eval(lua, keys, args))).await
+    }
+
+    /// Run an acquisition script on every server at once and read the
+    /// answers: `{1, fencing, ...}` granted, anything else refused; a
+    /// `{-2, counter}` refusal is left to the caller.
+    pub async fn acquire_round(&self, lua: Lua, keys: &[&str], args: &[&str]) -> Round {
+        let start = Instant::now();
+        let answers = self
+            .eval_all(lua, keys, args)
+            .await
+            .into_iter()
+            .map(|r| r.and_then(step))
+            .collect();
+        Round { answers, start }
+    }
+
+    /// The validity left of a grant of `ttl` whose round started at `start`:
+    /// TTL − elapsed − drift (zero when used up).
+    pub fn validity(&self, ttl: Duration, start: Instant) -> Duration {
+        ttl.saturating_sub(drift(ttl))
+            .saturating_sub(start.elapsed())
+    }
+
+    /// Redlock's second round after a quorum granted `key` to `value.token`:
+    /// raise the counter `fkey` to at least `value.fencing` on every server
+    /// and write `value` over our copies (see the module docs). Returns how
+    /// many servers confirmed; a single server confirms without a round (its
+    /// own `INCR` already counted past every earlier grant).
+    pub async fn raise(&self, key: &str, fkey: &str, value: &Stored) -> usize {
+        if !self.is_redlock() {
+            return 1;
+        }
+        let fencing = value.fencing.to_string();
+        let encoded = value.encode();
+        self.eval_all(
+            Lua::Raise,
+            &[key, fkey],
+            &[&fencing, &value.token, &encoded],
+        )
+        .await
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Value::Int(1))))
+        .count()
+    }
+
+    /// Release `key` of `token` on every server (in parallel), publishing
+    /// `message` (empty: the old value) on `channel`.
+    pub async fn release_all(&self, key: &str, token: &str, channel: &str, message: &str) -> Tally {
+        tally(
+            self.eval_all(Lua::Release, &[key], &[token, channel, message])
+                .await,
+        )
+    }
+
+    /// Release where a failed acquisition took `key` (`granted` indices).
+    pub async fn release_on(
+        &self,
+        granted: &[(usize, u64)],
+        key: &str,
+        token: &str,
+        channel: &str,
+    ) {
+        let keys = [key];
+        let args = [token, channel, ""];
+        join_all(
+            granted
+                .iter()
+                .map(|(i, _)| self.servers[*i].eval(Lua::Release, &keys, &args)),
+        )
+        .await;
+    }
+
+    /// An error for too few answers: the first server error, else
+    /// `Unreachable` naming the count.
+    pub fn no_quorum(&self, error: Option<BackendError>, ok: usize, what: &str) -> BackendError {
+        error.unwrap_or_else(|| BackendError::Unreachable {
+            backend: BACKEND,
+            endpoints: self.endpoints(),
+            source: format!(
+                "only {ok} of {} servers {what}; a quorum is {}",
+                self.servers.len(),
+                self.quorum
+            )
+            .into(),
+        })
+    }
+}
+
+/// Count 1 / 0 / -1 / 2 answers and keep the first error.
+pub fn tally(answers: Vec<Result<Value>>) -> Tally {
+    let mut t = Tally::default();
+    for a in answers {
+        match a {
+            Ok(Value::Int(1)) => t.ok += 1,
+            Ok(Value::Int(2)) => t.restored += 1,
+            Ok(Value::Int(0)) => t.gone += 1,
+            Ok(Value::Int(-1)) => t.taken += 1,
+            Ok(other) => {
+                t.error.get_or_insert(unexpected(&other));
+            }
+            Err(e) => {
+                t.error.get_or_insert(e);
+            }
+        }
+    }
+    t
+}
+
+/// Read one acquisition answer.
+fn step(v: Value) -> Result<Step> {
+    let Value::Array(items) = v else {
+        return Err(unexpected(&v));
+    };
+    match items.as_slice() {
+        [Value::Int(1), f, ..] => uint_of(f)
+            .map(Step::Granted)
+            .ok_or_else(|| unexpected(&Value::Array(items.clone()))),
+        _ => Ok(Step::Refused(items)),
+    }
+}
+
+/// A script answer of an unexpected shape.
+pub fn unexpected(v: &Value) -> BackendError {
+    BackendError::Server {
+        backend: BACKEND,
+        source: format!("unexpected script answer: {v:?}").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_tallied_with_the_first_error_kept() {
+        let t = tally(vec![
+            Ok(Value::Int(1)),
+            Ok(Value::Int(-1)),
+            Ok(Value::Int(0)),
+            Ok(Value::Int(2)),
+            Ok(Value::Nil),
+            Ok(Value::Int(1)),
+        ]);
+        assert_eq!((t.ok, t.taken, t.gone, t.restored), (2, 1, 1, 1));
+        assert!(matches!(t.error, Some(BackendError::Server { .. })));
+    }
+
+    #[test]
+    fn a_grant_answer_carries_the_counter_and_a_refusal_its_payload() {
+        let granted = step(Value::Array(vec![Value::Int(1), Value::Int(42)])).unwrap();
+        assert!(matches!(granted, Step::Granted(42)));
+        let held = step(Value::Array(vec![Value::Int(0), Value::Int(3)])).unwrap();
+        assert!(matches!(held, Step::Refused(v) if v.len() == 2));
+        assert!(step(Value::Int(1)).is_err());
+    }
+
+    #[test]
+    fn the_quorum_is_a_strict_majority() {
+        let opts = super::super::RedisOptions::default();
+        let group = |n: usize| {
+            let servers = (0..n)
+                .map(|i| Server::open(&format!("redis://127.0.0.1:{}", 7000 + i), &opts).unwrap())
+                .collect();
+            Group::new(servers)
+        };
+        assert_eq!(group(1).quorum(), 1);
+        assert_eq!(group(3).quorum(), 2);
+        assert_eq!(group(4).quorum(), 3);
+        assert_eq!(group(5).quorum(), 3);
+        assert!(!group(1).is_redlock());
+    }
+}

@@ -1,0 +1,368 @@
+//! Every Lua script the Redis backend runs, election and coordination alike,
+//! each under a name, and the one codec of the stored value
+//! `<token>|<fencing>|<identity or owner>`.
+//!
+//! Scripts validate first and write last, so a refusal leaves no trace.
+//! Answers are documented per script; the Rust side reads them in
+//! [`super::election`] and [`crate::coord::redis`].
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+/// Shared prelude of the coordination scripts: `fence_ok(fkey)` refuses a
+/// fencing counter that is not a non-negative integer of at most 18 digits
+/// (returns `false, value`); `fence_next(fkey)` seeds a missing counter with
+/// the server's clock in milliseconds (so tokens keep growing across a restart
+/// without persistence) and `INCR`s it.
+const FENCE: &str = r"
+local function fence_ok(fkey)
+  local c = redis.call('GET', fkey)
+  if c == false then return true, nil end
+  if string.match(c, '^%d+$') and string.len(c) <= 18 then return true, nil end
+  return false, c
+end
+local function fence_next(fkey)
+  if redis.call('EXISTS', fkey) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', fkey, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  end
+  return redis.call('INCR', fkey)
+end
+local function mine(value, token)
+  return value and string.sub(value, 1, string.len(token) + 1) == token .. '|'
+end
+";
+
+/// Election campaign. KEYS: key, counter. ARGV: 1 term token, 2 identity,
+/// 3 TTL in ms, 4 the run_id this candidate last saw on this server ('' if
+/// none), 5 '1' while this candidate keeps out of a server it saw restart.
+/// Answers (each ending with the server's run_id): `{1, fencing}` elected,
+/// `{0, value, pttl}` held, `{3, wait_ms}` too fresh, `{4, counter}` bad counter.
+const CAMPAIGN: &str = r"
+local info = redis.call('INFO', 'server')
+local run = string.match(info, 'run_id:(%x+)') or ''
+local current = redis.call('GET', KEYS[1])
+if current then
+  return {0, current, redis.call('PTTL', KEYS[1]), run}
+end
+local ttl = tonumber(ARGV[3])
+-- A server that restarted (or was replaced, e.g. a replica promoted) since
+-- this candidate last saw it may have forgotten a live term.
+if ARGV[5] == '1' or (ARGV[4] ~= '' and ARGV[4] ~= run) then
+  return {3, ttl + 1000, run}
+end
+-- A server up for less than one TTL may have restarted without persistence
+-- and forgotten a live term. uptime_in_seconds counts whole wall-clock
+-- seconds and reads N after as little as N - 1 s: demand one more second.
+local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+if up and up * 1000 < ttl + 1000 then
+  return {3, ttl + 1000 - up * 1000, run}
+end
+-- The fencing counter must be a non-negative integer that a Lua number holds
+-- exactly (at most 15 digits); anything else was written by someone else and
+-- is refused, never wrapped or rounded.
+local c = redis.call('GET', KEYS[2])
+if c and (not string.match(c, '^%d+$') or string.len(c) > 15) then
+  return {4, c, run}
+end
+-- Tokens only grow: the next token is max(counter + 1, server clock in ms),
+-- so a counter that went back (a lagging replica promoted, a restart without
+-- persistence) does not hand out a token an earlier term had.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fencing = math.max((tonumber(c) or 0) + 1, now)
+local f = string.format('%.0f', fencing)
+redis.call('SET', KEYS[2], f)
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
+return {1, f, run}
+";
+
+/// Election renew. KEYS: key. ARGV: 1 token, 2 TTL in ms, 3 Redlock only:
+/// the value to put back where the key is gone (never over someone else's).
+/// Answers 1 renewed, 2 put back, 0 gone, -1 someone else's.
+const ELECTION_RENEW: &str = r"
+local current = redis.call('GET', KEYS[1])
+if not current then
+  if ARGV[3] ~= '' then
+    redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[2])
+    return 2
+  end
+  return 0
+end
+if not mine(current, ARGV[1]) then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+/// Redlock, after a quorum granted: raise the fencing counter (KEYS[2]) to at
+/// least ARGV[1] and write ARGV[3] over our value of KEYS[1] (token ARGV[2]),
+/// keeping its TTL. Answers 1, or -1 for a counter that is not ours to raise.
+const RAISE: &str = r"
+local c = redis.call('GET', KEYS[2])
+if c and (not string.match(c, '^%d+$') or string.len(c) > 18) then return -1 end
+if tonumber(c or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[2], ARGV[1]) end
+if mine(redis.call('GET', KEYS[1]), ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[3], 'XX', 'KEEPTTL')
+end
+return 1
+";
+
+/// Release. KEYS: key. ARGV: 1 token, 2 channel. Deletes the key when it
+/// carries the token and publishes `ARGV[3]` (or the old value when empty)
+/// on the channel. Answers 1 released, 0 gone, -1 someone else's.
+const RELEASE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+if not mine(current, ARGV[1]) then return -1 end
+redis.call('DEL', KEYS[1])
+if ARGV[3] == '' then
+  redis.call('PUBLISH', ARGV[2], current)
+else
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return 1
+";
+
+/// Lock (and Redlock semaphore slot). KEYS: key, counter. ARGV: token, owner,
+/// TTL in ms. Answers `{1, fencing}`, `{0, value}` held, `{-2, counter}` bad.
+const LOCK: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then return {0, current} end
+local ok, bad = fence_ok(KEYS[2])
+if not ok then return {-2, bad} end
+local f = fence_next(KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
+return {1, f}
+";
+
+/// Renew of a lock, slot or claim. KEYS: key. ARGV: token, TTL in ms.
+/// Answers 1 renewed, 0 gone, -1 someone else's; never re-creates.
+const RENEW: &str = r"
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+if not mine(current, ARGV[1]) then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+/// Live permits of a semaphore (by the server's clock), read-only. KEYS: set.
+const SEM_LIVE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+";
+
+/// Single-server semaphore: a sorted set of tokens scored by expiry. KEYS:
+/// set, counter. ARGV: token, permits, TTL in ms. Answers `{1, fencing}`,
+/// `{0, live}` full, `{-2, counter}` bad counter.
+const SEM_ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ok, bad = fence_ok(KEYS[2])
+if not ok then return {-2, bad} end
+local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+if live >= tonumber(ARGV[2]) then return {0, live} end
+local f = fence_next(KEYS[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return {1, f}
+";
+
+/// Single-server permit renew. KEYS: set. ARGV: token, TTL in ms. Answers 1 or 0.
+const SEM_RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  return 0
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+";
+
+/// Single-server permit release. KEYS: set. ARGV: token. Answers 1 or 0.
+const SEM_RELEASE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+if n == 1 then redis.call('PUBLISH', KEYS[1], 'released') end
+return n
+";
+
+/// Redlock semaphore: which of the slots `KEYS[1]:slot:0..ARGV[1]-1` are
+/// taken on this server (an array of indices). Read-only.
+const SLOTS: &str = r"
+local taken = {}
+for i = 0, tonumber(ARGV[1]) - 1 do
+  if redis.call('EXISTS', KEYS[1] .. ':slot:' .. i) == 1 then taken[#taken + 1] = i end
+end
+return taken
+";
+
+/// Job claim: [`LOCK`] on the claim unless the job is done. KEYS: claim,
+/// counter, done. ARGV: token, owner, TTL in ms. Answers as [`LOCK`], or
+/// `{2}` completed.
+const CLAIM: &str = r"
+if redis.call('EXISTS', KEYS[3]) == 1 then return {2} end
+";
+
+/// Job completion. KEYS: claim, done. ARGV: token, retention in ms. Answers
+/// 1 completed (now or before), -1 someone else's, 0 gone.
+const COMPLETE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if mine(current, ARGV[1]) then
+  redis.call('SET', KEYS[2], current, 'PX', ARGV[2])
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+local done = redis.call('GET', KEYS[2])
+if mine(done, ARGV[1]) then return 1 end
+if current or done then return -1 end
+return 0
+";
+
+/// The scripts by name. Each is loaded once per process (`EVALSHA`, falling
+/// back to `EVAL` on a server that does not know it yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lua {
+    /// [`CAMPAIGN`]
+    Campaign,
+    /// [`ELECTION_RENEW`]
+    ElectionRenew,
+    /// [`RAISE`]
+    Raise,
+    /// [`RELEASE`]
+    Release,
+    /// [`LOCK`]
+    Lock,
+    /// [`RENEW`]
+    Renew,
+    /// [`SEM_LIVE`]
+    SemLive,
+    /// [`SEM_ACQUIRE`]
+    SemAcquire,
+    /// [`SEM_RENEW`]
+    SemRenew,
+    /// [`SEM_RELEASE`]
+    SemRelease,
+    /// [`SLOTS`]
+    Slots,
+    /// [`CLAIM`]
+    Claim,
+    /// [`COMPLETE`]
+    Complete,
+}
+
+const ALL: [Lua; 13] = [
+    Lua::Campaign,
+    Lua::ElectionRenew,
+    Lua::Raise,
+    Lua::Release,
+    Lua::Lock,
+    Lua::Renew,
+    Lua::SemLive,
+    Lua::SemAcquire,
+    Lua::SemRenew,
+    Lua::SemRelease,
+    Lua::Slots,
+    Lua::Claim,
+    Lua::Complete,
+];
+
+static SCRIPTS: LazyLock<Vec<Script>> =
+    LazyLock::new(|| ALL.iter().map(|s| Script::new(&s.source())).collect());
+
+impl Lua {
+    fn body(self) -> &'static str {
+        match self {
+            Lua::Campaign => CAMPAIGN,
+            Lua::ElectionRenew => ELECTION_RENEW,
+            Lua::Raise => RAISE,
+            Lua::Release => RELEASE,
+            Lua::Lock => LOCK,
+            Lua::Renew => RENEW,
+            Lua::SemLive => SEM_LIVE,
+            Lua::SemAcquire => SEM_ACQUIRE,
+            Lua::SemRenew => SEM_RENEW,
+            Lua::SemRelease => SEM_RELEASE,
+            Lua::Slots => SLOTS,
+            Lua::Claim => CLAIM,
+            Lua::Complete => COMPLETE,
+        }
+    }
+
+    /// The script's source (the shared prelude plus the body), for `EVAL`
+    /// inside a pipeline.
+    pub fn source(self) -> String {
+        match self {
+            Lua::Claim => format!("{FENCE}{CLAIM}{LOCK}"),
+            _ => format!("{FENCE}{}", self.body()),
+        }
+    }
+
+    /// The compiled script (the shared prelude plus the body).
+    pub fn script(self) -> &'static Script {
+        &SCRIPTS[self as usize]
+    }
+}
+
+/// The value stored under an election or coordination key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Random per term or grant; proves ownership.
+    pub token: String,
+    /// The fencing token of the term or grant.
+    pub fencing: u64,
+    /// The candidate's identity, or the client's owner label (may hold `|`).
+    pub owner: String,
+}
+
+impl Stored {
+    /// Encode as `<token>|<fencing>|<owner>`.
+    pub fn encode(&self) -> String {
+        format!("{}|{}|{}", self.token, self.fencing, self.owner)
+    }
+
+    /// Parse `<token>|<fencing>|<owner>`; missing parts are empty (fencing 0).
+    pub fn parse(value: &str) -> Stored {
+        let mut parts = value.splitn(3, '|');
+        Stored {
+            token: parts.next().unwrap_or("").to_owned(),
+            fencing: parts.next().and_then(|f| f.parse().ok()).unwrap_or(0),
+            owner: parts.next().unwrap_or("").to_owned(),
+        }
+    }
+}
+
+/// A duration as a script's millisecond argument (at least 1).
+pub fn ms(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_with_pipes_in_the_owner() {
+        let s = Stored::parse("abc|42|pod|x");
+        assert_eq!(s.token, "abc");
+        assert_eq!(s.fencing, 42);
+        assert_eq!(s.owner, "pod|x");
+        assert_eq!(s.encode(), "abc|42|pod|x");
+    }
+
+    #[test]
+    fn every_script_has_its_own_body() {
+        for (i, s) in ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+        }
+    }
+}

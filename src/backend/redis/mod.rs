@@ -1,0 +1,157 @@
+//! The Redis backend: a single Redis server, or **Redlock** across N
+//! independent servers (quorum N/2 + 1), following the algorithm on
+//! redis.io's "Distributed locks with Redis".
+//!
+//! Layers, each a client of the one below:
+//! - [`lua`]: every script, by name, and the stored value's codec;
+//! - [`server`]: one server (connection, timeouts, error classification);
+//! - [`group`]: Redlock as a quorum combinator over servers (one server is a
+//!   group of one), with the fencing rule that keeps tokens growing;
+//! - [`election`]: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
+//!   the coordination API ([`crate::coord::redis`]) is the other client of
+//!   [`group`].
+//!
+//! Known limits (also in the README): a server restarted without persistence
+//! forgets keys and counters; process pauses are covered by the Elector's
+//! safety rule and by fencing tokens, not by Redis.
+
+mod election;
+pub mod group;
+pub mod lua;
+mod released;
+pub mod server;
+
+use std::time::Duration;
+
+pub use election::RedisBackend;
+pub use group::{Group, drift};
+
+const BACKEND: &str = "redis";
+
+/// How to reach the Redis servers. Secrets are held in memory only; logs and
+/// errors use [`redact`]ed URLs.
+#[derive(Clone, Default)]
+pub struct RedisOptions {
+    /// `redis://` or `rediss://` URLs, one per independent server (1 = single
+    /// instance, 3 or more = Redlock).
+    pub urls: Vec<String>,
+    /// Password for every URL that does not carry one (`--redis-password-file`).
+    pub password: Option<String>,
+    /// PEM of the CA that signed the servers' certificates, for `rediss://`
+    /// with a private CA (else the system's roots).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Deadline of each request to one server (and of connecting to it).
+    pub per_server_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("per_server_timeout", &self.per_server_timeout)
+            .finish()
+    }
+}
+
+/// `url` with any password replaced by `***`, for logs and errors: the
+/// userinfo's password (or a lone userinfo) and the values of `pass=` and
+/// `password=` query parameters (`redis+unix:///run/redis.sock?pass=...`).
+pub fn redact(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let creds = &base[scheme_end + 3..at];
+            let user = creds.split_once(':').map_or(creds, |(u, _)| u);
+            let user = if creds.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{}{}{}", &base[..scheme_end + 3], user, &base[at..])
+        }
+        _ => base.to_owned(),
+    };
+    if let Some(q) = query {
+        out.push('?');
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _))
+                    if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
+                {
+                    format!("{k}=***")
+                }
+                _ => kv.to_owned(),
+            })
+            .collect();
+        out.push_str(&parts.join("&"));
+    }
+    out
+}
+
+/// Check a Redis URL: `redis://[user[:password]@]host:port[/db]` or `rediss://…`.
+///
+/// # Errors
+/// A message with the redacted value and an example.
+pub fn check_url(url: &str) -> std::result::Result<(), String> {
+    let shown = redact(url);
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(format!(
+            "{shown} needs the scheme redis:// or rediss://, e.g. redis://127.0.0.1:6379"
+        ));
+    }
+    redis::Client::open(url)
+        .map(|_| ())
+        .map_err(|e| format!("{shown} is not a Redis URL ({e}); use e.g. redis://user@host:6379/0"))
+}
+
+/// Refusal of a fencing counter that is not a non-negative integer.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most 15 digits"
+)]
+pub struct BadCounter {
+    /// The counter key.
+    pub key: String,
+    /// What it holds.
+    pub value: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("rediss://pw@h:1"), "rediss://***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis+unix:///run/r.sock?db=1&pass=pw"),
+            "redis+unix:///run/r.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact("redis://u:pw@h:1/0?password=pw2"),
+            "redis://u:***@h:1/0?password=***"
+        );
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(check_url("redis://127.0.0.1:6379").is_ok());
+        assert!(
+            check_url("http://127.0.0.1:6379")
+                .unwrap_err()
+                .contains("redis://")
+        );
+        assert!(!check_url("localhost:6379").unwrap_err().contains("pw"));
+    }
+}

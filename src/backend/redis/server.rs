@@ -1,0 +1,279 @@
+//! One Redis server: its connection (made on first use, forgotten after a
+//! transport error or timeout), its errors classified into [`BackendError`]
+//! once, every request under the per-server timeout, and the named scripts of
+//! [`Lua`] run on it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::aio::{MultiplexedConnection, PubSub};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, Value};
+use tokio::sync::Mutex;
+use tokio::time::timeout;
+use tracing::warn;
+
+use super::lua::Lua;
+use super::{BACKEND, RedisOptions, redact};
+use crate::backend::{BackendError, Result, is_tls_error};
+
+/// One Redis server of a single-server set-up or of a Redlock group.
+pub struct Server {
+    label: String,
+    client: Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    checked_config: AtomicBool,
+    timeout: Duration,
+}
+
+impl Server {
+    /// A server for `url` (the password and CA of `options` apply). Does not
+    /// connect: the first request does.
+    ///
+    /// # Errors
+    /// A message naming the (redacted) URL that cannot be used.
+    pub fn open(url: &str, options: &RedisOptions) -> std::result::Result<Server, String> {
+        let label = redact(url);
+        let mut info: redis::ConnectionInfo = url
+            .parse()
+            .map_err(|e| format!("{label} is not a Redis URL: {e}"))?;
+        if info.redis.password.is_none() {
+            info.redis.password = options.password.clone();
+        }
+        let tls = matches!(info.addr, ConnectionAddr::TcpTls { .. });
+        let client = match (&options.ca_pem, tls) {
+            (Some(ca), true) => Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+            _ => Client::open(info),
+        }
+        .map_err(|e| format!("{label}: {e}"))?;
+        Ok(Server {
+            label,
+            client,
+            conn: Mutex::new(None),
+            checked_config: AtomicBool::new(false),
+            timeout: options.per_server_timeout,
+        })
+    }
+
+    /// The redacted URL, for logs and errors.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The deadline of one request (and of connecting).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn timed_out(&self, call: &'static str) -> BackendError {
+        BackendError::Timeout {
+            backend: BACKEND,
+            call,
+            timeout_ms: self.timeout.as_millis() as u64,
+        }
+    }
+
+    /// Classify a Redis error by kind and code (never by text, except Redis
+    /// 7.0's ACL denial inside a script, which has no code of its own).
+    pub fn classify(&self, err: redis::RedisError) -> BackendError {
+        let auth = |err| BackendError::Auth {
+            backend: BACKEND,
+            source: Box::new(err),
+        };
+        if is_tls_error(&err) {
+            return BackendError::Tls {
+                backend: BACKEND,
+                endpoints: self.label.clone(),
+                source: Box::new(err),
+            };
+        }
+        if err.kind() == redis::ErrorKind::AuthenticationFailed {
+            return auth(err);
+        }
+        let code = match err.code() {
+            Some("NOPERM" | "NOAUTH" | "WRONGPASS") => return auth(err),
+            Some("ERR")
+                if err
+                    .detail()
+                    .is_some_and(|d| d.contains("can't run this command")) =>
+            {
+                return auth(err);
+            }
+            Some("WRONGTYPE") => Some("wrongtype"),
+            Some("READONLY") => Some("readonly"),
+            Some("LOADING") => Some("loading"),
+            Some("OOM") => Some("oom"),
+            _ => None,
+        };
+        if let Some(code) = code {
+            return BackendError::Rejected {
+                backend: BACKEND,
+                code,
+                source: Box::new(err),
+            };
+        }
+        if err.is_timeout() {
+            return self.timed_out("request");
+        }
+        if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+            return BackendError::Unreachable {
+                backend: BACKEND,
+                endpoints: self.label.clone(),
+                source: Box::new(err),
+            };
+        }
+        BackendError::Server {
+            backend: BACKEND,
+            source: Box::new(err),
+        }
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| self.classify(e))?;
+        *guard = Some(conn.clone());
+        drop(guard);
+        self.check_config(conn.clone()).await;
+        Ok(conn)
+    }
+
+    /// Warn once when this server can forget or evict the keys.
+    async fn check_config(&self, conn: MultiplexedConnection) {
+        if self.checked_config.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let get = |name: &'static str| {
+            let mut conn = conn.clone();
+            async move {
+                let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg(name)
+                    .query_async(&mut conn)
+                    .await;
+                r.ok().and_then(|v| v.get(1).cloned())
+            }
+        };
+        if let Ok(Some(aof)) = timeout(self.timeout, get("appendonly")).await
+            && aof == "no"
+        {
+            warn!(server = %self.label, "appendonly is off: if this Redis restarts it forgets the election key and the fencing counter (run it with --appendonly yes, or keep a restarted server out for one TTL)");
+        }
+        if let Ok(Some(policy)) = timeout(self.timeout, get("maxmemory-policy")).await
+            && policy.starts_with("allkeys")
+        {
+            warn!(server = %self.label, policy = %policy, "maxmemory-policy can evict the election key: use noeviction or a volatile-* policy");
+        }
+    }
+
+    /// Forget the connection after a transport error or a timeout, so the
+    /// next request connects afresh.
+    async fn forget(&self, err: &BackendError) {
+        if matches!(
+            err,
+            BackendError::Unreachable { .. } | BackendError::Timeout { .. }
+        ) {
+            *self.conn.lock().await = None;
+        }
+    }
+
+    /// Run a command or pipeline under the per-server timeout.
+    ///
+    /// # Errors
+    /// A classified [`BackendError`]; the connection is forgotten on a
+    /// transport error or timeout.
+    pub async fn query<T: FromRedisValue>(
+        &self,
+        call: &'static str,
+        cmd: &redis::Pipeline,
+    ) -> Result<T> {
+        let work = async {
+            let mut conn = self.connection().await?;
+            cmd.query_async(&mut conn)
+                .await
+                .map_err(|e| self.classify(e))
+        };
+        self.settle(timeout(self.timeout, work).await, call).await
+    }
+
+    /// Run script `lua` with `keys` and `args` under the per-server timeout.
+    ///
+    /// # Errors
+    /// As [`Server::query`].
+    pub async fn eval<K: AsRef<str>, A: AsRef<str>>(
+        &self,
+        lua: Lua,
+        keys: &[K],
+        args: &[A],
+    ) -> Result<Value> {
+        let work = async {
+            let mut conn = self.connection().await?;
+            let mut inv = lua.script().prepare_invoke();
+            for k in keys {
+                inv.key(k.as_ref());
+            }
+            for a in args {
+                inv.arg(a.as_ref());
+            }
+            inv.invoke_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| self.classify(e))
+        };
+        self.settle(timeout(self.timeout, work).await, "request")
+            .await
+    }
+
+    async fn settle<T>(
+        &self,
+        r: std::result::Result<Result<T>, tokio::time::error::Elapsed>,
+        call: &'static str,
+    ) -> Result<T> {
+        let r = r.unwrap_or_else(|_| Err(self.timed_out(call)));
+        if let Err(e) = &r {
+            self.forget(e).await;
+        }
+        r
+    }
+
+    /// A new pub/sub connection, within the per-server timeout.
+    ///
+    /// # Errors
+    /// A classified [`BackendError`] when the server cannot be reached.
+    pub async fn pubsub(&self) -> Result<PubSub> {
+        match timeout(self.timeout, self.client.get_async_pubsub()).await {
+            Ok(r) => r.map_err(|e| self.classify(e)),
+            Err(_) => Err(self.timed_out("subscribe")),
+        }
+    }
+}
+
+/// The integer in a script answer (an integer reply, or a bulk string of digits).
+pub fn uint_of(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A bulk string answer as text.
+pub fn text_of(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    }
+}

@@ -1,0 +1,307 @@
+//! The flags and environment variables (clap derive, `env =` on every flag),
+//! grouped by concern: the top-level [`Cli`] and its flattened backend groups
+//! ([`EtcdArgs`], [`RedisArgs`], [`KubeArgs`]), and the run-mode settings.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, ValueEnum};
+
+use super::{DEFAULT_MAX_CONNECTIONS, parse_addr, parse_duration, parse_http_url};
+
+/// leader-elector: one active replica at a time for a singleton workload.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "leader-elector",
+    version,
+    about,
+    long_about = None,
+    args_override_self = true,
+    override_usage = "leader-elector [OPTIONS] --election <NAME> [--etcd-endpoints <URL> | --redis-url <URL>... | --backend kubernetes]\n       leader-elector run [OPTIONS] --election <NAME> ... -- COMMAND [ARGS]..."
+)]
+pub struct Cli {
+    /// Name of the election; candidates with the same name compete for one leadership.
+    #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
+    pub election: String,
+
+    /// Holder identity of this candidate [default: $POD_NAME, else the host name].
+    #[arg(
+        long,
+        visible_alias = "id",
+        env = "LEADER_ELECTOR_IDENTITY",
+        value_name = "ID"
+    )]
+    pub identity: Option<String>,
+
+    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "LEADER_ELECTOR_BACKEND"
+    )]
+    pub backend: BackendKind,
+
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Redis connection.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    /// Kubernetes backend.
+    #[command(flatten)]
+    pub kubernetes: KubeArgs,
+
+    /// Lease TTL: how long the backend keeps the key without a renewal (e.g. 15s).
+    #[arg(long, visible_alias = "ttl", default_value = "15s", env = "LEADER_ELECTOR_LEASE_DURATION", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_duration: Duration,
+
+    /// How often the leader renews its lease [default: a third of --lease-duration].
+    #[arg(long, env = "LEADER_ELECTOR_RENEW_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    pub renew_interval: Option<Duration>,
+
+    /// Longest wait between attempts after a backend error (capped, jittered backoff).
+    #[arg(long, default_value = "2s", env = "LEADER_ELECTOR_RETRY_PERIOD", value_parser = parse_duration, value_name = "DURATION")]
+    pub retry_period: Duration,
+
+    /// Safety margin subtracted from each lease's validity [default: max(1% of TTL, 2 x renew round trip, 50ms)].
+    #[arg(long, env = "LEADER_ELECTOR_DRIFT_MARGIN", value_parser = parse_duration, value_name = "DURATION")]
+    pub drift_margin: Option<Duration>,
+
+    /// Address of the read-only HTTP API (/leader, /healthz, /readyz, /metrics).
+    #[arg(long, visible_alias = "http", default_value = "0.0.0.0:4040", env = "LEADER_ELECTOR_HTTP_ADDR", value_parser = parse_addr, value_name = "HOST:PORT")]
+    pub http_addr: SocketAddr,
+
+    /// Address of the control API (POST /resign, /release; /locks, /semaphores, /jobs), loopback only; empty turns it off.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:4041",
+        env = "LEADER_ELECTOR_CONTROL_ADDR",
+        value_name = "HOST:PORT"
+    )]
+    pub control_addr: String,
+
+    /// Connections each listener (--http-addr, --control-addr) serves at once; beyond it new connections get 503 (GET /healthz still 200) [range: 1-65536].
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "LEADER_ELECTOR_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: usize,
+
+    /// Acquisitions with a `wait` that may wait at once on this sidecar (locks, fair locks, semaphores); beyond it they get 429 [range: 1-65536].
+    #[arg(long, default_value_t = crate::coord::DEFAULT_MAX_WAITERS, env = "LEADER_ELECTOR_COORD_MAX_WAITERS", value_name = "N")]
+    pub coord_max_waiters: usize,
+
+    /// Time a client has to send a request's headers; also how long an idle keep-alive connection stays open [range: 100ms-5m].
+    #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_HEADER_READ_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub header_read_timeout: Duration,
+
+    /// Longest pause while a request body is being received; past it the request gets 400 [range: 100ms-5m].
+    #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_REQUEST_BODY_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub request_body_timeout: Duration,
+
+    /// On SIGTERM, stop claiming at once but keep the lease until the app calls POST /release or this much time passes [default: release at once].
+    #[arg(long, env = "LEADER_ELECTOR_DRAIN_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    pub drain_timeout: Option<Duration>,
+
+    /// After POST /resign (or a resign caused by the app), stay out of campaigns this long [default: --lease-duration].
+    #[arg(long, env = "LEADER_ELECTOR_RESIGN_COOLDOWN", value_parser = parse_duration, value_name = "DURATION")]
+    pub resign_cooldown: Option<Duration>,
+
+    /// Campaign only while this URL answers 2xx (http:// only; usually the app's readiness endpoint on localhost).
+    #[arg(long, env = "LEADER_ELECTOR_CANDIDATE_HEALTH_URL", value_parser = parse_http_url, value_name = "URL")]
+    pub candidate_health_url: Option<String>,
+
+    /// A leader whose app stays unhealthy this long resigns [default: --lease-duration].
+    #[arg(long, env = "LEADER_ELECTOR_HEALTH_GRACE", value_parser = parse_duration, value_name = "DURATION")]
+    pub health_grace: Option<Duration>,
+
+    /// How often to ask --candidate-health-url (also each request's timeout).
+    #[arg(long, default_value = "1s", env = "LEADER_ELECTOR_HEALTH_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    pub health_interval: Duration,
+
+    /// POST a JSON event to this URL on each transition (http:// only), in order, with retries; never blocks the election.
+    #[arg(long, env = "LEADER_ELECTOR_NOTIFY_URL", value_parser = parse_http_url, value_name = "URL")]
+    pub notify_url: Option<String>,
+
+    /// Label key set on this sidecar's own Pod: "true" while leading, "false" otherwise (needs POD_NAME and POD_NAMESPACE); empty turns it off.
+    #[arg(long, default_value = crate::kube_label::DEFAULT_LABEL_KEY, env = "LEADER_ELECTOR_POD_LABEL_KEY", value_name = "KEY")]
+    pub pod_label_key: String,
+
+    /// Record a Kubernetes Event on this Pod for each transition (with --pod-label-key).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LEADER_ELECTOR_POD_EVENTS", value_name = "BOOL")]
+    pub pod_events: bool,
+
+    /// How long a completed job stays completed (job claims on the control API).
+    #[arg(long, default_value = "24h", env = "LEADER_ELECTOR_COMPLETED_RETENTION", value_parser = parse_duration, value_name = "DURATION")]
+    pub completed_retention: Duration,
+
+    /// Run mode: time between SIGTERM and SIGKILL of the command, never past the validity deadline [default: min(5s, (TTL - renew interval) / 2)].
+    #[arg(long, env = "LEADER_ELECTOR_KILL_GRACE", value_parser = parse_duration, value_name = "DURATION")]
+    pub kill_grace: Option<Duration>,
+
+    /// Run mode: what to do when the command exits on its own.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "resign",
+        env = "LEADER_ELECTOR_ON_CHILD_EXIT"
+    )]
+    pub on_child_exit: OnChildExit,
+
+    /// Run mode (`leader-elector run [flags] -- COMMAND ARGS...`): the command to run only while leading.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+
+    /// Log format.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "LEADER_ELECTOR_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing EnvFilter syntax), e.g. info or leader_elector=debug.
+    #[arg(
+        long,
+        default_value = "info",
+        env = "LEADER_ELECTOR_LOG_LEVEL",
+        value_name = "FILTER"
+    )]
+    pub log_level: String,
+}
+
+/// The etcd flags.
+#[derive(Args, Debug, Clone)]
+pub struct EtcdArgs {
+    /// etcd client URLs, comma-separated (http://host:port or https://host:port).
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "URL[,URL...]"
+    )]
+    pub etcd_endpoints: Vec<String>,
+
+    /// Key prefix; the election key is <prefix><election>.
+    #[arg(
+        long,
+        default_value = "/leader-elector/",
+        env = "LEADER_ELECTOR_ETCD_PREFIX",
+        value_name = "PREFIX"
+    )]
+    pub etcd_prefix: String,
+
+    /// PEM file of the CA that signed etcd's server certificates (turns on TLS; endpoints must be https://).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_CA_FILE", value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --etcd-key-file).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_CERT_FILE", value_name = "FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --etcd-cert-file.
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_KEY_FILE", value_name = "FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+
+    /// etcd user name (etcd auth; with --etcd-password-file).
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_USERNAME", value_name = "USER")]
+    pub etcd_username: Option<String>,
+
+    /// File holding the etcd password (its first line), so it is not in the process list.
+    #[arg(long, env = "LEADER_ELECTOR_ETCD_PASSWORD_FILE", value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+/// The Kubernetes Lease backend flags (the old `leader-elector` image's names).
+#[derive(Args, Debug, Clone)]
+pub struct KubeArgs {
+    /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_ELECTION_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub election_namespace: Option<String>,
+
+    /// Accepted for compatibility with the old leader-elector image and ignored: the in-cluster config is used when present, else KUBECONFIG.
+    #[arg(long, env = "LEADER_ELECTOR_USE_CLUSTER_CREDENTIALS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub use_cluster_credentials: Option<bool>,
+}
+
+/// The Redis flags.
+#[derive(Args, Debug, Clone)]
+pub struct RedisArgs {
+    /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_REDIS_URL",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    pub redis_url: Vec<String>,
+
+    /// File holding the Redis password (its first line), for URLs that carry none.
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_PASSWORD_FILE", value_name = "FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// PEM file of the CA that signed the Redis servers' certificates (rediss:// with a private CA).
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Key prefix; the election key is <prefix>{<election>}.
+    #[arg(
+        long,
+        default_value = "leader-elector:",
+        env = "LEADER_ELECTOR_REDIS_PREFIX",
+        value_name = "PREFIX"
+    )]
+    pub redis_prefix: String,
+}
+
+/// Backend selection (`--backend`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// etcd when --etcd-endpoints is given, else Redis when --redis-url is given.
+    Auto,
+    /// etcd (--etcd-endpoints).
+    Etcd,
+    /// Redis (--redis-url), single instance or Redlock.
+    Redis,
+    /// A coordination.k8s.io/v1 Lease through the Kubernetes API (in-cluster config or KUBECONFIG).
+    Kubernetes,
+}
+
+/// Log output format (`--log-format`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What to do when the child ends on its own (`--on-child-exit`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnChildExit {
+    /// Give leadership up (and stay out for --resign-cooldown).
+    Resign,
+    /// Start the child again while still leading (with backoff).
+    Restart,
+    /// Resign and exit with the child's exit code.
+    Exit,
+}
+
+/// Run-mode settings.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The command and its arguments.
+    pub command: Vec<String>,
+    /// Time between SIGTERM and SIGKILL, never past `valid_until`.
+    pub kill_grace: Duration,
+    /// What to do when the child exits on its own.
+    pub on_child_exit: OnChildExit,
+    /// Cooldown after a resign caused by the child's exit.
+    pub resign_cooldown: Duration,
+}

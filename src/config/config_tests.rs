@@ -1,0 +1,327 @@
+//! Unit tests of flag parsing and validation.
+use super::*;
+use clap::Parser;
+
+fn cli(args: &[&str]) -> Result<Config, String> {
+    let mut full = vec!["leader-elector"];
+    full.extend_from_slice(args);
+    let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+    Config::from_cli(cli).map_err(|e| e.to_string())
+}
+
+const EP: &str = "--etcd-endpoints=http://127.0.0.1:2379";
+
+#[test]
+fn defaults_follow_the_design() {
+    let c = cli(&["--election", "a", "--identity", "me", EP]).unwrap();
+    assert_eq!(c.elector.lease_duration, Duration::from_secs(15));
+    assert_eq!(c.elector.renew_interval, Duration::from_secs(5));
+    assert_eq!(c.elector.retry_period, Duration::from_secs(2));
+    assert_eq!(c.http_addr, "0.0.0.0:4040".parse().unwrap());
+    let BackendConfig::Etcd { key, .. } = c.backend else {
+        panic!("etcd expected")
+    };
+    assert_eq!(key, "/leader-elector/a");
+}
+
+#[test]
+fn old_sidecar_aliases_are_accepted() {
+    let c = cli(&["--election=a", "--id=me", "--ttl=10s", "--http=:4041", EP]).unwrap();
+    assert_eq!(c.elector.identity, "me");
+    assert_eq!(c.elector.lease_duration, Duration::from_secs(10));
+    assert_eq!(c.http_addr, "0.0.0.0:4041".parse().unwrap());
+}
+
+#[test]
+fn renew_interval_must_be_shorter_than_the_ttl() {
+    let e = cli(&[
+        "--election=a",
+        "--id=me",
+        "--lease-duration=15s",
+        "--renew-interval=20s",
+        EP,
+    ])
+    .unwrap_err();
+    assert!(
+        e.contains("--renew-interval (20s) must be shorter than --lease-duration (15s)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_values_name_the_flag() {
+    let e = cli(&["--election=a", "--id=me", "--lease-duration=fast", EP]).unwrap_err();
+    assert!(e.contains("--lease-duration"), "{e}");
+    let e = cli(&["--election=", "--id=me", EP]).unwrap_err();
+    assert!(e.contains("--election"), "{e}");
+    let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=127.0.0.1:2379"]).unwrap_err();
+    assert!(e.contains("--etcd-endpoints"), "{e}");
+    let e = cli(&[
+        "--election=a",
+        "--id=me",
+        "--etcd-endpoints=http://h:1/path",
+    ])
+    .unwrap_err();
+    assert!(e.contains("--etcd-endpoints"), "{e}");
+    let e = cli(&["--election=a", "--id=me", "--backend=etcd"]).unwrap_err();
+    assert!(e.contains("--etcd-endpoints is required"), "{e}");
+    let e = cli(&["--election=a b", "--id=me", EP]).unwrap_err();
+    assert!(e.contains("--election (a b)"), "{e}");
+}
+
+#[test]
+fn tls_flags_are_checked_together() {
+    let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=https://h:2379"]).unwrap_err();
+    assert!(e.contains("--etcd-ca-file"), "{e}");
+    let e = cli(&["--election=a", "--id=me", EP, "--etcd-username=u"]).unwrap_err();
+    assert!(e.contains("--etcd-password-file"), "{e}");
+    let e = cli(&[
+        "--election=a",
+        "--id=me",
+        "--etcd-endpoints=https://h:2379",
+        "--etcd-ca-file=/nonexistent",
+    ])
+    .unwrap_err();
+    assert!(
+        e.contains("--etcd-ca-file (/nonexistent) cannot be read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn several_endpoints_split_on_commas() {
+    let c = cli(&[
+        "--election=a",
+        "--id=me",
+        "--etcd-endpoints=http://a:1,http://b:2",
+    ])
+    .unwrap();
+    let BackendConfig::Etcd { options, .. } = c.backend else {
+        panic!("etcd expected")
+    };
+    assert_eq!(options.endpoints, vec!["http://a:1", "http://b:2"]);
+}
+
+#[test]
+fn backend_choice_is_explicit_when_both_are_given() {
+    let e = cli(&["--election=a", "--id=me", EP, "--redis-url=redis://h:1"]).unwrap_err();
+    assert!(e.contains("--backend etcd or --backend redis"), "{e}");
+    let c = cli(&[
+        "--election=a",
+        "--id=me",
+        EP,
+        "--redis-url=redis://h:1",
+        "--backend=redis",
+    ])
+    .unwrap();
+    assert!(matches!(c.backend, BackendConfig::Redis { .. }));
+    let c = cli(&["--election=a", "--id=me", "--redis-url=redis://h:1"]).unwrap();
+    assert!(matches!(c.backend, BackendConfig::Redis { .. }));
+    let e = cli(&["--election=a", "--id=me", "--backend=redis", EP]).unwrap_err();
+    assert!(e.contains("--redis-url is required"), "{e}");
+}
+
+#[test]
+fn redis_urls_repeat_or_split_on_commas_and_are_checked() {
+    let c = cli(&[
+        "--election=a",
+        "--id=me",
+        "--redis-url=redis://h:1",
+        "--redis-url=redis://h:2,redis://h:3",
+    ])
+    .unwrap();
+    let BackendConfig::Redis { options, .. } = c.backend else {
+        panic!("redis expected")
+    };
+    assert_eq!(options.urls.len(), 3);
+    assert_eq!(options.per_server_timeout, Duration::from_millis(500));
+    let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
+    assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
+}
+
+thread_local! {
+    /// Overrides the kubeconfig/in-cluster detection in this thread.
+    pub(super) static KUBE_PRESENT: std::cell::Cell<Option<bool>> =
+        const { std::cell::Cell::new(None) };
+}
+
+#[test]
+fn auto_without_any_backend_or_kubernetes_config_is_a_usage_error() {
+    KUBE_PRESENT.with(|c| c.set(Some(false)));
+    let e = cli(&["--election=a", "--id=me"]).unwrap_err();
+    assert!(e.contains("no backend is configured"), "{e}");
+    assert!(e.contains("KUBECONFIG"), "{e}");
+    let e = cli(&["--election=a", "--id=me", "--backend=kubernetes"]).unwrap_err();
+    assert!(e.contains("needs a Kubernetes client configuration"), "{e}");
+}
+
+#[test]
+fn auto_without_etcd_or_redis_is_the_kubernetes_lease() {
+    KUBE_PRESENT.with(|c| c.set(Some(true)));
+    let c = cli(&[
+        "--election=my-app",
+        "--id=me",
+        "--election-namespace=team-a",
+        "--use-cluster-credentials",
+    ])
+    .unwrap();
+    let BackendConfig::Kubernetes { name, options } = c.backend else {
+        panic!("kubernetes expected")
+    };
+    assert_eq!(name, "my-app");
+    assert_eq!(options.namespace.as_deref(), Some("team-a"));
+    // The old image's flag spelled with a value is accepted too.
+    let c = cli(&[
+        "--election=my-app",
+        "--id=me",
+        "--backend=kubernetes",
+        "--use-cluster-credentials=false",
+    ])
+    .unwrap();
+    assert!(matches!(c.backend, BackendConfig::Kubernetes { .. }));
+    // A given endpoint still picks its backend.
+    let c = cli(&["--election=my-app", "--id=me", EP]).unwrap();
+    assert!(matches!(c.backend, BackendConfig::Etcd { .. }));
+}
+
+#[test]
+fn kubernetes_names_are_checked() {
+    KUBE_PRESENT.with(|c| c.set(Some(true)));
+    let e = cli(&["--election=My_App", "--id=me", "--backend=kubernetes"]).unwrap_err();
+    assert!(e.contains("DNS subdomain"), "{e}");
+    let e = cli(&[
+        "--election=a",
+        "--id=me",
+        "--backend=kubernetes",
+        "--election-namespace=Bad_NS",
+    ])
+    .unwrap_err();
+    assert!(e.contains("--election-namespace (Bad_NS)"), "{e}");
+}
+
+/// Issue 13: every setting that cannot work stops start-up, naming the flag.
+#[test]
+fn unworkable_values_are_refused_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--lease-duration=1000y"],
+            "--lease-duration (1000years) must be between 1s and 1h",
+        ),
+        (
+            &["--renew-interval=1ms"],
+            "--renew-interval (1ms) must be between 100ms and 1h",
+        ),
+        (&["--completed-retention=1000y"], "--completed-retention"),
+        (&["--health-interval=1ns"], "--health-interval (1ns)"),
+        (&["--drain-timeout=100y"], "--drain-timeout"),
+        (&["--resign-cooldown=100y"], "--resign-cooldown"),
+        (&["--retry-period=100y"], "--retry-period"),
+        (&["--health-grace=100y"], "--health-grace"),
+        (&["--header-read-timeout=0s"], "--header-read-timeout"),
+        (&["--request-body-timeout=1h"], "--request-body-timeout"),
+        (&["--max-connections=0"], "--max-connections (0)"),
+        (
+            &["--coord-max-waiters=0"],
+            "--coord-max-waiters (0) must be between 1 and 65536",
+        ),
+        (
+            &["--coord-max-waiters=65537"],
+            "--coord-max-waiters (65537)",
+        ),
+        (&["--log-level="], "--log-level must not be empty"),
+        (&["--log-level=info,[bad"], "--log-level"),
+        (
+            &["--etcd-username=", "--etcd-password-file=/dev/null"],
+            "--etcd-username must not be empty",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["--election=a", "--id=me", EP];
+        args.extend_from_slice(extra);
+        let e = cli(&args).expect_err(want);
+        assert!(e.contains(want), "{extra:?}: {e}");
+    }
+}
+
+#[test]
+fn etcd_endpoints_with_port_0_or_credentials_are_refused_without_echoing_the_secret() {
+    let e = cli(&["--election=a", "--id=me", "--etcd-endpoints=http://h:0"]).unwrap_err();
+    assert!(
+        e.contains("--etcd-endpoints") && e.contains("port 0"),
+        "{e}"
+    );
+    let e = cli(&[
+        "--election=a",
+        "--id=me",
+        "--etcd-endpoints=http://user:secret@h:2379",
+    ])
+    .unwrap_err();
+    assert!(
+        e.contains("--etcd-endpoints") && e.contains("--etcd-username"),
+        "{e}"
+    );
+    assert!(
+        e.contains("--etcd-password-file") && !e.contains("secret"),
+        "{e}"
+    );
+    let e = cli(&[
+        "--election=a",
+        "--id=me",
+        "--redis-url=redis+unix:///run/r.sock?pass=secret",
+    ])
+    .unwrap_err();
+    assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
+}
+
+#[test]
+fn an_empty_or_non_pem_ca_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    for (file, want) in [(&empty, "is empty"), (&junk, "holds no PEM CERTIFICATE")] {
+        let ca = format!("--etcd-ca-file={}", file.display());
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            "--etcd-endpoints=https://h:2379",
+            &ca,
+        ])
+        .unwrap_err();
+        assert!(e.contains("--etcd-ca-file") && e.contains(want), "{e}");
+    }
+}
+
+#[test]
+fn listener_limits_default_and_parse() {
+    let c = cli(&["--election=a", "--id=me", EP]).unwrap();
+    assert_eq!(c.limits, crate::serve::Limits::default());
+    let c = cli(&[
+        "--election=a",
+        "--id=me",
+        EP,
+        "--max-connections=10",
+        "--header-read-timeout=2s",
+        "--request-body-timeout=3s",
+    ])
+    .unwrap();
+    assert_eq!(c.limits.max_connections, 10);
+    assert_eq!(c.limits.header_read_timeout, Duration::from_secs(2));
+    assert_eq!(c.limits.body_timeout, Duration::from_secs(3));
+}
+
+#[test]
+fn coord_max_waiters_defaults_parses_and_is_refused_outside_its_range() {
+    let c = cli(&["--election=a", "--id=me", EP]).unwrap();
+    assert_eq!(c.coord_max_waiters, crate::coord::DEFAULT_MAX_WAITERS);
+    let c = cli(&["--election=a", "--id=me", EP, "--coord-max-waiters=1"]).unwrap();
+    assert_eq!(c.coord_max_waiters, 1);
+    let c = cli(&["--election=a", "--id=me", EP, "--coord-max-waiters=65536"]).unwrap();
+    assert_eq!(c.coord_max_waiters, 65536);
+    for bad in ["0", "65537", "-1", "lots"] {
+        let flag = format!("--coord-max-waiters={bad}");
+        let e = cli(&["--election=a", "--id=me", EP, &flag]).unwrap_err();
+        assert!(e.contains("--coord-max-waiters"), "{bad}: {e}");
+    }
+}

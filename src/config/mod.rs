@@ -1,0 +1,308 @@
+//! Command line and environment (DESIGN.md, "CLI contract"): clap derive with
+//! `env =` on every flag, and the cross-field validation that turns a [`Cli`]
+//! into a checked [`Config`].
+//!
+//! Invariant: every value the rest of the program sees has been validated
+//! here; a bad value is reported with the flag's name, what is allowed, and a
+//! hint, and `main` exits with code 2.
+
+mod backends;
+mod checks;
+mod cli;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::backend::etcd::EtcdOptions;
+use crate::backend::redis::RedisOptions;
+use crate::elector::ElectorConfig;
+
+pub use backends::redlock_server_timeout;
+use backends::{etcd_backend, kube_backend, labeler_config, redis_backend};
+pub use checks::{
+    COORD_MAX_WAITERS_LIMIT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_BODY_TIMEOUT, DURATION_RANGES, ETCD_KEEPALIVE_INTERVAL, MAX_CONNECTIONS_LIMIT,
+    MAX_ELECTION_LEN, parse_addr, parse_duration, parse_endpoint, parse_http_url,
+};
+use checks::{check_election, check_ranges, default_identity};
+pub use cli::*;
+
+/// A configuration error: the flag at fault and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    /// The whole message, naming the flag and the fix.
+    pub message: String,
+}
+
+fn config_error(message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        message: message.into(),
+    }
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Timing and identity of the Elector.
+    pub elector: ElectorConfig,
+    /// The backend to use, with its connection settings.
+    pub backend: BackendConfig,
+    /// Address of the read-only API.
+    pub http_addr: SocketAddr,
+    /// Address of the control API; `None` when turned off.
+    pub control_addr: Option<SocketAddr>,
+    /// Connection cap and timeouts of each listener.
+    pub limits: crate::serve::Limits,
+    /// Default cooldown after a resign.
+    pub resign_cooldown: Duration,
+    /// Health-gated candidacy: URL and poll interval.
+    pub candidate_health: Option<(String, Duration)>,
+    /// Transition notifications.
+    pub notify_url: Option<String>,
+    /// Run mode.
+    pub run: Option<RunOptions>,
+    /// How long completed jobs are remembered.
+    pub completed_retention: Duration,
+    /// How many coordination acquisitions may wait at once (`--coord-max-waiters`).
+    pub coord_max_waiters: usize,
+    /// Pod labelling: `None` when off (empty key, or not in a Pod).
+    pub labeler: Option<crate::kube_label::LabelerConfig>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log_level: String,
+}
+
+/// The chosen backend, decided once at start-up.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// etcd: the election key and how to connect.
+    Etcd {
+        /// `<prefix><election>`.
+        key: String,
+        /// The key prefix (coordination keys live under `<prefix>_coord/`).
+        prefix: String,
+        /// Connection settings.
+        options: EtcdOptions,
+    },
+    /// Redis: one server, or Redlock across several.
+    Redis {
+        /// Key prefix.
+        prefix: String,
+        /// Election name.
+        election: String,
+        /// Connection settings.
+        options: RedisOptions,
+    },
+    /// Kubernetes: a Lease named after the election.
+    Kubernetes {
+        /// The Lease name (the election name).
+        name: String,
+        /// Namespace and connection settings.
+        options: crate::backend::kubernetes::KubeOptions,
+    },
+}
+
+/// The durations derived from the timing flags and their defaults.
+struct Timing {
+    renew_interval: Duration,
+    resign_cooldown: Duration,
+    health_grace: Duration,
+    kill_grace: Duration,
+}
+
+impl Timing {
+    /// Defaults from `--lease-duration` (renew a third of it; cool down and
+    /// grace for one of it; kill grace half of what is left after a renew
+    /// interval, at most 5 s), after the checks no range covers.
+    fn of(cli: &Cli) -> Result<Timing, ConfigError> {
+        if cli.lease_duration < Duration::from_secs(1) {
+            return Err(config_error(format!(
+                "--lease-duration ({}) must be at least 1s",
+                humantime::format_duration(cli.lease_duration)
+            )));
+        }
+        let renew_interval = cli.renew_interval.unwrap_or(cli.lease_duration / 3);
+        if cli.retry_period.is_zero() {
+            return Err(config_error("--retry-period must be greater than 0"));
+        }
+        if cli.health_interval.is_zero() {
+            return Err(config_error("--health-interval must be greater than 0"));
+        }
+        Ok(Timing {
+            renew_interval,
+            resign_cooldown: cli.resign_cooldown.unwrap_or(cli.lease_duration),
+            health_grace: cli.health_grace.unwrap_or(cli.lease_duration),
+            kill_grace: cli.kill_grace.unwrap_or_else(|| {
+                (cli.lease_duration.saturating_sub(renew_interval) / 2).min(Duration::from_secs(5))
+            }),
+        })
+    }
+}
+
+/// `--identity`, else `$POD_NAME`, else the host name.
+fn identity(cli: &Cli) -> Result<String, ConfigError> {
+    match cli.identity.clone() {
+        Some(id) if id.trim().is_empty() => Err(config_error(
+            "--identity must not be empty\nhint: leave it out to use $POD_NAME or the host name",
+        )),
+        Some(id) => Ok(id),
+        None => default_identity().ok_or_else(|| {
+            config_error("--identity is not set and neither $POD_NAME nor the host name is available\nhint: pass --identity")
+        }),
+    }
+}
+
+/// Run mode's settings: a command after `--` is required in run mode and
+/// refused outside it; the kill grace must fit in the lease.
+fn run_options(cli: &Cli, run_mode: bool, t: &Timing) -> Result<Option<RunOptions>, ConfigError> {
+    match (run_mode, cli.command.is_empty()) {
+        (true, true) => Err(config_error(
+            "run needs a command after --\nhint: leader-elector run --election NAME ... -- /usr/bin/my-singleton --flag",
+        )),
+        (false, false) => Err(config_error(format!(
+            "a command after -- ({}) needs run mode\nhint: leader-elector run [flags] -- COMMAND ARGS...",
+            cli.command.join(" ")
+        ))),
+        (false, true) => Ok(None),
+        (true, false) => {
+            if t.kill_grace.is_zero() || t.kill_grace + t.renew_interval >= cli.lease_duration {
+                return Err(config_error(format!(
+                    "--kill-grace ({}) plus --renew-interval ({}) must be shorter than --lease-duration ({})\nhint: the command is stopped kill-grace before the validity deadline when renewals fail",
+                    humantime::format_duration(t.kill_grace),
+                    humantime::format_duration(t.renew_interval),
+                    humantime::format_duration(cli.lease_duration)
+                )));
+            }
+            Ok(Some(RunOptions {
+                command: cli.command.clone(),
+                kill_grace: t.kill_grace,
+                on_child_exit: cli.on_child_exit,
+                resign_cooldown: t.resign_cooldown,
+            }))
+        }
+    }
+}
+
+/// `--control-addr`: `None` when empty; a loopback address otherwise.
+fn control_addr(cli: &Cli) -> Result<Option<SocketAddr>, ConfigError> {
+    match cli.control_addr.trim() {
+        "" => Ok(None),
+        text => {
+            let addr =
+                parse_addr(text).map_err(|e| config_error(format!("--control-addr: {e}")))?;
+            if !addr.ip().is_loopback() {
+                return Err(config_error(format!(
+                    "--control-addr ({addr}) must be a loopback address: the control API changes state\nhint: use 127.0.0.1:4041, or an empty value to turn it off"
+                )));
+            }
+            Ok(Some(addr))
+        }
+    }
+}
+
+/// The backend `--backend` names, or for `auto` the one whose flags are
+/// given (the Kubernetes Lease when neither etcd's nor Redis's are).
+fn chosen_backend(cli: &Cli) -> Result<BackendKind, ConfigError> {
+    if !matches!(cli.backend, BackendKind::Auto) {
+        return Ok(cli.backend);
+    }
+    match (
+        cli.etcd.etcd_endpoints.is_empty(),
+        cli.redis.redis_url.is_empty(),
+    ) {
+        (false, false) => Err(config_error(
+            "both --etcd-endpoints and --redis-url are given: choose one with --backend etcd or --backend redis\nhint: the backend is fixed at start-up; two backends at once could elect two leaders",
+        )),
+        (false, true) => Ok(BackendKind::Etcd),
+        (true, false) => Ok(BackendKind::Redis),
+        // Neither: the API server every Kubernetes Pod already has.
+        (true, true) => Ok(BackendKind::Kubernetes),
+    }
+}
+
+impl Config {
+    /// Validate `cli` and read the files it names.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag at fault and the fix.
+    pub fn from_cli(cli: Cli) -> Result<Config, ConfigError> {
+        Self::from_cli_mode(cli, false)
+    }
+
+    /// Validate `cli` for the plain sidecar (`run_mode == false`) or for
+    /// `leader-elector run` (which needs a command after `--`).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag at fault and the fix.
+    pub fn from_cli_mode(cli: Cli, run_mode: bool) -> Result<Config, ConfigError> {
+        check_election(&cli.election)?;
+        check_ranges(&cli)?;
+        let identity = identity(&cli)?;
+        let timing = Timing::of(&cli)?;
+        let run = run_options(&cli, run_mode, &timing)?;
+        // Run mode keeps the lease until the child is gone.
+        let drain_timeout = match (&run, cli.drain_timeout) {
+            (Some(r), d) => Some(
+                d.unwrap_or_default()
+                    .max(r.kill_grace + Duration::from_secs(1)),
+            ),
+            (None, d) => d.filter(|d| !d.is_zero()),
+        };
+        let control_addr = control_addr(&cli)?;
+        if drain_timeout.is_some() && run.is_none() && control_addr.is_none() {
+            return Err(config_error(
+                "--drain-timeout needs the control API (--control-addr) so the app can POST /release",
+            ));
+        }
+        let elector = ElectorConfig {
+            election: cli.election.clone(),
+            identity,
+            lease_duration: cli.lease_duration,
+            renew_interval: timing.renew_interval,
+            retry_period: cli.retry_period,
+            drift_margin: cli.drift_margin,
+            drain_timeout,
+            health_grace: timing.health_grace,
+            release_wait: run
+                .as_ref()
+                .map(|r| r.kill_grace + Duration::from_millis(100)),
+        };
+        elector.validate().map_err(config_error)?;
+        let backend = match chosen_backend(&cli)? {
+            BackendKind::Redis => redis_backend(&cli, &elector)?,
+            BackendKind::Kubernetes => {
+                kube_backend(&cli, matches!(cli.backend, BackendKind::Auto))?
+            }
+            BackendKind::Auto | BackendKind::Etcd => etcd_backend(&cli, &elector)?,
+        };
+        Ok(Config {
+            elector,
+            backend,
+            http_addr: cli.http_addr,
+            control_addr,
+            limits: crate::serve::Limits {
+                max_connections: cli.max_connections,
+                header_read_timeout: cli.header_read_timeout,
+                body_timeout: cli.request_body_timeout,
+            },
+            resign_cooldown: timing.resign_cooldown,
+            candidate_health: cli
+                .candidate_health_url
+                .clone()
+                .map(|u| (u, cli.health_interval)),
+            notify_url: cli.notify_url.clone(),
+            labeler: labeler_config(&cli)?,
+            completed_retention: cli.completed_retention,
+            coord_max_waiters: cli.coord_max_waiters,
+            run,
+            log_format: cli.log_format,
+            log_level: cli.log_level,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

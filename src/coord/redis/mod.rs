@@ -1,0 +1,486 @@
+//! Coordination on Redis, one server or a Redlock group, as a client of
+//! [`Group`] (the scripts are in [`crate::backend::redis::lua`]):
+//! - locks: `SET NX PX` of `<token>|<fencing>|<owner>` with a fencing counter
+//!   beside the key (same hash tag); renew = check-then-`PEXPIRE`; release =
+//!   check-then-`DEL`;
+//! - semaphores, one server: a sorted set of tokens scored by expiry (Redis
+//!   `TIME`); one script drops expired holders, counts, and adds — never more
+//!   than N live;
+//! - semaphores, Redlock: N **slots**, each a Redlock lock
+//!   (`<key>:slot:<i>`), the slot named in the permit's token. Counting
+//!   permits per server and granting on a majority is not safe: with N = 2 on
+//!   three servers, permits on servers {1,2}, {2,3} and {1,3} leave every
+//!   server counting 2, yet 3 are live. A slot is held by one permit at a time
+//!   (two majorities intersect), so at most N are;
+//! - job claims: `SET NX PX` on the claim unless a `done` key exists;
+//!   complete = check-then-(`SET done PX retention`, `DEL claim`).
+//!
+//! On a Redlock group each verb follows [`Group`]'s rules: granted on a
+//! quorum within the validity (the grant's `ttl_ms` is the validity left),
+//! released everywhere on failure, fencing tokens raised on a quorum before a
+//! grant is handed out; an acquisition that split the servers with others
+//! retries twice after a random delay, as the spec advises.
+//!
+//! A missing fencing counter starts at the server's clock in milliseconds,
+//! so tokens keep growing across a restart without persistence. Fair locks
+//! need etcd ([`CoordError::Unsupported`], HTTP 400).
+
+mod wait;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::Rng;
+use redis::Value;
+use tokio::time::Instant;
+
+use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
+use crate::backend::BackendError;
+use crate::backend::redis::RedisBackend;
+use crate::backend::redis::group::{Group, Round, Tally, tally, unexpected};
+use crate::backend::redis::lua::{Lua, Stored, ms};
+use crate::backend::redis::server::{text_of, uint_of};
+
+pub use wait::{MAX_NAP, MAX_NAP_SUBSCRIBED};
+
+/// Attempts of one acquisition that split a Redlock group with others.
+const SPLIT_ATTEMPTS: usize = 3;
+
+/// The Redis [`Coordinator`], over the election's servers.
+pub struct RedisCoord {
+    group: Arc<Group>,
+    prefix: String,
+    waiters: wait::Waiters,
+}
+
+/// One acquisition to try on the group.
+struct Ask<'a> {
+    lua: Lua,
+    /// The object key, the fencing counter, then any others.
+    keys: &'a [String],
+    owner: &'a str,
+    /// Third script argument (TTL in ms, or permits).
+    args: Vec<String>,
+    name: &'a str,
+    token: Token,
+    ttl: Duration,
+}
+
+/// An acquisition's end: granted, or the refusals to read.
+enum Got {
+    Granted(Grant),
+    Refused(Round),
+}
+
+impl RedisCoord {
+    /// Coordination keys under the election's prefix, on its servers.
+    pub fn new(backend: Arc<RedisBackend>) -> Self {
+        RedisCoord {
+            group: backend.group(),
+            prefix: backend.prefix().to_owned(),
+            waiters: wait::Waiters::default(),
+        }
+    }
+
+    fn key(&self, kind: &str, name: &str) -> String {
+        format!("{}{{{kind}:{name}}}", self.prefix)
+    }
+
+    /// The TTL a grant or renewal can promise: the whole TTL on one server,
+    /// the validity left on a Redlock group.
+    fn promise(&self, ttl: Duration, start: Instant) -> Duration {
+        if self.group.is_redlock() {
+            self.group.validity(ttl, start)
+        } else {
+            ttl
+        }
+    }
+
+    /// One acquisition on the group (see [`Group`]): a quorum grants within
+    /// the validity and confirms the raised fencing token, or nothing is kept.
+    async fn try_once(&self, ask: &Ask<'_>) -> Result<Got> {
+        let token = ask.token.to_string();
+        let key = ask.keys[0].as_str();
+        let fkey = ask.keys[1].as_str();
+        let keys: Vec<&str> = ask.keys.iter().map(String::as_str).collect();
+        let mut args = vec![token.as_str(), ask.owner];
+        args.extend(ask.args.iter().map(String::as_str));
+        let mut round = self.group.acquire_round(ask.lua, &keys, &args).await;
+        let granted = round.granted();
+        let bad = round.refusals().find_map(|r| match r.as_slice() {
+            [Value::Int(-2), x] => Some(corrupt_counter(x, fkey)),
+            _ => None,
+        });
+        let validity = self.promise(ask.ttl, round.start);
+        let quorum = self.group.quorum();
+        if bad.is_none() && granted.len() >= quorum && !validity.is_zero() {
+            let value = Stored {
+                token: token.clone(),
+                fencing: granted.iter().map(|(_, f)| *f).max().unwrap_or(0),
+                owner: ask.owner.to_owned(),
+            };
+            let confirmed = self.group.raise(key, fkey, &value).await;
+            if confirmed >= quorum {
+                return Ok(Got::Granted(Grant {
+                    name: ask.name.to_owned(),
+                    token,
+                    fencing_token: value.fencing,
+                    ttl_ms: validity.as_millis() as u64,
+                }));
+            }
+            self.group.release_on(&granted, key, &token, key).await;
+            let e = self
+                .group
+                .no_quorum(None, confirmed, "recorded the fencing token");
+            return Err(CoordError::Backend(e));
+        }
+        self.group.release_on(&granted, key, &token, key).await;
+        if let Some(bad) = bad {
+            return Err(bad);
+        }
+        if round.answered() < quorum {
+            // Named as before: the counter last.
+            let mut keys = keys;
+            let counter = keys.remove(1);
+            keys.push(counter);
+            let e = round.first_error();
+            return Err(self.failed(self.group.no_quorum(e, round.answered(), "answered"), &keys));
+        }
+        Ok(Got::Refused(round))
+    }
+
+    /// [`RedisCoord::try_once`], again after a random delay while it split
+    /// a Redlock group (some servers granted, too few).
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Got> {
+        let mut attempt = 1;
+        loop {
+            let got = self.try_once(&ask).await?;
+            let split = matches!(&got, Got::Refused(r) if !r.granted().is_empty());
+            if !split || attempt >= SPLIT_ATTEMPTS {
+                return Ok(got);
+            }
+            attempt += 1;
+            let pause = rand::rng().random_range(5..40);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+
+    /// A backend error, naming the coordination keys for `WRONGTYPE`.
+    fn failed(&self, err: BackendError, keys: &[&str]) -> CoordError {
+        if let BackendError::Rejected {
+            code: "wrongtype", ..
+        } = err
+        {
+            return CoordError::Corrupt {
+                key: keys.join(" or "),
+                found: "a value of another Redis type (WRONGTYPE)".into(),
+            };
+        }
+        CoordError::Backend(err)
+    }
+
+    /// Run `lua` on every server and count 1 / 0 / -1 answers.
+    async fn tally(&self, lua: Lua, keys: &[&str], args: &[&str]) -> Tally {
+        tally(self.group.eval_all(lua, keys, args).await)
+    }
+
+    /// A renew, release or completion by the group's rule: done on a quorum,
+    /// else an error when too few answered, else `NotYours` or `Gone` by the
+    /// majority of refusals. A release (`any`) is done when a quorum answered
+    /// and at least one server deleted the token: no quorum holds it any
+    /// more, so it can be neither renewed nor counted. A release that fewer
+    /// than a quorum answered is an error, since a quorum may still hold it.
+    fn verdict(
+        &self,
+        t: Tally,
+        keys: &[&str],
+        any: bool,
+        ttl: Option<Duration>,
+    ) -> Result<Outcome> {
+        let quorum = self.group.quorum();
+        let answered = t.ok + t.gone + t.taken + t.restored;
+        if t.ok >= quorum || (any && t.ok > 0 && answered >= quorum) {
+            return Ok(Outcome::Ok(ttl));
+        }
+        if answered < quorum {
+            return Err(self.failed(self.group.no_quorum(t.error, t.ok, "answered"), keys));
+        }
+        Ok(if t.taken > t.gone {
+            Outcome::NotYours
+        } else {
+            Outcome::Gone
+        })
+    }
+
+    /// The key of a semaphore's permit: the set on one server, the token's
+    /// slot on a Redlock group.
+    fn permit_key(&self, name: &str, token: &Token) -> String {
+        let key = self.key("sem", name);
+        if self.group.is_redlock() {
+            format!("{key}:slot:{}", token.lease)
+        } else {
+            key
+        }
+    }
+
+    /// Whether `token` is a version-1 Redis token that may act on `kind`
+    /// (permits on a Redlock group carry their slot where etcd has its lease).
+    fn usable(&self, kind: Kind, token: &str) -> Option<Token> {
+        let t = Token::parse(token)?;
+        let slot_ok = t.lease == 0 || (kind == Kind::Semaphore && self.group.is_redlock());
+        (t.kind.serves(kind) && slot_ok).then_some(t)
+    }
+
+    /// A Redlock semaphore: find the slots free on a quorum, then take one
+    /// as a lock (in an order starting at random, so askers spread).
+    async fn slot_semaphore(
+        &self,
+        name: &str,
+        owner: &str,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Try> {
+        let key = self.key("sem", name);
+        let fkey = format!("{key}:fencing");
+        let answers = self
+            .group
+            .eval_all(Lua::Slots, &[&key], &[&permits.to_string()])
+            .await;
+        let mut free = vec![0usize; permits as usize];
+        let mut answered = 0;
+        let mut error = None;
+        for a in answers {
+            match a {
+                Ok(Value::Array(taken)) => {
+                    answered += 1;
+                    free.iter_mut().for_each(|f| *f += 1);
+                    for i in taken.iter().filter_map(uint_of) {
+                        if let Some(f) = free.get_mut(i as usize) {
+                            *f -= 1;
+                        }
+                    }
+                }
+                Ok(other) => {
+                    error.get_or_insert(unexpected(&other));
+                }
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        let quorum = self.group.quorum();
+        if answered < quorum {
+            return Err(self.failed(self.group.no_quorum(error, answered, "answered"), &[&key]));
+        }
+        let open: Vec<usize> = (0..free.len()).filter(|i| free[*i] >= quorum).collect();
+        let live = permits as u64 - open.len() as u64;
+        let offset = rand::rng().random_range(0..open.len().max(1));
+        for slot in open.iter().cycle().skip(offset).take(open.len().min(3)) {
+            let keys = [format!("{key}:slot:{slot}"), fkey.clone()];
+            let ask = Ask {
+                lua: Lua::Lock,
+                keys: &keys,
+                owner,
+                args: vec![ms(ttl)],
+                name,
+                token: Token::new(TokenKind::Permit, *slot as i64),
+                ttl,
+            };
+            if let Got::Granted(g) = self.acquire(ask).await? {
+                return Ok(Try::Acquired(g));
+            }
+        }
+        Ok(Try::Full(live.max(1)))
+    }
+}
+
+/// The owner label of a held value.
+fn owner_of(v: &Value) -> Option<String> {
+    text_of(v).map(|t| Stored::parse(&t).owner)
+}
+
+/// The refusal of a script that found the fencing counter at `key` unusable.
+fn corrupt_counter(found: &Value, key: &str) -> CoordError {
+    let found = text_of(found).unwrap_or_else(|| format!("{found:?}"));
+    CoordError::Corrupt {
+        key: key.to_owned(),
+        found: format!(
+            "a fencing counter of {found:?}, not a non-negative integer (nothing was written)"
+        ),
+    }
+}
+
+/// The holder's owner most servers refused with (`{0, value}` answers).
+fn held_by(round: &Round) -> Option<String> {
+    let owners: Vec<String> = round
+        .refusals()
+        .filter_map(|r| match r.as_slice() {
+            [Value::Int(0), v] => owner_of(v),
+            _ => None,
+        })
+        .collect();
+    owners
+        .iter()
+        .max_by_key(|o| owners.iter().filter(|x| x == o).count())
+        .cloned()
+}
+
+#[async_trait]
+impl Coordinator for RedisCoord {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
+        let key = self.key("lock", name);
+        let keys = [key.clone(), format!("{key}:fencing")];
+        let ask = Ask {
+            lua: Lua::Lock,
+            keys: &keys,
+            owner,
+            args: vec![ms(ttl)],
+            name,
+            token: Token::new(TokenKind::Lock, 0),
+            ttl,
+        };
+        match self.acquire(ask).await? {
+            Got::Granted(g) => Ok(Try::Acquired(g)),
+            Got::Refused(round) => Ok(Try::Held(held_by(&round).unwrap_or_default())),
+        }
+    }
+
+    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
+        Err(CoordError::Unsupported(
+            "fair locks need the etcd backend (waiters queue by create_revision); on Redis use fair=false".into(),
+        ))
+    }
+
+    async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
+        if self.group.is_redlock() {
+            return self.slot_semaphore(name, owner, permits, ttl).await;
+        }
+        let key = self.key("sem", name);
+        let keys = [key.clone(), format!("{key}:fencing")];
+        // The set's script takes (token, permits, ttl): `owner` is unused.
+        let ask = Ask {
+            lua: Lua::SemAcquire,
+            keys: &keys,
+            owner: &permits.to_string(),
+            args: vec![ms(ttl)],
+            name,
+            token: Token::new(TokenKind::Permit, 0),
+            ttl,
+        };
+        match self.acquire(ask).await? {
+            Got::Granted(g) => Ok(Try::Acquired(g)),
+            Got::Refused(round) => {
+                let live = round.refusals().find_map(|r| match r.as_slice() {
+                    [Value::Int(0), Value::Int(live)] => Some((*live).max(0) as u64),
+                    _ => None,
+                });
+                live.map(Try::Full)
+                    .ok_or_else(|| CoordError::Backend(unexpected(&Value::Nil)))
+            }
+        }
+    }
+
+    async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
+        let Some(t) = self.usable(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let start = Instant::now();
+        let (lua, key) = match kind {
+            Kind::Lock => (Lua::Renew, self.key("lock", name)),
+            Kind::Semaphore if self.group.is_redlock() => (Lua::Renew, self.permit_key(name, &t)),
+            Kind::Semaphore => (Lua::SemRenew, self.key("sem", name)),
+        };
+        let tally = self.tally(lua, &[&key], &[token, &ms(ttl)]).await;
+        let promise = self.promise(ttl, start);
+        self.verdict(tally, &[&key], false, Some(promise))
+    }
+
+    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
+        let Some(t) = self.usable(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let key = match kind {
+            Kind::Lock => self.key("lock", name),
+            Kind::Semaphore => self.permit_key(name, &t),
+        };
+        let tally = if kind == Kind::Semaphore && !self.group.is_redlock() {
+            // A permit that is gone cannot be told from one never held.
+            self.tally(Lua::SemRelease, &[&key], &[token]).await
+        } else {
+            self.group.release_all(&key, token, &key, "released").await
+        };
+        self.verdict(tally, &[&key], true, None)
+    }
+
+    async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
+        if self.group.is_redlock() {
+            // No single channel to trust on a group: look again soon.
+            let nap = Duration::from_millis(50);
+            tokio::time::sleep_until(until.min(Instant::now() + nap)).await;
+            return Ok(());
+        }
+        let key = match kind {
+            Kind::Lock => self.key("lock", name),
+            Kind::Semaphore => self.key("sem", name),
+        };
+        let server = &self.group.servers()[0];
+        self.waiters
+            .changed(server, &self.prefix, kind, &key, seen, until)
+            .await
+    }
+
+    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
+        let name = format!("{queue}/{job}");
+        let base = self.key("job", &name);
+        let keys = [
+            format!("{base}:claim"),
+            format!("{base}:fencing"),
+            format!("{base}:done"),
+        ];
+        let ask = Ask {
+            lua: Lua::Claim,
+            keys: &keys,
+            owner,
+            args: vec![ms(ttl)],
+            name: &name,
+            token: Token::new(TokenKind::Job, 0),
+            ttl,
+        };
+        match self.acquire(ask).await? {
+            Got::Granted(g) => Ok(Claim::Claimed(g)),
+            Got::Refused(round) => {
+                if round
+                    .refusals()
+                    .any(|r| matches!(r.as_slice(), [Value::Int(2)]))
+                {
+                    return Ok(Claim::Completed);
+                }
+                Ok(Claim::ClaimedByOther(held_by(&round).unwrap_or_default()))
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        retention: Duration,
+    ) -> Result<Outcome> {
+        if Token::parse(token).is_none_or(|t| t.kind != TokenKind::Job || t.lease != 0) {
+            return Ok(Outcome::Gone);
+        }
+        let base = self.key("job", &format!("{queue}/{job}"));
+        let keys = [format!("{base}:claim"), format!("{base}:done")];
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let tally = self
+            .tally(Lua::Complete, &keys, &[token, &ms(retention)])
+            .await;
+        self.verdict(tally, &keys, false, None)
+    }
+}

@@ -1,0 +1,144 @@
+//! Not leading: follow the current holder until its term may have ended, and
+//! wait out the gates (cooldown, candidacy) as a read-only follower that still
+//! answers who leads.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::config::jitter;
+use super::{Command, Elector};
+use crate::backend::{BackendError, Holder};
+
+impl Elector {
+    /// Answer a command received while not leading.
+    fn handle_idle_command(&mut self, cmd: Option<Command>) {
+        match cmd {
+            Some(Command::Resign { cooldown, reply }) => {
+                self.gates.cool_down(cooldown);
+                let _ = reply.send(false);
+            }
+            Some(Command::Release) | None => {}
+        }
+    }
+
+    /// Stay out of campaigns, serving commands and following the current
+    /// holder read-only, until the cooldown ends and the candidacy gate opens.
+    /// Returns `false` on shutdown.
+    pub(super) async fn wait_until_eligible(&mut self, shutdown: &CancellationToken) -> bool {
+        let backend = self.backend.clone();
+        while !self.gates.may_campaign() {
+            let until = self.gates.cooldown_until().unwrap_or_else(Instant::now);
+            let gate = self.gates.candidacy_changed();
+            // Who leads meanwhile? Read it, then watch it (and read again
+            // every renew interval, so a silent backend is noticed).
+            let sent = Instant::now();
+            let seen = match self.call("read", backend.read()).await {
+                Ok(h) => {
+                    self.backend_ok();
+                    self.heard(h.as_ref().map(|h| h.fencing_token), sent);
+                    self.observe(h.as_ref());
+                    h
+                }
+                Err(e) => {
+                    self.backend_failed(&e);
+                    None
+                }
+            };
+            let watch = async {
+                match &seen {
+                    Some(h) => {
+                        let _ = backend.watch(h).await;
+                    }
+                    // Nobody leads (yet: right after our resign a follower
+                    // is about to take over), or the backend failed: look
+                    // again shortly.
+                    None => sleep(self.cfg.retry_period.min(Duration::from_millis(200))).await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                cmd = self.commands.recv() => self.handle_idle_command(cmd),
+                _ = sleep_until(until), if Instant::now() < until => {}
+                _ = watch => {}
+                _ = sleep(self.cfg.renew_interval) => {}
+                // The health checker is gone: stop gating rather than never campaign.
+                gone = gate => if gone { self.gates.drop_candidacy() },
+            }
+        }
+        true
+    }
+
+    /// Follow `holder` until its key changes, the backend's hint of its expiry
+    /// passes, shutdown, or the watch fails.
+    pub(super) async fn follow(&mut self, holder: &Holder, shutdown: &CancellationToken) {
+        let backend = self.backend.clone();
+        // A backend without a watch (Redis) tells when the key expires: wake
+        // right then (crash failover ≈ TTL, about one command per follower
+        // per TTL); its release notice covers graceful handovers. An expiry
+        // hint longer than two TTLs (a key without TTL) is capped by the
+        // retry period.
+        let recheck = holder.expires_in.map(|d| {
+            let d = if d > self.cfg.lease_duration * 2 {
+                self.cfg.retry_period
+            } else {
+                d
+            };
+            d + jitter(Duration::from_millis(20))
+        });
+        let watch = backend.watch(holder);
+        tokio::pin!(watch);
+        // A candidate whose app turns unhealthy stops following (and
+        // campaigning) until it is healthy again.
+        let closes = self.gates.candidacy_closes();
+        tokio::pin!(closes);
+        // A backend with a watch (etcd) is silent while nothing changes, and
+        // a frozen server or a member without quorum stays silent too: read
+        // the key every renew interval (a linearizable read needs the quorum),
+        // so silence is noticed within one renew interval plus a call timeout.
+        let mut next_check = recheck
+            .is_none()
+            .then(|| Instant::now() + self.cfg.renew_interval);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = sleep_until(next_check.unwrap_or_else(Instant::now)), if next_check.is_some() => {
+                    let sent = Instant::now();
+                    match self.call("read", backend.read()).await {
+                        Ok(Some(h)) if h.term_id == holder.term_id => {
+                            self.backend_ok();
+                            self.heard(Some(h.fencing_token), sent);
+                            next_check = Some(sent + self.cfg.renew_interval);
+                        }
+                        // The key changed and the watch did not say so: campaign.
+                        Ok(_) => return,
+                        Err(e) => {
+                            self.backend_failed(&e);
+                            return;
+                        }
+                    }
+                }
+                cmd = self.commands.recv() => self.handle_idle_command(cmd),
+                _ = &mut closes => return,
+                r = &mut watch => { self.after_watch(r, shutdown).await; return; }
+                _ = sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => return,
+            }
+        }
+    }
+
+    async fn after_watch(&mut self, r: Result<(), BackendError>, shutdown: &CancellationToken) {
+        match r {
+            Ok(()) => debug!("the key changed; campaigning"),
+            Err(e) => {
+                self.backend_failed(&e);
+                let wait = self.backoff.next();
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = sleep(wait) => {}
+                }
+            }
+        }
+    }
+}

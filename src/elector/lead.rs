@@ -1,0 +1,241 @@
+//! Holding a term: renew every renew interval, step down when `valid_until`
+//! passes without an acknowledged renewal, when the backend says the term is
+//! lost, on resign or on shutdown; then stop claiming, let the gates delay
+//! the release (see [`super::gates`]), and resign the key.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::config::Backoff;
+use super::observe::Observation;
+use super::{Command, Elector};
+use crate::backend::{BackendError, Renewal, Term};
+
+/// How a term ended, for logs and for which waits apply before the release.
+#[derive(Debug)]
+pub(super) enum StepDown {
+    Shutdown,
+    Deadline,
+    Lost(&'static str),
+    Resigned,
+    Unhealthy,
+}
+
+/// The timing of the term being held.
+struct Held {
+    /// No claim at or after this instant (the safety rule).
+    valid_until: Instant,
+    next_renew: Instant,
+    /// Backoff between failed renewals within one renew cycle.
+    retry: Backoff,
+    /// Set while draining after shutdown: the lease is kept until the app
+    /// releases or this instant passes.
+    drain_until: Option<Instant>,
+}
+
+/// The outcome of one renewal.
+enum Renew {
+    Renewed,
+    Lost(&'static str),
+    Failed,
+}
+
+impl Elector {
+    /// Hold `term` (acquired by a request sent at `sent`) until it is lost,
+    /// its deadline passes, or shutdown; then stop claiming and resign.
+    pub(super) async fn lead(&mut self, term: Term, sent: Instant, shutdown: &CancellationToken) {
+        let backend = self.backend.clone();
+        let mut held = self.begin_term(&term, sent);
+        let mut watch = Some(Box::pin(backend.watch(&term.holder)));
+        let unhealthy = self.gates.unhealthy_past_grace();
+        tokio::pin!(unhealthy);
+        let why = loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if held.drain_until.is_none() => match self.gates.drain() {
+                    Some(d) => held.drain_until = Some(self.begin_drain(d)),
+                    None => break StepDown::Shutdown,
+                },
+                _ = sleep_until(held.drain_until.unwrap_or_else(Instant::now)), if held.drain_until.is_some() => {
+                    warn!(election = %self.cfg.election, "drain timeout passed without POST /release; releasing");
+                    break StepDown::Shutdown;
+                }
+                _ = sleep_until(held.valid_until) => break StepDown::Deadline,
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Resign { cooldown, reply }) => {
+                        self.gates.cool_down(cooldown);
+                        let _ = reply.send(true);
+                        break StepDown::Resigned;
+                    }
+                    Some(Command::Release) if held.drain_until.is_some() => break StepDown::Shutdown,
+                    Some(Command::Release) | None => {}
+                },
+                _ = &mut unhealthy => break StepDown::Unhealthy,
+                r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
+                    Ok(()) => break StepDown::Lost("key deleted or overwritten"),
+                    Err(e) => {
+                        // Renewals also verify the key, so a lost watch
+                        // only slows detection; it is opened again after
+                        // the next successful renewal.
+                        warn!(error = %e.report(), "watch on own key failed");
+                        watch = None;
+                    }
+                },
+                _ = sleep_until(held.next_renew) => match self.renew(&term, &mut held).await {
+                    Renew::Renewed if watch.is_none() => watch = Some(Box::pin(backend.watch(&term.holder))),
+                    Renew::Renewed | Renew::Failed => {}
+                    Renew::Lost(reason) => break StepDown::Lost(reason),
+                },
+            }
+        };
+        drop(watch);
+        self.step_down(term, why, held.valid_until).await;
+    }
+
+    /// Publish our new term (acquired by a request sent at `sent`) and its
+    /// validity deadline.
+    fn begin_term(&mut self, term: &Term, sent: Instant) -> Held {
+        let now = Instant::now();
+        let ttl = term.ttl;
+        let asked = self.cfg.lease_duration;
+        if ttl > asked && self.state.borrow().lease_duration == asked {
+            // First grant that differs (etcd: at least 2 s, whole seconds).
+            warn!(
+                election = %self.cfg.election,
+                asked = %humantime::format_duration(asked),
+                granted = %humantime::format_duration(ttl),
+                "the backend granted a longer lease than --lease-duration; failover takes up to the granted TTL"
+            );
+        }
+        let valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
+        self.state.send_modify(|s| {
+            s.lease_duration = ttl;
+            s.servers = term.servers;
+        });
+        self.set_own_term(term, valid_until);
+        self.last_seen = Some(term.holder.clone());
+        Held {
+            valid_until,
+            next_renew: sent + self.cfg.renew_interval,
+            retry: Backoff::new(Duration::from_millis(50), self.cfg.renew_interval / 4),
+            drain_until: None,
+        }
+    }
+
+    /// Stop claiming at once but keep the lease (and renew it) so no one else
+    /// starts while the app finishes; returns the end of the drain.
+    fn begin_drain(&mut self, d: Duration) -> Instant {
+        self.state.send_modify(|s| {
+            s.stopping = true;
+            s.ready = false;
+        });
+        // Record the end of our claim now, not at release: long-polls return
+        // and `stopped_leading` goes out.
+        self.observe(None);
+        if self.gates.waits_for_command() {
+            info!(election = %self.cfg.election, "not claiming; stopping the command before releasing the lease");
+        } else {
+            info!(election = %self.cfg.election, drain_timeout = ?d, "draining: not claiming, keeping the lease until POST /release or the drain timeout");
+        }
+        Instant::now() + d
+    }
+
+    /// Send one renewal of `term`, bounded by the call timeout and by
+    /// `valid_until`; on success move `valid_until` to the send instant plus
+    /// the granted TTL minus the drift margin.
+    async fn renew(&mut self, term: &Term, held: &mut Held) -> Renew {
+        let backend = self.backend.clone();
+        let send = Instant::now();
+        let deadline = self
+            .cfg
+            .call_timeout()
+            .min(held.valid_until.saturating_duration_since(send));
+        self.report(Observation::RenewSent);
+        let r = match timeout(deadline, backend.renew(term)).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout {
+                backend: backend.name(),
+                call: "renew",
+                timeout_ms: deadline.as_millis() as u64,
+            }),
+        };
+        match r {
+            Ok(Renewal::Renewed { ttl, servers }) => {
+                let rtt = send.elapsed();
+                held.valid_until = send + ttl.saturating_sub(self.cfg.margin(ttl, rtt));
+                held.next_renew = send + self.cfg.renew_interval;
+                held.retry.reset();
+                self.report(Observation::Renewed { round_trip: rtt });
+                self.backend_ok();
+                self.heard(Some(term.holder.fencing_token), send);
+                let valid_until = held.valid_until;
+                self.state.send_modify(|s| {
+                    if let Some(t) = &mut s.own_term {
+                        t.valid_until = valid_until;
+                    }
+                    s.lease_duration = ttl;
+                    s.servers = servers;
+                });
+                Renew::Renewed
+            }
+            Ok(Renewal::Lost(reason)) => Renew::Lost(reason.as_str()),
+            Err(e) => {
+                self.report(Observation::RenewFailed { reason: e.reason() });
+                self.backend_failed(&e);
+                held.next_renew = Instant::now() + held.retry.next();
+                Renew::Failed
+            }
+        }
+    }
+
+    /// Stop claiming first, then (after the gates' waits) release the key.
+    async fn step_down(&mut self, term: Term, why: StepDown, valid_until: Instant) {
+        // A drain already set `stopping` when it began; the transition is
+        // recorded now.
+        if matches!(why, StepDown::Shutdown) {
+            self.state.send_modify(|s| {
+                s.stopping = true;
+                s.ready = false;
+            });
+        }
+        self.observe(None);
+        self.log_step_down(&term, &why);
+        let token = term.holder.fencing_token;
+        self.gates
+            .before_release(&mut self.commands, token, valid_until, &why)
+            .await;
+        let backend = self.backend.clone();
+        if let Err(e) = self.call("resign", backend.resign(&term)).await {
+            debug!(error = %e.report(), "resign failed; the lease will expire by TTL");
+            if !matches!(why, StepDown::Shutdown) {
+                self.abandoned = Some(term);
+            }
+        }
+    }
+
+    fn log_step_down(&self, term: &Term, why: &StepDown) {
+        let (election, identity) = (&self.cfg.election, &self.cfg.identity);
+        let fencing_token = term.holder.fencing_token;
+        match why {
+            StepDown::Resigned => {
+                info!(%election, %identity, fencing_token, "resigned on request")
+            }
+            StepDown::Unhealthy => {
+                let grace = self.gates.health_grace();
+                warn!(%election, %identity, fencing_token, ?grace, "resigning: the app stayed unhealthy past the health grace")
+            }
+            StepDown::Shutdown => {
+                info!(%election, %identity, fencing_token, "resigning for shutdown")
+            }
+            StepDown::Deadline => {
+                warn!(%election, %identity, fencing_token, "stepped down: no renewal acknowledged before the validity deadline")
+            }
+            StepDown::Lost(reason) => {
+                warn!(%election, %identity, fencing_token, reason, "stepped down: term lost")
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! [`LeaderState`], what one candidate knows about its election (published
+//! on a `watch` channel, read with the clock at answer time), and [`Event`],
+//! a leadership transition as sent to subscribers.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::ElectorConfig;
+
+/// This candidate's own term, present only while it holds the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnTerm {
+    /// The instant (monotonic) after which this candidate must not claim to lead.
+    pub valid_until: Instant,
+    /// The term's fencing token.
+    pub fencing_token: u64,
+}
+
+/// What one candidate knows about its election. Published by the Elector on a
+/// `tokio::sync::watch` channel; readers call [`LeaderState::is_leader`] with
+/// the current instant each time they answer.
+#[derive(Clone, Debug)]
+pub struct LeaderState {
+    /// Election name.
+    pub election: String,
+    /// This candidate's identity.
+    pub identity: String,
+    /// Backend name (`etcd`, `redis`, `memory`).
+    pub backend: &'static str,
+    /// Identity of the holder this candidate last observed; `None` for nobody
+    /// (or not yet known).
+    pub leader: Option<String>,
+    /// Fencing token of the observed holder's term.
+    pub fencing_token: Option<u64>,
+    /// Wall-clock time at which this candidate first observed the current term.
+    pub term_observed_at: Option<SystemTime>,
+    /// Set while this candidate holds a term.
+    pub own_term: Option<OwnTerm>,
+    /// The lease TTL in force (granted by the backend once known).
+    pub lease_duration: Duration,
+    /// Whether the last backend call succeeded.
+    pub backend_healthy: bool,
+    /// The last backend error, as one line with its hint; `None` when healthy.
+    pub error: Option<String>,
+    /// The candidate has reached the backend and knows the leader (or that there is none).
+    pub ready: bool,
+    /// Shutdown started: never claim again.
+    pub stopping: bool,
+    /// Count of leader changes this candidate observed, including to nobody;
+    /// the long-poll index of `/leader`.
+    pub transitions: u64,
+    /// Redlock: servers that answered the last acquisition or renewal of our
+    /// term, and servers in all.
+    pub servers: Option<(usize, usize)>,
+    /// While following: the instant (monotonic) after which the observed
+    /// leader is no longer vouched for, because no backend answer has shown
+    /// it for [`ElectorConfig::silence_bound`]. `None`: no bound (not yet
+    /// heard, or leading).
+    pub heard_until: Option<Instant>,
+}
+
+impl LeaderState {
+    pub(super) fn new(cfg: &ElectorConfig, backend: &'static str) -> Self {
+        LeaderState {
+            election: cfg.election.clone(),
+            identity: cfg.identity.clone(),
+            backend,
+            leader: None,
+            fencing_token: None,
+            term_observed_at: None,
+            own_term: None,
+            lease_duration: cfg.lease_duration,
+            backend_healthy: false,
+            error: None,
+            ready: false,
+            stopping: false,
+            transitions: 0,
+            servers: None,
+            heard_until: None,
+        }
+    }
+
+    /// Whether this candidate leads at `now`: it holds a term whose
+    /// `valid_until` lies after `now`, and shutdown has not started.
+    pub fn is_leader(&self, now: Instant) -> bool {
+        !self.stopping && self.own_term.is_some_and(|t| now < t.valid_until)
+    }
+
+    /// How long this candidate may still claim to lead at `now` (zero when it does not lead).
+    pub fn valid_for(&self, now: Instant) -> Duration {
+        match self.own_term {
+            Some(t) if !self.stopping => t.valid_until.saturating_duration_since(now),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The leader as this candidate may report it at `now`: the observed
+    /// holder, except that our own term past `valid_until`, and another
+    /// holder not confirmed by the backend since `heard_until`, are reported
+    /// as unknown (`None`): a follower never vouches for a leader it cannot see.
+    pub fn leader_at(&self, now: Instant) -> Option<&str> {
+        if self.own_term.is_some() {
+            if !self.is_leader(now) {
+                return None;
+            }
+        } else if self.heard_until.is_some_and(|t| now >= t) {
+            return None;
+        }
+        self.leader.as_deref()
+    }
+}
+
+/// A leadership transition, as sent to [`Elector::events`] subscribers (the
+/// `--notify-url` notifier), in the order they happened.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Event {
+    /// `became_leader`, `stopped_leading` or `leader_changed`.
+    pub event: &'static str,
+    /// Election name.
+    pub election: String,
+    /// This candidate's identity.
+    pub identity: String,
+    /// The leader after the transition; `null` for nobody.
+    pub leader: Option<String>,
+    /// Fencing token of the leader's term.
+    pub fencing_token: Option<u64>,
+    /// The long-poll index after the transition.
+    pub transitions: u64,
+    /// RFC 3339 wall-clock time of the transition.
+    pub at: String,
+}

@@ -1,0 +1,180 @@
+//! The coordination API (locks, semaphores, job claims) on a Redlock group
+//! of three real redis-servers, through the library's `RedisCoord`: the
+//! verbs work, a minority of servers down is tolerated and a majority is
+//! not, and fencing tokens of successive grants grow even when successive
+//! majorities differ.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+use leader_elector::coord::redis::RedisCoord;
+use leader_elector::coord::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Try};
+use support::*;
+use tokio::time::timeout;
+
+const TTL: Duration = Duration::from_secs(5);
+
+async fn three() -> Vec<RedisServer> {
+    vec![
+        RedisServer::start().await,
+        RedisServer::start().await,
+        RedisServer::start().await,
+    ]
+}
+
+fn coord_on(servers: &[RedisServer], test: &str) -> RedisCoord {
+    let backend: Arc<RedisBackend> = RedisBackend::new(
+        "leader-elector:",
+        &election(test),
+        RedisOptions {
+            urls: servers.iter().map(|s| s.url.clone()).collect(),
+            per_server_timeout: Duration::from_millis(300),
+            ..RedisOptions::default()
+        },
+    )
+    .expect("a Redis backend");
+    RedisCoord::new(backend)
+}
+
+/// Bound every call: a hang names the verb.
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    timeout(Duration::from_secs(10), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung for 10 s"))
+}
+
+fn granted(t: Result<Try, CoordError>, what: &str) -> Grant {
+    match t {
+        Ok(Try::Acquired(g)) => g,
+        other => panic!("{what}: expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_semaphores_and_claims_work_on_three_servers() {
+    let servers = three().await;
+    let c = coord_on(&servers, "redlock-verbs");
+    // Lock: granted, held for another, renewed, released, granted again higher.
+    let a = granted(within("lock", c.lock("L", "a", TTL)).await, "lock a");
+    assert!(a.ttl_ms > 4800 && a.ttl_ms < 5000, "validity {}", a.ttl_ms);
+    let held = within("lock", c.lock("L", "b", TTL)).await.unwrap();
+    assert_eq!(held, Try::Held("a".into()));
+    let renewed = within("renew", c.renew(Kind::Lock, "L", &a.token, TTL)).await;
+    assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
+    let released = within("release", c.release(Kind::Lock, "L", &a.token)).await;
+    assert_eq!(released.unwrap(), Outcome::Ok(None));
+    let again = within("release", c.release(Kind::Lock, "L", &a.token)).await;
+    assert_eq!(again.unwrap(), Outcome::Gone);
+    let b = granted(within("lock", c.lock("L", "b", TTL)).await, "lock b");
+    assert!(b.fencing_token > a.fencing_token);
+    // Semaphore of 3: three askers get a permit, the fourth is refused.
+    let mut permits = Vec::new();
+    for i in 0..3 {
+        let t = within("semaphore", c.semaphore("S", &format!("p{i}"), 3, TTL)).await;
+        permits.push(granted(t, "permit"));
+    }
+    let full = within("semaphore", c.semaphore("S", "p3", 3, TTL)).await;
+    assert_eq!(full.unwrap(), Try::Full(3));
+    let renewed = within(
+        "renew",
+        c.renew(Kind::Semaphore, "S", &permits[1].token, TTL),
+    )
+    .await;
+    assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
+    let released = within(
+        "release",
+        c.release(Kind::Semaphore, "S", &permits[1].token),
+    )
+    .await;
+    assert_eq!(released.unwrap(), Outcome::Ok(None));
+    let p3 = granted(
+        within("semaphore", c.semaphore("S", "p3", 3, TTL)).await,
+        "permit",
+    );
+    assert!(permits.iter().all(|p| p.fencing_token < p3.fencing_token));
+    // Claim: one claimant, completed once, then reported completed.
+    let claim = within("claim", c.claim("q", "j1", "w1", TTL))
+        .await
+        .unwrap();
+    let Claim::Claimed(g) = claim else {
+        panic!("expected a claim, got {claim:?}")
+    };
+    let other = within("claim", c.claim("q", "j1", "w2", TTL))
+        .await
+        .unwrap();
+    assert_eq!(other, Claim::ClaimedByOther("w1".into()));
+    let done = within("complete", c.complete("q", "j1", &g.token, TTL)).await;
+    assert_eq!(done.unwrap(), Outcome::Ok(None));
+    let after = within("claim", c.claim("q", "j1", "w2", TTL))
+        .await
+        .unwrap();
+    assert_eq!(after, Claim::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_is_granted_with_one_of_three_down_and_refused_with_two() {
+    let mut servers = three().await;
+    let c = coord_on(&servers, "redlock-minority");
+    servers[0].stop();
+    let a = granted(
+        within("lock", c.lock("L", "a", TTL)).await,
+        "lock with 2 of 3",
+    );
+    let renewed = within("renew", c.renew(Kind::Lock, "L", &a.token, TTL)).await;
+    assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
+    let p = within("semaphore", c.semaphore("S", "a", 2, TTL)).await;
+    granted(p, "permit with 2 of 3");
+    servers[1].stop();
+    let refused = within("lock", c.lock("L2", "b", TTL)).await;
+    assert!(
+        matches!(refused, Err(CoordError::Backend(_))),
+        "a lock with 1 of 3 servers must be refused: {refused:?}"
+    );
+    let renew = within("renew", c.renew(Kind::Lock, "L", &a.token, TTL)).await;
+    assert!(renew.is_err(), "a renew on 1 of 3 must fail: {renew:?}");
+    let claim = within("claim", c.claim("q", "j", "b", TTL)).await;
+    assert!(claim.is_err(), "a claim on 1 of 3 must fail: {claim:?}");
+}
+
+async fn set_on(server: &RedisServer, key: &str, value: Option<&str>) {
+    let mut conn = server.conn().await;
+    let cmd = match value {
+        Some(v) => redis::cmd("SET").arg(key).arg(v).clone(),
+        None => redis::cmd("DEL").arg(key).clone(),
+    };
+    let _: () = cmd.query_async(&mut conn).await.unwrap();
+}
+
+/// With per-server counters alone, grants from {1,2}, {2,3}, {1,3} can hand
+/// out the same token twice (counters 5, 5, 3 give 6, then 7, then 7 again);
+/// the raise round makes them grow. Each grant here has one server refuse (a
+/// foreign value on the lock key, so its counter does not move), so the
+/// three majorities differ. Without the raise round this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_across_different_majorities() {
+    let servers = three().await;
+    let c = coord_on(&servers, "redlock-fencing");
+    let key = "leader-elector:{lock:F}";
+    let counter = "leader-elector:{lock:F}:fencing";
+    for (s, v) in servers.iter().zip(["5", "5", "3"]) {
+        set_on(s, counter, Some(v)).await;
+    }
+    let mut last = 0;
+    for refusing in [2, 0, 1] {
+        set_on(&servers[refusing], key, Some("other|1|someone")).await;
+        let g = granted(within("lock", c.lock("F", "x", TTL)).await, "lock");
+        within("release", c.release(Kind::Lock, "F", &g.token))
+            .await
+            .unwrap();
+        set_on(&servers[refusing], key, None).await;
+        assert!(
+            g.fencing_token > last,
+            "token {} after {last} (server {refusing} refused)",
+            g.fencing_token
+        );
+        last = g.fencing_token;
+    }
+}
