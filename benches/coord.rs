@@ -3,7 +3,10 @@
 //! contended throughput with 20 clients; beside it, the same loop done by
 //! redis-py's `Lock` directly against the same Redis. Run with
 //! `scripts/bench-coord`; under `cargo test` it does nothing.
-//! `BENCH_ROUNDS` (default 1000) sets the uncontended rounds.
+//! `BENCH_ROUNDS` (default 1000) sets the uncontended rounds,
+//! `BENCH_EACH` (default 25) the rounds of each contended client, and
+//! `BENCH_ONLY=etcd` runs only etcd's contended case and its at-rest count
+//! (for comparing two builds back to back).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -173,16 +176,40 @@ async fn redis_commands(redis: &RedisServer) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The etcd-only run of `BENCH_ONLY=etcd`: contended throughput and the
+/// requests of waiting clients at rest.
+async fn etcd_only(each: usize, waiters: usize) {
+    let etcd = Etcd::start().await;
+    let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
+    let hot = contended(pe, each).await;
+    println!("etcd contended (20 clients x {each}): {hot:.0} acquisitions/s");
+    let url = etcd.url.clone();
+    let window = Duration::from_secs(10);
+    let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&url)).await;
+    println!(
+        "{waiters} clients waiting on a held lock: etcd {per:.3} requests/s per waiting client (at rest with nobody waiting: {idle:.1}/s)"
+    );
+}
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("coordination benchmark: skipped (run scripts/bench-coord)");
         return;
     }
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let rounds = knob("BENCH_ROUNDS", 1000);
+    let each = knob("BENCH_EACH", 25);
+    let waiters = knob("BENCH_WAITERS", 500);
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "etcd") {
+        return etcd_only(each, waiters).await;
+    }
     let etcd = Etcd::start().await;
     let redis = RedisServer::start().await;
     let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
@@ -196,13 +223,9 @@ async fn main() {
     println!("|---|---|---|---|---|");
     for (name, port) in [("etcd", pe), ("redis", pr)] {
         let (p50, p99, rate) = uncontended(port, rounds).await;
-        let hot = contended(port, 25).await;
+        let hot = contended(port, each).await;
         println!("| {name} | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
     }
-    let waiters: usize = std::env::var("BENCH_WAITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
     let window = Duration::from_secs(10);
     let url = etcd.url.clone();
     let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&url)).await;

@@ -409,52 +409,62 @@ async fn fair_locks_on_redis_answer_400_saying_they_need_etcd() {
     assert!(e["error"].as_str().unwrap().contains("etcd"), "{e}");
 }
 
-async fn jobs(kind: &str) {
-    let (_b, _s, port) = sidecar(kind, &format!("jobs-{kind}")).await;
-    let completed: Arc<std::sync::Mutex<HashMap<u32, u32>>> = Arc::default();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let spawn_worker = |completed: Arc<std::sync::Mutex<HashMap<u32, u32>>>| {
-        tokio::spawn(async move {
-            loop {
-                let mut progressed = false;
-                // Start at a random job so workers spread out.
-                let start = rand::rng().random_range(0..1000u32);
-                for k in 0..1000u32 {
-                    let job = (start + k) % 1000;
-                    let (st, g) =
-                        call(port, "POST", &format!("/jobs/q/{job}/claim?ttl=1s"), None).await;
-                    if st != 200 {
-                        assert_eq!(st, 409, "{g}");
-                        continue;
-                    }
-                    progressed = true;
-                    let t = g["token"].as_str().unwrap().to_owned();
-                    let (st, r) = call(
-                        port,
-                        "POST",
-                        &format!("/jobs/q/{job}/complete"),
-                        Some(&format!("{{\"token\":\"{t}\"}}")),
-                    )
-                    .await;
-                    if st == 200 {
-                        *completed.lock().unwrap().entry(job).or_default() += 1;
-                    } else {
-                        assert!(st == 410 || st == 409, "{r}");
-                    }
+/// Jobs completed per job id, as the workers noted them.
+type Noted = Arc<std::sync::Mutex<HashMap<u32, u32>>>;
+
+/// A worker claiming and completing jobs 0..1000 of queue `q` from a random
+/// start, until a whole pass claims nothing.
+fn job_worker(port: u16, completed: Noted) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let mut progressed = false;
+            // Start at a random job so workers spread out.
+            let start = rand::rng().random_range(0..1000u32);
+            for k in 0..1000u32 {
+                let job = (start + k) % 1000;
+                let (st, g) =
+                    call(port, "POST", &format!("/jobs/q/{job}/claim?ttl=1s"), None).await;
+                if st != 200 {
+                    assert_eq!(st, 409, "{g}");
+                    continue;
                 }
-                if !progressed {
-                    return;
+                progressed = true;
+                let t = g["token"].as_str().unwrap().to_owned();
+                let (st, r) = call(
+                    port,
+                    "POST",
+                    &format!("/jobs/q/{job}/complete"),
+                    Some(&format!("{{\"token\":\"{t}\"}}")),
+                )
+                .await;
+                if st == 200 {
+                    *completed.lock().unwrap().entry(job).or_default() += 1;
+                } else {
+                    assert!(st == 410 || st == 409, "{r}");
                 }
             }
-        })
-    };
-    let mut workers: Vec<_> = (0..5).map(|_| spawn_worker(completed.clone())).collect();
+            if !progressed {
+                return;
+            }
+        }
+    })
+}
+
+/// 1000 jobs, five workers killed and restarted at random while they work:
+/// every job ends completed exactly once.
+async fn jobs(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("jobs-{kind}")).await;
+    let completed: Noted = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut workers: Vec<_> = (0..5)
+        .map(|_| job_worker(port, completed.clone()))
+        .collect();
     // Kill and restart workers at random while they work.
     for _ in 0..8 {
         sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
         let i = rand::rng().random_range(0..workers.len());
         workers[i].abort();
-        workers[i] = spawn_worker(completed.clone());
+        workers[i] = job_worker(port, completed.clone());
     }
     // Claims held by killed workers expire after 1 s; the rest finish. A
     // worker killed between the server's "completed" and its own note leaves
@@ -471,7 +481,9 @@ async fn jobs(kind: &str) {
         if round == 0 {
             // Claims of killed workers expire (1 s): one more round picks them up.
             sleep(Duration::from_millis(1200)).await;
-            workers = (0..5).map(|_| spawn_worker(completed.clone())).collect();
+            workers = (0..5)
+                .map(|_| job_worker(port, completed.clone()))
+                .collect();
         }
     }
     let noted = completed.lock().unwrap().clone();

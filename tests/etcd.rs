@@ -427,68 +427,38 @@ async fn a_sidecar_started_before_etcd_keeps_trying_and_elects() {
     assert_eq!(http_get(s.port, "/readyz").await.unwrap().0, 200);
 }
 
+/// `--election x --etcd-endpoints http://127.0.0.1:1` followed by `extra`.
+fn valid_and<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--election", "x", "--etcd-endpoints", "http://127.0.0.1:1"];
+    args.extend_from_slice(extra);
+    args
+}
+
 #[test]
 fn bad_flags_exit_2_naming_the_flag() {
     let bin = env!("CARGO_BIN_EXE_leader-elector");
-    let cases: &[(&[&str], &str)] = &[
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (valid_and(&["--lease-duration", "soon"]), "--lease-duration"),
         (
-            &[
-                "--election",
-                "x",
-                "--etcd-endpoints",
-                "http://127.0.0.1:1",
-                "--lease-duration",
-                "soon",
-            ],
-            "--lease-duration",
-        ),
-        (
-            &[
-                "--election",
-                "x",
-                "--etcd-endpoints",
-                "http://127.0.0.1:1",
-                "--renew-interval",
-                "20s",
-            ],
+            valid_and(&["--renew-interval", "20s"]),
             "--renew-interval (20s) must be shorter than --lease-duration (15s)",
         ),
         (
-            &["--election", "", "--etcd-endpoints", "http://127.0.0.1:1"],
+            vec!["--election", "", "--etcd-endpoints", "http://127.0.0.1:1"],
             "--election",
         ),
         (
-            &["--election", "x", "--etcd-endpoints", "localhost:2379"],
+            vec!["--election", "x", "--etcd-endpoints", "localhost:2379"],
             "--etcd-endpoints",
         ),
-        (&["--election", "x"], "--etcd-endpoints"),
-        (
-            &[
-                "--election",
-                "x",
-                "--etcd-endpoints",
-                "http://127.0.0.1:1",
-                "--http-addr",
-                "nowhere",
-            ],
-            "--http-addr",
-        ),
-        (&["--etcd-endpoints", "http://127.0.0.1:1"], "--election"),
-        (
-            &[
-                "--election",
-                "x",
-                "--etcd-endpoints",
-                "http://127.0.0.1:1",
-                "--log-format",
-                "xml",
-            ],
-            "--log-format",
-        ),
+        (vec!["--election", "x"], "--etcd-endpoints"),
+        (valid_and(&["--http-addr", "nowhere"]), "--http-addr"),
+        (vec!["--etcd-endpoints", "http://127.0.0.1:1"], "--election"),
+        (valid_and(&["--log-format", "xml"]), "--log-format"),
     ];
-    for (args, expected) in cases {
+    for (args, expected) in &cases {
         let out = std::process::Command::new(bin)
-            .args(*args)
+            .args(args)
             .env_remove("LEADER_ELECTOR_ELECTION")
             .output()
             .unwrap();

@@ -52,10 +52,13 @@ pub struct CoordState {
 /// The coordination routes (merge into the control router).
 pub fn routes(state: CoordState) -> Router {
     Router::new()
-        .route("/locks/{name}", post(lock_acquire).delete(lock_release))
-        .route("/locks/{name}/renew", post(lock_renew))
-        .route("/semaphores/{name}", post(sem_acquire).delete(sem_release))
-        .route("/semaphores/{name}/renew", post(sem_renew))
+        .route("/locks/{name}", post(lock_acquire).delete(release::<false>))
+        .route("/locks/{name}/renew", post(renew::<false>))
+        .route(
+            "/semaphores/{name}",
+            post(sem_acquire).delete(release::<true>),
+        )
+        .route("/semaphores/{name}/renew", post(renew::<true>))
         .route("/jobs/{queue}/{job}/claim", post(job_claim))
         .route("/jobs/{queue}/{job}/complete", post(job_complete))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -261,41 +264,41 @@ async fn lock_acquire(
     }
 }
 
-async fn lock_renew(
-    State(s): State<CoordState>,
-    Path(name): Path<String>,
-    Query(p): Query<Params>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    renew_any(s, Kind::Lock, "lock name", name, p, body).await
-}
-
-async fn sem_renew(
-    State(s): State<CoordState>,
-    Path(name): Path<String>,
-    Query(p): Query<Params>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    renew_any(s, Kind::Semaphore, "semaphore name", name, p, body).await
-}
-
-async fn renew_any(
-    s: CoordState,
-    kind: Kind,
-    what: &str,
-    name: String,
-    p: Params,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    if let Err(r) = name_ok(what, &name) {
-        return reply(r);
+/// What a route of `/locks` (`SEM = false`) or `/semaphores` (`SEM =
+/// true`) serves, and how its name is called in errors.
+fn kind_of(sem: bool) -> (Kind, &'static str) {
+    if sem {
+        (Kind::Semaphore, "semaphore name")
+    } else {
+        (Kind::Lock, "lock name")
     }
-    let token = match token(&p, &body) {
-        Ok(t) => t,
-        Err(r) => return reply(r),
-    };
-    let ttl = match duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL) {
-        Ok(t) => t,
+}
+
+/// The checked name and token of a renew or release.
+fn name_and_token(
+    what: &str,
+    name: &str,
+    p: &Params,
+    body: &Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<String, Bad> {
+    name_ok(what, name)?;
+    token(p, body)
+}
+
+/// `POST /locks/{name}/renew` and `POST /semaphores/{name}/renew`.
+async fn renew<const SEM: bool>(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let (kind, what) = kind_of(SEM);
+    let checked = name_and_token(what, &name, &p, &body).and_then(|token| {
+        let ttl = duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?;
+        Ok((token, ttl))
+    });
+    let (token, ttl) = match checked {
+        Ok(v) => v,
         Err(r) => return reply(r),
     };
     match s.service.renew(kind, &name, &token, ttl).await {
@@ -304,36 +307,15 @@ async fn renew_any(
     }
 }
 
-async fn lock_release(
+/// `DELETE /locks/{name}` and `DELETE /semaphores/{name}`.
+async fn release<const SEM: bool>(
     State(s): State<CoordState>,
     Path(name): Path<String>,
     Query(p): Query<Params>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    release_any(s, Kind::Lock, "lock name", name, p, body).await
-}
-
-async fn sem_release(
-    State(s): State<CoordState>,
-    Path(name): Path<String>,
-    Query(p): Query<Params>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    release_any(s, Kind::Semaphore, "semaphore name", name, p, body).await
-}
-
-async fn release_any(
-    s: CoordState,
-    kind: Kind,
-    what: &str,
-    name: String,
-    p: Params,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    if let Err(r) = name_ok(what, &name) {
-        return reply(r);
-    }
-    let token = match token(&p, &body) {
+    let (kind, what) = kind_of(SEM);
+    let token = match name_and_token(what, &name, &p, &body) {
         Ok(t) => t,
         Err(r) => return reply(r),
     };

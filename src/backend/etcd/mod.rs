@@ -1,0 +1,414 @@
+//! The etcd backend: one key `<prefix><election>` bound to a lease.
+//!
+//! - **Campaign**: grant a lease, then one transaction: if the key's
+//!   `create_revision == 0` put our identity with the lease, else read the key.
+//!   The fencing token is the key's `create_revision` (strictly larger for every
+//!   new key). Before campaigning on a key whose holder we saw, check with
+//!   `LeaseTimeToLive` that the holder's lease is gone: a key deleted by hand
+//!   does not end the holder's term (DESIGN.md, "A follower takes over only when
+//!   the previous term is over").
+//! - **Renew**: one keep-alive on a stream we own (etcd-client leaves the
+//!   cadence to the caller; an answer with `ttl <= 0` means the lease is gone),
+//!   and in the same round trip a read of the key to prove it is still bound to
+//!   our lease. Ownership is decided by lease id, never by identity.
+//! - **Resign**: revoke the lease, which deletes the key.
+//! - **Watch**: a watch on the key from the revision after the last read.
+//!
+//! The client, the error classification and the lease life cycle live in
+//! [`store`], shared with the coordination API.
+
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, Compare, CompareOp, EventType, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use tokio::sync::Mutex;
+use tracing::debug;
+
+use self::store::{BACKEND, EtcdStore, Lease, lease_hex, lease_of, revision_of};
+use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
+
+/// How to reach etcd. Secrets are held in memory only and never logged.
+#[derive(Clone, Default)]
+pub struct EtcdOptions {
+    /// Client URLs, `http://host:port` or `https://host:port`.
+    pub endpoints: Vec<String>,
+    /// PEM of the CA that signed the servers' certificates (TLS).
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and key (mutual TLS).
+    pub client_cert_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// User name and password (etcd auth).
+    pub credentials: Option<(String, String)>,
+    /// Deadline for establishing a connection.
+    pub connect_timeout: Duration,
+    /// Interval of HTTP/2 keep-alive pings, so a connection that silently stops
+    /// answering fails its streams (watches) instead of hanging.
+    pub keepalive_interval: Duration,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("tls", &self.ca_pem.is_some())
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .field("user", &self.credentials.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+struct KeepAlive {
+    lease: i64,
+    keeper: etcd_client::LeaseKeeper,
+    stream: etcd_client::LeaseKeepAliveStream,
+    /// Set while a keep-alive is outstanding. If the caller's timeout dropped
+    /// that call, its late answer could be mistaken for the next one's, so a
+    /// stream found in flight is replaced.
+    in_flight: bool,
+}
+
+/// The etcd [`LeaseBackend`] for one election key.
+pub struct EtcdBackend {
+    key: Vec<u8>,
+    store: Arc<EtcdStore>,
+    keep_alive: Mutex<Option<KeepAlive>>,
+}
+
+impl EtcdBackend {
+    /// The election key, e.g. `/leader-elector/billing`.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// A backend for the key `key` (`<prefix><election>`). Does not connect:
+    /// the first call does, so an etcd that is down at start-up is not fatal.
+    pub fn new(key: impl Into<Vec<u8>>, options: EtcdOptions) -> Arc<Self> {
+        Arc::new(EtcdBackend {
+            key: key.into(),
+            store: Arc::new(EtcdStore::new(options)),
+            keep_alive: Mutex::new(None),
+        })
+    }
+
+    /// The store (client, classification, lease life cycle) this backend
+    /// shares with the coordination API.
+    pub fn store(&self) -> Arc<EtcdStore> {
+        self.store.clone()
+    }
+
+    /// The shared etcd client (connecting on first use).
+    ///
+    /// # Errors
+    /// A classified [`BackendError`] when etcd cannot be reached or rejects us.
+    pub async fn client(&self) -> Result<Client> {
+        self.store.client().await
+    }
+
+    /// Classify an etcd-client error (by gRPC code and error type); see
+    /// [`EtcdStore::classify`].
+    pub fn classify(&self, err: etcd_client::Error, authenticating: bool) -> BackendError {
+        self.store.classify(err, authenticating)
+    }
+
+    fn holder_from(&self, kv: &etcd_client::KeyValue, revision: i64) -> Holder {
+        Holder {
+            identity: String::from_utf8_lossy(kv.value()).into_owned(),
+            fencing_token: kv.create_revision().max(0) as u64,
+            term_id: lease_hex(kv.lease()),
+            revision,
+            expires_in: None,
+        }
+    }
+
+    /// The key's holder now, with the revision of the read.
+    async fn read_key(&self, client: &mut Client) -> Result<(Option<Holder>, i64)> {
+        let resp = self
+            .store
+            .call(None, "get", client.get(self.key.clone(), None))
+            .await?;
+        let revision = revision_of(resp.header());
+        let holder = resp.kvs().first().map(|kv| self.holder_from(kv, revision));
+        Ok((holder, revision))
+    }
+
+    /// Check that the previous term's lease is over and grant ours in the
+    /// same round trip (handover latency: two round trips, not three).
+    /// Returns the seconds left of the previous lease (0 when none) and ours.
+    async fn check_and_grant(
+        &self,
+        client: &mut Client,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<(i64, Lease)> {
+        let prev_lease = previous.map_or(0, |p| lease_of(&p.term_id));
+        let mut granting = client.clone();
+        let (left, lease) = tokio::join!(
+            async {
+                if prev_lease == 0 {
+                    Ok(0)
+                } else {
+                    self.store.time_to_live(client, prev_lease, None).await
+                }
+            },
+            self.store.grant(&mut granting, ttl, None)
+        );
+        let lease = lease?;
+        match left {
+            Ok(left) => Ok((left, lease)),
+            Err(e) => {
+                let _ = self.store.revoke(client, lease.id, None).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The campaign's answer when the transaction found the key taken.
+    fn not_elected(&self, resp: &etcd_client::TxnResponse) -> Campaign {
+        let revision = revision_of(resp.header());
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(get) = op
+                && let Some(kv) = get.kvs().first()
+            {
+                return Campaign::Following(self.holder_from(kv, revision));
+            }
+        }
+        // The key vanished between the compare and the read: nobody holds it
+        // and its previous term is over (it was created under a lease that
+        // the txn saw); try again at once.
+        Campaign::Waiting {
+            previous: Holder {
+                identity: String::new(),
+                fencing_token: 0,
+                term_id: String::new(),
+                revision,
+                expires_in: None,
+            },
+            retry_after: Duration::ZERO,
+        }
+    }
+
+    /// One watch of the key from revision `from`: `Ok(None)` when the key
+    /// changed term, `Ok(Some(compacted))` when etcd compacted the history.
+    async fn watch_from(
+        &self,
+        client: &mut Client,
+        from: i64,
+        seen_lease: i64,
+    ) -> Result<Option<i64>> {
+        let opts = WatchOptions::new().with_start_revision(from);
+        let mut stream = self
+            .store
+            .call(None, "watch", client.watch(self.key.clone(), Some(opts)))
+            .await?;
+        loop {
+            let msg = stream
+                .message()
+                .await
+                .map_err(|e| self.classify(e, false))?;
+            let Some(msg) = msg else {
+                return Err(BackendError::WatchEnded {
+                    backend: BACKEND,
+                    reason: "stream closed".into(),
+                });
+            };
+            if msg.canceled() {
+                if msg.compact_revision() > 0 {
+                    return Ok(Some(msg.compact_revision()));
+                }
+                return Err(BackendError::WatchEnded {
+                    backend: BACKEND,
+                    reason: format!("cancelled: {}", msg.cancel_reason()),
+                });
+            }
+            for event in msg.events() {
+                match event.event_type() {
+                    EventType::Delete => return Ok(None),
+                    EventType::Put => {
+                        let lease = event.kv().map_or(0, |kv| kv.lease());
+                        if lease != seen_lease || seen_lease == 0 {
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        let mut client = self.client().await?;
+        let (left, lease) = self.check_and_grant(&mut client, ttl, previous).await?;
+        if left > 0
+            && let Some(prev) = previous
+        {
+            // The previous term is alive. If its key still stands we simply
+            // follow it; if the key was deleted by hand we wait for the lease
+            // to end.
+            let _ = self.store.revoke(&mut client, lease.id, None).await;
+            if let (Some(holder), _) = self.read_key(&mut client).await? {
+                return Ok(Campaign::Following(holder));
+            }
+            return Ok(Campaign::Waiting {
+                previous: prev.clone(),
+                retry_after: Duration::from_secs(left as u64),
+            });
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                identity.as_bytes().to_vec(),
+                Some(etcd_client::PutOptions::new().with_lease(lease.id)),
+            )])
+            .or_else([TxnOp::get(self.key.clone(), None)]);
+        // Not elected: `put_under` revoked the lease we granted.
+        let created = self.store.put_under(&mut client, lease, txn, None).await?;
+        if !created.resp.succeeded() {
+            return Ok(self.not_elected(&created.resp));
+        }
+        let revision = revision_of(created.resp.header());
+        Ok(Campaign::Elected(Term {
+            holder: Holder {
+                identity: identity.to_owned(),
+                fencing_token: revision.max(0) as u64,
+                term_id: lease_hex(lease.id),
+                revision,
+                expires_in: None,
+            },
+            ttl: lease.ttl,
+            servers: None,
+        }))
+    }
+
+    async fn read(&self) -> Result<Option<Holder>> {
+        let mut client = self.client().await?;
+        Ok(self.read_key(&mut client).await?.0)
+    }
+
+    async fn inspect(&self) -> Result<Option<Holder>> {
+        let Some(mut holder) = self.read().await? else {
+            return Ok(None);
+        };
+        let lease = lease_of(&holder.term_id);
+        if lease != 0 {
+            let client = self.client().await?;
+            let left = self.store.time_to_live(&client, lease, None).await?;
+            // etcd counts whole seconds; <= 0: the lease is gone, the key with it.
+            holder.expires_in = Some(Duration::from_secs(left.max(0) as u64));
+        }
+        Ok(Some(holder))
+    }
+
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        let client = self.client().await?;
+        let lease = lease_of(&term.holder.term_id);
+        let mut guard = self.keep_alive.lock().await;
+        let reuse = matches!(guard.as_ref(), Some(k) if k.lease == lease && !k.in_flight);
+        if !reuse {
+            *guard = None;
+            let (keeper, stream) = client
+                .lease_client()
+                .keep_alive(lease)
+                .await
+                .map_err(|e| self.classify(e, false))?;
+            *guard = Some(KeepAlive {
+                lease,
+                keeper,
+                stream,
+                in_flight: false,
+            });
+        }
+        let ka = guard.as_mut().expect("keep-alive stream was just set");
+        ka.in_flight = true;
+        let keep_alive = async {
+            ka.keeper.keep_alive().await?;
+            ka.stream.message().await
+        };
+        let mut kv = client.kv_client();
+        let read = kv.get(self.key.clone(), None);
+        let (answer, read) = tokio::join!(keep_alive, read);
+        let answer = match answer {
+            Ok(Some(answer)) => answer,
+            Ok(None) => {
+                *guard = None;
+                return Err(self
+                    .store
+                    .unreachable("keep-alive stream closed by the server".into()));
+            }
+            Err(e) => {
+                *guard = None;
+                return Err(self.store.failed(e).await);
+            }
+        };
+        ka.in_flight = false;
+        if answer.ttl() <= 0 {
+            *guard = None;
+            return Ok(Renewal::Lost(LostReason::LeaseExpired));
+        }
+        let read = read.map_err(|e| self.classify(e, false))?;
+        match read.kvs().first() {
+            None => Ok(Renewal::Lost(LostReason::KeyDeleted)),
+            Some(kv) if kv.lease() != lease => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+            Some(_) => Ok(Renewal::Renewed {
+                ttl: Duration::from_secs(answer.ttl() as u64),
+                servers: None,
+            }),
+        }
+    }
+
+    async fn resign(&self, term: &Term) -> Result<()> {
+        let mut client = self.client().await?;
+        let lease = lease_of(&term.holder.term_id);
+        {
+            let mut guard = self.keep_alive.lock().await;
+            if matches!(guard.as_ref(), Some(k) if k.lease == lease) {
+                *guard = None;
+            }
+        }
+        self.store.revoke(&mut client, lease, None).await
+    }
+
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        let mut client = self.client().await?;
+        let seen_lease = lease_of(&seen.term_id);
+        let mut from = seen.revision + 1;
+        loop {
+            let Some(compacted) = self.watch_from(&mut client, from, seen_lease).await? else {
+                return Ok(());
+            };
+            // etcd compacted the history we asked for (a long term outlives
+            // the compaction window). The events we missed no longer exist;
+            // what matters is whether the key still belongs to the same term.
+            // Read it, and watch again from the revision of that read, which
+            // etcd still has.
+            match self.read_key(&mut client).await? {
+                (Some(h), revision) if seen_lease != 0 && lease_of(&h.term_id) == seen_lease => {
+                    debug!(
+                        compacted,
+                        revision,
+                        "watch history compacted; watching again from the current revision"
+                    );
+                    from = revision + 1;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! Coordination on etcd: every lock, permit and claim is a key bound to its
+//! own lease; the key is `<prefix><lease hex>.<nonce>` (the whole token, so a
+//! release is one delete) and its value is `<token>|<owner>`. Renew = one
+//! keep-alive of that lease plus a read proving the key is still ours (an
+//! expired lease answers TTL 0 and is never re-created). Fair locks follow
+//! etcd's own lock recipe ([`queue`]): each waiter writes a key under the
+//! lock's prefix and watches only the key with the next lower
+//! `create_revision` (no thundering herd).
+//!
+//! The lease life cycle (grant → compare-and-put → revoke), the deadline and
+//! the error classification are the election's: [`EtcdStore`].
+
+mod queue;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
+use crate::backend::BackendError;
+use crate::backend::etcd::EtcdBackend;
+use crate::backend::etcd::store::{EtcdStore, revision_of};
+
+/// Deadline of one etcd call when none is configured.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The etcd [`Coordinator`], sharing the election's client.
+pub struct EtcdCoord {
+    store: Arc<EtcdStore>,
+    prefix: String,
+    deadline: Duration,
+    /// Lease revokes run off the answer path (after a release): owned here,
+    /// each bounded by the deadline, waited for by [`Coordinator::close`].
+    revokes: Mutex<JoinSet<()>>,
+}
+
+impl EtcdCoord {
+    /// Coordination keys under `<election key>/../_coord/` (the election's
+    /// prefix); every etcd call gets [`DEFAULT_DEADLINE`].
+    pub fn new(backend: Arc<EtcdBackend>, prefix: &str) -> Self {
+        EtcdCoord {
+            store: backend.store(),
+            prefix: format!("{prefix}_coord/"),
+            deadline: DEFAULT_DEADLINE,
+            revokes: Mutex::new(JoinSet::new()),
+        }
+    }
+
+    /// Give every etcd call at most `deadline` (at least 1 ms): a request
+    /// answers within its `wait` plus one deadline, however etcd behaves.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline.max(Duration::from_millis(1));
+        self
+    }
+
+    fn limit(&self) -> Option<Duration> {
+        Some(self.deadline)
+    }
+
+    /// Run one etcd call under the deadline.
+    async fn call<T>(
+        &self,
+        what: &'static str,
+        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        Ok(self.store.call(self.limit(), what, f).await?)
+    }
+
+    async fn client(&self) -> Result<Client> {
+        Ok(self.store.client_within(self.limit()).await?)
+    }
+
+    /// Revoke a lease we no longer need, under the deadline; a failure is
+    /// harmless (the lease expires with its TTL).
+    async fn drop_lease(&self, client: &mut Client, lease: i64) {
+        let _ = self.store.revoke(client, lease, self.limit()).await;
+    }
+
+    /// Revoke `lease` after `error`, unless etcd did not answer in time
+    /// ([`EtcdStore::abandon`]).
+    async fn abandon(&self, client: &mut Client, lease: i64, error: &CoordError) {
+        if let CoordError::Backend(e) = error {
+            self.store.abandon(client, lease, self.limit(), e).await;
+        } else {
+            self.drop_lease(client, lease).await;
+        }
+    }
+
+    /// Revoke `lease` off the answer path, in a task this coordinator owns
+    /// (bounded by the deadline; if it fails the lease expires with its TTL).
+    fn revoke_later(&self, mut client: Client, lease: i64) {
+        let store = self.store.clone();
+        let limit = self.limit();
+        let mut tasks = self.revokes.lock().unwrap_or_else(|e| e.into_inner());
+        // Reap the revokes that ended, so the set holds only running ones.
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(async move {
+            let _ = store.revoke(&mut client, lease, limit).await;
+        });
+    }
+
+    /// One prefix per lock name, shared by plain and fair acquirers: the
+    /// holder is the key with the lowest `create_revision`.
+    fn lock_prefix(&self, name: &str) -> String {
+        format!("{}locks/{name}/", self.prefix)
+    }
+    fn sem_prefix(&self, name: &str) -> String {
+        format!("{}sem/{name}/", self.prefix)
+    }
+    fn job_key(&self, queue: &str, job: &str, part: &str) -> String {
+        format!("{}jobs/{queue}/{job}/{part}", self.prefix)
+    }
+    fn prefix_of(&self, kind: Kind, name: &str) -> String {
+        match kind {
+            Kind::Lock => self.lock_prefix(name),
+            Kind::Semaphore => self.sem_prefix(name),
+        }
+    }
+    /// The key of a lock or permit: `<prefix><lease hex>.<nonce>`. The whole
+    /// token is in the key's name, so a key that exists under this name is
+    /// the token's own: a release is one delete, with no read before it.
+    fn key_of(&self, kind: Kind, name: &str, token: &Token) -> String {
+        format!(
+            "{}{:x}.{}",
+            self.prefix_of(kind, name),
+            token.lease,
+            token.nonce
+        )
+    }
+
+    /// One keep-alive of `lease`: the TTL it now has, 0 when it is gone.
+    async fn keep_alive_once(&self, client: &Client, lease: i64) -> Result<i64> {
+        let once = async {
+            let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match self.call("lease keep-alive", once).await? {
+            Some(r) => Ok(r.ttl()),
+            // The stream ended without an answer (etcd restarting): that says
+            // nothing about the lease, so it is an error, not "gone".
+            None => Err(CoordError::Backend(BackendError::WatchEnded {
+                backend: "etcd",
+                reason: "the lease keep-alive stream ended without an answer".into(),
+            })),
+        }
+    }
+
+    /// The first (oldest) key under `prefix`: the lock's holder.
+    async fn first(&self, client: &mut Client, prefix: &str) -> Result<Option<String>> {
+        let r = self.call("get", client.get(prefix, Some(oldest()))).await?;
+        Ok(r.kvs().first().map(|kv| owner_of(kv.value())))
+    }
+
+    /// A job's done and claim keys, as two gets of one txn.
+    fn job_state(done: &str, claim: &str) -> [TxnOp; 2] {
+        [TxnOp::get(done, None), TxnOp::get(claim, None)]
+    }
+}
+
+/// The oldest key under a prefix (the lock's holder).
+fn oldest() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// A job's state from the answers of [`EtcdCoord::job_state`]: `None` when
+/// it is neither completed nor claimed.
+fn job_claimed(ops: &[TxnOpResponse]) -> Option<Claim> {
+    if matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()) {
+        return Some(Claim::Completed);
+    }
+    match ops.get(1) {
+        Some(TxnOpResponse::Get(g)) => g
+            .kvs()
+            .first()
+            .map(|kv| Claim::ClaimedByOther(owner_of(kv.value()))),
+        _ => None,
+    }
+}
+
+/// The token's parts, when it is a version-1 token of a kind that serves `kind`.
+fn parse(kind: Kind, token: &str) -> Option<Token> {
+    Token::parse(token).filter(|t| t.kind.serves(kind) && t.lease > 0)
+}
+
+fn owner_of(value: &[u8]) -> String {
+    let v = String::from_utf8_lossy(value);
+    v.split_once('|')
+        .map(|(_, o)| o.to_owned())
+        .unwrap_or_default()
+}
+
+fn holds(value: &[u8], token: &str) -> bool {
+    value.starts_with(token.as_bytes()) && value.get(token.len()) == Some(&b'|')
+}
+
+fn grant(name: &str, token: &Token, fencing: i64, ttl: Duration) -> Grant {
+    Grant {
+        name: name.to_owned(),
+        token: token.to_string(),
+        fencing_token: fencing.max(0) as u64,
+        ttl_ms: ttl.as_millis() as u64,
+    }
+}
+
+#[async_trait]
+impl Coordinator for EtcdCoord {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn queues(&self) -> bool {
+        true
+    }
+
+    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
+        let mut client = self.client().await?;
+        let prefix = self.lock_prefix(name);
+        // Cheap look first: a busy lock costs one read, not a lease.
+        if let Some(holder) = self.first(&mut client, &prefix).await? {
+            return Ok(Try::Held(holder));
+        }
+        let mut token = Token::new(TokenKind::Lock, 0);
+        // Free only when no key at all lives under the name's prefix: no
+        // holder and no fair waiter (an empty range compares as revision 0).
+        let txn = |lease| {
+            token = Token::new(TokenKind::Lock, lease);
+            Txn::new()
+                .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
+                .and_then([TxnOp::put(
+                    self.key_of(Kind::Lock, name, &token),
+                    format!("{token}|{owner}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(prefix.clone(), Some(oldest()))])
+        };
+        let created = self
+            .store
+            .create(&mut client, ttl, self.limit(), txn)
+            .await?;
+        if created.resp.succeeded() {
+            let rev = revision_of(created.resp.header());
+            return Ok(Try::Acquired(grant(name, &token, rev, created.lease.ttl)));
+        }
+        let holder = created
+            .resp
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| owner_of(kv.value())),
+                _ => None,
+            })
+            .unwrap_or_default();
+        Ok(Try::Held(holder))
+    }
+
+    async fn lock_fair(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Try> {
+        self.queue_for(name, owner, ttl, wait).await
+    }
+
+    async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
+        let mut client = self.client().await?;
+        let lease = self.store.grant(&mut client, ttl, self.limit()).await?;
+        let token = Token::new(TokenKind::Permit, lease.id);
+        let key = self.key_of(Kind::Semaphore, name, &token);
+        let put = PutOptions::new().with_lease(lease.id);
+        let put = match self
+            .call(
+                "put",
+                client.put(key, format!("{token}|{owner}"), Some(put)),
+            )
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                self.abandon(&mut client, lease.id, &e).await;
+                return Err(e);
+            }
+        };
+        let my_rev = revision_of(put.header());
+        // Live permits created before ours: ours counts only if fewer than N.
+        // Every later acquirer sees ours too, so live holders never exceed N.
+        // Count the keys returned: etcd computes a range's `count` before the
+        // `max_create_revision` filter, so `count` would include ours.
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(my_rev - 1);
+        let before = match self
+            .call("get", client.get(self.sem_prefix(name), Some(before)))
+            .await
+        {
+            Ok(r) => r.kvs().len() as u64,
+            Err(e) => {
+                self.abandon(&mut client, lease.id, &e).await;
+                return Err(e);
+            }
+        };
+        if before < u64::from(permits) {
+            return Ok(Try::Acquired(grant(name, &token, my_rev, lease.ttl)));
+        }
+        self.drop_lease(&mut client, lease.id).await;
+        Ok(Try::Full(before))
+    }
+
+    async fn changed(&self, kind: Kind, name: &str, _seen: u64, until: Instant) -> Result<()> {
+        self.changed_under(&self.prefix_of(kind, name), kind == Kind::Lock, until)
+            .await
+    }
+
+    async fn renew(&self, kind: Kind, name: &str, token: &str, _ttl: Duration) -> Result<Outcome> {
+        let Some(t) = parse(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        let key = self.key_of(kind, name, &t);
+        let current = self.call("get", client.get(key, None)).await?;
+        match current.kvs().first() {
+            None => return Ok(Outcome::Gone),
+            Some(kv) if !holds(kv.value(), token) => return Ok(Outcome::NotYours),
+            Some(_) => {}
+        }
+        let left = self.keep_alive_once(&client, t.lease).await?;
+        if left <= 0 {
+            return Ok(Outcome::Gone);
+        }
+        Ok(Outcome::Ok(Some(Duration::from_secs(left as u64))))
+    }
+
+    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
+        let Some(t) = parse(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        // The key's name holds the whole token: if it exists it is ours, and
+        // one delete releases it (the next waiter's watch sees the delete).
+        let key = self.key_of(kind, name, &t);
+        let deleted = self.call("delete", client.delete(key, None)).await?;
+        if deleted.deleted() == 0 {
+            return Ok(Outcome::Gone);
+        }
+        // The lease holds no key any more: revoke it off the answer path.
+        self.revoke_later(client, t.lease);
+        Ok(Outcome::Ok(None))
+    }
+
+    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
+        let mut client = self.client().await?;
+        let claim = self.job_key(queue, job, "claim");
+        let done = self.job_key(queue, job, "done");
+        // Cheap look first: a claimed or completed job costs one read.
+        let peek = Txn::new().and_then(Self::job_state(&done, &claim));
+        let peek = self.call("txn", client.txn(peek)).await?;
+        if let Some(state) = job_claimed(peek.op_responses().as_slice()) {
+            return Ok(state);
+        }
+        let mut token = Token::new(TokenKind::Job, 0);
+        let txn = |lease| {
+            token = Token::new(TokenKind::Job, lease);
+            Txn::new()
+                .when([
+                    Compare::create_revision(done.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(claim.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([TxnOp::put(
+                    claim.clone(),
+                    format!("{token}|{owner}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else(Self::job_state(&done, &claim))
+        };
+        let created = self
+            .store
+            .create(&mut client, ttl, self.limit(), txn)
+            .await?;
+        if created.resp.succeeded() {
+            let rev = revision_of(created.resp.header());
+            let name = format!("{queue}/{job}");
+            return Ok(Claim::Claimed(grant(&name, &token, rev, created.lease.ttl)));
+        }
+        let state = job_claimed(created.resp.op_responses().as_slice());
+        Ok(state.unwrap_or_else(|| Claim::ClaimedByOther(String::new())))
+    }
+
+    async fn complete(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        retention: Duration,
+    ) -> Result<Outcome> {
+        let Some(t) = Token::parse(token).filter(|t| t.kind == TokenKind::Job && t.lease > 0)
+        else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        let claim = self.job_key(queue, job, "claim");
+        let done = self.job_key(queue, job, "done");
+        let current = self.call("get", client.get(claim.clone(), None)).await?;
+        let Some(kv) = current.kvs().first() else {
+            // Completed by us already (a retry)? Then it is done.
+            let d = self.call("get", client.get(done.clone(), None)).await?;
+            return Ok(match d.kvs().first() {
+                Some(kv) if holds(kv.value(), token) => Outcome::Ok(None),
+                Some(_) => Outcome::NotYours,
+                None => Outcome::Gone,
+            });
+        };
+        if !holds(kv.value(), token) {
+            return Ok(Outcome::NotYours);
+        }
+        // The done key lives under a lease of the retention time.
+        let txn = |keep| {
+            Txn::new()
+                .when([Compare::mod_revision(
+                    claim.clone(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([
+                    TxnOp::put(
+                        done.clone(),
+                        kv.value().to_vec(),
+                        Some(PutOptions::new().with_lease(keep)),
+                    ),
+                    TxnOp::delete(claim.clone(), None),
+                ])
+        };
+        let created = self
+            .store
+            .create(&mut client, retention, self.limit(), txn)
+            .await?;
+        if !created.resp.succeeded() {
+            return Ok(Outcome::NotYours);
+        }
+        self.drop_lease(&mut client, t.lease).await;
+        Ok(Outcome::Ok(None))
+    }
+
+    async fn close(&self) {
+        let mut tasks =
+            std::mem::take(&mut *self.revokes.lock().unwrap_or_else(|e| e.into_inner()));
+        let waited = tokio::time::timeout(self.deadline, async {
+            while tasks.join_next().await.is_some() {}
+        });
+        let _ = waited.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_lease_whatever_its_first_hex_digit() {
+        // Lease ids of a cluster whose member id starts with 0x0f print as
+        // "f…": the kind and the lease must still be read right.
+        for lease in [0x0f90_1234_5678_9abc_i64, 0x7fff_ffff_ffff_ffff, 1, 0xabc] {
+            for kind in [
+                TokenKind::Lock,
+                TokenKind::FairLock,
+                TokenKind::Permit,
+                TokenKind::Job,
+            ] {
+                let t = Token::new(kind, lease);
+                let back = Token::parse(&t.to_string()).expect("a token we issued parses");
+                assert_eq!((back.kind, back.lease), (kind, lease), "{t}");
+            }
+        }
+        let plain = Token::new(TokenKind::Lock, 0x0f90_1234_5678_9abc).to_string();
+        assert!(plain.starts_with("v1.l.f901234"), "{plain}");
+        assert!(parse(Kind::Lock, &plain).is_some());
+        assert!(parse(Kind::Semaphore, &plain).is_none());
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused() {
+        for bad in [
+            "",
+            "f90.abc",
+            "v2.l.1.00000000000000000000000000000000",
+            "v1.x.1.00000000000000000000000000000000",
+            "v1.l.1.0000",
+            "v1.l.zz.00000000000000000000000000000000",
+            "v1.l.1.00000000000000000000000000000000.extra",
+        ] {
+            assert!(Token::parse(bad).is_none(), "{bad:?} parsed");
+        }
+    }
+}

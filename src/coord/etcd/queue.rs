@@ -1,0 +1,370 @@
+//! Waiting on etcd: the fair lock's queue (etcd's `concurrency` lock recipe:
+//! each waiter's key under the lock's prefix, ordered by `create_revision`,
+//! and each waiter watches only the key just ahead of its own), and
+//! [`EtcdCoord::changed_under`], the wake-up of plain waiters.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+};
+use tokio::time::Instant;
+
+use super::{EtcdCoord, grant};
+use crate::backend::BackendError;
+use crate::backend::etcd::store::revision_of;
+use crate::coord::{CoordError, Kind, Result, Token, TokenKind, Try};
+
+/// Most keys ahead a joining waiter reads by name. With more ahead, it waits
+/// key by key instead (the nearest key ahead, then a look).
+const MAX_AHEAD: i64 = 256;
+
+/// The nearest key ahead of ours: its name, a revision it existed at, and
+/// whether it is the last key ahead.
+type Ahead = Option<(Vec<u8>, i64, bool)>;
+
+/// What became of the key ahead while we watched it.
+enum Ahead1 {
+    /// It was deleted.
+    Gone,
+    /// The watch ended or could not say: look at the keys ahead again.
+    Unknown,
+}
+
+/// The nearest keys ahead of ours, newest first: with `limit(2)`, whether
+/// the nearest is the only one ahead too.
+fn nearest() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+}
+
+/// The keys ahead of a joining waiter, by name, newest first, at most
+/// [`MAX_AHEAD`] of them (the txn's count says whether that is all).
+fn all_ahead() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(MAX_AHEAD)
+}
+
+/// What the join's read saw: the names of all keys ahead when it saw them
+/// all, and the nearest key ahead.
+struct Joined {
+    names: Option<HashSet<Vec<u8>>>,
+    first: Ahead,
+}
+
+fn joined(resp: &etcd_client::TxnResponse, my_rev: i64) -> Joined {
+    let get = resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    });
+    let Some(g) = get else {
+        return Joined {
+            names: Some(HashSet::new()),
+            first: None,
+        };
+    };
+    let kvs = g.kvs();
+    let names =
+        (g.count() == kvs.len() as i64).then(|| kvs.iter().map(|kv| kv.key().to_vec()).collect());
+    // The keys it saw are as they were at `my_rev` too (our put touched only
+    // our key): watching from `my_rev + 1` starts at the head, where etcd
+    // serves a watch at once (an older start revision waits for etcd's
+    // catch-up loop, up to 100 ms).
+    let first = kvs
+        .first()
+        .map(|kv| (kv.key().to_vec(), my_rev, kvs.len() == 1));
+    Joined { names, first }
+}
+
+fn read_ahead(kvs: &[KeyValue], rev: i64) -> Ahead {
+    kvs.first()
+        .map(|kv| (kv.key().to_vec(), rev, kvs.len() == 1))
+}
+
+/// Keep the waiter's lease alive while it queues (every third of its TTL,
+/// at least every 500 ms). Never returns; on a failure it stops renewing
+/// and waits for ever (the lease then expires and the queue sees it go).
+async fn keep_queued(client: Client, lease: i64, granted: Duration) {
+    let every = (granted / 3).max(Duration::from_millis(500));
+    let Ok((mut k, mut s)) = client.lease_client().keep_alive(lease).await else {
+        return std::future::pending::<()>().await;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        if k.keep_alive().await.is_err() || s.message().await.is_err() {
+            return std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl EtcdCoord {
+    /// Take lock `name` in arrival order, waiting up to `wait`
+    /// ([`crate::coord::Coordinator::lock_fair`]).
+    ///
+    /// The waiter watches the deletes under the lock's prefix from before it
+    /// joins, joins (one txn: read the names of the keys ahead, put ours),
+    /// and holds the lock once every key ahead is deleted: no read after any
+    /// wake, so a handoff costs the holder's delete and nothing more. With
+    /// more than [`MAX_AHEAD`] ahead, or when the watch ends, it waits key by
+    /// key ([`EtcdCoord::queue`]).
+    pub(super) async fn queue_for(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Try> {
+        let deadline = Instant::now() + wait;
+        let mut client = self.client().await?;
+        let prefix = self.lock_prefix(name);
+        // The watch must start before the join; the grant runs meanwhile.
+        let watcher = client.clone();
+        let (lease, deletes) = tokio::join!(
+            self.store.grant(&mut client, ttl, self.limit()),
+            self.deletes_under(&watcher, &prefix)
+        );
+        let lease = lease?;
+        let deletes = match deletes {
+            Ok(w) => w,
+            Err(e) => {
+                self.abandon(&mut client, lease.id, &e).await;
+                return Err(e);
+            }
+        };
+        let token = Token::new(TokenKind::FairLock, lease.id);
+        // Join the queue and look ahead in one txn: the read runs before the
+        // put, so it sees exactly the keys created before ours.
+        let join = Txn::new().and_then([
+            TxnOp::get(prefix.clone(), Some(all_ahead())),
+            TxnOp::put(
+                self.key_of(Kind::Lock, name, &token),
+                format!("{token}|{owner}"),
+                Some(PutOptions::new().with_lease(lease.id)),
+            ),
+        ]);
+        let joined = self
+            .store
+            .put_under(&mut client, lease, join, self.limit())
+            .await?;
+        let my_rev = revision_of(joined.resp.header());
+        let ahead = self::joined(&joined.resp, my_rev);
+        let queue = async {
+            if let Some(names) = ahead.names
+                && self.all_deleted(deletes, names).await?
+            {
+                return Ok(());
+            }
+            self.queue(&client, &prefix, my_rev, ahead.first).await
+        };
+        // `None`: the wait ran out while queued.
+        let outcome = tokio::select! {
+            biased;
+            r = queue => Some(r),
+            _ = keep_queued(client.clone(), lease.id, lease.ttl) => None,
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        self.queued(outcome, client, name, &prefix, &token, my_rev, lease.ttl)
+            .await
+    }
+
+    /// The answer of a fair acquisition once its queueing ended (`None`: the
+    /// wait ran out).
+    #[allow(clippy::too_many_arguments)]
+    async fn queued(
+        &self,
+        outcome: Option<Result<()>>,
+        mut client: Client,
+        name: &str,
+        prefix: &str,
+        token: &Token,
+        my_rev: i64,
+        granted: Duration,
+    ) -> Result<Try> {
+        match outcome {
+            Some(Ok(())) => Ok(Try::Acquired(grant(name, token, my_rev, granted))),
+            None => {
+                // Timed out in the queue: leave it, and say who holds the
+                // lock (both calls at once: one deadline, not two).
+                let mut reader = client.clone();
+                let (_, first) = tokio::join!(
+                    self.drop_lease(&mut client, token.lease),
+                    self.first(&mut reader, prefix)
+                );
+                Ok(Try::Held(first.ok().flatten().unwrap_or_default()))
+            }
+            Some(Err(e)) => {
+                self.abandon(&mut client, token.lease, &e).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A watch of the deletes under `prefix` (puts filtered out, so waiters
+    /// joining wake nobody), started: its events are those after now.
+    async fn deletes_under(&self, client: &Client, prefix: &str) -> Result<WatchStream> {
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        let mut w = self
+            .call("watch", client.clone().watch(prefix, Some(opts)))
+            .await?;
+        match self.call("watch", w.message()).await? {
+            Some(m) if m.created() && !m.canceled() => Ok(w),
+            _ => Err(CoordError::Backend(BackendError::WatchEnded {
+                backend: "etcd",
+                reason: "the watch of the lock's queue was not created".into(),
+            })),
+        }
+    }
+
+    /// Wait until every key of `names` is deleted: `true` then, `false` when
+    /// the watch ended first (then the caller looks again).
+    async fn all_deleted(&self, mut w: WatchStream, mut names: HashSet<Vec<u8>>) -> Result<bool> {
+        while !names.is_empty() {
+            let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? else {
+                return Ok(false);
+            };
+            if msg.canceled() {
+                return Ok(false);
+            }
+            for e in msg.events() {
+                if e.event_type() == EventType::Delete
+                    && let Some(kv) = e.kv()
+                {
+                    names.remove(kv.key());
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Wait in the queue of `prefix` until no key created before `my_rev`
+    /// is left; `next` is the nearest key ahead as the join saw it.
+    async fn queue(&self, client: &Client, prefix: &str, my_rev: i64, first: Ahead) -> Result<()> {
+        let mut next = first;
+        while let Some((key, rev, last)) = next {
+            // Keys are never created ahead of ours: when the last one ahead
+            // goes, the lock is ours without a look.
+            if let Ahead1::Gone = self.watch_ahead(client, key, rev).await?
+                && last
+            {
+                return Ok(());
+            }
+            next = self.ahead(client, prefix, my_rev).await?;
+        }
+        Ok(())
+    }
+
+    /// A later look at the keys ahead of `my_rev`. `limit` applies after the
+    /// revision filter.
+    async fn ahead(&self, client: &Client, prefix: &str, my_rev: i64) -> Result<Ahead> {
+        let opts = nearest().with_max_create_revision(my_rev - 1);
+        let r = self
+            .call("get", client.clone().get(prefix, Some(opts)))
+            .await?;
+        Ok(read_ahead(r.kvs(), revision_of(r.header())))
+    }
+
+    /// Watch `key`, which existed at revision `rev`, until it is deleted.
+    async fn watch_ahead(&self, client: &Client, key: Vec<u8>, rev: i64) -> Result<Ahead1> {
+        // Watch from the head (etcd serves such a watch at once; one from an
+        // older revision waits for etcd's catch-up loop, up to 100 ms, which
+        // a busy queue would feel on every handoff).
+        let mut w = self
+            .call("watch", client.clone().watch(key.clone(), None))
+            .await?;
+        // The created answer says the revision the watch starts after; if
+        // anything was written since `rev`, look whether the key is still
+        // there (its delete then comes later).
+        let started = self
+            .call("watch", w.message())
+            .await?
+            .filter(|m| m.created() && !m.canceled())
+            .and_then(|m| m.header().map(|h| h.revision()));
+        match started {
+            None => return Ok(Ahead1::Unknown),
+            Some(at) if at > rev => {
+                let opts = GetOptions::new().with_keys_only();
+                let now = self
+                    .call("get", client.clone().get(key, Some(opts)))
+                    .await?;
+                if now.kvs().is_empty() {
+                    return Ok(Ahead1::Gone);
+                }
+            }
+            Some(_) => {}
+        }
+        while let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? {
+            if msg.canceled() {
+                break;
+            }
+            if msg
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                return Ok(Ahead1::Gone);
+            }
+        }
+        Ok(Ahead1::Unknown)
+    }
+
+    fn store_err(&self, e: etcd_client::Error) -> CoordError {
+        CoordError::Backend(self.store.classify(e, false))
+    }
+
+    /// Wait until one of the keys under `prefix` now is deleted, or until
+    /// `until` ([`crate::coord::Coordinator::changed`]). `lock`: an empty
+    /// prefix means the lock is free, so answer at once.
+    pub(super) async fn changed_under(
+        &self,
+        prefix: &str,
+        lock: bool,
+        until: Instant,
+    ) -> Result<()> {
+        let mut client = self.client().await?;
+        // Read first so the watch starts where the read saw the range: a
+        // release between the caller's attempt and this read shows here.
+        // Wake only when one of the keys seen now goes: keys that come and
+        // go meanwhile are losing acquirers (a semaphore's losers write and
+        // revoke a key) or waiters, and waking on them would have every
+        // waiter's retry wake every other waiter, for ever.
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let r = self.call("get", client.get(prefix, Some(opts))).await?;
+        let present: HashSet<Vec<u8>> = r.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+        if lock && present.is_empty() {
+            return Ok(());
+        }
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision_of(r.header()) + 1);
+        let mut w = self.call("watch", client.watch(prefix, Some(opts))).await?;
+        let deleted = async {
+            loop {
+                let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? else {
+                    return Ok(());
+                };
+                if msg.canceled()
+                    || msg.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_some_and(|kv| present.contains(kv.key()))
+                    })
+                {
+                    return Ok(());
+                }
+            }
+        };
+        tokio::select! {
+            r = deleted => r,
+            _ = tokio::time::sleep_until(until) => Ok(()),
+        }
+    }
+}
