@@ -21,7 +21,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use serde::Serialize;
 
 use crate::backend::{BackendError, Holder, LeaseBackend};
-use crate::config::{BackendKind, Cli, Config, EtcdArgs, KubeArgs, RedisArgs, parse_duration};
+use crate::config::{BackendArgs, Cli, Config, parse_duration};
 
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
@@ -33,26 +33,9 @@ pub struct OpsCli {
     #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
     pub election: String,
 
-    /// Which backend to read; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is, else the Kubernetes Lease.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "auto",
-        env = "LEADER_ELECTOR_BACKEND"
-    )]
-    pub backend: BackendKind,
-
-    /// etcd connection.
+    /// The backend and its connection flags (the sidecar's own group).
     #[command(flatten)]
-    pub etcd: EtcdArgs,
-
-    /// Redis connection.
-    #[command(flatten)]
-    pub redis: RedisArgs,
-
-    /// Kubernetes Lease backend (namespace of the Lease).
-    #[command(flatten)]
-    pub kubernetes: KubeArgs,
+    pub store: BackendArgs,
 
     /// Output format: a table (status) or plain lines (observe), or JSON (one object per line).
     #[arg(short = 'o', long, value_enum, default_value = "table")]
@@ -189,10 +172,7 @@ pub fn connect(cli: &OpsCli) -> Result<Arc<dyn LeaseBackend>, String> {
         "--pod-label-key=",
     ])
     .map_err(|e| e.to_string())?;
-    sidecar.backend = cli.backend;
-    sidecar.etcd = cli.etcd.clone();
-    sidecar.redis = cli.redis.clone();
-    sidecar.kubernetes = cli.kubernetes.clone();
+    sidecar.store = cli.store.clone();
     sidecar.command.clear();
     let config = Config::from_cli_mode(sidecar, false).map_err(|e| e.to_string())?;
     let (backend, _coord) = crate::app::connect(&config.backend).map_err(|e| {

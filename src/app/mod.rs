@@ -262,11 +262,22 @@ impl Serving {
         http_stop: &CancellationToken,
     ) -> (Task, Option<Task>) {
         let control = self.control_listener.map(|listener| {
-            control.coord = Some(coord_state(cfg, self.coordinator, &self.registry));
+            let coord = coord_state(cfg, self.coordinator, &self.registry);
+            let service = coord.service.clone();
+            control.coord = Some(coord);
             let router = control_router(control);
-            let fut = serve(listener, "--control-addr", router, false, cfg, http_stop);
+            let served = serve(listener, "--control-addr", router, false, cfg, http_stop);
+            // Once no request is served, wait for the coordination backend's
+            // off-path work (etcd: lease revokes after releases), at most one
+            // call deadline.
+            let fut = async move {
+                let out = served.await;
+                service.close().await;
+                out
+            };
             let span = info_span!("control");
-            Task::spawn("control", Stop::Http, HTTP_DRAIN, span, fut)
+            let limit = HTTP_DRAIN + crate::coord::etcd::DEFAULT_DEADLINE;
+            Task::spawn("control", Stop::Http, limit, span, fut)
         });
         let router = router(app_state);
         let http = serve(self.listener, "--http-addr", router, true, cfg, http_stop);

@@ -21,7 +21,7 @@ pub(crate) fn redis_backend(
     cli: &Cli,
     elector: &ElectorConfig,
 ) -> Result<BackendConfig, ConfigError> {
-    let r = &cli.redis;
+    let r = &cli.store.redis;
     if r.redis_url.is_empty() {
         return Err(config_error(
             "--redis-url is required with --backend redis\nhint: e.g. --redis-url redis://127.0.0.1:6379",
@@ -122,7 +122,7 @@ pub(crate) fn kube_backend(cli: &Cli, chosen_by_auto: bool) -> Result<BackendCon
     }
     check_lease_name(&cli.election)?;
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    let namespace = match cli.kubernetes.election_namespace.as_deref().map(str::trim) {
+    let namespace = match cli.store.kubernetes.election_namespace.as_deref().map(str::trim) {
         Some("") => {
             return Err(config_error(
                 "--election-namespace must not be empty\nhint: leave it out to use $POD_NAMESPACE or the kubeconfig's namespace",
@@ -177,7 +177,7 @@ pub(crate) fn etcd_backend(
     cli: &Cli,
     elector: &ElectorConfig,
 ) -> Result<BackendConfig, ConfigError> {
-    let e = &cli.etcd;
+    let e = &cli.store.etcd;
     if e.etcd_endpoints.is_empty() {
         return Err(config_error(
             "--etcd-endpoints is required: no backend is configured\nhint: e.g. --etcd-endpoints http://127.0.0.1:2379",

@@ -34,26 +34,9 @@ pub struct Cli {
     )]
     pub identity: Option<String>,
 
-    /// Which backend to campaign on; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "auto",
-        env = "LEADER_ELECTOR_BACKEND"
-    )]
-    pub backend: BackendKind,
-
-    /// etcd connection.
+    /// The backend and its connection flags.
     #[command(flatten)]
-    pub etcd: EtcdArgs,
-
-    /// Redis connection.
-    #[command(flatten)]
-    pub redis: RedisArgs,
-
-    /// Kubernetes backend.
-    #[command(flatten)]
-    pub kubernetes: KubeArgs,
+    pub store: BackendArgs,
 
     /// Lease TTL: how long the backend keeps the key without a renewal (e.g. 15s).
     #[arg(long, visible_alias = "ttl", default_value = "15s", env = "LEADER_ELECTOR_LEASE_DURATION", value_parser = parse_duration, value_name = "DURATION")]
@@ -170,6 +153,32 @@ pub struct Cli {
         value_name = "FILTER"
     )]
     pub log_level: String,
+}
+
+/// The backend choice and every backend's connection flags: one group,
+/// flattened into the sidecar's flags and the operator commands' alike.
+#[derive(Args, Debug, Clone)]
+pub struct BackendArgs {
+    /// Which backend to use; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "LEADER_ELECTOR_BACKEND"
+    )]
+    pub backend: BackendKind,
+
+    /// etcd connection.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Redis connection.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    /// Kubernetes backend.
+    #[command(flatten)]
+    pub kubernetes: KubeArgs,
 }
 
 /// The etcd flags.

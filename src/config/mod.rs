@@ -205,12 +205,12 @@ fn control_addr(cli: &Cli) -> Result<Option<SocketAddr>, ConfigError> {
 /// The backend `--backend` names, or for `auto` the one whose flags are
 /// given (the Kubernetes Lease when neither etcd's nor Redis's are).
 fn chosen_backend(cli: &Cli) -> Result<BackendKind, ConfigError> {
-    if !matches!(cli.backend, BackendKind::Auto) {
-        return Ok(cli.backend);
+    if !matches!(cli.store.backend, BackendKind::Auto) {
+        return Ok(cli.store.backend);
     }
     match (
-        cli.etcd.etcd_endpoints.is_empty(),
-        cli.redis.redis_url.is_empty(),
+        cli.store.etcd.etcd_endpoints.is_empty(),
+        cli.store.redis.redis_url.is_empty(),
     ) {
         (false, false) => Err(config_error(
             "both --etcd-endpoints and --redis-url are given: choose one with --backend etcd or --backend redis\nhint: the backend is fixed at start-up; two backends at once could elect two leaders",
@@ -273,7 +273,7 @@ impl Config {
         let backend = match chosen_backend(&cli)? {
             BackendKind::Redis => redis_backend(&cli, &elector)?,
             BackendKind::Kubernetes => {
-                kube_backend(&cli, matches!(cli.backend, BackendKind::Auto))?
+                kube_backend(&cli, matches!(cli.store.backend, BackendKind::Auto))?
             }
             BackendKind::Auto | BackendKind::Etcd => etcd_backend(&cli, &elector)?,
         };
