@@ -122,7 +122,13 @@ pub(crate) fn kube_backend(cli: &Cli, chosen_by_auto: bool) -> Result<BackendCon
     }
     check_lease_name(&cli.election)?;
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    let namespace = match cli.store.kubernetes.election_namespace.as_deref().map(str::trim) {
+    let namespace = match cli
+        .store
+        .kubernetes
+        .election_namespace
+        .as_deref()
+        .map(str::trim)
+    {
         Some("") => {
             return Err(config_error(
                 "--election-namespace must not be empty\nhint: leave it out to use $POD_NAMESPACE or the kubeconfig's namespace",
