@@ -45,7 +45,7 @@ impl Link {
     fn check(&self) -> Result<(), BackendError> {
         if self.cut.load(Ordering::SeqCst) {
             Err(BackendError::Unreachable {
-                backend: "memory",
+                backend: crate::backend::memory::ABOUT,
                 endpoints: "memory".into(),
                 source: "link cut by the test".into(),
             })
@@ -57,8 +57,8 @@ impl Link {
 
 #[async_trait]
 impl LeaseBackend for Link {
-    fn name(&self) -> &'static str {
-        "memory"
+    fn about(&self) -> &'static crate::backend::About {
+        crate::backend::memory::ABOUT
     }
     async fn campaign(
         &self,
@@ -84,7 +84,7 @@ impl LeaseBackend for Link {
             .is_ok()
         {
             return Err(BackendError::Unreachable {
-                backend: "memory",
+                backend: crate::backend::memory::ABOUT,
                 endpoints: "memory".into(),
                 source: "release refused by the test".into(),
             });

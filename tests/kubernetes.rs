@@ -342,8 +342,11 @@ async fn a_same_name_restart_waits_like_any_follower() {
     // While the Lease names the dead process's term, the new one never leads.
     let mut polls = 0;
     loop {
-        let h = holder(&api, &election);
+        // Ask the sidecar first, then read the Lease: a 200 followed by a
+        // Lease that still names the old term is a real claim on it (the
+        // other order races with the old term's legitimate end).
         let leads = a2.is_leader().await;
+        let h = holder(&api, &election);
         if h != old_term {
             break;
         }

@@ -52,6 +52,31 @@ use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, R
 /// Backend name in logs, metrics and `/leader`.
 pub const NAME: &str = "kubernetes";
 
+/// The Lease backend's name and advice (see [`About`](crate::backend::About)).
+pub const ABOUT: &crate::backend::About = &crate::backend::About {
+    name: NAME,
+    tls_hint: "check the API server's CA: the ServiceAccount's ca.crt in a Pod, or certificate-authority(-data) in the kubeconfig, and the server address",
+    auth_hint: "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them",
+    rejected: &[
+        (
+            "namespace_not_found",
+            "create the namespace, or fix --election-namespace (default: $POD_NAMESPACE, else the kubeconfig's namespace)",
+        ),
+        (
+            "throttled",
+            "the API server is throttling (429, API Priority and Fairness); retrying with backoff",
+        ),
+        (
+            "invalid",
+            "the API server rejected the Lease: the election name must be a lowercase DNS subdomain name (letters, digits, '-', '.')",
+        ),
+        (
+            "no_kubeconfig",
+            "run in a Pod with a ServiceAccount token mounted (automountServiceAccountToken), or set KUBECONFIG",
+        ),
+    ],
+};
+
 /// Annotation holding the fencing token of the current (or last) term.
 pub const TOKEN_ANNOTATION: &str = "leader-elector/fencing-token";
 

@@ -11,7 +11,17 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
+use super::{
+    About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
+};
+
+/// The in-memory backend's name and advice (it has no TLS, credentials or refusals).
+pub const ABOUT: &About = &About {
+    name: "memory",
+    tls_hint: "the in-memory backend has no TLS",
+    auth_hint: "the in-memory backend has no credentials",
+    rejected: &[],
+};
 
 #[derive(Default)]
 struct Inner {
@@ -87,7 +97,7 @@ impl MemoryBackend {
         let mut inner = self.inner.lock().unwrap();
         if inner.unreachable {
             return Err(BackendError::Unreachable {
-                backend: "memory",
+                backend: ABOUT,
                 endpoints: "memory".into(),
                 source: "switched off by the test".into(),
             });
@@ -101,8 +111,8 @@ impl MemoryBackend {
 
 #[async_trait]
 impl LeaseBackend for MemoryBackend {
-    fn name(&self) -> &'static str {
-        "memory"
+    fn about(&self) -> &'static About {
+        ABOUT
     }
 
     async fn campaign(

@@ -103,6 +103,30 @@ pub enum Renewal {
     Lost(LostReason),
 }
 
+/// What a backend says about itself, so that nothing else matches it by
+/// name: its name (logs, metrics, `/leader`, error messages) and what an
+/// operator should do when it refuses the TLS handshake, the credentials or
+/// a command. Each backend module defines one; every [`BackendError`]
+/// carries its backend's.
+#[derive(Debug)]
+pub struct About {
+    /// The backend's name (`etcd`, `redis`, `kubernetes`, `memory`).
+    pub name: &'static str,
+    /// Advice for [`BackendError::Tls`].
+    pub tls_hint: &'static str,
+    /// Advice for [`BackendError::Auth`].
+    pub auth_hint: &'static str,
+    /// Advice for [`BackendError::Rejected`], by code; a code not listed
+    /// gets "retrying with backoff".
+    pub rejected: &'static [(&'static str, &'static str)],
+}
+
+impl std::fmt::Display for About {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
 /// Errors of any backend call. `Display` describes what failed; the cause is
 /// in `source()`; [`BackendError::hint`] says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -110,8 +134,8 @@ pub enum BackendError {
     /// The backend could not be reached (connection refused, reset, DNS).
     #[error("cannot reach {backend} at {endpoints}")]
     Unreachable {
-        /// Backend name (`etcd`, `redis`).
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// The configured endpoints, comma-separated.
         endpoints: String,
         /// The transport error.
@@ -121,8 +145,8 @@ pub enum BackendError {
     /// The TLS handshake failed (unknown CA, bad certificate, name mismatch).
     #[error("TLS handshake with {backend} at {endpoints} failed")]
     Tls {
-        /// Backend name.
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// The configured endpoints.
         endpoints: String,
         /// The TLS error.
@@ -132,8 +156,8 @@ pub enum BackendError {
     /// The backend rejected our credentials or permissions.
     #[error("{backend} rejected the credentials or permissions")]
     Auth {
-        /// Backend name.
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// The server's answer.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -141,8 +165,8 @@ pub enum BackendError {
     /// A call did not finish within its deadline.
     #[error("{backend} {call} timed out after {timeout_ms} ms")]
     Timeout {
-        /// Backend name.
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// The verb that timed out (`campaign`, `renew`, `resign`).
         call: &'static str,
         /// The deadline in milliseconds.
@@ -151,8 +175,8 @@ pub enum BackendError {
     /// A watch ended on the server's side (cancelled, or its revision compacted).
     #[error("{backend} watch ended: {reason}")]
     WatchEnded {
-        /// Backend name.
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// What the server said.
         reason: String,
     },
@@ -160,8 +184,8 @@ pub enum BackendError {
     /// wait out (Redis `WRONGTYPE`, `READONLY`, `LOADING`, `OOM`).
     #[error("{backend} refused the command ({code})")]
     Rejected {
-        /// Backend name.
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// Short error code, also the metric reason.
         code: &'static str,
         /// The server's answer.
@@ -171,8 +195,8 @@ pub enum BackendError {
     /// The backend answered with an error not covered above.
     #[error("{backend} answered an error")]
     Server {
-        /// Backend name.
-        backend: &'static str,
+        /// The backend (its name in the message, its hints).
+        backend: &'static About,
         /// The error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -200,77 +224,25 @@ impl BackendError {
         !matches!(self, BackendError::Tls { .. } | BackendError::Auth { .. })
     }
 
-    /// What an operator should do about this error.
+    /// What an operator should do about this error: the backend's own
+    /// advice ([`About`]) for TLS, credentials and refused commands, shared
+    /// advice for the rest.
     pub fn hint(&self) -> &'static str {
         match self {
             BackendError::Unreachable { .. } => {
                 "check that the backend runs and that the endpoints are right; retrying with backoff"
             }
-            BackendError::Tls {
-                backend: "redis", ..
-            } => {
-                "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL"
-            }
-            BackendError::Tls { .. } => {
-                "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates"
-            }
-            BackendError::Auth {
-                backend: "redis", ..
-            } => {
-                "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel"
-            }
-            BackendError::Auth {
-                backend: "kubernetes",
-                ..
-            } => {
-                "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them"
-            }
-            BackendError::Auth { .. } => {
-                "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix"
-            }
+            BackendError::Tls { backend, .. } => backend.tls_hint,
+            BackendError::Auth { backend, .. } => backend.auth_hint,
             BackendError::Timeout { .. } => {
                 "the backend is slow or the network drops packets; retrying with backoff"
             }
             BackendError::WatchEnded { .. } => "re-reading the key and watching again",
-            BackendError::Rejected {
-                code: "wrongtype", ..
-            } => {
-                "another program stored a key of another type under the election key: delete it or choose another --redis-prefix"
-            }
-            BackendError::Rejected {
-                code: "readonly", ..
-            } => {
-                "this Redis is a read-only replica (after a failover?): point --redis-url at the primary"
-            }
-            BackendError::Rejected {
-                code: "loading", ..
-            } => "Redis is loading its dataset after a restart; retrying",
-            BackendError::Rejected { code: "oom", .. } => {
-                "Redis is out of memory (maxmemory): free memory or raise maxmemory; retrying"
-            }
-            BackendError::Rejected {
-                code: "namespace_not_found",
-                ..
-            } => {
-                "create the namespace, or fix --election-namespace (default: $POD_NAMESPACE, else the kubeconfig's namespace)"
-            }
-            BackendError::Rejected {
-                code: "throttled", ..
-            } => {
-                "the API server is throttling (429, API Priority and Fairness); retrying with backoff"
-            }
-            BackendError::Rejected {
-                code: "invalid", ..
-            } => {
-                "the API server rejected the Lease: the election name must be a lowercase DNS subdomain name (letters, digits, '-', '.')"
-            }
-            BackendError::Rejected {
-                code: "no_kubeconfig",
-                ..
-            } => {
-                "run in a Pod with a ServiceAccount token mounted (automountServiceAccountToken), or set KUBECONFIG"
-            }
-            BackendError::Rejected { .. } => "retrying with backoff",
+            BackendError::Rejected { backend, code, .. } => backend
+                .rejected
+                .iter()
+                .find(|(c, _)| c == code)
+                .map_or("retrying with backoff", |(_, hint)| hint),
             BackendError::Server { .. } => "retrying with backoff",
         }
     }
@@ -345,8 +317,14 @@ pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 /// run concurrently with them.
 #[async_trait]
 pub trait LeaseBackend: Send + Sync {
+    /// What the backend says about itself: its name and its advice for
+    /// errors ([`About`]).
+    fn about(&self) -> &'static About;
+
     /// The backend's name for logs, metrics and `/leader` (`etcd`, `redis`, `kubernetes`, `memory`).
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &'static str {
+        self.about().name
+    }
 
     /// Try once to take the election key for a new term of `identity` with a
     /// lease of `ttl` (the backend may grant a longer TTL; the granted one is in
@@ -403,4 +381,61 @@ pub trait LeaseBackend: Send + Sync {
     /// [`BackendError::WatchEnded`] when the server cancels the watch, or a
     /// transport error; the caller reads the key again.
     async fn watch(&self, seen: &Holder) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(backend: &'static About) -> BackendError {
+        BackendError::Tls {
+            backend,
+            endpoints: "x".into(),
+            source: "handshake".into(),
+        }
+    }
+
+    fn auth(backend: &'static About) -> BackendError {
+        BackendError::Auth {
+            backend,
+            source: "denied".into(),
+        }
+    }
+
+    fn rejected(backend: &'static About, code: &'static str) -> BackendError {
+        BackendError::Rejected {
+            backend,
+            code,
+            source: "no".into(),
+        }
+    }
+
+    #[test]
+    fn each_backend_gives_its_own_advice() {
+        let etcd = etcd::store::BACKEND;
+        let redis = redis::ABOUT_FOR_TESTS;
+        let kube = kubernetes::ABOUT;
+        assert!(tls(etcd).hint().contains("--etcd-ca-file"));
+        assert!(tls(redis).hint().contains("--redis-ca-file"));
+        assert!(tls(kube).hint().contains("ca.crt"), "not etcd's advice");
+        assert!(auth(etcd).hint().contains("--etcd-username"));
+        assert!(auth(redis).hint().contains("ACL"));
+        assert!(auth(kube).hint().contains("ServiceAccount"));
+        assert!(
+            rejected(redis, "wrongtype")
+                .hint()
+                .contains("--redis-prefix")
+        );
+        assert!(rejected(kube, "throttled").hint().contains("throttling"));
+        // A code is advised on only by the backend that knows it.
+        assert_eq!(rejected(etcd, "wrongtype").hint(), "retrying with backoff");
+        assert_eq!(rejected(kube, "oom").hint(), "retrying with backoff");
+        // The name is what the message says.
+        assert!(auth(kube).to_string().starts_with("kubernetes rejected"));
+        assert!(
+            tls(redis)
+                .report()
+                .contains("TLS handshake with redis at x failed")
+        );
+    }
 }

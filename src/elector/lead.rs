@@ -157,7 +157,7 @@ impl Elector {
         let r = match timeout(deadline, backend.renew(term)).await {
             Ok(r) => r,
             Err(_) => Err(BackendError::Timeout {
-                backend: backend.name(),
+                backend: backend.about(),
                 call: "renew",
                 timeout_ms: deadline.as_millis() as u64,
             }),

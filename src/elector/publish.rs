@@ -30,7 +30,7 @@ impl Elector {
         match timeout(limit, fut).await {
             Ok(r) => r,
             Err(_) => Err(BackendError::Timeout {
-                backend: self.backend.name(),
+                backend: self.backend.about(),
                 call: verb,
                 timeout_ms: limit.as_millis() as u64,
             }),

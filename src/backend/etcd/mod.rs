@@ -239,7 +239,7 @@ impl EtcdBackend {
 
 #[async_trait]
 impl LeaseBackend for EtcdBackend {
-    fn name(&self) -> &'static str {
+    fn about(&self) -> &'static crate::backend::About {
         BACKEND
     }
 

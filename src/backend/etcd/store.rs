@@ -17,10 +17,15 @@ use etcd_client::{
 use tokio::sync::Mutex;
 
 use super::EtcdOptions;
-use crate::backend::{BackendError, Result, is_tls_error};
+use crate::backend::{About, BackendError, Result, is_tls_error};
 
 /// The backend's name in errors and metrics.
-pub const BACKEND: &str = "etcd";
+pub const BACKEND: &About = &About {
+    name: "etcd",
+    tls_hint: "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates",
+    auth_hint: "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix",
+    rejected: &[],
+};
 
 /// A lease granted by etcd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -58,7 +58,7 @@ impl KubeLeaseBackend {
                 let config = kube::Config::infer()
                     .await
                     .map_err(|e| BackendError::Rejected {
-                        backend: NAME,
+                        backend: ABOUT,
                         code: "no_kubeconfig",
                         source: Box::new(KubeLeaseError::NoConfig(e)),
                     })?;
@@ -74,7 +74,7 @@ impl KubeLeaseBackend {
                     .unwrap_or_else(|| config.default_namespace.clone());
                 let server = config.cluster_url.to_string();
                 let client = Client::try_from(config).map_err(|e| BackendError::Rejected {
-                    backend: NAME,
+                    backend: ABOUT,
                     code: "no_kubeconfig",
                     source: Box::new(KubeLeaseError::Client(e)),
                 })?;
@@ -94,7 +94,7 @@ impl KubeLeaseBackend {
     /// times in a row while the Lease still named this term.
     pub(super) fn contended(&self, conn: &Conn) -> BackendError {
         BackendError::Server {
-            backend: NAME,
+            backend: ABOUT,
             source: Box::new(KubeLeaseError::Contended {
                 namespace: conn.namespace.clone(),
                 name: self.name.clone(),
@@ -114,7 +114,7 @@ impl KubeLeaseBackend {
                 let namespace = conn.namespace.clone();
                 match status.code {
                     401 => BackendError::Auth {
-                        backend: NAME,
+                        backend: ABOUT,
                         source: Box::new(KubeLeaseError::Status {
                             verb,
                             namespace,
@@ -125,7 +125,7 @@ impl KubeLeaseBackend {
                         }),
                     },
                     403 => BackendError::Auth {
-                        backend: NAME,
+                        backend: ABOUT,
                         source: Box::new(KubeLeaseError::Forbidden {
                             verb,
                             namespace,
@@ -133,7 +133,7 @@ impl KubeLeaseBackend {
                         }),
                     },
                     404 if verb == "create" => BackendError::Rejected {
-                        backend: NAME,
+                        backend: ABOUT,
                         code: "namespace_not_found",
                         source: Box::new(KubeLeaseError::NamespaceNotFound {
                             namespace,
@@ -141,7 +141,7 @@ impl KubeLeaseBackend {
                         }),
                     },
                     410 => BackendError::WatchEnded {
-                        backend: NAME,
+                        backend: ABOUT,
                         reason: format!("410 Gone: {}", status.message),
                     },
                     code => {
@@ -155,17 +155,17 @@ impl KubeLeaseBackend {
                         });
                         match code {
                             429 => BackendError::Rejected {
-                                backend: NAME,
+                                backend: ABOUT,
                                 code: "throttled",
                                 source,
                             },
                             400 | 422 => BackendError::Rejected {
-                                backend: NAME,
+                                backend: ABOUT,
                                 code: "invalid",
                                 source,
                             },
                             _ => BackendError::Server {
-                                backend: NAME,
+                                backend: ABOUT,
                                 source,
                             },
                         }
@@ -173,7 +173,7 @@ impl KubeLeaseBackend {
                 }
             }
             other => BackendError::Unreachable {
-                backend: NAME,
+                backend: ABOUT,
                 endpoints: conn.server.clone(),
                 source: Box::new(other),
             },

@@ -8,14 +8,14 @@ use super::NAME;
 use crate::coord::{Claim, CoordError, Coordinator, Kind, Outcome, Try};
 
 /// The coordination API on this backend: not served. Named locks, semaphores
-/// and job claims need etcd (all of them) or a single Redis (all but fair
+/// and job claims need etcd (all of them) or Redis, one server or Redlock (all but fair
 /// locks); every call answers [`CoordError::Unsupported`], which the control
 /// API turns into 400 with this message.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct KubeCoord;
 
 /// The message of every coordination call on the Lease backend.
-pub const COORD_UNSUPPORTED: &str = "the coordination API (locks, semaphores, job claims) is not served by the kubernetes backend: use --backend etcd (locks, fair locks, semaphores, job claims) or --backend redis with one --redis-url (locks, semaphores, job claims); leadership works on all three";
+pub const COORD_UNSUPPORTED: &str = "the coordination API (locks, semaphores, job claims) is not served by the kubernetes backend: use --backend etcd (locks, fair locks, semaphores, job claims) or --backend redis, one server or a Redlock group (locks, semaphores, job claims); leadership works on all three";
 
 fn unsupported<T>() -> std::result::Result<T, CoordError> {
     Err(CoordError::Unsupported(COORD_UNSUPPORTED.into()))

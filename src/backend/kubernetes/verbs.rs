@@ -15,8 +15,8 @@ use super::*;
 
 #[async_trait]
 impl LeaseBackend for KubeLeaseBackend {
-    fn name(&self) -> &'static str {
-        NAME
+    fn about(&self) -> &'static crate::backend::About {
+        ABOUT
     }
 
     async fn campaign(

@@ -353,7 +353,7 @@ impl RedisBackend {
 
 #[async_trait]
 impl LeaseBackend for RedisBackend {
-    fn name(&self) -> &'static str {
+    fn about(&self) -> &'static crate::backend::About {
         BACKEND
     }
 

@@ -23,10 +23,35 @@ pub mod server;
 
 use std::time::Duration;
 
+use crate::backend::About;
+
 pub use election::RedisBackend;
 pub use group::{Group, drift};
 
-const BACKEND: &str = "redis";
+/// The Redis backend's name and advice (see [`About`]).
+const BACKEND: &About = &About {
+    name: "redis",
+    tls_hint: "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL",
+    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel",
+    rejected: &[
+        (
+            "wrongtype",
+            "another program stored a key of another type under the election key: delete it or choose another --redis-prefix",
+        ),
+        (
+            "readonly",
+            "this Redis is a read-only replica (after a failover?): point --redis-url at the primary",
+        ),
+        (
+            "loading",
+            "Redis is loading its dataset after a restart; retrying",
+        ),
+        (
+            "oom",
+            "Redis is out of memory (maxmemory): free memory or raise maxmemory; retrying",
+        ),
+    ],
+};
 
 /// How to reach the Redis servers. Secrets are held in memory only; logs and
 /// errors use [`redact`]ed URLs.
@@ -155,3 +180,7 @@ mod tests {
         assert!(!check_url("localhost:6379").unwrap_err().contains("pw"));
     }
 }
+
+/// [`BACKEND`], for the backend module's tests.
+#[cfg(test)]
+pub(crate) const ABOUT_FOR_TESTS: &About = BACKEND;

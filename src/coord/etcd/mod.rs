@@ -148,7 +148,7 @@ impl EtcdCoord {
             // The stream ended without an answer (etcd restarting): that says
             // nothing about the lease, so it is an error, not "gone".
             None => Err(CoordError::Backend(BackendError::WatchEnded {
-                backend: "etcd",
+                backend: crate::backend::etcd::store::BACKEND,
                 reason: "the lease keep-alive stream ended without an answer".into(),
             })),
         }

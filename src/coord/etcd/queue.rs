@@ -219,7 +219,7 @@ impl EtcdCoord {
         match self.call("watch", w.message()).await? {
             Some(m) if m.created() && !m.canceled() => Ok(w),
             _ => Err(CoordError::Backend(BackendError::WatchEnded {
-                backend: "etcd",
+                backend: crate::backend::etcd::store::BACKEND,
                 reason: "the watch of the lock's queue was not created".into(),
             })),
         }
