@@ -7,7 +7,7 @@
 //!   `LEADER_ELECTOR_IDENTITY` and `LEADER_ELECTOR_FENCING_TOKEN`.
 //! - When leadership ends (or renewals are so late that `valid_until` is
 //!   nearer than `--kill-grace`), the child's process group gets SIGTERM, then
-//!   SIGKILL at `min(now + kill_grace, valid_until)`: the child is gone before
+//!   SIGKILL at `min(now + kill_grace, valid_until - 20 ms)`: the child is gone before
 //!   another candidate can lead. Only then does the supervisor tell the Elector
 //!   to release the key ([`ElectorHandle::release`]).
 //! - The child runs in its own process group under a tiny exec shim
@@ -23,6 +23,14 @@
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
+
+/// How long before `valid_until` the SIGKILL is aimed: a timer fires at or
+/// after its deadline (late by up to a few ms on a loaded host), and the
+/// signal and the child's exit take a moment more. Aiming at `valid_until`
+/// itself let a child that ignores SIGTERM write one more line up to a
+/// millisecond after the term's validity ended (seen by
+/// `tests/cooperate.rs`, a_child_that_ignores_sigterm_is_killed_before_valid_until).
+const KILL_SLACK: Duration = Duration::from_millis(20);
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -128,7 +136,8 @@ pub async fn supervise(
         .await;
         match outcome {
             Outcome::Stop { shutdown: stopping } => {
-                let deadline = (Instant::now() + opts.kill_grace).min(valid_until);
+                let deadline = (Instant::now() + opts.kill_grace)
+                    .min(valid_until.checked_sub(KILL_SLACK).unwrap_or(valid_until));
                 let status = stop(&mut child, deadline).await;
                 info!(status = ?status.map(exit_code), "stopped the command");
                 handle.release().await;

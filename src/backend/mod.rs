@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn each_backend_gives_its_own_advice() {
         let etcd = etcd::store::BACKEND;
-        let redis = redis::ABOUT_FOR_TESTS;
+        let redis = redis::BACKEND;
         let kube = kubernetes::ABOUT;
         assert!(tls(etcd).hint().contains("--etcd-ca-file"));
         assert!(tls(redis).hint().contains("--redis-ca-file"));

@@ -29,7 +29,7 @@ pub use election::RedisBackend;
 pub use group::{Group, drift};
 
 /// The Redis backend's name and advice (see [`About`]).
-const BACKEND: &About = &About {
+pub(crate) const BACKEND: &About = &About {
     name: "redis",
     tls_hint: "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL",
     auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel",
@@ -180,7 +180,3 @@ mod tests {
         assert!(!check_url("localhost:6379").unwrap_err().contains("pw"));
     }
 }
-
-/// [`BACKEND`], for the backend module's tests.
-#[cfg(test)]
-pub(crate) const ABOUT_FOR_TESTS: &About = BACKEND;
