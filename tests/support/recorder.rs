@@ -527,7 +527,7 @@ pub fn check(
     slots: &[(String, Vec<Sample>)],
     faults: &[Fault],
 ) -> Report {
-    let rel = |t: Instant| ms(t.saturating_duration_since(t0));
+    let checker = Checker { t0, ttl, slots };
     let mut report = Report {
         scenario: scenario.to_owned(),
         faults: faults.len(),
@@ -539,79 +539,124 @@ pub fn check(
         .enumerate()
         .flat_map(|(i, (label, s))| runs(i, label, s))
         .collect();
-
-    // a. Safety: no two processes with definitely overlapping intervals.
-    for (i, a) in all_runs.iter().enumerate() {
-        for b in &all_runs[i + 1..] {
-            if a.slot == b.slot {
-                continue;
-            }
-            if a.earliest_end() > b.latest_start() && b.earliest_end() > a.latest_start() {
-                let from = a.latest_start().max(b.latest_start());
-                let to = a.earliest_end().min(b.earliest_end());
-                let o = Overlap {
-                    a: a.clone(),
-                    b: b.clone(),
-                    at_least: to.saturating_duration_since(from),
-                };
-                report.problems.push(format!(
-                    "OVERLAP: {}#{} (token {}, claimed {:.0}–{:.0} ms) and {}#{} (token {}, claimed {:.0}–{:.0} ms) both led for at least {:.0} ms",
-                    a.label, a.slot, a.token, rel(a.latest_start()), rel(a.earliest_end()),
-                    b.label, b.slot, b.token, rel(b.latest_start()), rel(b.earliest_end()),
-                    ms(o.at_least)
-                ));
-                report.overlaps.push(o);
-            }
-        }
-    }
-
-    // c. Fencing tokens strictly grow from term to term, terms ordered by start.
-    let mut terms: BTreeMap<(usize, u64, u64), (Instant, String)> = BTreeMap::new();
-    for r in &all_runs {
-        let e = terms
-            .entry((r.slot, r.token, r.transitions))
-            .or_insert((r.first.send, r.label.clone()));
-        e.0 = e.0.min(r.first.send);
-    }
-    let mut ordered: Vec<(Instant, usize, u64, String)> = terms
-        .iter()
-        .map(|((slot, token, _), (start, label))| (*start, *slot, *token, label.clone()))
-        .collect();
-    ordered.sort_by_key(|t| t.0);
-    report.terms = ordered.len();
-    report.transitions = ordered.len().saturating_sub(1);
-    for w in ordered.windows(2) {
-        if w[1].2 <= w[0].2 {
-            let line = format!(
-                "FENCING: term of {}#{} (started {:.0} ms) has token {} after {}#{}'s token {} (started {:.0} ms)",
-                w[1].3,
-                w[1].1,
-                rel(w[1].0),
-                w[1].2,
-                w[0].3,
-                w[0].1,
-                w[0].2,
-                rel(w[0].0)
-            );
-            report.token_regressions.push(line.clone());
-            report.problems.push(line);
-        }
-    }
-
-    // Longest leaderless gap (between receive instants of claims by anybody).
-    let mut claims: Vec<Instant> = slots
-        .iter()
-        .flat_map(|(_, s)| s.iter().filter(|s| s.is_true()).map(|s| s.recv))
-        .collect();
-    claims.sort();
-    report.longest_gap = claims
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
-
+    checker.overlaps(&all_runs, &mut report);
+    checker.fencing(&all_runs, &mut report);
+    report.longest_gap = checker.longest_gap();
     // b + d per fault.
     for f in faults {
+        let fr = checker.fault(f, &mut report);
+        for p in &fr.problems {
+            report.problems.push(format!("[{}] {p}", f.name));
+        }
+        report.per_fault.push(fr);
+    }
+    // f. A silent backend: nobody vouches for a leader past the bound.
+    for f in faults {
+        checker.silent(f, &mut report);
+    }
+    report
+}
+
+/// One recording and the constants the checks need, shared by the checks
+/// that [`check`] runs one after the other.
+struct Checker<'a> {
+    t0: Instant,
+    ttl: Duration,
+    slots: &'a [(String, Vec<Sample>)],
+}
+
+impl Checker<'_> {
+    /// Milliseconds from the start of the recording to `t` (for messages).
+    fn rel(&self, t: Instant) -> f64 {
+        ms(t.saturating_duration_since(self.t0))
+    }
+
+    /// The samples of one slot.
+    fn samples_of(&self, slot: usize) -> &[Sample] {
+        &self.slots[slot].1
+    }
+
+    /// a. Safety: no two processes with definitely overlapping intervals.
+    fn overlaps(&self, all_runs: &[Run], report: &mut Report) {
+        for (i, a) in all_runs.iter().enumerate() {
+            for b in &all_runs[i + 1..] {
+                if a.slot == b.slot {
+                    continue;
+                }
+                if a.earliest_end() > b.latest_start() && b.earliest_end() > a.latest_start() {
+                    let o = self.overlap(a, b);
+                    report.problems.push(o.problem(self));
+                    report.overlaps.push(o);
+                }
+            }
+        }
+    }
+
+    /// The overlap of two runs known to intersect.
+    fn overlap(&self, a: &Run, b: &Run) -> Overlap {
+        let from = a.latest_start().max(b.latest_start());
+        let to = a.earliest_end().min(b.earliest_end());
+        Overlap {
+            a: a.clone(),
+            b: b.clone(),
+            at_least: to.saturating_duration_since(from),
+        }
+    }
+
+    /// c. Fencing tokens strictly grow from term to term, terms ordered by
+    /// start.
+    fn fencing(&self, all_runs: &[Run], report: &mut Report) {
+        let mut terms: BTreeMap<(usize, u64, u64), (Instant, String)> = BTreeMap::new();
+        for r in all_runs {
+            let e = terms
+                .entry((r.slot, r.token, r.transitions))
+                .or_insert((r.first.send, r.label.clone()));
+            e.0 = e.0.min(r.first.send);
+        }
+        let mut ordered: Vec<(Instant, usize, u64, String)> = terms
+            .iter()
+            .map(|((slot, token, _), (start, label))| (*start, *slot, *token, label.clone()))
+            .collect();
+        ordered.sort_by_key(|t| t.0);
+        report.terms = ordered.len();
+        report.transitions = ordered.len().saturating_sub(1);
+        for w in ordered.windows(2) {
+            if w[1].2 <= w[0].2 {
+                let line = format!(
+                    "FENCING: term of {}#{} (started {:.0} ms) has token {} after {}#{}'s token {} (started {:.0} ms)",
+                    w[1].3,
+                    w[1].1,
+                    self.rel(w[1].0),
+                    w[1].2,
+                    w[0].3,
+                    w[0].1,
+                    w[0].2,
+                    self.rel(w[0].0)
+                );
+                report.token_regressions.push(line.clone());
+                report.problems.push(line);
+            }
+        }
+    }
+
+    /// Longest leaderless gap (between receive instants of claims by anybody).
+    fn longest_gap(&self) -> Duration {
+        let mut claims: Vec<Instant> = self
+            .slots
+            .iter()
+            .flat_map(|(_, s)| s.iter().filter(|s| s.is_true()).map(|s| s.recv))
+            .collect();
+        claims.sort();
+        claims
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// b + d for one fault: what its kind expects of the targeted slot, then
+    /// the recovery after it.
+    fn fault(&self, f: &Fault, report: &mut Report) -> FaultReport {
         let mut fr = FaultReport {
             name: f.name.clone(),
             recovery: None,
@@ -620,208 +665,223 @@ pub fn check(
             stale_positive: false,
             problems: Vec::new(),
         };
-        let samples_of = |slot: usize| -> &[Sample] { &slots[slot].1 };
         match (&f.expect, f.slot) {
             (Expect::CutOff, Some(slot)) => {
-                // Renewals answered before the cut may still be processed a
-                // moment after it: only answers to requests sent 100 ms after
-                // the cut are taken to show the final valid_until. Only
-                // answers received before the heal count (a renewal after the
-                // heal legitimately extends the term).
-                let settle = f.start + Duration::from_millis(100);
-                let end = f.end.unwrap_or(Instant::now() + Duration::from_secs(3600));
-                let term_at_cut = samples_of(slot)
-                    .iter()
-                    .rfind(|s| s.is_true() && s.send <= f.start)
-                    .map(|s| s.term());
-                let during: Vec<&Sample> = samples_of(slot)
-                    .iter()
-                    .filter(|s| s.is_true() && s.send >= settle && s.recv < end)
-                    .filter(|s| Some(s.term()) == term_at_cut)
-                    .collect();
-                if let (Some(first), Some(last)) = (during.first(), during.last()) {
-                    // valid_until <= c + valid_for_ms + 1 ms <= recv + valid_for_ms + 1 ms
-                    // for every such answer; the tightest one bounds them all.
-                    let bound = during
-                        .iter()
-                        .map(|s| {
-                            s.recv
-                                + Duration::from_millis(s.answer.as_ref().unwrap().valid_for_ms + 1)
-                        })
-                        .min()
-                        .unwrap();
-                    let absolute = f.start + ttl;
-                    let stale = signed_ms(last.send, bound).max(signed_ms(last.send, absolute));
-                    fr.stale = Some(Duration::from_millis(stale.unsigned_abs()));
-                    fr.stale_positive = stale > 0;
-                    update_stale(&mut report.worst_stale_ms, stale);
-                    if stale > 0 {
-                        fr.problems.push(format!(
-                            "STALE: {}#{} cut off at {:.0} ms still claimed at {:.0} ms, {stale} ms past its valid_until (first seen {:.0} ms)",
-                            slots[slot].0, slot, rel(f.start), rel(last.send), rel(first.send)
-                        ));
-                    }
-                }
+                self.cut_off(f, slot, &mut fr, &mut report.worst_stale_ms)
             }
             (Expect::Paused, Some(slot)) => {
-                let cont = f.end.expect("a paused fault is healed by SIGCONT");
-                let after: Vec<&Sample> = samples_of(slot)
-                    .iter()
-                    .filter(|s| s.send > f.start + Duration::from_millis(1) && s.answer.is_some())
-                    .collect();
-                let term_at_stop = samples_of(slot)
-                    .iter()
-                    .rfind(|s| s.is_true() && s.recv <= f.start)
-                    .map(|s| s.term());
-                if let Some(first) = after.first() {
-                    if first.is_true() && Some(first.term()) == term_at_stop {
-                        fr.problems.push(format!(
-                            "STALE: {}#{}'s first answer after SIGCONT ({:.0} ms) claimed leadership",
-                            slots[slot].0, slot, rel(first.recv)
-                        ));
-                    }
-                } else {
-                    fr.problems.push(format!(
-                        "{}#{} never answered after SIGCONT",
-                        slots[slot].0, slot
-                    ));
-                }
-                // The claim before the pause bounds valid_until; any claim
-                // made after SIGCONT is past it (the pause is longer than TTL).
-                let before = samples_of(slot)
-                    .iter()
-                    .rfind(|s| s.is_true() && s.recv <= f.start);
-                // Only the term it held when paused: after SIGCONT it may
-                // legitimately win a new term later.
-                let paused_term = before.map(|b| b.term());
-                let stale_claims: Vec<&&Sample> = after
-                    .iter()
-                    .filter(|s| s.is_true() && Some(s.term()) == paused_term)
-                    .collect();
-                let stale = if let Some(s) = stale_claims.last() {
-                    signed_ms(s.send.max(cont), f.start + ttl)
-                } else if let Some(b) = before {
-                    let vu =
-                        b.recv + Duration::from_millis(b.answer.as_ref().unwrap().valid_for_ms + 1);
-                    // How long before SIGCONT its validity ran out (≤ 0).
-                    signed_ms(vu, cont).min(0)
-                } else {
-                    0
-                };
-                fr.stale = Some(Duration::from_millis(stale.unsigned_abs()));
-                fr.stale_positive = stale > 0;
-                update_stale(&mut report.worst_stale_ms, stale);
-                if stale > 0 {
-                    fr.problems.push(format!(
-                        "STALE: {}#{} claimed after SIGCONT, {stale} ms past start + TTL",
-                        slots[slot].0, slot
-                    ));
-                }
+                self.paused(f, slot, &mut fr, &mut report.worst_stale_ms)
             }
-            (Expect::NoFailover, Some(slot)) => {
-                // From the cut until 1 s after it healed: nobody else claims,
-                // and the leader answers true with the same token every time.
-                let until = f.end.unwrap_or(f.start) + Duration::from_secs(1);
-                let in_window = |s: &Sample| s.send >= f.start && s.recv <= until;
-                let others: usize = slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| *i != slot)
-                    .map(|(_, (_, s))| s.iter().filter(|s| in_window(s) && s.is_true()).count())
-                    .sum();
-                if others > 0 {
-                    fr.problems.push(format!(
-                        "FAILOVER: another sidecar claimed {others} time(s) during or within 1 s after the blip"
-                    ));
-                }
-                let bad: Vec<&Sample> = samples_of(slot)
-                    .iter()
-                    .filter(|s| in_window(s))
-                    .filter(|s| !s.is_true() || f.keeps_token.is_some_and(|t| s.token() != Some(t)))
-                    .collect();
-                if let Some(b) = bad.first() {
-                    fr.problems.push(format!(
-                        "BLIP: the leader {}#{} answered {} time(s) not-leader or with another token during or within 1 s after the blip (first at {:.0} ms: {:?})",
-                        slots[slot].0, slot, bad.len(), rel(b.send), b.answer
-                    ));
-                }
-                fr.recovery = Some(Duration::ZERO);
-            }
+            (Expect::NoFailover, Some(slot)) => self.no_failover(f, slot, &mut fr),
             _ => {}
         }
         if f.expect != Expect::NoFailover {
-            // d. Recovery: first claim, sent after recover_from, of a term
-            // other than the one the fault ends.
-            // The ended term is identified by its transitions count too
-            // (tokens can repeat after a backend forgot its data).
-            let ended: Option<(usize, (u64, u64))> = f.ends_term.map(|(slot, token)| {
-                let tr = slots[slot]
-                    .1
-                    .iter()
-                    .rfind(|s| s.is_true() && s.token() == Some(token) && s.send <= f.start)
-                    .map_or(u64::MAX, |s| s.term().1);
-                (slot, (token, tr))
-            });
-            let mut first: Option<Instant> = None;
-            for (i, (_, s)) in slots.iter().enumerate() {
-                for s in s.iter().filter(|s| s.is_true() && s.send >= f.recover_from) {
-                    if let Some((slot, (token, tr))) = ended
-                        && slot == i
-                        && s.token() == Some(token)
-                        && (tr == u64::MAX || s.term().1 == tr)
-                    {
-                        continue;
-                    }
-                    if matches!(f.expect, Expect::Killed | Expect::Paused | Expect::CutOff)
-                        && f.slot == Some(i)
-                        && f.end.is_none_or(|e| s.send < e)
-                    {
-                        continue;
-                    }
-                    first = Some(first.map_or(s.recv, |f: Instant| f.min(s.recv)));
-                    break;
-                }
-            }
-            fr.recovery = first.map(|t| t - f.recover_from);
-            match fr.recovery {
-                None => fr.problems.push(format!(
-                    "LIVENESS: no leader after '{}' (from {:.0} ms)",
-                    f.name,
-                    rel(f.recover_from)
-                )),
-                Some(r) if r > f.recover_within => fr.problems.push(format!(
-                    "LIVENESS: '{}' recovered in {:.0} ms, over its bound of {:.0} ms",
-                    f.name,
-                    ms(r),
-                    ms(f.recover_within)
-                )),
-                Some(_) => {}
-            }
-            if let Some(r) = fr.recovery
-                && report
-                    .slowest_recovery
-                    .as_ref()
-                    .is_none_or(|(worst, _, _)| r > *worst)
-            {
-                report.slowest_recovery = Some((r, f.recover_within, f.name.clone()));
-            }
+            self.recovery(f, &mut fr, &mut report.slowest_recovery);
         }
-        for p in &fr.problems {
-            report.problems.push(format!("[{}] {p}", f.name));
-        }
-        report.per_fault.push(fr);
+        fr
     }
-    // f. A silent backend: nobody vouches for a leader past the bound.
-    for f in faults {
+
+    /// A cut-off leader stops claiming by its own `valid_until`.
+    fn cut_off(&self, f: &Fault, slot: usize, fr: &mut FaultReport, worst: &mut Option<i64>) {
+        // Renewals answered before the cut may still be processed a
+        // moment after it: only answers to requests sent 100 ms after
+        // the cut are taken to show the final valid_until. Only
+        // answers received before the heal count (a renewal after the
+        // heal legitimately extends the term).
+        let settle = f.start + Duration::from_millis(100);
+        let end = f.end.unwrap_or(Instant::now() + Duration::from_secs(3600));
+        let term_at_cut = self
+            .samples_of(slot)
+            .iter()
+            .rfind(|s| s.is_true() && s.send <= f.start)
+            .map(|s| s.term());
+        let during: Vec<&Sample> = self
+            .samples_of(slot)
+            .iter()
+            .filter(|s| s.is_true() && s.send >= settle && s.recv < end)
+            .filter(|s| Some(s.term()) == term_at_cut)
+            .collect();
+        if let (Some(first), Some(last)) = (during.first(), during.last()) {
+            // valid_until <= c + valid_for_ms + 1 ms <= recv + valid_for_ms + 1 ms
+            // for every such answer; the tightest one bounds them all.
+            let bound = during.iter().map(|s| valid_until(s)).min().unwrap();
+            let absolute = f.start + self.ttl;
+            let stale = signed_ms(last.send, bound).max(signed_ms(last.send, absolute));
+            record_stale(fr, worst, stale);
+            if stale > 0 {
+                fr.problems.push(format!(
+                    "STALE: {}#{} cut off at {:.0} ms still claimed at {:.0} ms, {stale} ms past its valid_until (first seen {:.0} ms)",
+                    self.slots[slot].0, slot, self.rel(f.start), self.rel(last.send), self.rel(first.send)
+                ));
+            }
+        }
+    }
+
+    /// A paused leader does not claim its old term after SIGCONT.
+    fn paused(&self, f: &Fault, slot: usize, fr: &mut FaultReport, worst: &mut Option<i64>) {
+        let cont = f.end.expect("a paused fault is healed by SIGCONT");
+        let after: Vec<&Sample> = self
+            .samples_of(slot)
+            .iter()
+            .filter(|s| s.send > f.start + Duration::from_millis(1) && s.answer.is_some())
+            .collect();
+        // The claim before the pause bounds valid_until; any claim
+        // made after SIGCONT is past it (the pause is longer than TTL).
+        let before = self
+            .samples_of(slot)
+            .iter()
+            .rfind(|s| s.is_true() && s.recv <= f.start);
+        // Only the term it held when paused: after SIGCONT it may
+        // legitimately win a new term later.
+        let paused_term = before.map(|b| b.term());
+        if let Some(first) = after.first() {
+            if first.is_true() && Some(first.term()) == paused_term {
+                fr.problems.push(format!(
+                    "STALE: {}#{}'s first answer after SIGCONT ({:.0} ms) claimed leadership",
+                    self.slots[slot].0,
+                    slot,
+                    self.rel(first.recv)
+                ));
+            }
+        } else {
+            fr.problems.push(format!(
+                "{}#{} never answered after SIGCONT",
+                self.slots[slot].0, slot
+            ));
+        }
+        let stale_claims: Vec<&&Sample> = after
+            .iter()
+            .filter(|s| s.is_true() && Some(s.term()) == paused_term)
+            .collect();
+        let stale = if let Some(s) = stale_claims.last() {
+            signed_ms(s.send.max(cont), f.start + self.ttl)
+        } else if let Some(b) = before {
+            // How long before SIGCONT its validity ran out (≤ 0).
+            signed_ms(valid_until(b), cont).min(0)
+        } else {
+            0
+        };
+        record_stale(fr, worst, stale);
+        if stale > 0 {
+            fr.problems.push(format!(
+                "STALE: {}#{} claimed after SIGCONT, {stale} ms past start + TTL",
+                self.slots[slot].0, slot
+            ));
+        }
+    }
+
+    /// A blip shorter than the lease: no failover, and the leader keeps its
+    /// term.
+    fn no_failover(&self, f: &Fault, slot: usize, fr: &mut FaultReport) {
+        // From the cut until 1 s after it healed: nobody else claims,
+        // and the leader answers true with the same token every time.
+        let until = f.end.unwrap_or(f.start) + Duration::from_secs(1);
+        let in_window = |s: &Sample| s.send >= f.start && s.recv <= until;
+        let others: usize = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != slot)
+            .map(|(_, (_, s))| s.iter().filter(|s| in_window(s) && s.is_true()).count())
+            .sum();
+        if others > 0 {
+            fr.problems.push(format!(
+                "FAILOVER: another sidecar claimed {others} time(s) during or within 1 s after the blip"
+            ));
+        }
+        let bad: Vec<&Sample> = self
+            .samples_of(slot)
+            .iter()
+            .filter(|s| in_window(s))
+            .filter(|s| !s.is_true() || f.keeps_token.is_some_and(|t| s.token() != Some(t)))
+            .collect();
+        if let Some(b) = bad.first() {
+            fr.problems.push(format!(
+                "BLIP: the leader {}#{} answered {} time(s) not-leader or with another token during or within 1 s after the blip (first at {:.0} ms: {:?})",
+                self.slots[slot].0, slot, bad.len(), self.rel(b.send), b.answer
+            ));
+        }
+        fr.recovery = Some(Duration::ZERO);
+    }
+
+    /// d. Recovery: how long until a leader of another term claimed, held to
+    /// the fault's bound.
+    fn recovery(
+        &self,
+        f: &Fault,
+        fr: &mut FaultReport,
+        slowest: &mut Option<(Duration, Duration, String)>,
+    ) {
+        fr.recovery = self.first_new_claim(f).map(|t| t - f.recover_from);
+        match fr.recovery {
+            None => fr.problems.push(format!(
+                "LIVENESS: no leader after '{}' (from {:.0} ms)",
+                f.name,
+                self.rel(f.recover_from)
+            )),
+            Some(r) if r > f.recover_within => fr.problems.push(format!(
+                "LIVENESS: '{}' recovered in {:.0} ms, over its bound of {:.0} ms",
+                f.name,
+                ms(r),
+                ms(f.recover_within)
+            )),
+            Some(_) => {}
+        }
+        if let Some(r) = fr.recovery
+            && slowest.as_ref().is_none_or(|(worst, _, _)| r > *worst)
+        {
+            *slowest = Some((r, f.recover_within, f.name.clone()));
+        }
+    }
+
+    /// The first claim, sent after `recover_from`, of a term other than the
+    /// one the fault ends (answer receive instant).
+    fn first_new_claim(&self, f: &Fault) -> Option<Instant> {
+        // The ended term is identified by its transitions count too
+        // (tokens can repeat after a backend forgot its data).
+        let ended: Option<(usize, (u64, u64))> = f.ends_term.map(|(slot, token)| {
+            let tr = self.slots[slot]
+                .1
+                .iter()
+                .rfind(|s| s.is_true() && s.token() == Some(token) && s.send <= f.start)
+                .map_or(u64::MAX, |s| s.term().1);
+            (slot, (token, tr))
+        });
+        let mut first: Option<Instant> = None;
+        for (i, (_, s)) in self.slots.iter().enumerate() {
+            for s in s.iter().filter(|s| s.is_true() && s.send >= f.recover_from) {
+                if let Some((slot, (token, tr))) = ended
+                    && slot == i
+                    && s.token() == Some(token)
+                    && (tr == u64::MAX || s.term().1 == tr)
+                {
+                    continue;
+                }
+                if matches!(f.expect, Expect::Killed | Expect::Paused | Expect::CutOff)
+                    && f.slot == Some(i)
+                    && f.end.is_none_or(|e| s.send < e)
+                {
+                    continue;
+                }
+                first = Some(first.map_or(s.recv, |f: Instant| f.min(s.recv)));
+                break;
+            }
+        }
+        first
+    }
+
+    /// f. A silent backend: no answer sent past the fault's bound names a
+    /// leader or a healthy backend.
+    fn silent(&self, f: &Fault, report: &mut Report) {
         let Some(after) = f.silent_after else {
-            continue;
+            return;
         };
         let from = f.start + after;
         let until = match (f.silent_end, f.end) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        for (label, samples) in slots {
+        for (label, samples) in self.slots {
             let mut bad = Vec::new();
             for s in samples
                 .iter()
@@ -841,7 +901,7 @@ pub fn check(
                     f.name,
                     bad.len(),
                     ms(after),
-                    rel(first.send),
+                    self.rel(first.send),
                     a.leader,
                     a.backend_healthy,
                     a.error.is_some()
@@ -849,7 +909,40 @@ pub fn check(
             }
         }
     }
-    report
+}
+
+impl Overlap {
+    /// The problem line that reports this overlap.
+    fn problem(&self, c: &Checker) -> String {
+        let (a, b) = (&self.a, &self.b);
+        format!(
+            "OVERLAP: {}#{} (token {}, claimed {:.0}–{:.0} ms) and {}#{} (token {}, claimed {:.0}–{:.0} ms) both led for at least {:.0} ms",
+            a.label,
+            a.slot,
+            a.token,
+            c.rel(a.latest_start()),
+            c.rel(a.earliest_end()),
+            b.label,
+            b.slot,
+            b.token,
+            c.rel(b.latest_start()),
+            c.rel(b.earliest_end()),
+            ms(self.at_least)
+        )
+    }
+}
+
+/// The latest `valid_until` a claim can carry: the sidecar computed it at
+/// some instant before `recv`, plus `valid_for_ms` and 1 ms of rounding.
+fn valid_until(s: &Sample) -> Instant {
+    s.recv + Duration::from_millis(s.answer.as_ref().unwrap().valid_for_ms + 1)
+}
+
+/// Stores a stale measure in the fault's report and the running worst.
+fn record_stale(fr: &mut FaultReport, worst: &mut Option<i64>, stale: i64) {
+    fr.stale = Some(Duration::from_millis(stale.unsigned_abs()));
+    fr.stale_positive = stale > 0;
+    update_stale(worst, stale);
 }
 
 fn update_stale(worst: &mut Option<i64>, v: i64) {
