@@ -762,57 +762,44 @@ async fn key_overwritten(kind: Kind) {
     .await;
 }
 
+// ------------------------------------- scenarios on a single etcd or Redis
+
+/// One `#[tokio::test]` on etcd and one on Redis for each scenario listed:
+/// `etcd_x, redis_x => scenario(args);` runs `scenario(Kind::Etcd, args)` and
+/// `scenario(Kind::Redis, args)` (the tests of a pair differ only by backend).
+macro_rules! on_both_backends {
+    ($($etcd:ident, $redis:ident => $scenario:ident($($arg:expr),*);)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $etcd() {
+                $scenario(Kind::Etcd $(, $arg)*).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $redis() {
+                $scenario(Kind::Redis $(, $arg)*).await;
+            }
+        )*
+    };
+}
+
+on_both_backends! {
+    etcd_sigkill_leader, redis_sigkill_leader => kill_leader();
+    etcd_sigstop_leader, redis_sigstop_leader => pause_leader();
+    etcd_blackhole_leader, redis_blackhole_leader =>
+        cut_leader(Mode::Blackhole, "blackhole");
+    etcd_reset_leader, redis_reset_leader => cut_leader(Mode::Reset, "reset");
+    etcd_slow_answers, redis_slow_answers => delay_all();
+    etcd_blackhole_blip_keeps_the_leader, redis_blackhole_blip_keeps_the_leader =>
+        blip(Mode::Blackhole, "blackhole");
+    etcd_reset_blip_keeps_the_leader, redis_reset_blip_keeps_the_leader =>
+        blip(Mode::Reset, "reset");
+    etcd_down_and_back, redis_down_and_back => backend_down();
+    etcd_key_deleted, redis_key_deleted => key_deleted();
+    etcd_key_overwritten, redis_key_overwritten => key_overwritten();
+}
+
 // ------------------------------------------------------------ etcd scenarios
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_sigkill_leader() {
-    kill_leader(Kind::Etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_sigstop_leader() {
-    pause_leader(Kind::Etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_blackhole_leader() {
-    cut_leader(Kind::Etcd, Mode::Blackhole, "blackhole").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_reset_leader() {
-    cut_leader(Kind::Etcd, Mode::Reset, "reset").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_slow_answers() {
-    delay_all(Kind::Etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_blackhole_blip_keeps_the_leader() {
-    blip(Kind::Etcd, Mode::Blackhole, "blackhole").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_reset_blip_keeps_the_leader() {
-    blip(Kind::Etcd, Mode::Reset, "reset").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_down_and_back() {
-    backend_down(Kind::Etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_key_deleted() {
-    key_deleted(Kind::Etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_key_overwritten() {
-    key_overwritten(Kind::Etcd).await;
-}
 
 async fn cluster_group(test: &str) -> (Servers, Group) {
     let servers = Servers::Cluster(
@@ -1132,56 +1119,6 @@ async fn redis_restarted_empty_while_the_leader_is_cut_off() {
     g.leader("a leader at the end").await;
     g.finish("redis: restarted empty while the leader is cut off (3 times)")
         .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_sigkill_leader() {
-    kill_leader(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_sigstop_leader() {
-    pause_leader(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_blackhole_leader() {
-    cut_leader(Kind::Redis, Mode::Blackhole, "blackhole").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_reset_leader() {
-    cut_leader(Kind::Redis, Mode::Reset, "reset").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_slow_answers() {
-    delay_all(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_blackhole_blip_keeps_the_leader() {
-    blip(Kind::Redis, Mode::Blackhole, "blackhole").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_reset_blip_keeps_the_leader() {
-    blip(Kind::Redis, Mode::Reset, "reset").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_down_and_back() {
-    backend_down(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_key_deleted() {
-    key_deleted(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_key_overwritten() {
-    key_overwritten(Kind::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
