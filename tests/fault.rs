@@ -1124,63 +1124,13 @@ async fn redis_restarted_empty_while_the_leader_is_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_loses_one_server_then_two() {
-    let mut v = Vec::new();
-    for _ in 0..3 {
-        v.push(own_redis(DURABLE).await);
-    }
-    let mut servers = Servers::Redis(v);
+    let mut servers = Servers::Redis(three_redis().await);
     let mut g = Group::start(&servers, "redlock-lose", ABC).await;
     let key = key_of(Kind::Redis, &g.election);
     let Servers::Redis(v) = &mut servers else {
         unreachable!()
     };
-    // A term granted by a bare quorum (one server too slow at acquisition,
-    // e.g. under CPU load) is never extended to the third server: renewals
-    // only PEXPIRE existing keys. Such a term cannot survive the loss of a
-    // server (see the report); this scenario needs a term on all three, so
-    // hand over until one is.
-    let mut attempt = 0;
-    let (l, tok) = loop {
-        let (l, tok) = g.leader("a Redlock leader").await;
-        sleep(RENEW).await;
-        let mut holding = 0;
-        for server in v.iter() {
-            let mut c = within(Duration::from_secs(5), "connecting to redis", server.conn()).await;
-            let value: Option<String> = within(
-                Duration::from_secs(5),
-                "redis GET",
-                redis::cmd("GET").arg(&key).query_async(&mut c),
-            )
-            .await
-            .expect("GET the election key");
-            if value.is_some_and(|v| v.ends_with(&format!("|{}", g.id(l)))) {
-                holding += 1;
-            }
-        }
-        if holding == 3 {
-            break (l, tok);
-        }
-        attempt += 1;
-        eprintln!(
-            "redlock: leader {} (token {tok}) holds the key on only {holding} of 3 servers; handing over (attempt {attempt})",
-            g.id(l)
-        );
-        assert!(
-            attempt < 4,
-            "no Redlock term held all 3 servers in 4 attempts"
-        );
-        let id = g.id(l);
-        g.signal(l, Signal::SIGTERM);
-        let mut s = g.sidecars[l].take().unwrap();
-        within(
-            Duration::from_secs(5),
-            "a SIGTERMed sidecar to exit",
-            s.wait_exit(Duration::from_secs(4)),
-        )
-        .await;
-        g.rec.stop_polling(l);
-        g.spawn(&id).await;
-    };
+    let (l, tok) = leader_on_all_three(&mut g, v, &key).await;
     // One server of three gone: the quorum (2) still renews; no failover.
     let one = g.rec.fault(Fault {
         keeps_token: Some(tok),
@@ -1219,6 +1169,73 @@ async fn redlock_loses_one_server_then_two() {
     sleep(Duration::from_secs(1)).await;
     g.finish("redlock: lose 1 of 3 servers, then 2, then restore")
         .await;
+}
+
+/// Three redis-servers of our own, durable, for Redlock.
+async fn three_redis() -> Vec<RedisServer> {
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        v.push(own_redis(DURABLE).await);
+    }
+    v
+}
+
+/// The leader (slot, token) once it holds `key` on all three servers `v`.
+///
+/// A term granted by a bare quorum (one server too slow at acquisition,
+/// e.g. under CPU load) is never extended to the third server: renewals
+/// only PEXPIRE existing keys. Such a term cannot survive the loss of a
+/// server (see the report); the scenario needs a term on all three, so
+/// this hands over (SIGTERM, same name again) until one is.
+async fn leader_on_all_three(g: &mut Group, v: &[RedisServer], key: &str) -> (usize, u64) {
+    let mut attempt = 0;
+    loop {
+        let (l, tok) = g.leader("a Redlock leader").await;
+        sleep(RENEW).await;
+        let holding = servers_holding(v, key, &g.id(l)).await;
+        if holding == 3 {
+            return (l, tok);
+        }
+        attempt += 1;
+        eprintln!(
+            "redlock: leader {} (token {tok}) holds the key on only {holding} of 3 servers; handing over (attempt {attempt})",
+            g.id(l)
+        );
+        assert!(
+            attempt < 4,
+            "no Redlock term held all 3 servers in 4 attempts"
+        );
+        let id = g.id(l);
+        g.signal(l, Signal::SIGTERM);
+        let mut s = g.sidecars[l].take().unwrap();
+        within(
+            Duration::from_secs(5),
+            "a SIGTERMed sidecar to exit",
+            s.wait_exit(Duration::from_secs(4)),
+        )
+        .await;
+        g.rec.stop_polling(l);
+        g.spawn(&id).await;
+    }
+}
+
+/// How many of the servers `v` hold `key` for the sidecar named `id`.
+async fn servers_holding(v: &[RedisServer], key: &str, id: &str) -> usize {
+    let mut holding = 0;
+    for server in v {
+        let mut c = within(Duration::from_secs(5), "connecting to redis", server.conn()).await;
+        let value: Option<String> = within(
+            Duration::from_secs(5),
+            "redis GET",
+            redis::cmd("GET").arg(key).query_async(&mut c),
+        )
+        .await
+        .expect("GET the election key");
+        if value.is_some_and(|v| v.ends_with(&format!("|{id}"))) {
+            holding += 1;
+        }
+    }
+    holding
 }
 
 /// What happens: a Redis restarted without persistence forgets the key and
@@ -1273,10 +1290,7 @@ async fn redis_restarted_without_persistence() {
 /// on {A,C} → 4/-/4: token 4 after 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_fencing_tokens_grow_across_server_outages() {
-    let mut v = Vec::new();
-    for _ in 0..3 {
-        v.push(own_redis(DURABLE).await);
-    }
+    let mut v = three_redis().await;
     let urls: Vec<String> = v.iter().map(|r| r.url.clone()).collect();
     let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
     let name = election("redlock-fencing");
@@ -1324,11 +1338,7 @@ async fn redlock_fencing_tokens_grow_across_server_outages() {
 /// stays"): the leader keeps its term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_term_on_a_bare_quorum_survives_losing_a_server() {
-    let mut v = Vec::new();
-    for _ in 0..3 {
-        v.push(own_redis(DURABLE).await);
-    }
-    let mut servers = Servers::Redis(v);
+    let mut servers = Servers::Redis(three_redis().await);
     let g = Group::start(&servers, "redlock-bare", ABC).await;
     // Server 2 unreachable for every sidecar during the first election.
     for slot in 0..3 {
