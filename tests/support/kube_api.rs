@@ -404,35 +404,9 @@ impl Endpoint {
 }
 
 async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let q = query_map(req.uri().query());
-    let body = axum::body::to_bytes(req.into_body(), 1 << 20)
-        .await
-        .unwrap_or_default();
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let seg: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let watching = q.get("watch").is_some_and(|v| v == "true" || v == "1");
-    let kind = match seg.as_slice() {
-        [
-            "apis",
-            "coordination.k8s.io",
-            "v1",
-            "namespaces",
-            _,
-            "leases",
-            ..,
-        ] => "lease",
-        ["api", "v1", "namespaces", _, "pods", ..] => "pod",
-        ["api", "v1", "namespaces", _, "events", ..] => "event",
-        _ => "other",
-    };
-    let verb = if watching {
-        "WATCH".to_owned()
-    } else {
-        method.to_string()
-    };
-    ep.count(format!("{verb} {kind}"));
+    let r = ApiRequest::read(req).await;
+    let kind = r.kind();
+    ep.count(format!("{} {kind}", r.verb()));
 
     let fault = ep.effective();
     if !fault.latency.is_zero() {
@@ -441,28 +415,93 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
     if fault.hang {
         std::future::pending::<()>().await;
     }
-    let write = !matches!(method, Method::GET);
-    if let Some(code) = fault.status
-        && (write || !fault.writes_only)
-    {
+    if let Some(injected) = r.injected(&fault, kind) {
+        return injected;
+    }
+    r.answer(&ep).await
+}
+
+/// One request, read whole: what the routes need of it.
+struct ApiRequest {
+    method: Method,
+    path: String,
+    q: HashMap<String, String>,
+    /// The JSON body (`Null` when there is none or it is not JSON).
+    body: Value,
+    /// `?watch=true` (or `1`).
+    watching: bool,
+}
+
+/// What a request's path names (by its segments).
+enum Route<'a> {
+    Leases { ns: &'a str },
+    Lease { ns: &'a str, name: &'a str },
+    Pods { ns: &'a str },
+    Pod { ns: &'a str, name: &'a str },
+    Events,
+    Other,
+}
+
+impl ApiRequest {
+    /// Read the method, path, query and body of `req`.
+    async fn read(req: Request) -> ApiRequest {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let q = query_map(req.uri().query());
+        let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+            .await
+            .unwrap_or_default();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let watching = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+        ApiRequest {
+            method,
+            path,
+            q,
+            body,
+            watching,
+        }
+    }
+
+    /// The path's segments.
+    fn seg(&self) -> Vec<&str> {
+        self.path.trim_matches('/').split('/').collect()
+    }
+
+    /// The kind of object the path is about, for the counters and the 403
+    /// message (any path under a collection counts, even a 404).
+    fn kind(&self) -> &'static str {
+        match self.seg().as_slice() {
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                _,
+                "leases",
+                ..,
+            ] => "lease",
+            ["api", "v1", "namespaces", _, "pods", ..] => "pod",
+            ["api", "v1", "namespaces", _, "events", ..] => "event",
+            _ => "other",
+        }
+    }
+
+    /// `WATCH` for a watch, else the HTTP method.
+    fn verb(&self) -> String {
+        if self.watching {
+            "WATCH".to_owned()
+        } else {
+            self.method.to_string()
+        }
+    }
+
+    /// The answer of an injected error status, if `fault` has one for this
+    /// request (429 with `Retry-After`, 403 worded like RBAC's).
+    fn injected(&self, fault: &Fault, kind: &str) -> Option<Response> {
+        let write = !matches!(self.method, Method::GET);
+        let code = fault.status.filter(|_| write || !fault.writes_only)?;
         let msg = if code == 403 {
-            let k8s_verb = match (&method, watching) {
-                (_, true) => "watch",
-                (&Method::POST, _) => "create",
-                (&Method::PUT, _) => "update",
-                (&Method::PATCH, _) => "patch",
-                (&Method::DELETE, _) => "delete",
-                _ => "get",
-            };
-            format!(
-                "{kind}s is forbidden: User \"system:serviceaccount:{ns}:leader-elector\" cannot {k8s_verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
-                ns = seg.get(3).copied().unwrap_or(""),
-                group = if kind == "lease" {
-                    "coordination.k8s.io"
-                } else {
-                    ""
-                },
-            )
+            self.forbidden(kind)
         } else {
             format!("injected {code}")
         };
@@ -471,40 +510,33 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, "1".parse().unwrap());
         }
-        return r;
+        Some(r)
     }
-    let shared = ep.shared.clone();
-    match (seg.as_slice(), &method) {
-        (
-            [
-                "apis",
-                "coordination.k8s.io",
-                "v1",
-                "namespaces",
-                ns,
-                "leases",
-            ],
-            &Method::GET,
-        ) => {
-            if watching {
-                watch(ep.clone(), ns.to_string(), q).await
+
+    /// The message of an RBAC refusal of this request.
+    fn forbidden(&self, kind: &str) -> String {
+        let k8s_verb = match (&self.method, self.watching) {
+            (_, true) => "watch",
+            (&Method::POST, _) => "create",
+            (&Method::PUT, _) => "update",
+            (&Method::PATCH, _) => "patch",
+            (&Method::DELETE, _) => "delete",
+            _ => "get",
+        };
+        format!(
+            "{kind}s is forbidden: User \"system:serviceaccount:{ns}:leader-elector\" cannot {k8s_verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
+            ns = self.seg().get(3).copied().unwrap_or(""),
+            group = if kind == "lease" {
+                "coordination.k8s.io"
             } else {
-                let s = shared.store.lock().unwrap();
-                let want = name_selector(&q);
-                let items: Vec<Value> = s
-                    .leases
-                    .iter()
-                    .filter(|((n, name), _)| n == ns && want.as_ref().is_none_or(|w| w == name))
-                    .map(|(_, v)| v.clone())
-                    .collect();
-                json_ok(
-                    200,
-                    &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
-                            "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
-                )
-            }
-        }
-        (
+                ""
+            },
+        )
+    }
+
+    /// Which object or collection the path names.
+    fn route(&self) -> Route<'_> {
+        match self.seg().as_slice() {
             [
                 "apis",
                 "coordination.k8s.io",
@@ -512,49 +544,7 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
                 "namespaces",
                 ns,
                 "leases",
-            ],
-            &Method::POST,
-        ) => {
-            let mut s = shared.store.lock().unwrap();
-            if !s.namespaces.iter().any(|n| n == ns) {
-                return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"));
-            }
-            let Some(name) = body["metadata"]["name"].as_str().map(str::to_owned) else {
-                return status(422, "Invalid", "metadata.name: Required value");
-            };
-            if body["metadata"]
-                .get("resourceVersion")
-                .is_some_and(|v| !v.is_null())
-            {
-                return status(
-                    400,
-                    "BadRequest",
-                    "resourceVersion should not be set on objects to be created",
-                );
-            }
-            if let Some(e) = validate_lease(&body) {
-                return status(422, "Invalid", &e);
-            }
-            let key = (ns.to_string(), name.clone());
-            if s.leases.contains_key(&key) {
-                return status(
-                    409,
-                    "AlreadyExists",
-                    &format!("leases.coordination.k8s.io \"{name}\" already exists"),
-                );
-            }
-            let rv = s.bump();
-            let mut l = body.clone();
-            l["apiVersion"] = json!("coordination.k8s.io/v1");
-            l["kind"] = json!("Lease");
-            l["metadata"]["namespace"] = json!(ns);
-            l["metadata"]["resourceVersion"] = json!(rv.to_string());
-            l["metadata"]["uid"] = json!(format!("uid-{rv}"));
-            s.leases.insert(key, l.clone());
-            s.record(&shared.changes, "ADDED", l.clone());
-            json_ok(201, &l)
-        }
-        (
+            ] => Route::Leases { ns },
             [
                 "apis",
                 "coordination.k8s.io",
@@ -563,121 +553,211 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
                 ns,
                 "leases",
                 name,
-            ],
-            m,
-        ) => {
-            let key = (ns.to_string(), name.to_string());
-            let mut s = shared.store.lock().unwrap();
-            let not_found = || {
-                status(
-                    404,
-                    "NotFound",
-                    &format!("leases.coordination.k8s.io \"{name}\" not found"),
-                )
-            };
-            match *m {
-                Method::GET => match s.leases.get(&key) {
-                    Some(l) => json_ok(200, l),
-                    None => not_found(),
-                },
-                Method::PUT => {
-                    let Some(cur) = s.leases.get(&key) else {
-                        return not_found();
-                    };
-                    let sent_rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
-                    if !sent_rv.is_empty() && cur["metadata"]["resourceVersion"] != json!(sent_rv) {
-                        return status(
-                            409,
-                            "Conflict",
-                            &format!(
-                                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-                            ),
-                        );
-                    }
-                    if let Some(e) = validate_lease(&body) {
-                        return status(422, "Invalid", &e);
-                    }
-                    let uid = cur["metadata"]["uid"].clone();
-                    let rv = s.bump();
-                    let mut l = body.clone();
-                    l["apiVersion"] = json!("coordination.k8s.io/v1");
-                    l["kind"] = json!("Lease");
-                    l["metadata"]["namespace"] = json!(ns);
-                    l["metadata"]["uid"] = uid;
-                    l["metadata"]["resourceVersion"] = json!(rv.to_string());
-                    s.leases.insert(key, l.clone());
-                    s.record(&shared.changes, "MODIFIED", l.clone());
-                    json_ok(200, &l)
-                }
-                Method::DELETE => match s.leases.remove(&key) {
-                    Some(mut l) => {
-                        let rv = s.bump();
-                        l["metadata"]["resourceVersion"] = json!(rv.to_string());
-                        s.record(&shared.changes, "DELETED", l.clone());
-                        json_ok(200, &l)
-                    }
-                    None => not_found(),
-                },
-                _ => status(405, "MethodNotAllowed", "method not allowed"),
+            ] => Route::Lease { ns, name },
+            ["api", "v1", "namespaces", ns, "pods"] => Route::Pods { ns },
+            ["api", "v1", "namespaces", ns, "pods", name] => Route::Pod { ns, name },
+            ["api", "v1", "namespaces", _ns, "events"] => Route::Events,
+            _ => Route::Other,
+        }
+    }
+
+    /// The answer of the route the request names (no fault applied).
+    async fn answer(&self, ep: &Arc<Endpoint>) -> Response {
+        let shared = &ep.shared;
+        match (self.route(), &self.method) {
+            (Route::Leases { ns }, &Method::GET) if self.watching => {
+                watch(ep.clone(), ns.to_string(), self.q.clone()).await
             }
-        }
-        (["api", "v1", "namespaces", ns, "pods"], &Method::GET) => {
-            let s = shared.store.lock().unwrap();
-            let sel = q.get("labelSelector").cloned().unwrap_or_default();
-            let items: Vec<Value> = s
-                .pods
-                .iter()
-                .filter(|((n, _), _)| n == ns)
-                .filter(|(_, p)| {
-                    sel.split(',')
-                        .filter(|c| !c.is_empty())
-                        .all(|c| match c.split_once('=') {
-                            Some((k, v)) => {
-                                p["metadata"]["labels"][k.trim_end_matches('=')] == json!(v)
-                            }
-                            None => !p["metadata"]["labels"][c].is_null(),
-                        })
-                })
-                .map(|(_, v)| v.clone())
-                .collect();
-            json_ok(
-                200,
-                &json!({"apiVersion": "v1", "kind": "PodList",
-                        "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
-            )
-        }
-        (["api", "v1", "namespaces", ns, "pods", name], m) => {
-            let key = (ns.to_string(), name.to_string());
-            let mut s = shared.store.lock().unwrap();
-            if !s.pods.contains_key(&key) {
-                return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+            (Route::Leases { ns }, &Method::GET) => list_leases(shared, ns, &self.q),
+            (Route::Leases { ns }, &Method::POST) => create_lease(shared, ns, &self.body),
+            (Route::Lease { ns, name }, m) => lease(shared, ns, name, m, &self.body),
+            (Route::Pods { ns }, &Method::GET) => list_pods(shared, ns, &self.q),
+            (Route::Pod { ns, name }, m) => pod(shared, ns, name, m, &self.body),
+            (Route::Events, &Method::POST) => {
+                let mut s = shared.store.lock().unwrap();
+                let rv = s.bump();
+                let mut e = self.body.clone();
+                e["metadata"]["resourceVersion"] = json!(rv.to_string());
+                s.events.push(e.clone());
+                json_ok(201, &e)
             }
-            match *m {
-                Method::GET => json_ok(200, &s.pods[&key]),
-                Method::PATCH => {
-                    let rv = s.bump();
-                    let p = s.pods.get_mut(&key).unwrap();
-                    merge_patch(p, &body);
-                    p["metadata"]["resourceVersion"] = json!(rv.to_string());
-                    let p = p.clone();
-                    json_ok(200, &p)
-                }
-                _ => status(405, "MethodNotAllowed", "method not allowed"),
-            }
+            _ => status(
+                404,
+                "NotFound",
+                &format!("the server could not find {}", self.path),
+            ),
         }
-        (["api", "v1", "namespaces", _ns, "events"], &Method::POST) => {
-            let mut s = shared.store.lock().unwrap();
-            let rv = s.bump();
-            let mut e = body.clone();
-            e["metadata"]["resourceVersion"] = json!(rv.to_string());
-            s.events.push(e.clone());
-            json_ok(201, &e)
-        }
-        _ => status(
+    }
+}
+
+/// GET of the Leases of `ns` (a `fieldSelector` on the name filters).
+fn list_leases(shared: &Shared, ns: &str, q: &HashMap<String, String>) -> Response {
+    let s = shared.store.lock().unwrap();
+    let want = name_selector(q);
+    let items: Vec<Value> = s
+        .leases
+        .iter()
+        .filter(|((n, name), _)| n == ns && want.as_ref().is_none_or(|w| w == name))
+        .map(|(_, v)| v.clone())
+        .collect();
+    json_ok(
+        200,
+        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+    )
+}
+
+/// POST of a Lease into `ns`: 404 for an unknown namespace, 400 with a
+/// version, 422 when invalid, 409 when the name exists.
+fn create_lease(shared: &Shared, ns: &str, body: &Value) -> Response {
+    let mut s = shared.store.lock().unwrap();
+    if !s.namespaces.iter().any(|n| n == ns) {
+        return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"));
+    }
+    let Some(name) = body["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(422, "Invalid", "metadata.name: Required value");
+    };
+    if body["metadata"]
+        .get("resourceVersion")
+        .is_some_and(|v| !v.is_null())
+    {
+        return status(
+            400,
+            "BadRequest",
+            "resourceVersion should not be set on objects to be created",
+        );
+    }
+    if let Some(e) = validate_lease(body) {
+        return status(422, "Invalid", &e);
+    }
+    let key = (ns.to_string(), name.clone());
+    if s.leases.contains_key(&key) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("leases.coordination.k8s.io \"{name}\" already exists"),
+        );
+    }
+    let rv = s.bump();
+    let mut l = body.clone();
+    l["apiVersion"] = json!("coordination.k8s.io/v1");
+    l["kind"] = json!("Lease");
+    l["metadata"]["namespace"] = json!(ns);
+    l["metadata"]["resourceVersion"] = json!(rv.to_string());
+    l["metadata"]["uid"] = json!(format!("uid-{rv}"));
+    s.leases.insert(key, l.clone());
+    s.record(&shared.changes, "ADDED", l.clone());
+    json_ok(201, &l)
+}
+
+/// GET, PUT or DELETE of the Lease `name` in `ns`.
+fn lease(shared: &Shared, ns: &str, name: &str, m: &Method, body: &Value) -> Response {
+    let key = (ns.to_string(), name.to_string());
+    let mut s = shared.store.lock().unwrap();
+    let not_found = || {
+        status(
             404,
             "NotFound",
-            &format!("the server could not find {path}"),
-        ),
+            &format!("leases.coordination.k8s.io \"{name}\" not found"),
+        )
+    };
+    match *m {
+        Method::GET => match s.leases.get(&key) {
+            Some(l) => json_ok(200, l),
+            None => not_found(),
+        },
+        Method::PUT => match s.leases.get(&key) {
+            Some(cur) => {
+                let uid = cur["metadata"]["uid"].clone();
+                if let Some(refusal) = refuse_replace(cur, name, body) {
+                    return refusal;
+                }
+                let rv = s.bump();
+                let mut l = body.clone();
+                l["apiVersion"] = json!("coordination.k8s.io/v1");
+                l["kind"] = json!("Lease");
+                l["metadata"]["namespace"] = json!(ns);
+                l["metadata"]["uid"] = uid;
+                l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                s.leases.insert(key, l.clone());
+                s.record(&shared.changes, "MODIFIED", l.clone());
+                json_ok(200, &l)
+            }
+            None => not_found(),
+        },
+        Method::DELETE => match s.leases.remove(&key) {
+            Some(mut l) => {
+                let rv = s.bump();
+                l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                s.record(&shared.changes, "DELETED", l.clone());
+                json_ok(200, &l)
+            }
+            None => not_found(),
+        },
+        _ => status(405, "MethodNotAllowed", "method not allowed"),
+    }
+}
+
+/// Why a PUT of `body` over the stored Lease `cur` is refused, if it is: 409
+/// for a version that is not the current one (none sent: unconditional),
+/// 422 when invalid.
+fn refuse_replace(cur: &Value, name: &str, body: &Value) -> Option<Response> {
+    let sent_rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
+    if !sent_rv.is_empty() && cur["metadata"]["resourceVersion"] != json!(sent_rv) {
+        return Some(status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        ));
+    }
+    validate_lease(body).map(|e| status(422, "Invalid", &e))
+}
+
+/// GET of the Pods of `ns` (a `labelSelector` of `k=v` and `k` terms filters).
+fn list_pods(shared: &Shared, ns: &str, q: &HashMap<String, String>) -> Response {
+    let s = shared.store.lock().unwrap();
+    let sel = q.get("labelSelector").cloned().unwrap_or_default();
+    let items: Vec<Value> = s
+        .pods
+        .iter()
+        .filter(|((n, _), _)| n == ns)
+        .filter(|(_, p)| {
+            sel.split(',')
+                .filter(|c| !c.is_empty())
+                .all(|c| match c.split_once('=') {
+                    Some((k, v)) => p["metadata"]["labels"][k.trim_end_matches('=')] == json!(v),
+                    None => !p["metadata"]["labels"][c].is_null(),
+                })
+        })
+        .map(|(_, v)| v.clone())
+        .collect();
+    json_ok(
+        200,
+        &json!({"apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+    )
+}
+
+/// GET or merge PATCH of the Pod `name` in `ns`.
+fn pod(shared: &Shared, ns: &str, name: &str, m: &Method, body: &Value) -> Response {
+    let key = (ns.to_string(), name.to_string());
+    let mut s = shared.store.lock().unwrap();
+    if !s.pods.contains_key(&key) {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+    }
+    match *m {
+        Method::GET => json_ok(200, &s.pods[&key]),
+        Method::PATCH => {
+            let rv = s.bump();
+            let p = s.pods.get_mut(&key).unwrap();
+            merge_patch(p, body);
+            p["metadata"]["resourceVersion"] = json!(rv.to_string());
+            let p = p.clone();
+            json_ok(200, &p)
+        }
+        _ => status(405, "MethodNotAllowed", "method not allowed"),
     }
 }
 
@@ -702,7 +782,10 @@ fn validate_lease(l: &Value) -> Option<String> {
 
 async fn watch(ep: Arc<Endpoint>, ns: String, q: HashMap<String, String>) -> Response {
     let shared = ep.shared.clone();
-    let want = name_selector(&q);
+    let sel = Selector {
+        ns,
+        want: name_selector(&q),
+    };
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let timeout = q
         .get("timeoutSeconds")
@@ -713,87 +796,155 @@ async fn watch(ep: Arc<Endpoint>, ns: String, q: HashMap<String, String>) -> Res
         .get("resourceVersion")
         .filter(|v| !v.is_empty() && *v != "0")
         .and_then(|v| v.parse().ok());
-    let matches = move |obj: &Value| {
-        obj["metadata"]["namespace"] == json!(ns)
-            && want
-                .as_ref()
-                .is_none_or(|w| obj["metadata"]["name"] == json!(w))
-    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(256);
     // Under the lock: replay and subscribe, so no change falls in between.
-    let (initial, mut live, start_rv) = {
+    let (initial, live, start_rv) = {
         let s = shared.store.lock().unwrap();
         let live = shared.changes.subscribe();
-        let mut initial = Vec::new();
-        match from {
-            Some(v) if v < s.compacted => {
-                initial.push(json!({"type": "ERROR", "object": {
-                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": format!("too old resource version: {v} ({})", s.compacted + 1),
-                    "reason": "Expired", "code": 410}}));
-            }
-            Some(v) => {
-                for c in s.history.iter().filter(|c| c.rv > v && matches(&c.object)) {
-                    initial.push(json!({"type": c.kind, "object": c.object}));
-                }
-            }
-            None => {
-                for l in s.leases.values().filter(|l| matches(l)) {
-                    initial.push(json!({"type": "ADDED", "object": l}));
-                }
-            }
-        }
-        (initial, live, s.rv)
+        (replay(&s, from, &sel), live, s.rv)
     };
-    let expired = initial.first().is_some_and(|e| e["type"] == json!("ERROR"));
     let every = *shared.bookmark_every.lock().unwrap();
-    tokio::spawn(async move {
-        for e in initial {
-            if tx.send(Ok(format!("{e}\n"))).await.is_err() {
-                return;
-            }
-        }
-        if expired {
-            return;
-        }
-        let end = tokio::time::Instant::now() + timeout;
-        let mut last_rv = start_rv;
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(end) => return,
-                _ = tx.closed() => return,
-                _ = tick.tick(), if bookmarks => {
-                    if ep.effective().hang { continue; }
-                    let b = json!({"type": "BOOKMARK", "object": {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
-                        "metadata": {"resourceVersion": last_rv.to_string()}}});
-                    if tx.send(Ok(format!("{b}\n"))).await.is_err() { return; }
-                }
-                c = live.recv() => match c {
-                    Ok((rv, kind, obj)) => {
-                        last_rv = last_rv.max(rv);
-                        if !matches(&obj) { continue; }
-                        // A blackholed client gets nothing until it heals.
-                        while ep.effective().hang {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            if tx.is_closed() { return; }
-                        }
-                        let e = json!({"type": kind, "object": obj});
-                        if tx.send(Ok(format!("{e}\n"))).await.is_err() { return; }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => return,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        }
-    });
+    let feed = WatchFeed {
+        ep,
+        tx,
+        live,
+        sel,
+        last_rv: start_rv,
+        bookmarks,
+        every,
+        timeout,
+    };
+    tokio::spawn(feed.run(initial));
     let stream = tokio_stream_from(rx);
     Response::builder()
         .status(200)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from_stream(stream))
         .unwrap()
+}
+
+/// The events a watch from version `from` starts with: an `ERROR` 410 when
+/// `from` is older than the kept history, the changes after it, or (no
+/// version) synthetic `ADDED` events of the current state.
+fn replay(s: &Store, from: Option<u64>, sel: &Selector) -> Vec<Value> {
+    let mut initial = Vec::new();
+    match from {
+        Some(v) if v < s.compacted => {
+            initial.push(json!({"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {v} ({})", s.compacted + 1),
+                "reason": "Expired", "code": 410}}));
+        }
+        Some(v) => {
+            for c in s
+                .history
+                .iter()
+                .filter(|c| c.rv > v && sel.matches(&c.object))
+            {
+                initial.push(json!({"type": c.kind, "object": c.object}));
+            }
+        }
+        None => {
+            for l in s.leases.values().filter(|l| sel.matches(l)) {
+                initial.push(json!({"type": "ADDED", "object": l}));
+            }
+        }
+    }
+    initial
+}
+
+/// Which objects a watch delivers: those of its namespace, and of one name
+/// with a `fieldSelector`.
+struct Selector {
+    ns: String,
+    want: Option<String>,
+}
+
+impl Selector {
+    /// Whether the watch delivers changes of `obj`.
+    fn matches(&self, obj: &Value) -> bool {
+        obj["metadata"]["namespace"] == json!(self.ns)
+            && self
+                .want
+                .as_ref()
+                .is_none_or(|w| obj["metadata"]["name"] == json!(w))
+    }
+}
+
+/// The task that feeds one open watch's stream.
+struct WatchFeed {
+    ep: Arc<Endpoint>,
+    tx: tokio::sync::mpsc::Sender<Result<String, std::io::Error>>,
+    live: broadcast::Receiver<(u64, &'static str, Value)>,
+    sel: Selector,
+    /// The newest version seen (what a BOOKMARK carries).
+    last_rv: u64,
+    bookmarks: bool,
+    every: Duration,
+    timeout: Duration,
+}
+
+impl WatchFeed {
+    /// Send the `initial` events, then live changes and bookmarks until the
+    /// timeout, the client's leaving, or a lag (the client then re-watches).
+    async fn run(mut self, initial: Vec<Value>) {
+        let expired = initial.first().is_some_and(|e| e["type"] == json!("ERROR"));
+        for e in initial {
+            if self.tx.send(Ok(format!("{e}\n"))).await.is_err() {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let end = tokio::time::Instant::now() + self.timeout;
+        let mut tick = tokio::time::interval(self.every);
+        tick.tick().await;
+        loop {
+            let delivered = tokio::select! {
+                _ = tokio::time::sleep_until(end) => return,
+                _ = self.tx.closed() => return,
+                _ = tick.tick(), if self.bookmarks => self.bookmark().await,
+                c = self.live.recv() => match c {
+                    Ok((rv, kind, obj)) => self.deliver(rv, kind, obj).await,
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            };
+            if !delivered {
+                return;
+            }
+        }
+    }
+
+    /// Send a BOOKMARK at the newest version seen (none while the client is
+    /// blackholed); false when the client has gone.
+    async fn bookmark(&self) -> bool {
+        if self.ep.effective().hang {
+            return true;
+        }
+        let b = json!({"type": "BOOKMARK", "object": {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+            "metadata": {"resourceVersion": self.last_rv.to_string()}}});
+        self.tx.send(Ok(format!("{b}\n"))).await.is_ok()
+    }
+
+    /// Send one change if the watch selects it; false when the client has
+    /// gone.
+    async fn deliver(&mut self, rv: u64, kind: &'static str, obj: Value) -> bool {
+        self.last_rv = self.last_rv.max(rv);
+        if !self.sel.matches(&obj) {
+            return true;
+        }
+        // A blackholed client gets nothing until it heals.
+        while self.ep.effective().hang {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if self.tx.is_closed() {
+                return false;
+            }
+        }
+        let e = json!({"type": kind, "object": obj});
+        self.tx.send(Ok(format!("{e}\n"))).await.is_ok()
+    }
 }
 
 fn tokio_stream_from(
