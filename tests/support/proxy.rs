@@ -164,29 +164,10 @@ async fn changed(mode: &mut watch::Receiver<Mode>) -> bool {
 }
 
 async fn connection(client: TcpStream, upstream: SocketAddr, mut mode: watch::Receiver<Mode>) {
-    // Until the proxy lets traffic through, read (and keep) what the client
-    // sends, answer nothing; connect upstream only when the path is open.
-    let mut held: Vec<(Instant, Vec<u8>)> = Vec::new();
     let mut client = client;
-    let mut client_eof = false;
-    loop {
-        let m = *mode.borrow_and_update();
-        match m {
-            Mode::Reset => return reset(&client),
-            Mode::Pass | Mode::Delay(_) => break,
-            Mode::Blackhole => {
-                let mut buf = vec![0u8; 16 * 1024];
-                tokio::select! {
-                    alive = changed(&mut mode) => if !alive { return },
-                    n = client.read(&mut buf), if !client_eof => match n {
-                        Ok(0) => client_eof = true,
-                        Ok(n) => { buf.truncate(n); held.push((Instant::now(), buf)); }
-                        Err(_) => return,
-                    },
-                }
-            }
-        }
-    }
+    let Some((held, client_eof)) = hold_until_open(&mut client, &mut mode).await else {
+        return;
+    };
     let server = match timeout(Duration::from_secs(2), TcpStream::connect(upstream)).await {
         Ok(Ok(s)) => s,
         _ => return reset(&client),
@@ -221,8 +202,50 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut mode: watch::Re
         mode.clone(),
         true,
     ));
-    // Until both writers are done (each ends at its reader's end of stream) or
-    // the mode turns to Reset.
+    supervise(tasks, mode, &client_w, &server_w).await;
+}
+
+/// Until the proxy lets traffic through, read (and keep) what the client
+/// sends, answer nothing; the caller connects upstream only when the path is
+/// open. Returns the chunks read and whether the client ended its stream, or
+/// `None` when the connection is over (reset, or the proxy gone).
+async fn hold_until_open(
+    client: &mut TcpStream,
+    mode: &mut watch::Receiver<Mode>,
+) -> Option<(Vec<(Instant, Vec<u8>)>, bool)> {
+    let mut held: Vec<(Instant, Vec<u8>)> = Vec::new();
+    let mut client_eof = false;
+    loop {
+        let m = *mode.borrow_and_update();
+        match m {
+            Mode::Reset => {
+                reset(client);
+                return None;
+            }
+            Mode::Pass | Mode::Delay(_) => return Some((held, client_eof)),
+            Mode::Blackhole => {
+                let mut buf = vec![0u8; 16 * 1024];
+                tokio::select! {
+                    alive = changed(mode) => if !alive { return None },
+                    n = client.read(&mut buf), if !client_eof => match n {
+                        Ok(0) => client_eof = true,
+                        Ok(n) => { buf.truncate(n); held.push((Instant::now(), buf)); }
+                        Err(_) => return None,
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Until both writers are done (each ends at its reader's end of stream) or
+/// the mode turns to Reset, which resets both sides.
+async fn supervise(
+    mut tasks: tokio::task::JoinSet<Flow>,
+    mut mode: watch::Receiver<Mode>,
+    client_w: &tokio::sync::Mutex<OwnedWriteHalf>,
+    server_w: &tokio::sync::Mutex<OwnedWriteHalf>,
+) {
     let mut finished = 0;
     loop {
         tokio::select! {
