@@ -14,6 +14,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use support::kube_api::{Endpoint, Fault, KubeApi};
@@ -107,52 +110,8 @@ async fn three_elect_one_hand_over_on_sigterm_and_fail_over_on_sigkill() {
     let mut g = group("k-handover", &["pod-a", "pod-b", "pod-c"], true).await;
     let first = one_leader(&g.cs, Duration::from_secs(20)).await;
     let t1 = token_of(&g.cs[first]).await;
-    let lease = g.api.lease(&g.election).expect("the Lease exists");
-    let who = holder(&g.api, &g.election);
-    assert!(
-        who.starts_with(&format!("{}_", g.cs[first].identity)),
-        "holderIdentity is <pod>_<term id>: {who}"
-    );
-    assert_eq!(lease["spec"]["leaseDurationSeconds"], json!(2));
-    assert_eq!(
-        lease["metadata"]["annotations"]["leader-elector/fencing-token"],
-        json!(t1.to_string())
-    );
-    wait_for(
-        Duration::from_secs(10),
-        "the leader's Pod label",
-        || async {
-            g.api
-                .pod_label(&g.cs[first].identity, "leader-elector/leader")
-                == Some("true".into())
-        },
-    )
-    .await;
-
-    // At rest, followers send nothing but their open watch.
-    let followers: Vec<usize> = (0..3).filter(|i| *i != first).collect();
-    let before: Vec<_> = followers.iter().map(|i| g.eps[*i].counts()).collect();
-    let leader_before = g.eps[first].total();
-    sleep(Duration::from_secs(3)).await;
-    for (k, i) in followers.iter().enumerate() {
-        let after = g.eps[*i].counts();
-        for (key, n) in &after {
-            let was = before[k].get(key).copied().unwrap_or(0);
-            // Followers never write at rest. (Since issue 12 the Elector
-            // also reads the key every renew interval while following, on
-            // every backend, so GETs are counted and printed, not refused.)
-            if key.ends_with("lease") && !key.starts_with("GET") && !key.starts_with("WATCH") {
-                assert_eq!(*n, was, "follower {i} sent {key} at rest: {after:?}");
-            }
-            if key == "GET lease" {
-                println!("follower {i}: {} GET lease in 3 s at rest", n - was);
-            }
-        }
-    }
-    println!(
-        "at rest over 3 s: leader {} requests; followers 0 lease requests besides their open watch",
-        g.eps[first].total() - leader_before
-    );
+    lease_and_label_name_the_leader(&g, first, t1).await;
+    followers_only_watch_at_rest(&g, first).await;
 
     // Graceful handover: clear holder by CAS, a follower's watch takes it.
     let transitions_before = g.api.lease(&g.election).unwrap()["spec"]["leaseTransitions"]
@@ -199,6 +158,59 @@ async fn three_elect_one_hand_over_on_sigterm_and_fail_over_on_sigkill() {
     assert!(
         failover >= Duration::from_millis(1400),
         "took over after {failover:?}, before 2 s of silence could have passed"
+    );
+}
+
+/// The Lease names the leader in `first` (`<pod>_<term id>`, 2 s, fencing
+/// token `t1` annotated) and its Pod gets labelled leader.
+async fn lease_and_label_name_the_leader(g: &Group, first: usize, t1: u64) {
+    let lease = g.api.lease(&g.election).expect("the Lease exists");
+    let who = holder(&g.api, &g.election);
+    assert!(
+        who.starts_with(&format!("{}_", g.cs[first].identity)),
+        "holderIdentity is <pod>_<term id>: {who}"
+    );
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], json!(2));
+    assert_eq!(
+        lease["metadata"]["annotations"]["leader-elector/fencing-token"],
+        json!(t1.to_string())
+    );
+    wait_for(
+        Duration::from_secs(10),
+        "the leader's Pod label",
+        || async {
+            g.api
+                .pod_label(&g.cs[first].identity, "leader-elector/leader")
+                == Some("true".into())
+        },
+    )
+    .await;
+}
+
+/// At rest, followers send nothing but their open watch (and reads), for 3 s.
+async fn followers_only_watch_at_rest(g: &Group, first: usize) {
+    let followers: Vec<usize> = (0..3).filter(|i| *i != first).collect();
+    let before: Vec<_> = followers.iter().map(|i| g.eps[*i].counts()).collect();
+    let leader_before = g.eps[first].total();
+    sleep(Duration::from_secs(3)).await;
+    for (k, i) in followers.iter().enumerate() {
+        let after = g.eps[*i].counts();
+        for (key, n) in &after {
+            let was = before[k].get(key).copied().unwrap_or(0);
+            // Followers never write at rest. (Since issue 12 the Elector
+            // also reads the key every renew interval while following, on
+            // every backend, so GETs are counted and printed, not refused.)
+            if key.ends_with("lease") && !key.starts_with("GET") && !key.starts_with("WATCH") {
+                assert_eq!(*n, was, "follower {i} sent {key} at rest: {after:?}");
+            }
+            if key == "GET lease" {
+                println!("follower {i}: {} GET lease in 3 s at rest", n - was);
+            }
+        }
+    }
+    println!(
+        "at rest over 3 s: leader {} requests; followers 0 lease requests besides their open watch",
+        g.eps[first].total() - leader_before
     );
 }
 
@@ -462,10 +474,6 @@ async fn rbac_and_server_faults_are_reported_and_retried() {
 /// "Efficient detection of changes", "Conflicts").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stand_in_follows_the_documented_api_semantics() {
-    use futures_util::StreamExt;
-    use k8s_openapi::api::coordination::v1::Lease;
-    use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
-
     let api = KubeApi::start(NS);
     let ep = api.endpoint("conformance").await;
     let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
@@ -474,6 +482,43 @@ async fn the_stand_in_follows_the_documented_api_semantics() {
         .unwrap();
     let client = kube::Client::try_from(config).unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let (rv1, rv2) = writes_check_resource_versions(&client, &leases).await;
+    // A watch from rv1 replays the update, then streams the delete.
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(10);
+    let stream = leases.watch(&wp, &rv1).await.unwrap();
+    futures_util::pin_mut!(stream);
+    match stream.next().await {
+        Some(Ok(WatchEvent::Modified(m))) => {
+            assert_eq!(m.metadata.resource_version, Some(rv2.clone()))
+        }
+        other => panic!("{other:?}"),
+    }
+    leases.delete("x", &DeleteParams::default()).await.unwrap();
+    loop {
+        match stream.next().await {
+            Some(Ok(WatchEvent::Deleted(_))) => break,
+            Some(Ok(WatchEvent::Bookmark(_))) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(leases.get_opt("x").await.unwrap().is_none());
+    // A version older than the kept history: an ERROR event with 410 Expired.
+    api.compact();
+    let stream = leases.watch(&wp, &rv1).await.unwrap();
+    futures_util::pin_mut!(stream);
+    match stream.next().await {
+        Some(Ok(WatchEvent::Error(s))) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Creates and updates of Lease `x` as the API documents them: 409 for an
+/// existing name or a stale version, 422 for a zero duration, 404 for a
+/// missing namespace. Returns the versions of the create and the update.
+async fn writes_check_resource_versions(
+    client: &kube::Client,
+    leases: &Api<Lease>,
+) -> (String, String) {
     let pp = PostParams::default();
     let mut l: Lease = serde_json::from_value(json!({
         "metadata": {"name": "x"},
@@ -515,31 +560,5 @@ async fn the_stand_in_follows_the_documented_api_semantics() {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 404),
         other => panic!("{other:?}"),
     }
-    // A watch from rv1 replays the update, then streams the delete.
-    let wp = WatchParams::default().fields("metadata.name=x").timeout(10);
-    let stream = leases.watch(&wp, &rv1).await.unwrap();
-    futures_util::pin_mut!(stream);
-    match stream.next().await {
-        Some(Ok(WatchEvent::Modified(m))) => {
-            assert_eq!(m.metadata.resource_version, Some(rv2.clone()))
-        }
-        other => panic!("{other:?}"),
-    }
-    leases.delete("x", &DeleteParams::default()).await.unwrap();
-    loop {
-        match stream.next().await {
-            Some(Ok(WatchEvent::Deleted(_))) => break,
-            Some(Ok(WatchEvent::Bookmark(_))) => continue,
-            other => panic!("{other:?}"),
-        }
-    }
-    assert!(leases.get_opt("x").await.unwrap().is_none());
-    // A version older than the kept history: an ERROR event with 410 Expired.
-    api.compact();
-    let stream = leases.watch(&wp, &rv1).await.unwrap();
-    futures_util::pin_mut!(stream);
-    match stream.next().await {
-        Some(Ok(WatchEvent::Error(s))) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
-        other => panic!("{other:?}"),
-    }
+    (rv1, rv2)
 }
