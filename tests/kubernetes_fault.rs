@@ -153,182 +153,240 @@ async fn kubernetes_randomized() {
         };
         let chaos = menu[rng.random_range(0..menu.len())];
         n += 1;
-        let label = |what: String| format!("{n:>3} {chaos:?}: {what}");
-        match chaos {
-            Chaos::KillLeader | Chaos::TermLeader => {
-                let sig = if matches!(chaos, Chaos::KillLeader) {
-                    Signal::SIGKILL
-                } else {
-                    Signal::SIGTERM
-                };
-                let id = g.id(l);
-                g.rec.fault(Fault {
-                    ends_term: Some((l, tok)),
-                    ..Fault::new(
-                        &label(format!("{sig} {id}")),
-                        Some(l),
-                        Expect::Killed,
-                        FAILOVER_BOUND,
-                    )
-                });
-                g.stop(l, sig).await;
-                sleep(ms_between(&mut rng, 0, 2500)).await;
-                // The Pod comes back under the same name.
-                g.spawn(&id).await;
-            }
-            Chaos::PauseLeader => {
-                let long = rng.random_bool(0.6);
-                let d = if long {
-                    TTL + ms_between(&mut rng, 300, 2000)
-                } else {
-                    ms_between(&mut rng, 50, 900)
-                };
-                let f = g.rec.fault(Fault {
-                    ends_term: long.then_some((l, tok)),
-                    ..Fault::new(
-                        &label(format!("SIGSTOP {} {} ms", g.id(l), d.as_millis())),
-                        Some(l),
-                        if long { Expect::Paused } else { Expect::Other },
-                        FAILOVER_BOUND,
-                    )
-                });
-                g.signal(l, Signal::SIGSTOP);
-                sleep(d).await;
-                g.signal(l, Signal::SIGCONT);
-                g.rec.heal(f, false);
-            }
-            Chaos::HangLeader | Chaos::HangFollower => {
-                let live = g.live();
-                let target = if matches!(chaos, Chaos::HangLeader) {
-                    l
-                } else {
-                    live[rng.random_range(0..live.len())]
-                };
-                let d = if rng.random_bool(0.3) {
-                    ms_between(&mut rng, 50, 300)
-                } else {
-                    ms_between(&mut rng, 300, 5000)
-                };
-                let f = g.rec.fault(Fault::new(
-                    &label(format!(
-                        "API hangs for {} {} ms",
-                        g.id(target),
-                        d.as_millis()
-                    )),
-                    Some(target),
-                    if target == l {
-                        Expect::CutOff
-                    } else {
-                        Expect::Other
-                    },
-                    FAILOVER_BOUND,
-                ));
-                g.eps[target].set_fault(ApiFault {
-                    hang: true,
-                    ..ApiFault::default()
-                });
-                sleep(d).await;
-                g.eps[target].set_fault(ApiFault::default());
-                g.rec.heal(f, d < TTL);
-            }
-            Chaos::SlowAll => {
-                let delay = ms_between(&mut rng, 50, 900);
-                let d = ms_between(&mut rng, 500, 5000);
-                let f = g.rec.fault(Fault::new(
-                    &label(format!(
-                        "answers +{} ms for {} ms",
-                        delay.as_millis(),
-                        d.as_millis()
-                    )),
-                    Some(l),
-                    // Past the 333 ms call deadline no renewal can succeed.
-                    if delay > Duration::from_millis(400) {
-                        Expect::CutOff
-                    } else {
-                        Expect::Other
-                    },
-                    FAILOVER_BOUND,
-                ));
-                g.api.set_fault_all(ApiFault {
-                    latency: delay,
-                    ..ApiFault::default()
-                });
-                sleep(d).await;
-                g.api.set_fault_all(ApiFault::default());
-                g.rec.heal(f, true);
-            }
-            Chaos::ErrorsAll => {
-                let code = [403, 409, 429, 500][rng.random_range(0..4)];
-                let d = ms_between(&mut rng, 200, 4000);
-                let f = g.rec.fault(Fault::new(
-                    &label(format!(
-                        "every write answers {code} for {} ms",
-                        d.as_millis()
-                    )),
-                    Some(l),
-                    Expect::CutOff,
-                    FAILOVER_BOUND,
-                ));
-                g.api.set_fault_all(ApiFault {
-                    status: Some(code),
-                    writes_only: true,
-                    ..ApiFault::default()
-                });
-                sleep(d).await;
-                g.api.set_fault_all(ApiFault::default());
-                g.rec.heal(f, true);
-            }
-            Chaos::LeaseEdited => {
-                let f = g.rec.fault(Fault {
-                    ends_term: Some((l, tok)),
-                    ..Fault::new(
-                        &label("holderIdentity set to intruder_x by hand".into()),
-                        None,
-                        Expect::Other,
-                        FAILOVER_BOUND,
-                    )
-                });
-                g.api.edit_lease(&g.election, |lease| {
-                    lease["spec"]["holderIdentity"] = json!("intruder_x");
-                });
-                g.rec.heal(f, false);
-            }
-            Chaos::LeaseDeleted => {
-                let f = g.rec.fault(Fault {
-                    ends_term: Some((l, tok)),
-                    ..Fault::new(
-                        &label("Lease deleted by hand".into()),
-                        None,
-                        Expect::Other,
-                        RECREATE_BOUND,
-                    )
-                });
-                g.api.delete_lease(&g.election);
-                g.rec.heal(f, false);
-            }
-        }
+        let turn = Turn {
+            prefix: format!("{n:>3} {chaos:?}: "),
+            l,
+            tok,
+        };
+        g.inject(&mut rng, chaos, &turn).await;
         sleep(ms_between(&mut rng, 200, 1500)).await;
     }
     sleep(Duration::from_secs(3)).await;
-    let report = g.rec.check(&format!("kubernetes randomized, seed {seed}"));
-    let mut problems = report.problems.clone();
-    for s in g.sidecars.iter_mut().flatten() {
-        if let Some(st) = s.exited() {
-            problems.push(format!("EXIT: {} exited with {st}", s.identity));
+    g.check(seed);
+}
+
+/// One turn of the schedule: the leader found before the fault and the
+/// prefix of the fault's label (turn number and kind).
+struct Turn {
+    prefix: String,
+    l: usize,
+    tok: u64,
+}
+
+impl Turn {
+    /// A fault's label: the turn's prefix, then `what`.
+    fn label(&self, what: String) -> String {
+        format!("{}{what}", self.prefix)
+    }
+}
+
+/// The faults of the schedule, one method each; every random choice is drawn
+/// from `rng` in a fixed order, so a seed replays the same schedule.
+impl Group {
+    /// Inject one fault of kind `chaos`, declare it to the recorder, and heal
+    /// it.
+    async fn inject(&mut self, rng: &mut StdRng, chaos: Chaos, t: &Turn) {
+        match chaos {
+            Chaos::KillLeader => self.stop_leader(rng, t, Signal::SIGKILL).await,
+            Chaos::TermLeader => self.stop_leader(rng, t, Signal::SIGTERM).await,
+            Chaos::PauseLeader => self.pause_leader(rng, t).await,
+            Chaos::HangLeader => self.hang(rng, t, true).await,
+            Chaos::HangFollower => self.hang(rng, t, false).await,
+            Chaos::SlowAll => self.slow_all(rng, t).await,
+            Chaos::ErrorsAll => self.errors_all(rng, t).await,
+            Chaos::LeaseEdited => self.lease_edited(t),
+            Chaos::LeaseDeleted => self.lease_deleted(t),
         }
     }
-    eprintln!("{}", report.summary());
-    eprintln!(
-        "kubernetes randomized: {} faults, {} transitions, {} overlaps, worst stale claim {:?} ms",
-        report.faults,
-        report.transitions,
-        report.overlaps.len(),
-        report.worst_stale_ms
-    );
-    assert!(
-        problems.is_empty(),
-        "{} problem(s):\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+
+    /// SIGKILL or SIGTERM the leader, then start it again under the same name.
+    async fn stop_leader(&mut self, rng: &mut StdRng, t: &Turn, sig: Signal) {
+        let l = t.l;
+        let id = self.id(l);
+        self.rec.fault(Fault {
+            ends_term: Some((l, t.tok)),
+            ..Fault::new(
+                &t.label(format!("{sig} {id}")),
+                Some(l),
+                Expect::Killed,
+                FAILOVER_BOUND,
+            )
+        });
+        self.stop(l, sig).await;
+        sleep(ms_between(rng, 0, 2500)).await;
+        // The Pod comes back under the same name.
+        self.spawn(&id).await;
+    }
+
+    /// SIGSTOP the leader, for longer than the TTL or not.
+    async fn pause_leader(&mut self, rng: &mut StdRng, t: &Turn) {
+        let l = t.l;
+        let long = rng.random_bool(0.6);
+        let d = if long {
+            TTL + ms_between(rng, 300, 2000)
+        } else {
+            ms_between(rng, 50, 900)
+        };
+        let f = self.rec.fault(Fault {
+            ends_term: long.then_some((l, t.tok)),
+            ..Fault::new(
+                &t.label(format!("SIGSTOP {} {} ms", self.id(l), d.as_millis())),
+                Some(l),
+                if long { Expect::Paused } else { Expect::Other },
+                FAILOVER_BOUND,
+            )
+        });
+        self.signal(l, Signal::SIGSTOP);
+        sleep(d).await;
+        self.signal(l, Signal::SIGCONT);
+        self.rec.heal(f, false);
+    }
+
+    /// Let the API hang for the leader (`leader`) or a random live sidecar.
+    async fn hang(&mut self, rng: &mut StdRng, t: &Turn, leader: bool) {
+        let l = t.l;
+        let live = self.live();
+        let target = if leader {
+            l
+        } else {
+            live[rng.random_range(0..live.len())]
+        };
+        let d = if rng.random_bool(0.3) {
+            ms_between(rng, 50, 300)
+        } else {
+            ms_between(rng, 300, 5000)
+        };
+        let f = self.rec.fault(Fault::new(
+            &t.label(format!(
+                "API hangs for {} {} ms",
+                self.id(target),
+                d.as_millis()
+            )),
+            Some(target),
+            if target == l {
+                Expect::CutOff
+            } else {
+                Expect::Other
+            },
+            FAILOVER_BOUND,
+        ));
+        self.eps[target].set_fault(ApiFault {
+            hang: true,
+            ..ApiFault::default()
+        });
+        sleep(d).await;
+        self.eps[target].set_fault(ApiFault::default());
+        self.rec.heal(f, d < TTL);
+    }
+
+    /// Delay every answer of the API for a while.
+    async fn slow_all(&mut self, rng: &mut StdRng, t: &Turn) {
+        let delay = ms_between(rng, 50, 900);
+        let d = ms_between(rng, 500, 5000);
+        let f = self.rec.fault(Fault::new(
+            &t.label(format!(
+                "answers +{} ms for {} ms",
+                delay.as_millis(),
+                d.as_millis()
+            )),
+            Some(t.l),
+            // Past the 333 ms call deadline no renewal can succeed.
+            if delay > Duration::from_millis(400) {
+                Expect::CutOff
+            } else {
+                Expect::Other
+            },
+            FAILOVER_BOUND,
+        ));
+        self.api.set_fault_all(ApiFault {
+            latency: delay,
+            ..ApiFault::default()
+        });
+        sleep(d).await;
+        self.api.set_fault_all(ApiFault::default());
+        self.rec.heal(f, true);
+    }
+
+    /// Answer every write with one error status for a while.
+    async fn errors_all(&mut self, rng: &mut StdRng, t: &Turn) {
+        let code = [403, 409, 429, 500][rng.random_range(0..4)];
+        let d = ms_between(rng, 200, 4000);
+        let f = self.rec.fault(Fault::new(
+            &t.label(format!(
+                "every write answers {code} for {} ms",
+                d.as_millis()
+            )),
+            Some(t.l),
+            Expect::CutOff,
+            FAILOVER_BOUND,
+        ));
+        self.api.set_fault_all(ApiFault {
+            status: Some(code),
+            writes_only: true,
+            ..ApiFault::default()
+        });
+        sleep(d).await;
+        self.api.set_fault_all(ApiFault::default());
+        self.rec.heal(f, true);
+    }
+
+    /// Hand the Lease to an intruder by editing it.
+    fn lease_edited(&mut self, t: &Turn) {
+        let f = self.rec.fault(Fault {
+            ends_term: Some((t.l, t.tok)),
+            ..Fault::new(
+                &t.label("holderIdentity set to intruder_x by hand".into()),
+                None,
+                Expect::Other,
+                FAILOVER_BOUND,
+            )
+        });
+        self.api.edit_lease(&self.election, |lease| {
+            lease["spec"]["holderIdentity"] = json!("intruder_x");
+        });
+        self.rec.heal(f, false);
+    }
+
+    /// Delete the Lease by hand.
+    fn lease_deleted(&mut self, t: &Turn) {
+        let f = self.rec.fault(Fault {
+            ends_term: Some((t.l, t.tok)),
+            ..Fault::new(
+                &t.label("Lease deleted by hand".into()),
+                None,
+                Expect::Other,
+                RECREATE_BOUND,
+            )
+        });
+        self.api.delete_lease(&self.election);
+        self.rec.heal(f, false);
+    }
+
+    /// Check the recording of the run with `seed`, print its summary, and
+    /// fail on any problem or on a sidecar that exited.
+    fn check(&mut self, seed: u64) {
+        let report = self
+            .rec
+            .check(&format!("kubernetes randomized, seed {seed}"));
+        let mut problems = report.problems.clone();
+        for s in self.sidecars.iter_mut().flatten() {
+            if let Some(st) = s.exited() {
+                problems.push(format!("EXIT: {} exited with {st}", s.identity));
+            }
+        }
+        eprintln!("{}", report.summary());
+        eprintln!(
+            "kubernetes randomized: {} faults, {} transitions, {} overlaps, worst stale claim {:?} ms",
+            report.faults,
+            report.transitions,
+            report.overlaps.len(),
+            report.worst_stale_ms
+        );
+        assert!(
+            problems.is_empty(),
+            "{} problem(s):\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
 }
