@@ -109,19 +109,7 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
     );
 
     // SIGTERM: the child stops before the next leader's child starts.
-    cs[first].signal(Signal::SIGTERM);
-    assert_eq!(
-        cs[first]
-            .wait_exit(Duration::from_secs(5))
-            .await
-            .and_then(|s| s.code()),
-        Some(0)
-    );
-    // No drain was configured: run mode stops the child, it does not "drain"
-    // (issue 13), and a clean SIGTERM logs no ERROR.
-    let log = cs[first].log();
-    assert!(!log.contains("draining"), "{log}");
-    assert!(!log.contains("ERROR"), "{log}");
+    sigterm_stops_cleanly(&mut cs[first]).await;
     let second = one_leader(&cs, Duration::from_secs(5)).await;
     sleep(Duration::from_millis(300)).await;
 
@@ -129,12 +117,7 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
     cs[second].signal(Signal::SIGKILL);
     let killed = now_ns();
     sleep(Duration::from_millis(200)).await;
-    let orphan = runs(&beats)
-        .iter()
-        .filter(|((id, _), _)| *id == cs[second].identity)
-        .map(|(_, (_, last))| *last)
-        .max()
-        .unwrap();
+    let orphan = last_beat_of(&beats, &cs[second].identity);
     assert!(
         orphan < killed + 50_000_000,
         "the child outlived its SIGKILLed sidecar by {} ms",
@@ -144,16 +127,10 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
     sleep(Duration::from_millis(300)).await;
 
     // Cut the leader off (etcd down): its child is stopped by valid_until.
-    let (_, body) = cs[third].leader().await.unwrap();
-    let valid_until = now_ns() + u128::from(body["valid_for_ms"].as_u64().unwrap()) * 1_000_000;
+    let valid_until = valid_until_ns(&cs[third]).await;
     etcd.stop();
     sleep(Duration::from_secs(3)).await;
-    let last = runs(&beats)
-        .iter()
-        .filter(|((id, _), _)| *id == cs[third].identity)
-        .map(|(_, (_, last))| *last)
-        .max()
-        .unwrap();
+    let last = last_beat_of(&beats, &cs[third].identity);
     assert!(
         last <= valid_until,
         "the child beat {} ms after valid_until",
@@ -169,6 +146,39 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
             assert!(s.exited().is_none());
         }
     }
+}
+
+/// SIGTERM `s` and check that it exits 0, without draining (none was
+/// configured) and without logging an ERROR.
+async fn sigterm_stops_cleanly(s: &mut Sidecar) {
+    s.signal(Signal::SIGTERM);
+    assert_eq!(
+        s.wait_exit(Duration::from_secs(5))
+            .await
+            .and_then(|s| s.code()),
+        Some(0)
+    );
+    // No drain was configured: run mode stops the child, it does not "drain"
+    // (issue 13), and a clean SIGTERM logs no ERROR.
+    let log = s.log();
+    assert!(!log.contains("draining"), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+/// The last beat (unix ns) of any child run by the sidecar `identity`.
+fn last_beat_of(beats: &std::path::Path, identity: &str) -> u128 {
+    runs(beats)
+        .iter()
+        .filter(|((id, _), _)| *id == identity)
+        .map(|(_, (_, last))| *last)
+        .max()
+        .unwrap()
+}
+
+/// The leader `s`'s `valid_until` as unix ns: now plus its `valid_for_ms`.
+async fn valid_until_ns(s: &Sidecar) -> u128 {
+    let (_, body) = s.leader().await.unwrap();
+    now_ns() + u128::from(body["valid_for_ms"].as_u64().unwrap()) * 1_000_000
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,8 +199,7 @@ async fn a_child_that_ignores_sigterm_is_killed_before_valid_until() {
     })
     .await;
     sleep(Duration::from_millis(700)).await;
-    let (_, body) = s.leader().await.unwrap();
-    let valid_until = now_ns() + u128::from(body["valid_for_ms"].as_u64().unwrap()) * 1_000_000;
+    let valid_until = valid_until_ns(&s).await;
     etcd.stop();
     sleep(Duration::from_secs(3)).await;
     let last = runs(&beats).values().map(|(_, l)| *l).max().unwrap();
@@ -223,34 +232,29 @@ async fn on_child_exit_exit_ends_the_sidecar_with_the_childs_code() {
 
 #[test]
 fn run_mode_needs_a_command_and_a_command_needs_run_mode() {
-    let bin = env!("CARGO_BIN_EXE_leader-elector");
-    let out = std::process::Command::new(bin)
-        .args([
+    refused(
+        &[
             "run",
             "--election",
             "x",
             "--etcd-endpoints",
             "http://127.0.0.1:1",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("run needs a command"));
-    let out = std::process::Command::new(bin)
-        .args([
+        ],
+        "run needs a command",
+    );
+    refused(
+        &[
             "--election",
             "x",
             "--etcd-endpoints",
             "http://127.0.0.1:1",
             "--",
             "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs run mode"));
-    let out = std::process::Command::new(bin)
-        .args([
+        ],
+        "needs run mode",
+    );
+    refused(
+        &[
             "run",
             "--election",
             "x",
@@ -262,24 +266,31 @@ fn run_mode_needs_a_command_and_a_command_needs_run_mode() {
             "2s",
             "--",
             "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--kill-grace"));
-    let out = std::process::Command::new(bin)
-        .args([
+        ],
+        "--kill-grace",
+    );
+    refused(
+        &[
             "--election",
             "x",
             "--etcd-endpoints",
             "http://127.0.0.1:1",
             "--control-addr",
             "0.0.0.0:4041",
-        ])
+        ],
+        "--control-addr",
+    );
+}
+
+/// Run the sidecar with `args` and check that it refuses them: exit code 2
+/// (a usage error) and `needle` in its stderr.
+fn refused(args: &[&str], needle: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args(args)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--control-addr"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(needle));
 }
 
 /// POST `path` on a loopback port; returns the status and body.
