@@ -1019,24 +1019,27 @@ fn election_table(md: &mut String, res: &BTreeMap<Tool, Vec<f64>>, notes: &BTree
     }
 }
 
-async fn sec_handover(cfg: &Cfg) -> Section {
-    let etcd = Server::start(Kind::Etcd).await;
-    let redis = Server::start(Kind::Redis).await;
-    let mut res = BTreeMap::new();
-    let mut errs = Vec::new();
-    let mut probes: BTreeMap<Tool, String> = BTreeMap::new();
-    let mut fsync: BTreeMap<Tool, (f64, f64)> = BTreeMap::new();
-    let mut probe_total: BTreeMap<Tool, f64> = BTreeMap::new();
-    for tool in TOOLS {
-        let srv = if tool.kind() == Kind::Etcd {
-            etcd.clone()
-        } else {
-            redis.clone()
-        };
+/// What the handover section measured, tool by tool.
+#[derive(Default)]
+struct Handovers {
+    /// Milliseconds until another candidate knew it leads, per trial.
+    res: BTreeMap<Tool, Vec<f64>>,
+    errs: Vec<String>,
+    /// Backend requests per handover, by method, as a table cell.
+    probes: BTreeMap<Tool, String>,
+    /// etcd WAL fsyncs: mean ms and count.
+    fsync: BTreeMap<Tool, (f64, f64)>,
+    /// Backend requests per handover, all methods.
+    probe_total: BTreeMap<Tool, f64>,
+}
+
+impl Handovers {
+    /// Run the SIGTERM trials of `tool` on `srv` and keep what they measured.
+    async fn measure(&mut self, tool: Tool, srv: Arc<Server>, cfg: &Cfg) {
         let mut g = Group::new(tool, srv, &format!("handover-{}", tool.key()), cfg).await;
         if let Err(e) = g.start(3, Duration::from_secs(60)).await {
-            errs.push(e);
-            continue;
+            self.errs.push(e);
+            return;
         }
         g.probe = Some((BTreeMap::new(), 0));
         let f0 = g.srv.fsyncs().await;
@@ -1044,7 +1047,7 @@ async fn sec_handover(cfg: &Cfg) -> Section {
             .trials(cfg.trials, Signal::SIGTERM, Duration::from_secs(30))
             .await;
         let f1 = g.srv.fsyncs().await;
-        errs.extend(e);
+        self.errs.extend(e);
         if let Some((sum, n)) = g.probe.take()
             && n > 0
         {
@@ -1052,13 +1055,49 @@ async fn sec_handover(cfg: &Cfg) -> Section {
                 .iter()
                 .map(|(k, v)| format!("{k} {:.1}", v / n as f64))
                 .collect();
-            probes.insert(tool, per.join(", "));
-            probe_total.insert(tool, sum.values().sum::<f64>() / n as f64);
+            self.probes.insert(tool, per.join(", "));
+            self.probe_total
+                .insert(tool, sum.values().sum::<f64>() / n as f64);
         }
         if g.srv.kind == Kind::Etcd && f1.1 > f0.1 {
-            fsync.insert(tool, ((f1.0 - f0.0) / (f1.1 - f0.1) * 1000.0, f1.1 - f0.1));
+            self.fsync
+                .insert(tool, ((f1.0 - f0.0) / (f1.1 - f0.1) * 1000.0, f1.1 - f0.1));
         }
-        res.insert(tool, v);
+        self.res.insert(tool, v);
+    }
+
+    /// The table of what a handover costs the backend.
+    fn cost_table(&self, md: &mut String) {
+        md.push_str(
+            "\nWhat a handover costs the backend: requests per handover, from just before the SIGTERM \
+             to 100 ms after the new leader knows (etcd: gRPC messages by method; Redis: commands \
+             executed, including those inside scripts), and etcd's WAL fsyncs over the whole section \
+             (Raft writes wait for them):\n\n| tool | per handover | etcd WAL fsyncs |\n|---|---|---|\n",
+        );
+        for tool in TOOLS {
+            if let Some(p) = self.probes.get(&tool) {
+                let fs = self
+                    .fsync
+                    .get(&tool)
+                    .map(|(ms, n)| format!("{n:.0}, mean {ms:.2} ms"))
+                    .unwrap_or_else(|| "—".into());
+                let _ = writeln!(md, "| {} | {p} | {fs} |", tool.label());
+            }
+        }
+    }
+}
+
+async fn sec_handover(cfg: &Cfg) -> Section {
+    let etcd = Server::start(Kind::Etcd).await;
+    let redis = Server::start(Kind::Redis).await;
+    let mut h = Handovers::default();
+    for tool in TOOLS {
+        let srv = if tool.kind() == Kind::Etcd {
+            etcd.clone()
+        } else {
+            redis.clone()
+        };
+        h.measure(tool, srv, cfg).await;
     }
     let mut md = String::new();
     md.push_str(
@@ -1067,30 +1106,17 @@ async fn sec_handover(cfg: &Cfg) -> Section {
          Three candidates, TTL 5 s, one etcd and one Redis shared by the tools (one tool at a time); \
          a fresh candidate replaces the old leader after each trial.\n\n",
     );
-    election_table(&mut md, &res, &BTreeMap::new());
-    md.push_str(
-        "\nWhat a handover costs the backend: requests per handover, from just before the SIGTERM \
-         to 100 ms after the new leader knows (etcd: gRPC messages by method; Redis: commands \
-         executed, including those inside scripts), and etcd's WAL fsyncs over the whole section \
-         (Raft writes wait for them):\n\n| tool | per handover | etcd WAL fsyncs |\n|---|---|---|\n",
-    );
-    for tool in TOOLS {
-        if let Some(p) = probes.get(&tool) {
-            let fs = fsync
-                .get(&tool)
-                .map(|(ms, n)| format!("{n:.0}, mean {ms:.2} ms"))
-                .unwrap_or_else(|| "—".into());
-            let _ = writeln!(md, "| {} | {p} | {fs} |", tool.label());
-        }
-    }
-    for e in &errs {
+    election_table(&mut md, &h.res, &BTreeMap::new());
+    h.cost_table(&mut md);
+    for e in &h.errs {
         let _ = writeln!(md, "\n- error: {e}");
     }
     let json = json!(
-        res.iter()
+        h.res
+            .iter()
             .map(|(t, v)| {
                 let mut j = stats_json(v);
-                j["probe_total"] = json!(probe_total.get(t));
+                j["probe_total"] = json!(h.probe_total.get(t));
                 (t.key().to_owned(), j)
             })
             .collect::<serde_json::Map<_, _>>()
@@ -1176,7 +1202,18 @@ async fn sec_failover(cfg: &Cfg) -> Section {
     }
 }
 
-async fn sec_rest(cfg: &Cfg) -> Section {
+/// Each tool's group at rest and its leader alone afterwards.
+type RestBy = BTreeMap<Tool, (Rest, Rest)>;
+
+/// Requests/s of one follower of `t`: (group − leader alone) ÷ 2.
+fn per_follower(by: &RestBy, t: Tool) -> f64 {
+    let (r, a) = &by[&t];
+    ((r.total - a.total) / 2.0).max(0.0)
+}
+
+/// Start one group of 3 per tool, each on its own server, and measure them
+/// at rest together, then their leaders alone. Returns the errors too.
+async fn rest_by_tool(cfg: &Cfg) -> (RestBy, Vec<String>) {
     let mut groups = Vec::new();
     let mut errs = Vec::new();
     for tool in TOOLS {
@@ -1200,36 +1237,22 @@ async fn sec_rest(cfg: &Cfg) -> Section {
     let rest: Vec<Rest> = join_all(groups.iter_mut().map(|g| g.rest(cfg.rest_secs))).await;
     let alone: Vec<Rest> =
         join_all(groups.iter_mut().map(|g| g.leader_alone(cfg.alone_secs))).await;
-    let by: BTreeMap<Tool, (Rest, Rest)> = TOOLS
+    let by: RestBy = TOOLS
         .iter()
         .copied()
         .zip(rest.into_iter().zip(alone))
         .collect();
-    let per_follower = |t: Tool| {
-        let (r, a) = &by[&t];
-        ((r.total - a.total) / 2.0).max(0.0)
-    };
-    let o = |t: Tool| by[&t.ours_here()].0.clone();
+    (by, errs)
+}
 
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "One leader and two followers per tool, each tool on its own fresh server (same binary and \
-         flags) so that the counts are its own; all five groups at rest at the same time, {} s \
-         window after 10 s of settling. Then the followers get SIGTERM and the leader alone is \
-         measured for {} s: requests of one follower = (group − leader alone) ÷ 2. etcd counts \
-         `grpc_server_msg_received_total` (every message on every gRPC method, including stream \
-         messages such as LeaseKeepAlive and Watch); Redis counts the commands clients send, read \
-         with MONITOR (a script call is one command); the commands those scripts run inside Redis \
-         are shown apart (`INFO commandstats` counts both).\n",
-        cfg.rest_secs, cfg.alone_secs
-    );
+/// The "Footprint at rest" table.
+fn footprint_table(md: &mut String, by: &RestBy) {
     md.push_str("### Footprint at rest\n\n");
     md.push_str("| tool | RSS leader | RSS follower | CPU s/min leader | CPU s/min follower | ours ÷ this: RSS leader / follower | ours ÷ this: CPU leader / follower |\n");
     md.push_str("|---|---|---|---|---|---|---|\n");
     for t in TOOLS {
         let r = &by[&t].0;
-        let ours = o(t);
+        let ours = by[&t.ours_here()].0.clone();
         let (rr, rc) = if t.ours() {
             ("—".to_owned(), "—".to_owned())
         } else {
@@ -1256,13 +1279,16 @@ async fn sec_rest(cfg: &Cfg) -> Section {
             r.cpu_follower
         );
     }
-    md.push_str("\nCPU is user + system time from `/proc/<pid>/stat` (10 ms ticks): 0.0000 means no tick in the window.\n\n");
+}
+
+/// The "Backend load at rest" table.
+fn backend_load_table(md: &mut String, by: &RestBy) {
     md.push_str("### Backend load at rest\n\n");
     md.push_str("| tool | requests/s, group of 3 | leader alone | one follower | ours ÷ this (group) | by method (group, /s) | Redis: commands executed incl. inside scripts, group |\n");
     md.push_str("|---|---|---|---|---|---|---|\n");
     for t in TOOLS {
         let (r, a) = &by[&t];
-        let ours = o(t);
+        let ours = by[&t.ours_here()].0.clone();
         let rr = if t.ours() {
             "—".into()
         } else {
@@ -1280,7 +1306,7 @@ async fn sec_rest(cfg: &Cfg) -> Section {
             t.label(),
             fmt_rate(r.total),
             fmt_rate(a.total),
-            fmt_rate(per_follower(t)),
+            fmt_rate(per_follower(by, t)),
             if methods.is_empty() {
                 "—".into()
             } else {
@@ -1293,6 +1319,26 @@ async fn sec_rest(cfg: &Cfg) -> Section {
             }
         );
     }
+}
+
+async fn sec_rest(cfg: &Cfg) -> Section {
+    let (by, errs) = rest_by_tool(cfg).await;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "One leader and two followers per tool, each tool on its own fresh server (same binary and \
+         flags) so that the counts are its own; all five groups at rest at the same time, {} s \
+         window after 10 s of settling. Then the followers get SIGTERM and the leader alone is \
+         measured for {} s: requests of one follower = (group − leader alone) ÷ 2. etcd counts \
+         `grpc_server_msg_received_total` (every message on every gRPC method, including stream \
+         messages such as LeaseKeepAlive and Watch); Redis counts the commands clients send, read \
+         with MONITOR (a script call is one command); the commands those scripts run inside Redis \
+         are shown apart (`INFO commandstats` counts both).\n",
+        cfg.rest_secs, cfg.alone_secs
+    );
+    footprint_table(&mut md, &by);
+    md.push_str("\nCPU is user + system time from `/proc/<pid>/stat` (10 ms ticks): 0.0000 means no tick in the window.\n\n");
+    backend_load_table(&mut md, &by);
     for e in &errs {
         let _ = writeln!(md, "\n- error: {e}");
     }
@@ -1305,7 +1351,7 @@ async fn sec_rest(cfg: &Cfg) -> Section {
                         "rss_leader": r.rss_leader, "rss_follower": r.rss_follower,
                         "cpu_leader": r.cpu_leader, "cpu_follower": r.cpu_follower,
                         "group_rps": r.total, "alone_rps": a.total,
-                        "follower_rps": per_follower(*t), "methods": r.methods,
+                        "follower_rps": per_follower(&by, *t), "methods": r.methods,
                         "executed_rps": r.executed,
                     }),
                 )
@@ -1450,7 +1496,8 @@ async fn scale_one(tool: Tool, n: usize, cfg: &Cfg) -> ScaleRow {
     row
 }
 
-async fn sec_scale(cfg: &Cfg) -> Section {
+/// Every tool's [`ScaleRow`] for every N of `cfg.scale`.
+async fn scale_rows(cfg: &Cfg) -> BTreeMap<(usize, Tool), ScaleRow> {
     let mut rows: BTreeMap<(usize, Tool), ScaleRow> = BTreeMap::new();
     for &n in &cfg.scale {
         eprintln!("scale: {n} candidates");
@@ -1468,6 +1515,37 @@ async fn sec_scale(cfg: &Cfg) -> Section {
         }
         rows.insert((n, Tool::Seed), scale_one(Tool::Seed, n, cfg).await);
     }
+    rows
+}
+
+/// The scale section's crash failover table.
+fn scale_failover_table(md: &mut String, rows: &BTreeMap<(usize, Tool), ScaleRow>, cfg: &Cfg) {
+    md.push_str("\n### Crash failover: median (min–max) over the trials\n\n| N | ");
+    let ft = [Tool::OursEtcd, Tool::OursRedis, Tool::Seed, Tool::RedisPy];
+    for t in ft {
+        let _ = write!(md, "{} | ", t.label());
+    }
+    md.push_str("ours ÷ seed loop | ours ÷ redis-py |\n|---|---|---|---|---|---|---|\n");
+    for &n in &cfg.scale {
+        let _ = write!(md, "| {n} | ");
+        for t in ft {
+            let v = &rows[&(n, t)].failover;
+            let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let (m, _, x) = stats(v);
+            let _ = write!(md, "{} ({}–{}) | ", fmt_ms(m), fmt_ms(min), fmt_ms(x));
+        }
+        let m = |t: Tool| stats(&rows[&(n, t)].failover).0;
+        let _ = writeln!(
+            md,
+            "{} | {} |",
+            ratio(m(Tool::OursRedis), m(Tool::Seed)),
+            ratio(m(Tool::OursRedis), m(Tool::RedisPy))
+        );
+    }
+}
+
+async fn sec_scale(cfg: &Cfg) -> Section {
+    let rows = scale_rows(cfg).await;
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -1503,28 +1581,7 @@ async fn sec_scale(cfg: &Cfg) -> Section {
             ratio(g(Tool::OursRedis), g(Tool::RedisPy))
         );
     }
-    md.push_str("\n### Crash failover: median (min–max) over the trials\n\n| N | ");
-    let ft = [Tool::OursEtcd, Tool::OursRedis, Tool::Seed, Tool::RedisPy];
-    for t in ft {
-        let _ = write!(md, "{} | ", t.label());
-    }
-    md.push_str("ours ÷ seed loop | ours ÷ redis-py |\n|---|---|---|---|---|---|---|\n");
-    for &n in &cfg.scale {
-        let _ = write!(md, "| {n} | ");
-        for t in ft {
-            let v = &rows[&(n, t)].failover;
-            let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let (m, _, x) = stats(v);
-            let _ = write!(md, "{} ({}–{}) | ", fmt_ms(m), fmt_ms(min), fmt_ms(x));
-        }
-        let m = |t: Tool| stats(&rows[&(n, t)].failover).0;
-        let _ = writeln!(
-            md,
-            "{} | {} |",
-            ratio(m(Tool::OursRedis), m(Tool::Seed)),
-            ratio(m(Tool::OursRedis), m(Tool::RedisPy))
-        );
-    }
+    scale_failover_table(&mut md, &rows, cfg);
     let mut json = json!({});
     for ((n, t), r) in &rows {
         for e in &r.errors {
@@ -1540,13 +1597,15 @@ async fn sec_scale(cfg: &Cfg) -> Section {
     }
 }
 
-async fn sec_multi(cfg: &Cfg) -> Section {
-    let srv = Server::start(Kind::Etcd).await;
-    let mem0 = meminfo("MemAvailable:");
+/// Start `cfg.elections` elections of 3 of our sidecars on `srv`, in
+/// batches of `batch`; stops early when more than a fifth of a batch fails.
+async fn start_elections(
+    srv: &Arc<Server>,
+    cfg: &Cfg,
+    batch: usize,
+    errs: &mut Vec<String>,
+) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
-    let mut errs = Vec::new();
-    let batch = 50;
-    let t_start = Instant::now();
     while groups.len() < cfg.elections {
         let from = groups.len();
         let to = (from + batch).min(cfg.elections);
@@ -1580,16 +1639,27 @@ async fn sec_multi(cfg: &Cfg) -> Section {
             }
         }
     }
-    let started = groups.len();
-    let ok: Vec<usize> = (0..groups.len())
-        .filter(|i| groups[*i].leader.is_some())
-        .collect();
-    let start_secs = t_start.elapsed().as_secs_f64();
-    sleep(Duration::from_secs(10)).await;
-    let pids: Vec<u32> = groups
-        .iter()
-        .flat_map(|g| g.cands.iter().map(|c| c.pid))
-        .collect();
+    groups
+}
+
+/// The many elections at rest over one window.
+struct MultiRest {
+    /// Window length, seconds.
+    el: f64,
+    /// etcd requests per second by method, and in all.
+    methods: BTreeMap<String, f64>,
+    total: f64,
+    /// etcd CPU seconds per minute, and its RSS (MiB).
+    etcd_cpu: f64,
+    srss: f64,
+    /// The sidecars' CPU seconds per minute, RSS and PSS sums (MiB).
+    cpu: f64,
+    rss: f64,
+    pss: f64,
+}
+
+/// Measure etcd and the sidecars `pids` over a window at rest.
+async fn multi_rest(srv: &Server, pids: &[u32], cfg: &Cfg) -> MultiRest {
     let cpu0: f64 = pids.iter().map(|p| proc_stat(*p).2).sum();
     let (_, _, scpu0) = proc_stat(srv.pid());
     let m0 = srv.counts().await;
@@ -1601,19 +1671,32 @@ async fn sec_multi(cfg: &Cfg) -> Section {
     let mut rss = 0.0;
     let mut pss = 0.0;
     let mut cpu1 = 0.0;
-    for p in &pids {
+    for p in pids {
         let (r, s, c) = proc_stat(*p);
         rss += r;
         pss += s;
         cpu1 += c;
     }
-    let mem1 = meminfo("MemAvailable:");
-    let load = loadavg();
     let methods: BTreeMap<String, f64> = delta(&m0, &m1)
         .into_iter()
         .map(|(k, v)| (k, v / el))
         .collect();
     let total: f64 = methods.values().sum();
+    MultiRest {
+        el,
+        methods,
+        total,
+        etcd_cpu: (scpu1 - scpu0) * 60.0 / el,
+        srss,
+        cpu: (cpu1 - cpu0) * 60.0 / el,
+        rss,
+        pss,
+    }
+}
+
+/// SIGKILL the leaders of up to 20 of the elections `ok` at once; returns
+/// the failover times (ms).
+async fn multi_failover(groups: &mut [Group], ok: &[usize], errs: &mut Vec<String>) -> Vec<f64> {
     // Crash failover in 20 elections at once (each at its own random point).
     let k = 20.min(ok.len());
     let picked: HashSet<usize> = ok.iter().copied().take(k).collect();
@@ -1632,36 +1715,37 @@ async fn sec_multi(cfg: &Cfg) -> Section {
             Err(e) => errs.push(e),
         }
     }
-    let (fm, fp, fx) = stats(&fo);
+    fo
+}
+
+/// The multi section's table of measures (`n` sidecar processes, memory
+/// used, load average at the end of the window, failover times `fo`).
+fn multi_table(
+    md: &mut String,
+    r: &MultiRest,
+    elections: usize,
+    n: usize,
+    mem: f64,
+    load: f64,
+    fo: &[f64],
+) {
+    let (fm, fp, fx) = stats(fo);
     let fmin = fo.iter().copied().fold(f64::INFINITY, f64::min);
-    let n = pids.len();
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "{} elections × 3 leader-elector sidecars (TTL 5 s) on one etcd, started in batches of {batch} \
-         elections; {} of {} requested started with a leader ({n} processes) in {start_secs:.1} s. \
-         Window at rest {el:.0} s after 10 s of settling. Peers not run here: 1,500 `etcdctl` \
-         processes (about 17 MiB each) or Python interpreters would not fit next to them; their \
-         per-election load is the 3-candidate row of section 4.\n",
-        cfg.elections,
-        ok.len(),
-        cfg.elections
-    );
     md.push_str("| measure | value |\n|---|---|\n");
     let _ = writeln!(
         md,
         "| etcd requests/s, all elections | {} |",
-        fmt_rate(total)
+        fmt_rate(r.total)
     );
     let _ = writeln!(
         md,
         "| per election | {} |",
-        fmt_rate(total / ok.len().max(1) as f64)
+        fmt_rate(r.total / elections.max(1) as f64)
     );
     let _ = writeln!(
         md,
         "| by method | {} |",
-        methods
+        r.methods
             .iter()
             .map(|(k, v)| format!("{k} {}", fmt_rate(*v)))
             .collect::<Vec<_>>()
@@ -1669,26 +1753,22 @@ async fn sec_multi(cfg: &Cfg) -> Section {
     );
     let _ = writeln!(
         md,
-        "| etcd CPU s/min, RSS | {:.2}, {srss:.0} MiB |",
-        (scpu1 - scpu0) * 60.0 / el
+        "| etcd CPU s/min, RSS | {:.2}, {:.0} MiB |",
+        r.etcd_cpu, r.srss
     );
-    let _ = writeln!(
-        md,
-        "| sidecars' CPU s/min, all {n} | {:.2} |",
-        (cpu1 - cpu0) * 60.0 / el
-    );
+    let _ = writeln!(md, "| sidecars' CPU s/min, all {n} | {:.2} |", r.cpu);
     let _ = writeln!(
         md,
         "| sidecars' RSS sum / PSS sum (shared pages counted once) | {:.0} MiB / {:.0} MiB ({:.1} / {:.1} MiB each) |",
-        rss,
-        pss,
-        rss / n.max(1) as f64,
-        pss / n.max(1) as f64
+        r.rss,
+        r.pss,
+        r.rss / n.max(1) as f64,
+        r.pss / n.max(1) as f64
     );
     let _ = writeln!(
         md,
         "| machine memory used by the run (MemAvailable drop) | {:.0} MiB |",
-        (mem0 - mem1) / 1024.0
+        mem / 1024.0
     );
     let _ = writeln!(
         md,
@@ -1703,13 +1783,51 @@ async fn sec_multi(cfg: &Cfg) -> Section {
         fmt_ms(fx),
         fmt_ms(fmin)
     );
+}
+
+async fn sec_multi(cfg: &Cfg) -> Section {
+    let srv = Server::start(Kind::Etcd).await;
+    let mem0 = meminfo("MemAvailable:");
+    let mut errs = Vec::new();
+    let batch = 50;
+    let t_start = Instant::now();
+    let mut groups = start_elections(&srv, cfg, batch, &mut errs).await;
+    let started = groups.len();
+    let ok: Vec<usize> = (0..groups.len())
+        .filter(|i| groups[*i].leader.is_some())
+        .collect();
+    let start_secs = t_start.elapsed().as_secs_f64();
+    sleep(Duration::from_secs(10)).await;
+    let pids: Vec<u32> = groups
+        .iter()
+        .flat_map(|g| g.cands.iter().map(|c| c.pid))
+        .collect();
+    let r = multi_rest(&srv, &pids, cfg).await;
+    let mem1 = meminfo("MemAvailable:");
+    let load = loadavg();
+    let fo = multi_failover(&mut groups, &ok, &mut errs).await;
+    let n = pids.len();
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{} elections × 3 leader-elector sidecars (TTL 5 s) on one etcd, started in batches of {batch} \
+         elections; {} of {} requested started with a leader ({n} processes) in {start_secs:.1} s. \
+         Window at rest {:.0} s after 10 s of settling. Peers not run here: 1,500 `etcdctl` \
+         processes (about 17 MiB each) or Python interpreters would not fit next to them; their \
+         per-election load is the 3-candidate row of section 4.\n",
+        cfg.elections,
+        ok.len(),
+        cfg.elections,
+        r.el
+    );
+    multi_table(&mut md, &r, ok.len(), n, mem0 - mem1, load, &fo);
     for e in &errs {
         let _ = writeln!(md, "\n- error: {e}");
     }
     let json = json!({
         "elections": ok.len(), "requested": cfg.elections, "started": started, "processes": n,
-        "rps": total, "methods": methods, "etcd_cpu": (scpu1 - scpu0) * 60.0 / el, "etcd_rss": srss,
-        "rss_sum": rss, "pss_sum": pss, "failover": stats_json(&fo),
+        "rps": r.total, "methods": r.methods, "etcd_cpu": r.etcd_cpu, "etcd_rss": r.srss,
+        "rss_sum": r.rss, "pss_sum": r.pss, "failover": stats_json(&fo),
     });
     drop(groups);
     Section {
@@ -1748,17 +1866,36 @@ fn first_line(cmd: &str, args: &[&str]) -> String {
 }
 
 fn header(cfg: &Cfg) -> String {
+    let mut md = String::new();
+    md.push_str("# Benchmarks: leader-elector side by side with `etcdctl elect`, a seed-style Redis loop and redis-py's `Lock`\n\n");
+    md.push_str("Generated by `scripts/bench-all` (do not edit by hand). Reproduce on a fresh Debian machine with a Rust toolchain:\n\n```sh\nscripts/bench-all\n```\n\n");
+    md.push_str("It installs what is missing (`etcd-server`, `etcd-client` for `etcdctl`, `redis-server`, `wrk`, `python3-venv`, and redis-py from `bench/requirements.txt` into `target/bench-venv`), then runs `cargo bench --locked --bench compare` (release build; source: `benches/compare.rs`, peers: `bench/seed_loop.py`, `bench/redispy_lock.py`) and writes this file. Everything runs on loopback; every server is a fresh throwaway process.\n\n");
+    let _ = writeln!(
+        md,
+        "Each section states its trials and windows and records the 1-minute load average at its \
+         start and end. Every section first waits (up to 3 min) for the load to fall to {} or \
+         less (other work shares this machine); the headline sections (1–4, 6) are re-run once \
+         if it was higher at their start or end (`/leader`: at its start, since wrk itself loads \
+         both cores).\n",
+        cfg.max_load
+    );
+    machine_table(&mut md, cfg);
+    md
+}
+
+/// The CPU model name from `/proc/cpuinfo`.
+fn cpu_model() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
+    cpuinfo
         .lines()
         .find(|l| l.starts_with("model name"))
         .and_then(|l| l.split_once(':'))
         .map(|(_, m)| m.trim().to_owned())
-        .unwrap_or_default();
-    let ncpu = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let py = cfg.python.to_string_lossy().into_owned();
+        .unwrap_or_default()
+}
+
+/// The short commit of the worktree, and whether the sources differ from it.
+fn revision() -> (String, bool) {
     let root = env!("CARGO_MANIFEST_DIR");
     let commit = first_line("git", &["-C", root, "rev-parse", "--short", "HEAD"]);
     let dirty = std::process::Command::new("git")
@@ -1774,19 +1911,17 @@ fn header(cfg: &Cfg) -> String {
         .output()
         .map(|o| !o.stdout.is_empty())
         .unwrap_or(false);
-    let mut md = String::new();
-    md.push_str("# Benchmarks: leader-elector side by side with `etcdctl elect`, a seed-style Redis loop and redis-py's `Lock`\n\n");
-    md.push_str("Generated by `scripts/bench-all` (do not edit by hand). Reproduce on a fresh Debian machine with a Rust toolchain:\n\n```sh\nscripts/bench-all\n```\n\n");
-    md.push_str("It installs what is missing (`etcd-server`, `etcd-client` for `etcdctl`, `redis-server`, `wrk`, `python3-venv`, and redis-py from `bench/requirements.txt` into `target/bench-venv`), then runs `cargo bench --locked --bench compare` (release build; source: `benches/compare.rs`, peers: `bench/seed_loop.py`, `bench/redispy_lock.py`) and writes this file. Everything runs on loopback; every server is a fresh throwaway process.\n\n");
-    let _ = writeln!(
-        md,
-        "Each section states its trials and windows and records the 1-minute load average at its \
-         start and end. Every section first waits (up to 3 min) for the load to fall to {} or \
-         less (other work shares this machine); the headline sections (1–4, 6) are re-run once \
-         if it was higher at their start or end (`/leader`: at its start, since wrk itself loads \
-         both cores).\n",
-        cfg.max_load
-    );
+    (commit, dirty)
+}
+
+/// The "Machine and versions" table.
+fn machine_table(md: &mut String, cfg: &Cfg) {
+    let model = cpu_model();
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let py = cfg.python.to_string_lossy().into_owned();
+    let (commit, dirty) = revision();
     md.push_str("## Machine and versions\n\n| | |\n|---|---|\n");
     let _ = writeln!(md, "| CPU | {ncpu} × {model} (`nproc` = {ncpu}) |");
     let _ = writeln!(
@@ -1829,271 +1964,192 @@ fn header(cfg: &Cfg) -> String {
         first_line(&py, &["-c", "import redis; print(redis.__version__)"])
     );
     let _ = writeln!(md, "| wrk | {} |", first_line("wrk", &["-v"]));
-    md
+}
+
+/// How a headline measure is printed.
+#[derive(Clone, Copy)]
+enum Unit {
+    Ms,
+    Mib,
+    Rate,
+}
+
+impl Unit {
+    /// `v` in this unit.
+    fn fmt(self, v: f64) -> String {
+        match self {
+            Unit::Ms => fmt_ms(v),
+            Unit::Mib => format!("{v:.1} MiB"),
+            Unit::Rate => format!("{}/s", fmt_rate(v)),
+        }
+    }
+}
+
+/// The headline rows: measure, section, our tool's key, the peer's key, the
+/// field compared, and its unit.
+const HEADLINES: [(&str, &str, &str, &str, &str, Unit); 12] = [
+    (
+        "graceful handover, median — etcd vs `etcdctl elect`",
+        "handover",
+        "ours_etcd",
+        "etcdctl",
+        "median",
+        Unit::Ms,
+    ),
+    (
+        "graceful handover, median — Redis vs seed loop",
+        "handover",
+        "ours_redis",
+        "seed",
+        "median",
+        Unit::Ms,
+    ),
+    (
+        "graceful handover, median — Redis vs redis-py `Lock`",
+        "handover",
+        "ours_redis",
+        "redispy",
+        "median",
+        Unit::Ms,
+    ),
+    (
+        "crash failover, median — etcd vs `etcdctl elect` (60 s lease)",
+        "failover",
+        "ours_etcd",
+        "etcdctl",
+        "median",
+        Unit::Ms,
+    ),
+    (
+        "crash failover, median — Redis vs seed loop",
+        "failover",
+        "ours_redis",
+        "seed",
+        "median",
+        Unit::Ms,
+    ),
+    (
+        "crash failover, median — Redis vs redis-py `Lock`",
+        "failover",
+        "ours_redis",
+        "redispy",
+        "median",
+        Unit::Ms,
+    ),
+    (
+        "RSS of a follower at rest — etcd vs `etcdctl elect`",
+        "rest",
+        "ours_etcd",
+        "etcdctl",
+        "rss_follower",
+        Unit::Mib,
+    ),
+    (
+        "RSS of a follower at rest — Redis vs seed loop",
+        "rest",
+        "ours_redis",
+        "seed",
+        "rss_follower",
+        Unit::Mib,
+    ),
+    (
+        "RSS of a follower at rest — Redis vs redis-py `Lock`",
+        "rest",
+        "ours_redis",
+        "redispy",
+        "rss_follower",
+        Unit::Mib,
+    ),
+    (
+        "backend requests at rest, group of 3 — etcd vs `etcdctl elect`",
+        "rest",
+        "ours_etcd",
+        "etcdctl",
+        "group_rps",
+        Unit::Rate,
+    ),
+    (
+        "backend requests at rest, group of 3 — Redis vs seed loop",
+        "rest",
+        "ours_redis",
+        "seed",
+        "group_rps",
+        Unit::Rate,
+    ),
+    (
+        "backend requests at rest, group of 3 — Redis vs redis-py `Lock`",
+        "rest",
+        "ours_redis",
+        "redispy",
+        "group_rps",
+        Unit::Rate,
+    ),
+];
+
+/// The verdict cell of a target: met, or missed with `miss` said.
+fn verdict(ok: bool, miss: String) -> String {
+    if ok {
+        "**met**".to_owned()
+    } else {
+        format!("**missed** {miss}")
+    }
+}
+
+/// The sections' JSON that the summary reads (`Null` for a section not run).
+struct Results<'a> {
+    all: &'a BTreeMap<String, Value>,
+    h: &'a Value,
+    f: &'a Value,
+    r: &'a Value,
+    w: &'a Value,
 }
 
 /// The headline table and the issue's targets, from the sections' JSON.
 fn summary(j: &BTreeMap<String, Value>, cfg: &Cfg) -> String {
     let null = Value::Null;
-    let h = j.get("handover").unwrap_or(&null);
-    let f = j.get("failover").unwrap_or(&null);
-    let r = j.get("rest").unwrap_or(&null);
-    let w = j.get("wrk").unwrap_or(&null);
+    let section = |name: &str| j.get(name).unwrap_or(&null);
+    let res = Results {
+        all: j,
+        h: section("handover"),
+        f: section("failover"),
+        r: section("rest"),
+        w: section("wrk"),
+    };
     let ttl_ms = cfg.ttl.as_secs_f64() * 1000.0;
     let mut md = String::from("## Headline numbers\n\n");
     md.push_str("| measure | leader-elector | peer | ours ÷ peer |\n|---|---|---|---|\n");
-    let mut row = |what: &str, ours: f64, peer: f64, fmt: &dyn Fn(f64) -> String| {
+    for (what, sec, ours, peer, field, unit) in HEADLINES {
+        let (ours, peer) = (
+            jf(section(sec), &[ours, field]),
+            jf(section(sec), &[peer, field]),
+        );
         let _ = writeln!(
             md,
             "| {what} | {} | {} | {} |",
-            fmt(ours),
-            fmt(peer),
+            unit.fmt(ours),
+            unit.fmt(peer),
             ratio(ours, peer)
         );
-    };
-    let fm = |v: f64| fmt_ms(v);
-    let mib = |v: f64| format!("{v:.1} MiB");
-    let rate = |v: f64| format!("{}/s", fmt_rate(v));
-    row(
-        "graceful handover, median — etcd vs `etcdctl elect`",
-        jf(h, &["ours_etcd", "median"]),
-        jf(h, &["etcdctl", "median"]),
-        &fm,
-    );
-    row(
-        "graceful handover, median — Redis vs seed loop",
-        jf(h, &["ours_redis", "median"]),
-        jf(h, &["seed", "median"]),
-        &fm,
-    );
-    row(
-        "graceful handover, median — Redis vs redis-py `Lock`",
-        jf(h, &["ours_redis", "median"]),
-        jf(h, &["redispy", "median"]),
-        &fm,
-    );
-    row(
-        "crash failover, median — etcd vs `etcdctl elect` (60 s lease)",
-        jf(f, &["ours_etcd", "median"]),
-        jf(f, &["etcdctl", "median"]),
-        &fm,
-    );
-    row(
-        "crash failover, median — Redis vs seed loop",
-        jf(f, &["ours_redis", "median"]),
-        jf(f, &["seed", "median"]),
-        &fm,
-    );
-    row(
-        "crash failover, median — Redis vs redis-py `Lock`",
-        jf(f, &["ours_redis", "median"]),
-        jf(f, &["redispy", "median"]),
-        &fm,
-    );
-    row(
-        "RSS of a follower at rest — etcd vs `etcdctl elect`",
-        jf(r, &["ours_etcd", "rss_follower"]),
-        jf(r, &["etcdctl", "rss_follower"]),
-        &mib,
-    );
-    row(
-        "RSS of a follower at rest — Redis vs seed loop",
-        jf(r, &["ours_redis", "rss_follower"]),
-        jf(r, &["seed", "rss_follower"]),
-        &mib,
-    );
-    row(
-        "RSS of a follower at rest — Redis vs redis-py `Lock`",
-        jf(r, &["ours_redis", "rss_follower"]),
-        jf(r, &["redispy", "rss_follower"]),
-        &mib,
-    );
-    row(
-        "backend requests at rest, group of 3 — etcd vs `etcdctl elect`",
-        jf(r, &["ours_etcd", "group_rps"]),
-        jf(r, &["etcdctl", "group_rps"]),
-        &rate,
-    );
-    row(
-        "backend requests at rest, group of 3 — Redis vs seed loop",
-        jf(r, &["ours_redis", "group_rps"]),
-        jf(r, &["seed", "group_rps"]),
-        &rate,
-    );
-    row(
-        "backend requests at rest, group of 3 — Redis vs redis-py `Lock`",
-        jf(r, &["ours_redis", "group_rps"]),
-        jf(r, &["redispy", "group_rps"]),
-        &rate,
-    );
+    }
     let _ = writeln!(
         md,
         "| `/leader` on one core: requests/s, p99 | {:.0}/s, {:.3} ms | no HTTP endpoint | — |",
-        jf(w, &["leader", "rps"]),
-        jf(w, &["leader", "p99_ms"])
+        jf(res.w, &["leader", "rps"]),
+        jf(res.w, &["leader", "p99_ms"])
     );
 
     md.push_str("\n## Targets (issue 6)\n\n| target | measured | verdict |\n|---|---|---|\n");
-    let verdict = |ok: bool, miss: String| {
-        if ok {
-            "**met**".to_owned()
-        } else {
-            format!("**missed** {miss}")
-        }
-    };
-    let he = jf(h, &["ours_etcd", "median"]);
-    let hc = jf(h, &["etcdctl", "median"]);
-    let _ = writeln!(
-        md,
-        "| graceful handover on etcd no slower than `etcdctl elect` (median, same run) | {} vs {} | {} |",
-        fmt_ms(he),
-        fmt_ms(hc),
-        verdict(he <= hc, format!("by {}", fmt_ms(he - hc)))
-    );
-    let hr = jf(h, &["ours_redis", "median"]);
-    let _ = writeln!(
-        md,
-        "| graceful handover on Redis under 10 ms (median) | {} | {} |",
-        fmt_ms(hr),
-        verdict(hr < 10.0, format!("by {}", fmt_ms(hr - 10.0)))
-    );
-    let gr = jf(r, &["ours_redis", "group_rps"]);
-    let gs = jf(r, &["seed", "group_rps"]);
-    let _ = writeln!(
-        md,
-        "| … while sending over 100× fewer Redis commands than the seed loop (group at rest) | {}/s vs {}/s: {} fewer | {} |",
-        fmt_rate(gr),
-        fmt_rate(gs),
-        if gr > 0.0 {
-            format!("{:.0}×", gs / gr)
-        } else {
-            "∞×".into()
-        },
-        verdict(gr * 100.0 < gs, format!("({:.0}× only)", gs / gr))
-    );
-    for (t, name) in [(Tool::OursEtcd, "etcd"), (Tool::OursRedis, "Redis")] {
-        let x = jf(f, &[t.key(), "max"]);
-        let m = jf(f, &[t.key(), "median"]);
-        let _ = writeln!(
-            md,
-            "| crash failover under TTL + 500 ms = {} ({name}, every trial) | median {}, max {} | {} |",
-            fmt_ms(ttl_ms + 500.0),
-            fmt_ms(m),
-            fmt_ms(x),
-            verdict(
-                x < ttl_ms + 500.0,
-                format!("by {}", fmt_ms(x - ttl_ms - 500.0))
-            )
-        );
-    }
-    let fe = jf(r, &["ours_etcd", "follower_rps"]);
-    let _ = writeln!(
-        md,
-        "| follower at rest: 0 etcd requests (watch only) | {}/s | {} |",
-        fmt_rate(fe),
-        verdict(fe < 0.01, format!("({}/s)", fmt_rate(fe)))
-    );
-    let fr = jf(r, &["ours_redis", "follower_rps"]);
-    let _ = writeln!(
-        md,
-        "| follower at rest: under 1 Redis command/s | {}/s | {} |",
-        fmt_rate(fr),
-        verdict(fr < 1.0, format!("by {}/s", fmt_rate(fr - 1.0)))
-    );
-    let ours_rss = ["ours_etcd", "ours_redis"]
-        .iter()
-        .flat_map(|t| [jf(r, &[t, "rss_leader"]), jf(r, &[t, "rss_follower"])])
-        .fold(0.0, f64::max);
-    let peer_rss = ["etcdctl", "seed", "redispy"]
-        .iter()
-        .flat_map(|t| [jf(r, &[t, "rss_leader"]), jf(r, &[t, "rss_follower"])])
-        .fold(f64::INFINITY, f64::min);
-    let _ = writeln!(
-        md,
-        "| idle RSS under 15 MiB | largest of ours: {ours_rss:.1} MiB | {} |",
-        verdict(ours_rss < 15.0, format!("by {:.1} MiB", ours_rss - 15.0))
-    );
-    let _ = writeln!(
-        md,
-        "| idle RSS under the peers' | largest of ours {ours_rss:.1} MiB vs smallest peer {peer_rss:.1} MiB | {} |",
-        verdict(
-            ours_rss < peer_rss,
-            format!("by {:.1} MiB", ours_rss - peer_rss)
-        )
-    );
-    let rps = jf(w, &["leader", "rps"]);
-    let p99 = jf(w, &["leader", "p99_ms"]);
-    let _ = writeln!(
-        md,
-        "| `/leader` ≥ 20,000 requests/s on one core | {rps:.0}/s | {} |",
-        verdict(rps >= 20_000.0, format!("by {:.0}/s", 20_000.0 - rps))
-    );
-    let _ = writeln!(
-        md,
-        "| `/leader` p99 under 2 ms | {p99:.3} ms | {} |",
-        verdict(p99 < 2.0, format!("by {:.3} ms", p99 - 2.0))
-    );
+    res.handover_targets(&mut md);
+    res.failover_targets(&mut md, ttl_ms);
+    res.rest_targets(&mut md);
+    res.wrk_targets(&mut md);
 
     // Why the misses, and what the ratios above do not say.
     let mut notes: Vec<String> = Vec::new();
-    if he > hc {
-        notes.push(format!(
-            "**Graceful handover on etcd is {} ({}) slower than `etcdctl elect`.** A waiting \
-             `etcdctl elect` candidate has already put its own key under its own lease, so the \
-             leader's deletion alone elects it ({:.0} etcd messages per handover). A leader-elector \
-             follower woken by the same deletion then checks the old lease (LeaseTimeToLive), \
-             grants a lease (LeaseGrant) and runs its create transaction (Txn): three round trips \
-             in a row, two of them Raft writes; both followers do it and the loser revokes its \
-             lease ({:.0} messages per handover, section 1). The cost is in the product's campaign \
-             path.",
-            fmt_ms(he - hc),
-            ratio(he, hc),
-            jf(h, &["etcdctl", "probe_total"]),
-            jf(h, &["ours_etcd", "probe_total"]),
-        ));
-    }
-    if p99 >= 2.0 {
-        let wl = j
-            .get("wrk_load")
-            .and_then(Value::as_f64)
-            .unwrap_or(f64::NAN);
-        notes.push(format!(
-            "**`/leader` p99 is {p99:.2} ms** (p50 {:.3} ms) at {rps:.0} requests/s, {:.0}× the \
-             throughput target. The tail is scheduling, not request work (p50 is far below it): \
-             the sidecar shares the one pinned core with the machine's other work (1-minute load \
-             average {wl:.2} at the start of section 6).",
-            jf(w, &["leader", "p50_ms"]),
-            rps / 20_000.0
-        ));
-    }
-    let re = jf(r, &["ours_etcd", "group_rps"]);
-    let rc = jf(r, &["etcdctl", "group_rps"]);
-    if re > rc {
-        notes.push(format!(
-            "**etcd requests at rest, 3 candidates: ours {}/s vs `etcdctl elect` {}/s** is not \
-             like for like: `etcdctl elect` cannot set a TTL, and its 60 s session lease is kept \
-             alive every 20 s, while our 5 s lease is renewed every 1.67 s with an ownership check \
-             (Range) beside each LeaseKeepAlive. Every `etcdctl` follower keeps its own lease alive \
-             too, while ours only watch (0 requests), so the order turns with more candidates \
-             (section 5).",
-            fmt_rate(re),
-            fmt_rate(rc)
-        ));
-    }
-    if let Some(sc) = j.get("scale").and_then(Value::as_object) {
-        for (n, row) in sc {
-            let Ok(n) = n.parse::<f64>() else { continue };
-            let got = jf(row, &["seed", "rps"]);
-            let want = 100.0 * (n - 1.0);
-            if got < 0.7 * want {
-                notes.push(format!(
-                    "**Seed loop at N = {n:.0}** reaches {}/s of the ~{want:.0}/s its followers \
-                     ask for: {n:.0} Python processes polling every 10 ms saturate the two cores.",
-                    fmt_rate(got)
-                ));
-            }
-        }
-    }
+    notes.extend(res.etcd_handover_note());
+    notes.extend(res.wrk_note());
+    notes.extend(res.etcd_rest_note());
+    notes.extend(res.seed_scale_notes());
     if !notes.is_empty() {
         md.push_str("\n### Notes\n\n");
         for n in notes {
@@ -2101,6 +2157,203 @@ fn summary(j: &BTreeMap<String, Value>, cfg: &Cfg) -> String {
         }
     }
     md
+}
+
+impl Results<'_> {
+    /// The handover targets: etcd against `etcdctl elect`, Redis under 10 ms
+    /// with 100× fewer commands than the seed loop.
+    fn handover_targets(&self, md: &mut String) {
+        let (h, r) = (self.h, self.r);
+        let he = jf(h, &["ours_etcd", "median"]);
+        let hc = jf(h, &["etcdctl", "median"]);
+        let _ = writeln!(
+            md,
+            "| graceful handover on etcd no slower than `etcdctl elect` (median, same run) | {} vs {} | {} |",
+            fmt_ms(he),
+            fmt_ms(hc),
+            verdict(he <= hc, format!("by {}", fmt_ms(he - hc)))
+        );
+        let hr = jf(h, &["ours_redis", "median"]);
+        let _ = writeln!(
+            md,
+            "| graceful handover on Redis under 10 ms (median) | {} | {} |",
+            fmt_ms(hr),
+            verdict(hr < 10.0, format!("by {}", fmt_ms(hr - 10.0)))
+        );
+        let gr = jf(r, &["ours_redis", "group_rps"]);
+        let gs = jf(r, &["seed", "group_rps"]);
+        let _ = writeln!(
+            md,
+            "| … while sending over 100× fewer Redis commands than the seed loop (group at rest) | {}/s vs {}/s: {} fewer | {} |",
+            fmt_rate(gr),
+            fmt_rate(gs),
+            if gr > 0.0 {
+                format!("{:.0}×", gs / gr)
+            } else {
+                "∞×".into()
+            },
+            verdict(gr * 100.0 < gs, format!("({:.0}× only)", gs / gr))
+        );
+    }
+
+    /// Crash failover under TTL + 500 ms, every trial, on both backends.
+    fn failover_targets(&self, md: &mut String, ttl_ms: f64) {
+        for (t, name) in [(Tool::OursEtcd, "etcd"), (Tool::OursRedis, "Redis")] {
+            let x = jf(self.f, &[t.key(), "max"]);
+            let m = jf(self.f, &[t.key(), "median"]);
+            let _ = writeln!(
+                md,
+                "| crash failover under TTL + 500 ms = {} ({name}, every trial) | median {}, max {} | {} |",
+                fmt_ms(ttl_ms + 500.0),
+                fmt_ms(m),
+                fmt_ms(x),
+                verdict(
+                    x < ttl_ms + 500.0,
+                    format!("by {}", fmt_ms(x - ttl_ms - 500.0))
+                )
+            );
+        }
+    }
+
+    /// The targets at rest: followers' requests and idle RSS.
+    fn rest_targets(&self, md: &mut String) {
+        let r = self.r;
+        let fe = jf(r, &["ours_etcd", "follower_rps"]);
+        let _ = writeln!(
+            md,
+            "| follower at rest: 0 etcd requests (watch only) | {}/s | {} |",
+            fmt_rate(fe),
+            verdict(fe < 0.01, format!("({}/s)", fmt_rate(fe)))
+        );
+        let fr = jf(r, &["ours_redis", "follower_rps"]);
+        let _ = writeln!(
+            md,
+            "| follower at rest: under 1 Redis command/s | {}/s | {} |",
+            fmt_rate(fr),
+            verdict(fr < 1.0, format!("by {}/s", fmt_rate(fr - 1.0)))
+        );
+        let ours_rss = ["ours_etcd", "ours_redis"]
+            .iter()
+            .flat_map(|t| [jf(r, &[t, "rss_leader"]), jf(r, &[t, "rss_follower"])])
+            .fold(0.0, f64::max);
+        let peer_rss = ["etcdctl", "seed", "redispy"]
+            .iter()
+            .flat_map(|t| [jf(r, &[t, "rss_leader"]), jf(r, &[t, "rss_follower"])])
+            .fold(f64::INFINITY, f64::min);
+        let _ = writeln!(
+            md,
+            "| idle RSS under 15 MiB | largest of ours: {ours_rss:.1} MiB | {} |",
+            verdict(ours_rss < 15.0, format!("by {:.1} MiB", ours_rss - 15.0))
+        );
+        let _ = writeln!(
+            md,
+            "| idle RSS under the peers' | largest of ours {ours_rss:.1} MiB vs smallest peer {peer_rss:.1} MiB | {} |",
+            verdict(
+                ours_rss < peer_rss,
+                format!("by {:.1} MiB", ours_rss - peer_rss)
+            )
+        );
+    }
+
+    /// The `/leader` targets: throughput and p99.
+    fn wrk_targets(&self, md: &mut String) {
+        let rps = jf(self.w, &["leader", "rps"]);
+        let p99 = jf(self.w, &["leader", "p99_ms"]);
+        let _ = writeln!(
+            md,
+            "| `/leader` ≥ 20,000 requests/s on one core | {rps:.0}/s | {} |",
+            verdict(rps >= 20_000.0, format!("by {:.0}/s", 20_000.0 - rps))
+        );
+        let _ = writeln!(
+            md,
+            "| `/leader` p99 under 2 ms | {p99:.3} ms | {} |",
+            verdict(p99 < 2.0, format!("by {:.3} ms", p99 - 2.0))
+        );
+    }
+
+    /// Why a graceful handover on etcd is slower than `etcdctl elect`, when
+    /// it is.
+    fn etcd_handover_note(&self) -> Option<String> {
+        let h = self.h;
+        let he = jf(h, &["ours_etcd", "median"]);
+        let hc = jf(h, &["etcdctl", "median"]);
+        (he > hc).then(|| {
+            format!(
+                "**Graceful handover on etcd is {} ({}) slower than `etcdctl elect`.** A waiting \
+                 `etcdctl elect` candidate has already put its own key under its own lease, so the \
+                 leader's deletion alone elects it ({:.0} etcd messages per handover). A leader-elector \
+                 follower woken by the same deletion then checks the old lease (LeaseTimeToLive), \
+                 grants a lease (LeaseGrant) and runs its create transaction (Txn): three round trips \
+                 in a row, two of them Raft writes; both followers do it and the loser revokes its \
+                 lease ({:.0} messages per handover, section 1). The cost is in the product's campaign \
+                 path.",
+                fmt_ms(he - hc),
+                ratio(he, hc),
+                jf(h, &["etcdctl", "probe_total"]),
+                jf(h, &["ours_etcd", "probe_total"]),
+            )
+        })
+    }
+
+    /// Why `/leader`'s p99 misses 2 ms, when it does.
+    fn wrk_note(&self) -> Option<String> {
+        let rps = jf(self.w, &["leader", "rps"]);
+        let p99 = jf(self.w, &["leader", "p99_ms"]);
+        if p99 < 2.0 {
+            return None;
+        }
+        let wl = self
+            .all
+            .get("wrk_load")
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NAN);
+        Some(format!(
+            "**`/leader` p99 is {p99:.2} ms** (p50 {:.3} ms) at {rps:.0} requests/s, {:.0}× the \
+             throughput target. The tail is scheduling, not request work (p50 is far below it): \
+             the sidecar shares the one pinned core with the machine's other work (1-minute load \
+             average {wl:.2} at the start of section 6).",
+            jf(self.w, &["leader", "p50_ms"]),
+            rps / 20_000.0
+        ))
+    }
+
+    /// Why our etcd requests at rest exceed `etcdctl elect`'s, when they do.
+    fn etcd_rest_note(&self) -> Option<String> {
+        let re = jf(self.r, &["ours_etcd", "group_rps"]);
+        let rc = jf(self.r, &["etcdctl", "group_rps"]);
+        (re > rc).then(|| {
+            format!(
+                "**etcd requests at rest, 3 candidates: ours {}/s vs `etcdctl elect` {}/s** is not \
+                 like for like: `etcdctl elect` cannot set a TTL, and its 60 s session lease is kept \
+                 alive every 20 s, while our 5 s lease is renewed every 1.67 s with an ownership check \
+                 (Range) beside each LeaseKeepAlive. Every `etcdctl` follower keeps its own lease alive \
+                 too, while ours only watch (0 requests), so the order turns with more candidates \
+                 (section 5).",
+                fmt_rate(re),
+                fmt_rate(rc)
+            )
+        })
+    }
+
+    /// The N at which the seed loop could not poll as often as it asks.
+    fn seed_scale_notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(sc) = self.all.get("scale").and_then(Value::as_object) {
+            for (n, row) in sc {
+                let Ok(n) = n.parse::<f64>() else { continue };
+                let got = jf(row, &["seed", "rps"]);
+                let want = 100.0 * (n - 1.0);
+                if got < 0.7 * want {
+                    notes.push(format!(
+                        "**Seed loop at N = {n:.0}** reaches {}/s of the ~{want:.0}/s its followers \
+                         ask for: {n:.0} Python processes polling every 10 ms saturate the two cores.",
+                        fmt_rate(got)
+                    ));
+                }
+            }
+        }
+        notes
+    }
 }
 
 /// Run order: the headline sections first, while the machine is quiet.
