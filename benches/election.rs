@@ -133,91 +133,32 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
     let backend = std::env::var("BENCH_BACKEND").unwrap_or_else(|_| "etcd".into());
-    let flags = ["--lease-duration", ttl.as_str(), "--log-level", "warn"];
     let server = match backend.as_str() {
         "redis" => Server::Redis(RedisServer::start().await),
         _ => Server::Etcd(Etcd::start().await),
     };
-    let election = election("bench");
-    let mut next_id = 0;
-    let mut spawn = |server: &Server| {
-        next_id += 1;
-        let id = format!("c{next_id}");
-        match server {
-            Server::Etcd(e) => Sidecar::start(&e.url, &election, &id, &flags),
-            Server::Redis(r) => redis_sidecar(&[&r.url], &election, &id, &flags),
-        }
+    let mut b = Bench {
+        server,
+        election: election("bench"),
+        ttl,
+        next_id: 0,
+        cs: Vec::new(),
+        leader: 0,
     };
-    let mut cs: Vec<Sidecar> = (0..3).map(|_| spawn(&server)).collect();
-    let mut leader = one_leader(&cs, Duration::from_secs(20)).await;
-
-    let mut handover = Vec::new();
-    let mut failover = Vec::new();
-    for (label, sig, out) in [
-        (
-            "graceful handover (SIGTERM)",
-            Signal::SIGTERM,
-            &mut handover,
-        ),
-        ("crash failover (SIGKILL)", Signal::SIGKILL, &mut failover),
-    ] {
-        for run in 0..runs {
-            // Let the followers settle into their watches; for a crash, also
-            // hit a random point of the leader's renew cycle (TTL/3).
-            sleep(Duration::from_millis(300)).await;
-            if sig == Signal::SIGKILL {
-                let cycle = humantime::parse_duration(&ttl).unwrap() / 3;
-                sleep(cycle.mul_f64(rand::random::<f64>())).await;
-            }
-            let others: Vec<usize> = (0..cs.len()).filter(|i| *i != leader).collect();
-            let t0 = Instant::now();
-            cs[leader].signal(sig);
-            let Some(next) = first_leader(&cs, &others, Duration::from_secs(30)).await else {
-                panic!("{label}: no new leader within 30 s");
-            };
-            let ms = t0.elapsed().as_secs_f64() * 1000.0;
-            eprintln!("{label} run {}: {ms:.2} ms", run + 1);
-            out.push(ms);
-            cs[leader] = spawn(&server);
-            leader = next;
-        }
-    }
-
-    // At rest: one leader, two followers.
-    leader = one_leader(&cs, Duration::from_secs(20)).await;
-    let follower = (0..cs.len()).find(|i| *i != leader).unwrap();
-    sleep(Duration::from_secs(5)).await;
-    let pid = |s: &Sidecar| s.pid();
-    let (_, cpu_l0) = proc_stat(pid(&cs[leader]));
-    let (_, cpu_f0) = proc_stat(pid(&cs[follower]));
-    let m0 = server.counts().await;
-    sleep(Duration::from_secs(rest_secs)).await;
-    let m1 = server.counts().await;
-    let (rss_l, cpu_l1) = proc_stat(pid(&cs[leader]));
-    let (rss_f, cpu_f1) = proc_stat(pid(&cs[follower]));
-    let per_min = 60.0 / rest_secs as f64;
-    let mut by_method = Vec::new();
-    let mut total = 0.0;
-    for (k, v1) in &m1 {
-        let d = v1 - m0.get(k).copied().unwrap_or(0.0);
-        if d > 0.0 {
-            by_method.push(format!("{k} {:.1}/min", d * per_min));
-            total += d;
-        }
-    }
-    // etcd: Range (ownership check) and LeaseKeepAlive come from the leader's
-    // renewals only; Redis: the renew script runs as EVALSHA from the leader,
-    // the followers' campaign script too, so Redis is reported as a whole.
-    let leader_only = ["Range", "LeaseKeepAlive"];
-    let follower_msgs: f64 = m1
-        .iter()
-        .filter(|(k, _)| !leader_only.contains(&k.as_str()))
-        .map(|(k, v)| v - m0.get(k).copied().unwrap_or(0.0))
-        .sum();
+    b.cs = (0..3).map(|_| b.spawn()).collect();
+    b.leader = one_leader(&b.cs, Duration::from_secs(20)).await;
+    let mut handover = b
+        .trials("graceful handover (SIGTERM)", Signal::SIGTERM, runs)
+        .await;
+    let mut failover = b
+        .trials("crash failover (SIGKILL)", Signal::SIGKILL, runs)
+        .await;
+    let rest = b.at_rest(rest_secs).await;
 
     let (hm, hp, hx) = median(&mut handover);
     let (fm, fp, fx) = median(&mut failover);
-    match &server {
+    let ttl = &b.ttl;
+    match &b.server {
         Server::Etcd(_) => println!(
             "## leader-elector on etcd {} (loopback, 1 member, TTL {ttl}, {runs} runs)\n",
             etcd_version()
@@ -234,25 +175,146 @@ async fn main() {
     );
     println!("| crash failover: SIGKILL → same | {fm:.0} ms | {fp:.0} ms | {fx:.0} ms |");
     println!();
-    println!("| at rest ({rest_secs} s) | leader | follower |");
-    println!("|---|---|---|");
-    println!("| RSS | {rss_l:.1} MiB | {rss_f:.1} MiB |");
-    println!(
-        "| CPU seconds per minute | {:.3} | {:.3} |",
-        (cpu_l1 - cpu_l0) * per_min,
-        (cpu_f1 - cpu_f0) * per_min
-    );
-    println!();
-    println!(
-        "{backend} requests at rest, whole group of 3: {:.1}/min ({})",
-        total * per_min,
-        by_method.join(", ")
-    );
-    if let Server::Etcd(_) = server {
+    rest.print(&backend, matches!(b.server, Server::Etcd(_)));
+}
+
+/// The benchmark's election: its server, its three candidates, and the
+/// leader among them.
+struct Bench {
+    server: Server,
+    election: String,
+    /// The lease duration, as given (`5s`).
+    ttl: String,
+    next_id: usize,
+    cs: Vec<Sidecar>,
+    leader: usize,
+}
+
+impl Bench {
+    /// A new candidate `c<n>` on the server.
+    fn spawn(&mut self) -> Sidecar {
+        self.next_id += 1;
+        let id = format!("c{}", self.next_id);
+        let flags = ["--lease-duration", self.ttl.as_str(), "--log-level", "warn"];
+        match &self.server {
+            Server::Etcd(e) => Sidecar::start(&e.url, &self.election, &id, &flags),
+            Server::Redis(r) => redis_sidecar(&[&r.url], &self.election, &id, &flags),
+        }
+    }
+
+    /// `runs` times: send `sig` to the leader and time until another
+    /// candidate's `/leader` answers 200 (ms); a fresh candidate replaces
+    /// the old leader each time.
+    async fn trials(&mut self, label: &str, sig: Signal, runs: usize) -> Vec<f64> {
+        let mut out = Vec::new();
+        for run in 0..runs {
+            // Let the followers settle into their watches; for a crash, also
+            // hit a random point of the leader's renew cycle (TTL/3).
+            sleep(Duration::from_millis(300)).await;
+            if sig == Signal::SIGKILL {
+                let cycle = humantime::parse_duration(&self.ttl).unwrap() / 3;
+                sleep(cycle.mul_f64(rand::random::<f64>())).await;
+            }
+            let leader = self.leader;
+            let others: Vec<usize> = (0..self.cs.len()).filter(|i| *i != leader).collect();
+            let t0 = Instant::now();
+            self.cs[leader].signal(sig);
+            let Some(next) = first_leader(&self.cs, &others, Duration::from_secs(30)).await else {
+                panic!("{label}: no new leader within 30 s");
+            };
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            eprintln!("{label} run {}: {ms:.2} ms", run + 1);
+            out.push(ms);
+            self.cs[leader] = self.spawn();
+            self.leader = next;
+        }
+        out
+    }
+
+    /// One leader and two followers at rest for `rest_secs`.
+    async fn at_rest(&mut self, rest_secs: u64) -> AtRest {
+        self.leader = one_leader(&self.cs, Duration::from_secs(20)).await;
+        let (cs, leader) = (&self.cs, self.leader);
+        let follower = (0..cs.len()).find(|i| *i != leader).unwrap();
+        sleep(Duration::from_secs(5)).await;
+        let pid = |s: &Sidecar| s.pid();
+        let (_, cpu_l0) = proc_stat(pid(&cs[leader]));
+        let (_, cpu_f0) = proc_stat(pid(&cs[follower]));
+        let m0 = self.server.counts().await;
+        sleep(Duration::from_secs(rest_secs)).await;
+        let m1 = self.server.counts().await;
+        let (rss_l, cpu_l1) = proc_stat(pid(&cs[leader]));
+        let (rss_f, cpu_f1) = proc_stat(pid(&cs[follower]));
+        let per_min = 60.0 / rest_secs as f64;
+        let mut by_method = Vec::new();
+        let mut total = 0.0;
+        for (k, v1) in &m1 {
+            let d = v1 - m0.get(k).copied().unwrap_or(0.0);
+            if d > 0.0 {
+                by_method.push(format!("{k} {:.1}/min", d * per_min));
+                total += d;
+            }
+        }
+        // etcd: Range (ownership check) and LeaseKeepAlive come from the leader's
+        // renewals only; Redis: the renew script runs as EVALSHA from the leader,
+        // the followers' campaign script too, so Redis is reported as a whole.
+        let leader_only = ["Range", "LeaseKeepAlive"];
+        let follower_msgs: f64 = m1
+            .iter()
+            .filter(|(k, _)| !leader_only.contains(&k.as_str()))
+            .map(|(k, v)| v - m0.get(k).copied().unwrap_or(0.0))
+            .sum();
+        AtRest {
+            rest_secs,
+            rss: (rss_l, rss_f),
+            cpu: (cpu_l1 - cpu_l0, cpu_f1 - cpu_f0),
+            by_method,
+            total,
+            follower_msgs,
+        }
+    }
+}
+
+/// What the group did at rest over `rest_secs`.
+struct AtRest {
+    rest_secs: u64,
+    /// RSS (MiB) of the leader and of a follower.
+    rss: (f64, f64),
+    /// CPU seconds of the leader and of a follower over the window.
+    cpu: (f64, f64),
+    /// Backend requests by method, per minute, as `name n/min`.
+    by_method: Vec<String>,
+    /// Backend requests over the window, in all and from the followers.
+    total: f64,
+    follower_msgs: f64,
+}
+
+impl AtRest {
+    /// Print the at-rest table and the backend's request counts.
+    fn print(&self, backend: &str, etcd: bool) {
+        let rest_secs = self.rest_secs;
+        let per_min = 60.0 / rest_secs as f64;
+        let (rss_l, rss_f) = self.rss;
+        println!("| at rest ({rest_secs} s) | leader | follower |");
+        println!("|---|---|---|");
+        println!("| RSS | {rss_l:.1} MiB | {rss_f:.1} MiB |");
         println!(
-            "etcd messages from the two followers at rest: {:.1}/min",
-            follower_msgs * per_min
+            "| CPU seconds per minute | {:.3} | {:.3} |",
+            self.cpu.0 * per_min,
+            self.cpu.1 * per_min
         );
+        println!();
+        println!(
+            "{backend} requests at rest, whole group of 3: {:.1}/min ({})",
+            self.total * per_min,
+            self.by_method.join(", ")
+        );
+        if etcd {
+            println!(
+                "etcd messages from the two followers at rest: {:.1}/min",
+                self.follower_msgs * per_min
+            );
+        }
     }
 }
 
