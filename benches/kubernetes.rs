@@ -120,9 +120,46 @@ async fn main() {
     }
     leader_of(&cs, Duration::from_secs(30)).await;
     sleep(Duration::from_secs(2)).await;
+    at_rest(&cs, rest, &ttl_s).await;
 
-    // At rest: requests per candidate, RSS.
-    let l = leader_of(&cs, Duration::from_secs(10)).await;
+    // Graceful handover: SIGTERM the leader, restart it under its name.
+    let mut hand = Vec::new();
+    for _ in 0..trials {
+        let l = leader_of(&cs, Duration::from_secs(30)).await;
+        sleep(Duration::from_millis(300)).await;
+        let t0 = Instant::now();
+        cs[l].s.as_ref().unwrap().signal(Signal::SIGTERM);
+        new_leader(&cs, l, Duration::from_secs(30)).await;
+        hand.push(t0.elapsed().as_secs_f64() * 1000.0);
+        restart(&api, &election, &mut cs, l, &ttl_s).await;
+    }
+    println!(
+        "== graceful handover (SIGTERM → another answers 200): {}",
+        stats(&mut hand)
+    );
+
+    // Crash failover: SIGKILL at a random point of the renew cycle.
+    let mut fail = Vec::new();
+    for _ in 0..trials {
+        let l = leader_of(&cs, Duration::from_secs(30)).await;
+        let wait = ttl / 3;
+        sleep(wait.mul_f64(rand::rng().random_range(1.0..2.0))).await;
+        let t0 = Instant::now();
+        cs[l].s.as_ref().unwrap().signal(Signal::SIGKILL);
+        new_leader(&cs, l, ttl * 3).await;
+        fail.push(t0.elapsed().as_secs_f64() * 1000.0);
+        restart(&api, &election, &mut cs, l, &ttl_s).await;
+    }
+    println!(
+        "== crash failover (SIGKILL → another answers 200): {}",
+        stats(&mut fail)
+    );
+}
+
+/// At rest for `rest` seconds: print each candidate's requests per second
+/// (by kind) and RSS.
+async fn at_rest(cs: &[Cand], rest: u64, ttl_s: &str) {
+    let l = leader_of(cs, Duration::from_secs(10)).await;
     let before: Vec<_> = cs.iter().map(|c| c.ep.counts()).collect();
     sleep(Duration::from_secs(rest)).await;
     println!("== at rest for {rest} s (TTL {ttl_s}, renew every TTL/3):");
@@ -147,47 +184,15 @@ async fn main() {
             rss_kib(pid) as f64 / 1024.0
         );
     }
+}
 
-    // Graceful handover: SIGTERM the leader, restart it under its name.
-    let mut hand = Vec::new();
-    for _ in 0..trials {
-        let l = leader_of(&cs, Duration::from_secs(30)).await;
-        sleep(Duration::from_millis(300)).await;
-        let t0 = Instant::now();
-        cs[l].s.as_ref().unwrap().signal(Signal::SIGTERM);
-        new_leader(&cs, l, Duration::from_secs(30)).await;
-        hand.push(t0.elapsed().as_secs_f64() * 1000.0);
-        let mut old = cs[l].s.take().unwrap();
-        old.wait_exit(Duration::from_secs(5)).await;
-        let id = old.identity.clone();
-        drop(old);
-        cs[l] = start(&api, &election, &id, &ttl_s).await;
-        sleep(Duration::from_millis(500)).await;
-    }
-    println!(
-        "== graceful handover (SIGTERM → another answers 200): {}",
-        stats(&mut hand)
-    );
-
-    // Crash failover: SIGKILL at a random point of the renew cycle.
-    let mut fail = Vec::new();
-    for _ in 0..trials {
-        let l = leader_of(&cs, Duration::from_secs(30)).await;
-        let wait = ttl / 3;
-        sleep(wait.mul_f64(rand::rng().random_range(1.0..2.0))).await;
-        let t0 = Instant::now();
-        cs[l].s.as_ref().unwrap().signal(Signal::SIGKILL);
-        new_leader(&cs, l, ttl * 3).await;
-        fail.push(t0.elapsed().as_secs_f64() * 1000.0);
-        let mut old = cs[l].s.take().unwrap();
-        old.wait_exit(Duration::from_secs(5)).await;
-        let id = old.identity.clone();
-        drop(old);
-        cs[l] = start(&api, &election, &id, &ttl_s).await;
-        sleep(Duration::from_millis(500)).await;
-    }
-    println!(
-        "== crash failover (SIGKILL → another answers 200): {}",
-        stats(&mut fail)
-    );
+/// Wait for the signalled candidate `l` to exit, start it again under its
+/// name, and let it settle.
+async fn restart(api: &KubeApi, election: &str, cs: &mut [Cand], l: usize, ttl_s: &str) {
+    let mut old = cs[l].s.take().unwrap();
+    old.wait_exit(Duration::from_secs(5)).await;
+    let id = old.identity.clone();
+    drop(old);
+    cs[l] = start(api, election, &id, ttl_s).await;
+    sleep(Duration::from_millis(500)).await;
 }
