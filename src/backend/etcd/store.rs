@@ -70,7 +70,7 @@ pub fn revision_of(header: Option<&ResponseHeader>) -> i64 {
 }
 
 /// The TTL to ask etcd for: whole seconds, rounded up, at least 1.
-fn ttl_secs(ttl: Duration) -> i64 {
+pub fn ttl_secs(ttl: Duration) -> i64 {
     ttl.as_secs_f64().ceil().max(1.0) as i64
 }
 

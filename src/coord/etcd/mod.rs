@@ -10,6 +10,8 @@
 //! The lease life cycle (grant → compare-and-put → revoke), the deadline and
 //! the error classification are the election's: [`EtcdStore`].
 
+mod hub;
+mod pool;
 mod queue;
 
 use std::future::Future;
@@ -27,7 +29,7 @@ use tokio::time::Instant;
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
 use crate::backend::etcd::EtcdBackend;
-use crate::backend::etcd::store::{EtcdStore, revision_of};
+use crate::backend::etcd::store::{EtcdStore, Lease, revision_of, ttl_secs};
 
 /// Deadline of one etcd call when none is configured.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
@@ -40,6 +42,10 @@ pub struct EtcdCoord {
     /// Lease revokes run off the answer path (after a release): owned here,
     /// each bounded by the deadline, waited for by [`Coordinator::close`].
     revokes: Mutex<JoinSet<()>>,
+    /// The shared watches of lock queues ([`hub`]).
+    hubs: hub::Hubs,
+    /// Leases of released locks, for the next acquisition ([`pool`]).
+    pool: pool::Pool,
 }
 
 impl EtcdCoord {
@@ -51,6 +57,8 @@ impl EtcdCoord {
             prefix: format!("{prefix}_coord/"),
             deadline: DEFAULT_DEADLINE,
             revokes: Mutex::new(JoinSet::new()),
+            hubs: hub::Hubs::default(),
+            pool: pool::Pool::default(),
         }
     }
 
@@ -82,6 +90,33 @@ impl EtcdCoord {
     /// harmless (the lease expires with its TTL).
     async fn drop_lease(&self, client: &mut Client, lease: i64) {
         let _ = self.store.revoke(client, lease, self.limit()).await;
+    }
+
+    /// A lease of `ttl` for a lock's key: one a release kept ([`pool`]),
+    /// refreshed by one keep-alive, or else a fresh grant.
+    ///
+    /// # Errors
+    /// As [`EtcdStore::grant`].
+    async fn lock_lease(&self, client: &mut Client, ttl: Duration) -> Result<Lease> {
+        if let Some((id, ttl)) = self.pool.take(asked(ttl)) {
+            // Opening the keep-alive stream refreshes the lease once and
+            // fails when etcd says it is gone.
+            let mut leases = client.lease_client();
+            if self
+                .call("lease keep-alive", leases.keep_alive(id))
+                .await
+                .is_ok()
+            {
+                return Ok(Lease { id, ttl });
+            }
+        }
+        Ok(self.store.grant(client, ttl, self.limit()).await?)
+    }
+
+    /// Note that `lease`, asked with `ttl`, holds a lock now, so that its
+    /// release keeps it for the next acquisition.
+    fn holding(&self, lease: Lease, ttl: Duration) {
+        self.pool.holding(lease.id, asked(ttl), lease.ttl);
     }
 
     /// Revoke `lease` after `error`, unless etcd did not answer in time
@@ -166,6 +201,11 @@ impl EtcdCoord {
     }
 }
 
+/// The TTL a caller asked for, as etcd is asked for it (the pool's key).
+fn asked(ttl: Duration) -> Duration {
+    Duration::from_secs(ttl_secs(ttl) as u64)
+}
+
 /// The oldest key under a prefix (the lock's holder).
 fn oldest() -> GetOptions {
     GetOptions::new()
@@ -231,25 +271,24 @@ impl Coordinator for EtcdCoord {
         if let Some(holder) = self.first(&mut client, &prefix).await? {
             return Ok(Try::Held(holder));
         }
-        let mut token = Token::new(TokenKind::Lock, 0);
+        let lease = self.lock_lease(&mut client, ttl).await?;
+        let token = Token::new(TokenKind::Lock, lease.id);
         // Free only when no key at all lives under the name's prefix: no
         // holder and no fair waiter (an empty range compares as revision 0).
-        let txn = |lease| {
-            token = Token::new(TokenKind::Lock, lease);
-            Txn::new()
-                .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
-                .and_then([TxnOp::put(
-                    self.key_of(Kind::Lock, name, &token),
-                    format!("{token}|{owner}"),
-                    Some(PutOptions::new().with_lease(lease)),
-                )])
-                .or_else([TxnOp::get(prefix.clone(), Some(oldest()))])
-        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                self.key_of(Kind::Lock, name, &token),
+                format!("{token}|{owner}"),
+                Some(PutOptions::new().with_lease(lease.id)),
+            )])
+            .or_else([TxnOp::get(prefix.clone(), Some(oldest()))]);
         let created = self
             .store
-            .create(&mut client, ttl, self.limit(), txn)
+            .put_under(&mut client, lease, txn, self.limit())
             .await?;
         if created.resp.succeeded() {
+            self.holding(lease, ttl);
             let rev = revision_of(created.resp.header());
             return Ok(Try::Acquired(grant(name, &token, rev, created.lease.ttl)));
         }
@@ -356,8 +395,11 @@ impl Coordinator for EtcdCoord {
         if deleted.deleted() == 0 {
             return Ok(Outcome::Gone);
         }
-        // The lease holds no key any more: revoke it off the answer path.
-        self.revoke_later(client, t.lease);
+        // The lease holds no key any more: keep it for the next waiter, or
+        // revoke it off the answer path.
+        if !self.pool.released(t.lease) {
+            self.revoke_later(client, t.lease);
+        }
         Ok(Outcome::Ok(None))
     }
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+    TxnOpResponse, WatchOptions,
 };
 use tokio::time::Instant;
 
+use super::hub::{Seen, Subscription};
 use super::{EtcdCoord, grant};
-use crate::backend::BackendError;
 use crate::backend::etcd::store::revision_of;
 use crate::coord::{CoordError, Kind, Result, Token, TokenKind, Try};
 
@@ -92,8 +92,12 @@ fn read_ahead(kvs: &[KeyValue], rev: i64) -> Ahead {
 /// Keep the waiter's lease alive while it queues (every third of its TTL,
 /// at least every 500 ms). Never returns; on a failure it stops renewing
 /// and waits for ever (the lease then expires and the queue sees it go).
+/// The lease was just granted, so the keep-alive stream opens only after the
+/// first third of its TTL (opening it renews once): a waiter served sooner (most of them, in a busy
+/// queue) costs etcd no keep-alive at all.
 async fn keep_queued(client: Client, lease: i64, granted: Duration) {
     let every = (granted / 3).max(Duration::from_millis(500));
+    tokio::time::sleep(every).await;
     let Ok((mut k, mut s)) = client.lease_client().keep_alive(lease).await else {
         return std::future::pending::<()>().await;
     };
@@ -128,8 +132,8 @@ impl EtcdCoord {
         // The watch must start before the join; the grant runs meanwhile.
         let watcher = client.clone();
         let (lease, deletes) = tokio::join!(
-            self.store.grant(&mut client, ttl, self.limit()),
-            self.deletes_under(&watcher, &prefix)
+            self.lock_lease(&mut client, ttl),
+            self.hubs.of(&prefix).subscribe(self, &watcher)
         );
         let lease = lease?;
         let deletes = match deletes {
@@ -158,7 +162,7 @@ impl EtcdCoord {
         let ahead = self::joined(&joined.resp, my_rev);
         let queue = async {
             if let Some(names) = ahead.names
-                && self.all_deleted(deletes, names).await?
+                && self.all_deleted(deletes, names).await
             {
                 return Ok(());
             }
@@ -171,8 +175,13 @@ impl EtcdCoord {
             _ = keep_queued(client.clone(), lease.id, lease.ttl) => None,
             _ = tokio::time::sleep_until(deadline) => None,
         };
-        self.queued(outcome, client, name, &prefix, &token, my_rev, lease.ttl)
-            .await
+        let answer = self
+            .queued(outcome, client, name, &prefix, &token, my_rev, lease.ttl)
+            .await;
+        if let Ok(Try::Acquired(_)) = answer {
+            self.holding(lease, ttl);
+        }
+        answer
     }
 
     /// The answer of a fair acquisition once its queueing ended (`None`: the
@@ -207,43 +216,18 @@ impl EtcdCoord {
         }
     }
 
-    /// A watch of the deletes under `prefix` (puts filtered out, so waiters
-    /// joining wake nobody), started: its events are those after now.
-    async fn deletes_under(&self, client: &Client, prefix: &str) -> Result<WatchStream> {
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]);
-        let mut w = self
-            .call("watch", client.clone().watch(prefix, Some(opts)))
-            .await?;
-        match self.call("watch", w.message()).await? {
-            Some(m) if m.created() && !m.canceled() => Ok(w),
-            _ => Err(CoordError::Backend(BackendError::WatchEnded {
-                backend: crate::backend::etcd::store::BACKEND,
-                reason: "the watch of the lock's queue was not created".into(),
-            })),
-        }
-    }
-
     /// Wait until every key of `names` is deleted: `true` then, `false` when
-    /// the watch ended first (then the caller looks again).
-    async fn all_deleted(&self, mut w: WatchStream, mut names: HashSet<Vec<u8>>) -> Result<bool> {
+    /// the hub could not say (then the caller looks again).
+    async fn all_deleted(&self, mut seen: Subscription, mut names: HashSet<Vec<u8>>) -> bool {
         while !names.is_empty() {
-            let Some(msg) = w.message().await.map_err(|e| self.store_err(e))? else {
-                return Ok(false);
-            };
-            if msg.canceled() {
-                return Ok(false);
-            }
-            for e in msg.events() {
-                if e.event_type() == EventType::Delete
-                    && let Some(kv) = e.kv()
-                {
-                    names.remove(kv.key());
+            match seen.next(self).await {
+                Seen::Deleted(key) => {
+                    names.remove(&key);
                 }
+                Seen::Ended => return false,
             }
         }
-        Ok(true)
+        true
     }
 
     /// Wait in the queue of `prefix` until no key created before `my_rev`
@@ -317,7 +301,7 @@ impl EtcdCoord {
         Ok(Ahead1::Unknown)
     }
 
-    fn store_err(&self, e: etcd_client::Error) -> CoordError {
+    pub(super) fn store_err(&self, e: etcd_client::Error) -> CoordError {
         CoordError::Backend(self.store.classify(e, false))
     }
 

@@ -1,0 +1,130 @@
+//! Leases of released locks, kept for the next waiter of this sidecar.
+//!
+//! Every acquisition used to grant a lease and every release to revoke it:
+//! two of the four Raft writes (each with its own fsync) of a lock's cycle,
+//! and in a busy queue the release that hands the lock on waits behind
+//! them. A lock's lease holds nothing once its key is deleted, so a release
+//! keeps the lease here instead, and the next waiter with the same TTL
+//! refreshes it with one keep-alive (no Raft write) instead of a grant.
+//!
+//! Why this is safe: the lease's old key is gone, and every verb of the old
+//! token names that key (renew and release read or delete the key first),
+//! so the old token can no longer touch the lease; at worst a renewal of the
+//! old token that was in flight refreshes the lease once more, which only
+//! lengthens the new term's lease. The new holder's lease is refreshed
+//! after its request arrived and before it is answered, so it lasts at least
+//! the TTL it is told, as a fresh grant would.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Most leases kept per TTL; the rest are revoked.
+const KEEP: usize = 256;
+/// Most leases whose TTL is remembered; beyond it the oldest half is
+/// forgotten (their releases then revoke them, as without a pool).
+const REMEMBER: usize = 16_384;
+
+/// The pool of one coordinator.
+#[derive(Default)]
+pub(super) struct Pool(Mutex<Inner>);
+
+/// A lease that holds a lock key now.
+struct Held {
+    asked: Duration,
+    granted: Duration,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Leases granted or reused for a lock key still held: the TTL asked
+    /// for, the TTL etcd granted, and when we learned them.
+    held: HashMap<i64, Held>,
+    /// Released leases by the TTL asked for: the lease, its granted TTL and
+    /// the instant of its last refresh that we know of (at the latest, the
+    /// release).
+    free: HashMap<Duration, Vec<(i64, Duration, Instant)>>,
+}
+
+impl Pool {
+    /// Note that `lease`, asked for with TTL `asked` and granted `granted`,
+    /// now holds a lock key.
+    pub(super) fn holding(&self, lease: i64, asked: Duration, granted: Duration) {
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.held.len() >= REMEMBER {
+            let mut at: Vec<Instant> = inner.held.values().map(|h| h.at).collect();
+            at.sort_unstable();
+            let cut = at[at.len() / 2];
+            inner.held.retain(|_, h| h.at > cut);
+        }
+        let at = Instant::now();
+        inner.held.insert(lease, Held { asked, granted, at });
+    }
+
+    /// `lease`'s key was deleted: keep the lease for a later waiter. `false`
+    /// when it is not kept (unknown TTL, or enough kept): revoke it then.
+    pub(super) fn released(&self, lease: i64) -> bool {
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = inner.held.remove(&lease) else {
+            return false;
+        };
+        let free = inner.free.entry(held.asked).or_default();
+        if free.len() >= KEEP {
+            return false;
+        }
+        free.push((lease, held.granted, Instant::now()));
+        true
+    }
+
+    /// A kept lease asked for with TTL `asked`, and its granted TTL, that
+    /// had its last refresh less than half that TTL ago (so it is certainly
+    /// alive when the caller refreshes it).
+    pub(super) fn take(&self, asked: Duration) -> Option<(i64, Duration)> {
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let free = inner.free.get_mut(&asked)?;
+        // Newest last: drop the stale ones from the front (they expire by
+        // themselves) and take the newest.
+        let stale = free.partition_point(|(_, granted, at)| at.elapsed() >= *granted / 2);
+        free.drain(..stale);
+        free.pop().map(|(lease, granted, _)| (lease, granted))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_lease_serves_the_next_waiter_of_its_ttl_while_fresh() {
+        let pool = Pool::default();
+        let ttl = Duration::from_secs(10);
+        assert_eq!(pool.take(ttl), None, "nothing released yet");
+        assert!(!pool.released(7), "a lease we never noted is revoked");
+        pool.holding(7, ttl, ttl);
+        assert!(pool.released(7));
+        assert_eq!(pool.take(Duration::from_secs(5)), None, "other TTL");
+        assert_eq!(pool.take(ttl), Some((7, ttl)));
+        assert_eq!(pool.take(ttl), None, "taken once");
+        pool.holding(8, ttl, ttl);
+        assert!(pool.released(8));
+        // Half its TTL after the release it is no longer handed out.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(pool.take(ttl), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pool_keeps_at_most_its_cap() {
+        let pool = Pool::default();
+        let ttl = Duration::from_secs(2);
+        for lease in 0..(KEEP as i64 + 10) {
+            pool.holding(lease, ttl, ttl);
+        }
+        let kept = (0..(KEEP as i64 + 10))
+            .filter(|l| pool.released(*l))
+            .count();
+        assert_eq!(kept, KEEP);
+    }
+}
