@@ -818,3 +818,108 @@ async fn smaller_defects_answer_what_happened() {
         "WRONGTYPE must name the coordination key, not the election's: {msg}"
     );
 }
+
+/// The lease part of an etcd token (`v1.<kind>.<lease hex>.<nonce>`).
+fn lease_of(token: &Value) -> String {
+    let t = token["token"].as_str().expect("a token");
+    t.split('.').nth(2).expect("a v1 token").to_owned()
+}
+
+/// A released lock's lease is kept for the next acquisition (one keep-alive
+/// instead of a grant and a revoke): the next holder gets it, the old token
+/// can neither renew nor release it, and the next holder's term still lasts
+/// its TTL from its last renewal, then ends when it stops renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_serves_the_next_holder_and_is_lost_to_the_old_token_on_etcd() {
+    let (_b, _s, port) = sidecar("etcd", "kept-lease").await;
+    let (st, a) = call(port, "POST", "/locks/k?ttl=2s", None).await;
+    assert_eq!(st, 200, "{a}");
+    let (st, r) = call(port, "DELETE", "/locks/k", Some(&token_body(&a))).await;
+    assert_eq!(st, 200, "{r}");
+    // The queue path (a wait) and the plain path both take kept leases.
+    let (st, b) = call(port, "POST", "/locks/k?ttl=2s&wait=1s", None).await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(
+        lease_of(&a),
+        lease_of(&b),
+        "the released lease was not reused: {a} {b}"
+    );
+    assert!(
+        b["fencing_token"].as_u64() > a["fencing_token"].as_u64(),
+        "{a} {b}"
+    );
+    let (st, r) = call(port, "POST", "/locks/k/renew", Some(&token_body(&a))).await;
+    assert_eq!(st, 410, "the old token renewed the new term's lease: {r}");
+    let (st, r) = call(port, "DELETE", "/locks/k", Some(&token_body(&a))).await;
+    assert_eq!(st, 409, "the old token released the new term: {r}");
+    let (st, r) = call(port, "POST", "/locks/k?ttl=2s", None).await;
+    assert_eq!(st, 409, "the new term must still hold the lock: {r}");
+    let renewed = Instant::now();
+    let (st, r) = call(port, "POST", "/locks/k/renew", Some(&token_body(&b))).await;
+    assert_eq!(st, 200, "the new holder must renew: {r}");
+    // Held for the whole TTL after the renewal was sent, then free within
+    // the TTL plus etcd's expiry slack (its lessor checks every 500 ms).
+    loop {
+        let (st, r) = call(port, "POST", "/locks/k?ttl=2s", None).await;
+        if st == 200 {
+            let after = renewed.elapsed();
+            assert!(
+                after >= Duration::from_secs(2),
+                "free {after:?} after a renewal of a 2 s lease"
+            );
+            break;
+        }
+        assert_eq!(st, 409, "{r}");
+        assert!(
+            renewed.elapsed() < Duration::from_secs(5),
+            "the unrenewed lock never expired"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Many waiters of one sidecar share one watch of the queue: each is served
+/// in turn as the holder releases, and when the shared watch breaks (etcd
+/// restarted under them) the next waiters open a new one and are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_sharing_a_watch_are_all_served_across_an_etcd_restart() {
+    let (mut b, _s, port) = sidecar("etcd", "shared-watch").await;
+    let Backend::Etcd(etcd) = &mut b else {
+        unreachable!()
+    };
+    let (st, first) = call(port, "POST", "/locks/w?ttl=10s", None).await;
+    assert_eq!(st, 200, "{first}");
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for _ in 0..8 {
+        let served = served.clone();
+        waiters.push(tokio::spawn(async move {
+            // A waiter whose watch broke while etcd was down answers 503
+            // (it cannot tell); asked again, it must be served.
+            let g = loop {
+                let (st, g) = call(port, "POST", "/locks/w?ttl=10s&wait=25s", None).await;
+                match st {
+                    200 => break g,
+                    503 => sleep(Duration::from_millis(100)).await,
+                    _ => panic!("a waiter was not served: {st} {g}"),
+                }
+            };
+            served.fetch_add(1, Ordering::SeqCst);
+            let (st, r) = call(port, "DELETE", "/locks/w", Some(&token_body(&g))).await;
+            assert_eq!(st, 200, "{r}");
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        0,
+        "served while the lock was held"
+    );
+    etcd.restart().await;
+    let (st, r) = call(port, "DELETE", "/locks/w", Some(&token_body(&first))).await;
+    assert_eq!(st, 200, "{r}");
+    for w in waiters {
+        w.await.expect("a waiter panicked");
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 8);
+}

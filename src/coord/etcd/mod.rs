@@ -34,6 +34,9 @@ use crate::backend::etcd::store::{EtcdStore, Lease, revision_of, ttl_secs};
 /// Deadline of one etcd call when none is configured.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
 
+/// Pause between tries of an off-path revoke while etcd refuses connections.
+const REVOKE_RETRY: Duration = Duration::from_millis(100);
+
 /// The etcd [`Coordinator`], sharing the election's client.
 pub struct EtcdCoord {
     store: Arc<EtcdStore>,
@@ -130,15 +133,24 @@ impl EtcdCoord {
     }
 
     /// Revoke `lease` off the answer path, in a task this coordinator owns
-    /// (bounded by the deadline; if it fails the lease expires with its TTL).
-    fn revoke_later(&self, mut client: Client, lease: i64) {
+    /// (bounded by the deadline, tried again while etcd refuses connections;
+    /// if it fails the lease expires with its TTL).
+    pub(super) fn revoke_later(&self, mut client: Client, lease: i64) {
         let store = self.store.clone();
         let limit = self.limit();
         let mut tasks = self.revokes.lock().unwrap_or_else(|e| e.into_inner());
         // Reap the revokes that ended, so the set holds only running ones.
         while tasks.try_join_next().is_some() {}
         tasks.spawn(async move {
-            let _ = store.revoke(&mut client, lease, limit).await;
+            // An etcd that refuses connections (restarting) is tried again
+            // until the deadline; any other answer ends it.
+            let until = Instant::now() + limit.unwrap_or(DEFAULT_DEADLINE);
+            while let Err(BackendError::Unreachable { .. }) =
+                store.revoke(&mut client, lease, limit).await
+                && Instant::now() < until
+            {
+                tokio::time::sleep(REVOKE_RETRY).await;
+            }
         });
     }
 

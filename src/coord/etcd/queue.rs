@@ -210,7 +210,10 @@ impl EtcdCoord {
                 Ok(Try::Held(first.ok().flatten().unwrap_or_default()))
             }
             Some(Err(e)) => {
-                self.abandon(&mut client, token.lease, &e).await;
+                // Our key would block the queue until its lease expires:
+                // revoke it off the answer path, where a backend that is
+                // back within the deadline still takes it.
+                self.revoke_later(client, token.lease);
                 Err(e)
             }
         }
