@@ -62,12 +62,22 @@ pub struct Limits {
     pub body_timeout: Duration,
 }
 
+/// Default of `--max-connections` (flags in `config`): a sidecar's clients are its app (a few
+/// long-polls), the kubelet and Prometheus; 256 leaves ample room and holds
+/// about 6 MiB of connection state at the cap (about 21 KiB each, measured
+/// by `benches/longpoll_memory.rs`), far inside the chart's 64 Mi limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default of `--header-read-timeout`.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `--request-body-timeout`.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_connections: crate::config::DEFAULT_MAX_CONNECTIONS,
-            header_read_timeout: crate::config::DEFAULT_HEADER_READ_TIMEOUT,
-            body_timeout: crate::config::DEFAULT_REQUEST_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
         }
     }
 }

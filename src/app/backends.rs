@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use crate::backend::LeaseBackend;
 use crate::backend::etcd::EtcdBackend;
-use crate::backend::kubernetes::{KubeCoord, KubeLeaseBackend};
+use crate::backend::kubernetes::KubeLeaseBackend;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendConfig;
 use crate::coord::Coordinator;
 use crate::coord::etcd::EtcdCoord;
+use crate::coord::kubernetes::KubeCoord;
 use crate::coord::redis::RedisCoord;
 
 use super::RunError;

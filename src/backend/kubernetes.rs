@@ -294,12 +294,9 @@ fn holder_view(lease: &Lease) -> Holder {
 }
 
 mod client;
-mod coord;
 #[cfg(test)]
 pub(crate) mod mock;
 mod verbs;
-
-pub use coord::{COORD_UNSUPPORTED, KubeCoord};
 
 #[cfg(test)]
 #[path = "kubernetes_tests.rs"]

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::backend::kubernetes::mock::{Seen, mock};
+use crate::coord::kubernetes::KubeCoord;
 
 type Responder = crate::backend::kubernetes::mock::Responder<String>;
 

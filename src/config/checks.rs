@@ -115,15 +115,9 @@ pub(crate) fn default_identity() -> Option<String> {
         .filter(|s| !s.trim().is_empty())
 }
 
-/// Default of `--max-connections`: a sidecar's clients are its app (a few
-/// long-polls), the kubelet and Prometheus; 256 leaves ample room and holds
-/// about 6 MiB of connection state at the cap (about 21 KiB each, measured
-/// by `benches/longpoll_memory.rs`), far inside the chart's 64 Mi limit.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
-/// Default of `--header-read-timeout`.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default of `--request-body-timeout`.
-pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::serve::{
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_BODY_TIMEOUT,
+};
 
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);

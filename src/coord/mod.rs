@@ -14,6 +14,7 @@
 
 pub mod etcd;
 pub mod http;
+pub mod kubernetes;
 mod metrics;
 pub mod redis;
 mod service;

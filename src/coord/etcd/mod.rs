@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
 use crate::backend::etcd::EtcdBackend;
-use crate::backend::etcd::store::{EtcdStore, Lease, revision_of, ttl_secs};
+use crate::backend::etcd::store::{EtcdStore, revision_of};
 
 /// Deadline of one etcd call when none is configured.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
@@ -93,33 +93,6 @@ impl EtcdCoord {
     /// harmless (the lease expires with its TTL).
     async fn drop_lease(&self, client: &mut Client, lease: i64) {
         let _ = self.store.revoke(client, lease, self.limit()).await;
-    }
-
-    /// A lease of `ttl` for a lock's key: one a release kept ([`pool`]),
-    /// refreshed by one keep-alive, or else a fresh grant.
-    ///
-    /// # Errors
-    /// As [`EtcdStore::grant`].
-    async fn lock_lease(&self, client: &mut Client, ttl: Duration) -> Result<Lease> {
-        if let Some((id, ttl)) = self.pool.take(asked(ttl)) {
-            // Opening the keep-alive stream refreshes the lease once and
-            // fails when etcd says it is gone.
-            let mut leases = client.lease_client();
-            if self
-                .call("lease keep-alive", leases.keep_alive(id))
-                .await
-                .is_ok()
-            {
-                return Ok(Lease { id, ttl });
-            }
-        }
-        Ok(self.store.grant(client, ttl, self.limit()).await?)
-    }
-
-    /// Note that `lease`, asked with `ttl`, holds a lock now, so that its
-    /// release keeps it for the next acquisition.
-    fn holding(&self, lease: Lease, ttl: Duration) {
-        self.pool.holding(lease.id, asked(ttl), lease.ttl);
     }
 
     /// Revoke `lease` after `error`, unless etcd did not answer in time
@@ -211,11 +184,6 @@ impl EtcdCoord {
     fn job_state(done: &str, claim: &str) -> [TxnOp; 2] {
         [TxnOp::get(done, None), TxnOp::get(claim, None)]
     }
-}
-
-/// The TTL a caller asked for, as etcd is asked for it (the pool's key).
-fn asked(ttl: Duration) -> Duration {
-    Duration::from_secs(ttl_secs(ttl) as u64)
 }
 
 /// The oldest key under a prefix (the lock's holder).

@@ -19,7 +19,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use etcd_client::Client;
 use tokio::time::Instant;
+
+use super::EtcdCoord;
+use crate::backend::etcd::store::{Lease, ttl_secs};
+use crate::coord::Result;
 
 /// Most leases kept per TTL; the rest are revoked.
 const KEEP: usize = 256;
@@ -91,6 +96,40 @@ impl Pool {
         free.drain(..stale);
         free.pop().map(|(lease, granted, _)| (lease, granted))
     }
+}
+
+impl EtcdCoord {
+    /// A lease of `ttl` for a lock's key: one a release kept ([`Pool`]),
+    /// refreshed by one keep-alive, or else a fresh grant.
+    ///
+    /// # Errors
+    /// As [`EtcdStore::grant`].
+    pub(super) async fn lock_lease(&self, client: &mut Client, ttl: Duration) -> Result<Lease> {
+        if let Some((id, ttl)) = self.pool.take(asked(ttl)) {
+            // Opening the keep-alive stream refreshes the lease once and
+            // fails when etcd says it is gone.
+            let mut leases = client.lease_client();
+            if self
+                .call("lease keep-alive", leases.keep_alive(id))
+                .await
+                .is_ok()
+            {
+                return Ok(Lease { id, ttl });
+            }
+        }
+        Ok(self.store.grant(client, ttl, self.limit()).await?)
+    }
+
+    /// Note that `lease`, asked with `ttl`, holds a lock now, so that its
+    /// release keeps it for the next acquisition.
+    pub(super) fn holding(&self, lease: Lease, ttl: Duration) {
+        self.pool.holding(lease.id, asked(ttl), lease.ttl);
+    }
+}
+
+/// The TTL a caller asked for, as etcd is asked for it (the pool's key).
+fn asked(ttl: Duration) -> Duration {
+    Duration::from_secs(ttl_secs(ttl) as u64)
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::NAME;
-use crate::coord::{Claim, CoordError, Coordinator, Kind, Outcome, Try};
+use super::{Claim, CoordError, Coordinator, Kind, Outcome, Try};
+use crate::backend::kubernetes::NAME;
 
 /// The coordination API on this backend: not served. Named locks, semaphores
 /// and job claims need etcd (all of them) or Redis, one server or Redlock (all but fair
