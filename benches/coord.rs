@@ -13,62 +13,77 @@ mod support;
 
 use std::time::Duration;
 
+use support::stats::percentile;
 use support::*;
 use tokio::time::Instant;
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() as f64 * p).ceil() as usize)
-        .saturating_sub(1)
-        .min(v.len() - 1)]
+/// The limit of a request that does not set its own (one without `wait`).
+const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A client of the bench: reqwest for its keep-alive (the table measures
+/// loopback with keep-alive, which `support::http` does not do), every
+/// request within [`CALL_LIMIT`] unless it sets a longer limit.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(CALL_LIMIT)
+        .build()
+        .expect("an HTTP client")
+}
+
+/// What a failed request probably means: on a timeout, what hung.
+fn failed(what: &str, e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        format!(
+            "{what}: no answer within its limit: the server probably hung (its handler, or the backend behind it): {e}"
+        )
+    } else {
+        format!("{what}: {e}")
+    }
+}
+
+/// `POST url` within `limit`; its JSON answer. Panics saying what probably hung.
+async fn post_json(client: &reqwest::Client, url: &str, limit: Duration) -> serde_json::Value {
+    let what = format!("POST {url}");
+    let r = client.post(url).timeout(limit).send().await;
+    let r = r.unwrap_or_else(|e| panic!("{}", failed(&what, &e)));
+    r.json()
+        .await
+        .unwrap_or_else(|e| panic!("{}", failed(&what, &e)))
+}
+
+/// `DELETE url` within [`CALL_LIMIT`]; its status. Panics saying what probably hung.
+async fn delete(client: &reqwest::Client, url: &str) -> reqwest::StatusCode {
+    let r = client.delete(url).send().await;
+    r.unwrap_or_else(|e| panic!("{}", failed(&format!("DELETE {url}"), &e)))
+        .status()
 }
 
 async fn start_sidecar(args: Vec<String>) -> (Sidecar, u16) {
-    let port = server_port();
     let mut a = args;
-    a.extend([
-        "--control-addr".into(),
-        format!("127.0.0.1:{port}"),
-        "--log-level".into(),
-        "warn".into(),
-    ]);
+    a.extend(CONTROL.iter().map(|s| s.to_string()));
+    a.extend(["--log-level".into(), "warn".into()]);
     let s = Sidecar::start_raw(&election("coord-bench"), "bench", &a);
-    wait_for(Duration::from_secs(10), "the control API", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
+    // Bound before the "starting" line: connections queue until it serves.
+    let port = s.control();
     (s, port)
 }
 
 /// Uncontended: one client, `rounds` x (acquire, release). Returns (p50 ms, p99 ms, ops/s).
 async fn uncontended(port: u16, rounds: usize) -> (f64, f64, f64) {
-    let client = reqwest::Client::new();
+    let client = client();
     let base = format!("http://127.0.0.1:{port}");
     let mut lat = Vec::with_capacity(rounds);
     let t0 = Instant::now();
     for _ in 0..rounds {
         let t = Instant::now();
-        let g: serde_json::Value = client
-            .post(format!("{base}/locks/bench?ttl=10s"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let g = post_json(&client, &format!("{base}/locks/bench?ttl=10s"), CALL_LIMIT).await;
         let token = g["token"].as_str().expect("granted");
-        let r = client
-            .delete(format!("{base}/locks/bench?token={token}"))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success());
+        let r = delete(&client, &format!("{base}/locks/bench?token={token}")).await;
+        assert!(r.is_success());
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let rate = rounds as f64 / t0.elapsed().as_secs_f64();
-    (pct(&mut lat, 0.5), pct(&mut lat, 0.99), rate)
+    (percentile(&lat, 0.5), percentile(&lat, 0.99), rate)
 }
 
 /// Contended: 20 clients x `each` rounds on one lock. Returns acquisitions/s.
@@ -77,23 +92,19 @@ async fn contended(port: u16, each: usize) -> f64 {
     let mut tasks = Vec::new();
     for _ in 0..20 {
         tasks.push(tokio::spawn(async move {
-            let client = reqwest::Client::new();
+            let client = client();
             let base = format!("http://127.0.0.1:{port}");
+            // The `wait` plus the usual limit.
+            let limit = Duration::from_secs(60) + CALL_LIMIT;
             for _ in 0..each {
-                let g: serde_json::Value = client
-                    .post(format!("{base}/locks/hot?ttl=10s&wait=60s"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let g = post_json(
+                    &client,
+                    &format!("{base}/locks/hot?ttl=10s&wait=60s"),
+                    limit,
+                )
+                .await;
                 let token = g["token"].as_str().expect("granted").to_owned();
-                client
-                    .delete(format!("{base}/locks/hot?token={token}"))
-                    .send()
-                    .await
-                    .unwrap();
+                delete(&client, &format!("{base}/locks/hot?token={token}")).await;
             }
         }));
     }
@@ -113,16 +124,9 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = f64>,
 {
-    let client = reqwest::Client::new();
+    let client = client();
     let base = format!("http://127.0.0.1:{port}");
-    let g: serde_json::Value = client
-        .post(format!("{base}/locks/rest?ttl=120s"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let g = post_json(&client, &format!("{base}/locks/rest?ttl=120s"), CALL_LIMIT).await;
     assert!(
         g["token"].is_string(),
         "the at-rest lock was not granted: {g}"
@@ -135,7 +139,9 @@ where
         let client = client.clone();
         let url = format!("{base}/locks/rest?ttl=10s&wait=300s");
         tasks.push(tokio::spawn(async move {
-            let _ = client.post(url).send().await;
+            // Aborted once measured; the limit only bounds a forgotten task.
+            let limit = Duration::from_secs(300) + CALL_LIMIT;
+            let _ = client.post(url).timeout(limit).send().await;
         }));
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -150,12 +156,13 @@ where
 
 /// etcd's count of gRPC requests started (unary and streams), from its /metrics.
 async fn etcd_requests(url: &str) -> f64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
+    let what = format!("GET {url}/metrics");
+    let r = client().get(format!("{url}/metrics")).send().await;
+    let r = r.unwrap_or_else(|e| panic!("{}", failed(&what, &e)));
+    let text = r
         .text()
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{}", failed(&what, &e)));
     text.lines()
         .filter(|l| l.starts_with("grpc_server_started_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -566,8 +566,10 @@ async fn notifications_arrive_in_order_and_a_dead_url_never_delays_the_election(
     let url = hook.url();
     let (mut a, _) = with_control(&etcd.url, &name, "a", &["--notify-url", &url]);
     wait_for(Duration::from_secs(10), "a to lead", || a.is_leader()).await;
-    // A sidecar whose notify URL is dead elects as fast as any other.
-    let dead = format!("http://127.0.0.1:{}/dead", server_port());
+    // A sidecar whose notify URL is dead (refuses connections for the whole
+    // test) elects as fast as any other.
+    let refused = RefusedPort::new();
+    let dead = refused.url("/dead");
     let t0 = Instant::now();
     let (b, _) = with_control(&etcd.url, &name, "b", &["--notify-url", &dead]);
     a.signal(Signal::SIGTERM);

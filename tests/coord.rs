@@ -11,40 +11,18 @@ use std::time::Duration;
 use rand::Rng;
 use serde_json::Value;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
 
-/// One HTTP request to the control API; returns the status and JSON body.
+/// How long a control call may take: `wait`s of these tests are shorter.
+const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// One HTTP request to the control API; returns the status and JSON body
+/// (`Value::Null` when the body is not JSON). Panics when there is no HTTP
+/// answer within [`CALL_LIMIT`], with what probably hung or died.
 async fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let body = body.unwrap_or("");
-        s.write_all(
-            format!(
-                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(buf)
-    };
-    let buf = timeout(Duration::from_secs(30), fut)
+    http_json(port, method, path, body, CALL_LIMIT)
         .await
-        .expect("the control API did not answer within 30 s")
-        .expect("HTTP request");
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| {
-            panic!("{method} {path}: no HTTP answer (did the sidecar die?): {text:?}")
-        });
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+        .unwrap_or_else(|e| panic!("the control API (did the sidecar die or hang?): {e}"))
 }
 
 enum Backend {
@@ -54,12 +32,10 @@ enum Backend {
     Redis(RedisServer),
 }
 
-/// A sidecar with its control API on a free port, for `backend`.
+/// A sidecar with its control API on a port the kernel chose, for `backend`.
 async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
-    let port = server_port();
-    let addr = format!("127.0.0.1:{port}");
     let mut flags: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
-    flags.extend(["--control-addr".into(), addr]);
+    flags.extend(CONTROL.iter().map(|s| s.to_string()));
     let (backend, s) = match kind {
         "etcd" => {
             let e = Etcd::start().await;
@@ -76,16 +52,8 @@ async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
             (Backend::Redis(r), s)
         }
     };
-    wait_for(
-        Duration::from_secs(10),
-        "the control API to answer",
-        || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-        },
-    )
-    .await;
+    // Bound before the "starting" line: connections queue until it serves.
+    let port = s.control();
     (backend, s, port)
 }
 
@@ -745,17 +713,10 @@ async fn a_bad_redis_fencing_counter_is_refused_and_nothing_is_written() {
 async fn a_blackholed_etcd_answers_with_a_deadline_error() {
     let etcd = Etcd::start().await;
     let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
-    let port = server_port();
     let mut args = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
-    args.extend(FAST.iter().map(|s| s.to_string()));
-    args.extend(["--control-addr".into(), format!("127.0.0.1:{port}")]);
-    let _s = Sidecar::start_raw(&election("blackhole"), "me", &args);
-    wait_for(Duration::from_secs(10), "the control API", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
+    args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
+    let s = Sidecar::start_raw(&election("blackhole"), "me", &args);
+    let port = s.control();
     let (st, g) = call(port, "POST", "/locks/x?ttl=30s", None).await;
     assert_eq!(st, 200, "{g}");
     proxy.set(support::proxy::Mode::Blackhole);

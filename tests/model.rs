@@ -147,7 +147,6 @@ impl Server {
 }
 
 async fn start_sidecar(kind: &str, url: &str, test: &str, id: &str) -> (Sidecar, u16) {
-    let port = server_port();
     let mut args = vec![
         if kind == "etcd" {
             "--etcd-endpoints"
@@ -157,40 +156,23 @@ async fn start_sidecar(kind: &str, url: &str, test: &str, id: &str) -> (Sidecar,
         .to_owned(),
         url.to_owned(),
     ];
-    args.extend(FAST.iter().map(|s| s.to_string()));
-    args.extend([
-        "--control-addr".into(),
-        format!("127.0.0.1:{port}"),
-        "--log-level".into(),
-        "warn".into(),
-    ]);
+    args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
+    args.extend(["--log-level".into(), "warn".into()]);
     let s = Sidecar::start_raw(&election(test), id, &args);
-    wait_for(Duration::from_secs(15), "the control API", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
+    // Bound before the "starting" line: connections queue until it serves.
+    let port = s.control();
     (s, port)
 }
 
-async fn send(
-    http: &reqwest::Client,
-    method: reqwest::Method,
-    port: u16,
-    path: &str,
-) -> (u16, Value) {
-    let r = http
-        .request(method, format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await;
-    match r {
-        Ok(r) => {
-            let st = r.status().as_u16();
-            (st, r.json().await.unwrap_or(Value::Null))
-        }
-        Err(_) => (0, Value::Null),
-    }
+/// How long one call may take before it counts as a transport error.
+const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// One call; a transport error or no answer within [`CALL_LIMIT`] is
+/// status 0 (ambiguous), a body that is not JSON is `Value::Null`.
+async fn send(method: &str, port: u16, path: &str) -> (u16, Value) {
+    http_json(port, method, path, None, CALL_LIMIT)
+        .await
+        .unwrap_or((0, Value::Null))
 }
 
 /// A grant a client holds.
@@ -208,7 +190,7 @@ async fn on_held(
     held: &mut Vec<Held>,
     op: &mut Op,
     faults: bool,
-) -> (reqwest::Method, String) {
+) -> (&'static str, String) {
     let ttl = Duration::from_secs(TTL_S);
     let i = rng.random_range(0..held.len());
     let h = held[i].clone();
@@ -230,14 +212,11 @@ async fn on_held(
     if h.what == What::Job {
         op.verb = "complete";
         held.remove(i);
-        (
-            reqwest::Method::POST,
-            format!("{base}/complete?token={}", h.token),
-        )
+        ("POST", format!("{base}/complete?token={}", h.token))
     } else if r < 0.4 {
         op.verb = "renew";
         (
-            reqwest::Method::POST,
+            "POST",
             format!("{base}/renew?ttl={TTL_S}s&token={}", h.token),
         )
     } else {
@@ -245,7 +224,7 @@ async fn on_held(
         if rng.random_bool(0.9) {
             held.remove(i);
         }
-        (reqwest::Method::DELETE, format!("{base}?token={}", h.token))
+        ("DELETE", format!("{base}?token={}", h.token))
     }
 }
 
@@ -258,7 +237,7 @@ fn acquisition(
     sem_n: &HashMap<String, u32>,
     next_job: &mut u32,
     op: &mut Op,
-) -> (reqwest::Method, String) {
+) -> (&'static str, String) {
     let waits = [0u64, 0, 0, 100, 500, 1500];
     op.wait = Duration::from_millis(waits[rng.random_range(0..waits.len())]);
     op.verb = "acquire";
@@ -289,7 +268,7 @@ fn acquisition(
         op.name = format!("q/j{}", *next_job % 40);
         format!("/jobs/{}/claim?ttl={TTL_S}s&owner=c{id}", op.name)
     };
-    (reqwest::Method::POST, path)
+    ("POST", path)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -304,10 +283,6 @@ async fn client(
     history: Arc<Mutex<Vec<Op>>>,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ (id.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
     let mut held: Vec<Held> = Vec::new();
     let mut next_job = 0u32;
     while Instant::now() < until {
@@ -335,7 +310,7 @@ async fn client(
             acquisition(&mut rng, kind, id, &sem_n, &mut next_job, &mut op)
         };
         op.call = Instant::now();
-        let (st, body) = send(&http, method, port, &path).await;
+        let (st, body) = send(method, port, &path).await;
         op.ret = Instant::now();
         op.status = st;
         if op.verb == "acquire" && st == 200 {

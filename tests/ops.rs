@@ -177,11 +177,12 @@ async fn status_and_observe_on_redis() {
 
 #[test]
 fn status_exits_1_when_the_backend_is_down_and_2_on_bad_flags() {
-    let port = server_port();
+    // An etcd endpoint that refuses connections for the whole test.
+    let down = RefusedPort::new();
     let out = ops(
         "status",
         "nobody",
-        &["--etcd-endpoints", &format!("http://127.0.0.1:{port}")],
+        &["--etcd-endpoints", &down.url("")],
         &["--timeout", "2s"],
     )
     .output()

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 
@@ -12,9 +13,33 @@ use tokio::time::timeout;
 /// that a hung server fails the test.
 pub const HTTP_LIMIT: Duration = Duration::from_secs(3);
 
+/// How far a request got, for the message when its limit runs out.
+#[derive(Clone, Copy)]
+enum Stage {
+    Connecting,
+    Sending,
+    Reading,
+}
+
+impl Stage {
+    /// What probably hung when the limit ran out at this stage.
+    fn suspect(self) -> &'static str {
+        match self {
+            Stage::Connecting => {
+                "no connection: the server probably stopped accepting (a full backlog, a stopped process)"
+            }
+            Stage::Sending => "the request could not be sent: the server stopped reading it",
+            Stage::Reading => {
+                "connected and sent, but no complete answer: the server's handler probably hung (on a stalled backend, a long wait)"
+            }
+        }
+    }
+}
+
 /// `method path` on `127.0.0.1:port` with an optional JSON `body`; returns the
 /// status code and the body as text. Errors: connection failures, an answer
-/// that is not HTTP, and `limit` running out (all as `std::io::Error`).
+/// that is not HTTP, and `limit` running out (all as `std::io::Error`, their
+/// message naming the request and, on a timeout, what probably hung).
 pub async fn http_request(
     port: u16,
     method: &str,
@@ -22,6 +47,8 @@ pub async fn http_request(
     body: Option<&str>,
     limit: Duration,
 ) -> std::io::Result<(u16, String)> {
+    // A plain variable (not a `Cell`) keeps the future `Send` for spawned callers.
+    let mut stage = Stage::Connecting;
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
         s.set_nodelay(true)?;
@@ -33,6 +60,7 @@ pub async fn http_request(
             None if method == "GET" => String::new(),
             None => "Content-Length: 0\r\n".to_owned(),
         };
+        stage = Stage::Sending;
         s.write_all(
             format!(
                 "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}Connection: close\r\n\r\n{}",
@@ -41,13 +69,33 @@ pub async fn http_request(
             .as_bytes(),
         )
         .await?;
+        stage = Stage::Reading;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await?;
         parse_answer(&String::from_utf8_lossy(&buf))
     };
-    timeout(limit, fut)
-        .await
-        .map_err(|_| std::io::Error::other(format!("HTTP request timed out after {limit:?}")))?
+    let request = format!("{method} {path} on 127.0.0.1:{port}");
+    let outcome = timeout(limit, fut).await;
+    match outcome {
+        Ok(answer) => answer.map_err(|e| std::io::Error::new(e.kind(), format!("{request}: {e}"))),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{request}: timed out after {limit:?}: {}", stage.suspect()),
+        )),
+    }
+}
+
+/// [`http_request`] with the answer's body parsed as JSON (`Value::Null` when
+/// it is empty or not JSON), for the sidecar's JSON APIs.
+pub async fn http_json(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    limit: Duration,
+) -> std::io::Result<(u16, Value)> {
+    let (status, text) = http_request(port, method, path, body, limit).await?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
 }
 
 /// The status and body of an HTTP/1.1 answer (the body after the blank line).
@@ -56,7 +104,11 @@ fn parse_answer(text: &str) -> std::io::Result<(u16, String)> {
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("bad HTTP answer: {text:?}")))?;
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "no HTTP answer (did the server die mid-request?): {text:?}"
+            ))
+        })?;
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())

@@ -3,7 +3,8 @@
 //! killed on `Drop`, and the small tools every suite needs.
 //!
 //! - [`ports`]: ports for servers that cannot bind port 0 (below the kernel's
-//!   ephemeral range, per-process, never probed-and-released in that range).
+//!   ephemeral range, per-process, never probed-and-released in that range),
+//!   and `RefusedPort` for a URL that must refuse connections.
 //! - [`etcd`], [`redis_server`], [`sidecar`]: the processes (`Etcd`,
 //!   `EtcdCluster`, `RedisServer`, `Sidecar`); the sidecar binds port 0 and
 //!   reports its addresses in its log.
@@ -35,10 +36,10 @@ use std::path::PathBuf;
 
 pub use certs::Certs;
 pub use etcd::{Etcd, EtcdCluster};
-pub use http::{HTTP_LIMIT, http_get, http_get_within, http_request};
-pub use ports::server_port;
+pub use http::{HTTP_LIMIT, http_get, http_get_within, http_json, http_request};
+pub use ports::{RefusedPort, server_port};
 pub use redis_server::{RedisServer, parent_of, redis_is_ours};
-pub use sidecar::{FAST, Sidecar, election, leaders, one_leader, redis_sidecar, token_of};
+pub use sidecar::{CONTROL, FAST, Sidecar, election, leaders, one_leader, redis_sidecar, token_of};
 pub use waits::{block, port_open, wait_for};
 
 /// The path of `bin` on `PATH`; panics naming the Debian package when missing.

@@ -9,7 +9,8 @@
 //! skipping ports something already listens on. Whoever starts a server on
 //! such a port still retries with another one when the server fails to bind.
 //! Processes that can bind port 0 themselves (the sidecar, the in-process
-//! stand-ins) do so instead.
+//! stand-ins) do so instead, and a URL that must refuse connections takes a
+//! [`RefusedPort`], which holds its port instead of releasing it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -45,5 +46,44 @@ pub fn server_port() -> u16 {
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
+    }
+}
+
+/// A loopback port that refuses every connection for as long as this value
+/// lives, for a URL that must be dead (a backend that is down, a notify
+/// target that is gone). It holds a socket bound to `127.0.0.1:0` that never
+/// listens: the kernel answers connections to it with a reset, and while it
+/// is bound (without `SO_REUSEADDR`) nothing else can bind or be handed that
+/// port, so unlike a probed-and-released port it cannot come alive mid-test.
+pub struct RefusedPort {
+    /// The port (valid while this value lives).
+    pub port: u16,
+    _socket: tokio::net::TcpSocket,
+}
+
+impl RefusedPort {
+    /// Bind a fresh socket to `127.0.0.1:0` and keep it (needs no runtime).
+    pub fn new() -> RefusedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket.set_reuseaddr(false).expect("SO_REUSEADDR off");
+        socket
+            .bind(([127, 0, 0, 1], 0).into())
+            .expect("bind 127.0.0.1:0");
+        let port = socket.local_addr().expect("the bound address").port();
+        RefusedPort {
+            port,
+            _socket: socket,
+        }
+    }
+
+    /// `http://127.0.0.1:<port>` followed by `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Default for RefusedPort {
+    fn default() -> Self {
+        Self::new()
     }
 }

@@ -41,6 +41,10 @@ pub const FAST: &[&str] = &[
     "500ms",
 ];
 
+/// The flags that turn the control API on, on a port the kernel chooses
+/// (read it with [`Sidecar::control`]).
+pub const CONTROL: &[&str] = &["--control-addr", "127.0.0.1:0"];
+
 impl Sidecar {
     /// Start a sidecar for `election` on `etcd_url` with `extra` flags.
     pub fn start(etcd_url: &str, election: &str, identity: &str, extra: &[&str]) -> Sidecar {
@@ -110,6 +114,18 @@ impl Sidecar {
             log,
             _dir: dir,
         }
+    }
+
+    /// The control API's bound port. Panics, with the log, when the sidecar
+    /// was started without [`CONTROL`] or exited before binding it.
+    pub fn control(&self) -> u16 {
+        self.control_port.unwrap_or_else(|| {
+            panic!(
+                "{}: no control API bound (started without `--control-addr 127.0.0.1:0`, or it exited first):\n{}",
+                self.identity,
+                self.log()
+            )
+        })
     }
 
     /// `GET /leader`: status and parsed body (`None` when it does not answer).
