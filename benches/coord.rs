@@ -154,7 +154,9 @@ where
     (idle, (busy - idle).max(0.0) / waiters as f64)
 }
 
-/// etcd's count of gRPC requests started (unary and streams), from its /metrics.
+/// etcd's count of requests received, from its /metrics: every unary call
+/// and every message on a stream (a lease keep-alive, a watch request), so
+/// keep-alives on a stream opened earlier count too.
 async fn etcd_requests(url: &str) -> f64 {
     let what = format!("GET {url}/metrics");
     let r = client().get(format!("{url}/metrics")).send().await;
@@ -164,7 +166,7 @@ async fn etcd_requests(url: &str) -> f64 {
         .await
         .unwrap_or_else(|e| panic!("{}", failed(&what, &e)));
     text.lines()
-        .filter(|l| l.starts_with("grpc_server_started_total{"))
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
