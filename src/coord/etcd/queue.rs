@@ -92,9 +92,9 @@ fn read_ahead(kvs: &[KeyValue], rev: i64) -> Ahead {
 /// Keep the waiter's lease alive while it queues (every third of its TTL,
 /// at least every 500 ms). Never returns; on a failure it stops renewing
 /// and waits for ever (the lease then expires and the queue sees it go).
-/// The lease was just granted, so the keep-alive stream opens only after the
-/// first third of its TTL (opening it renews once): a waiter served sooner (most of them, in a busy
-/// queue) costs etcd no keep-alive at all.
+/// The lease was just granted or refreshed, so the keep-alive stream opens
+/// only after the first third of its TTL (opening it renews once): a waiter
+/// served sooner (most of them, in a busy queue) costs etcd no keep-alive.
 async fn keep_queued(client: Client, lease: i64, granted: Duration) {
     let every = (granted / 3).max(Duration::from_millis(500));
     tokio::time::sleep(every).await;
