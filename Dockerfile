@@ -33,6 +33,10 @@ USER 65532:65532
 # that only a later allocation would act on: RSS returns to idle after a burst
 # of connections (benches/longpoll_memory.rs, issue 13).
 ENV MIMALLOC_PURGE_DELAY=0
+# ... and commits its first arena on demand instead of eagerly: idle RSS 11.0
+# instead of 15.8 MiB, 14.5 instead of 21.5 MiB under 5,000 long-polls (same
+# bench, release build).
+ENV MIMALLOC_ARENA_EAGER_COMMIT=0
 # Read-only HTTP API: /leader, /, /isLeader, /healthz, /readyz, /metrics.
 EXPOSE 4040
 ENTRYPOINT ["/usr/local/bin/leader-elector"]

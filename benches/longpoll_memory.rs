@@ -2,8 +2,8 @@
 //! real binary (read from /proc/PID/status) at idle, while the long-polls
 //! are open, and after they close. Loopback only, bounded.
 //!
-//! Run: `MIMALLOC_PURGE_DELAY=0 cargo bench --bench longpoll_memory` (the
-//! image sets that variable; the sidecar inherits it) with BENCH_CONNECTIONS
+//! Run: `MIMALLOC_PURGE_DELAY=0 MIMALLOC_ARENA_EAGER_COMMIT=0 cargo bench
+//! --bench longpoll_memory` (the image sets both; the sidecar inherits them) with BENCH_CONNECTIONS
 //! (default 5000) and BENCH_MAX_CONNECTIONS (default the sidecar's own).
 //! `cargo test --bench longpoll_memory -- --bench` measures the debug build.
 //! Under `cargo test --all-targets` it only says it was skipped.
