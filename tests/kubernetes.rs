@@ -562,3 +562,85 @@ async fn writes_check_resource_versions(
     }
     (rv1, rv2)
 }
+
+/// The Lease backend itself (no sidecar) on its own stand-in endpoint.
+async fn backend_on(
+    api: &KubeApi,
+    client: &str,
+    election: &str,
+) -> Arc<leader_elector::backend::kubernetes::KubeLeaseBackend> {
+    let ep = api.endpoint(client).await;
+    let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    leader_elector::backend::kubernetes::KubeLeaseBackend::with_client(client, NS, election)
+}
+
+/// The 30-minute soak's overlap (seed 1904014402476089950), step by step: the
+/// Lease is deleted by hand, a new term is created, and that Lease is deleted
+/// by hand too before its holder's watch has told it. A candidate that was
+/// waiting out the first holder never saw the second term; it must not claim
+/// while that term may still run (its holder claims until its last write +
+/// its duration), and it must be elected once that has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_created_and_deleted_while_a_candidate_waited_is_waited_out() {
+    use leader_elector::backend::{Campaign, LeaseBackend};
+    let api = KubeApi::start(NS);
+    let el = election("k-unseen-term");
+    let (a, b, x) = (
+        backend_on(&api, "a", &el).await,
+        backend_on(&api, "b", &el).await,
+        backend_on(&api, "x", &el).await,
+    );
+    let ttl = Duration::from_secs(1);
+    let Campaign::Elected(_) = a.campaign("a", ttl, None).await.unwrap() else {
+        panic!("the first candidate finds no Lease and is elected at once")
+    };
+    let r = b.campaign("b", ttl, None).await.unwrap();
+    assert!(matches!(r, Campaign::Following(_)), "{r:?}");
+    assert!(api.delete_lease(&el));
+    let r = b.campaign("b", ttl, None).await.unwrap();
+    assert!(
+        matches!(r, Campaign::Waiting { .. }),
+        "waits out the deleted holder's term: {r:?}"
+    );
+    // A process that never saw the Lease creates it at once, with a longer
+    // duration than the first holder's.
+    let x_ttl = Duration::from_secs(3);
+    let Campaign::Elected(tx) = x.campaign("x", x_ttl, None).await.unwrap() else {
+        panic!("a fresh candidate finds no Lease and is elected")
+    };
+    let x_elected = Instant::now();
+    assert!(api.delete_lease(&el), "the second hand deletion");
+    // Past the first holder's duration from when b found the Lease gone.
+    sleep(ttl + Duration::from_millis(200)).await;
+    let end = x_elected + x_ttl + Duration::from_secs(5);
+    let (elected_at, tb) = loop {
+        let sent = Instant::now();
+        match b.campaign("b", ttl, None).await.unwrap() {
+            Campaign::Elected(t) => break (sent, t),
+            Campaign::Waiting { retry_after, .. } => {
+                sleep(retry_after.min(Duration::from_millis(100))).await
+            }
+            other => panic!("nobody else holds the Lease: {other:?}"),
+        }
+        assert!(
+            Instant::now() < end,
+            "no leader 5 s after the last term could run"
+        );
+    };
+    let after = elected_at - x_elected;
+    println!("b elected {after:?} after x's term began (x's duration {x_ttl:?})");
+    assert!(
+        after >= x_ttl,
+        "b claimed {after:?} after x was elected, while x's {x_ttl:?} term may still run"
+    );
+    assert!(
+        tb.holder.fencing_token > tx.holder.fencing_token,
+        "tokens grow: {} then {}",
+        tx.holder.fencing_token,
+        tb.holder.fencing_token
+    );
+}

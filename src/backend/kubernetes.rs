@@ -36,6 +36,16 @@
 //!   they saw its token), or when its wall clock is ahead of the last token —
 //!   true unless more than one acquisition per millisecond happened since the
 //!   previous seed, or a clock stepped back by more than that.
+//! - A create is claimed only if no term we never saw ran since we found the
+//!   Lease absent: after the create answers at version C, the watch replays
+//!   the Lease's changes from the absence point (the deletion's version, our
+//!   last complete view, or a LIST's version) up to C. A term named there
+//!   (created and deleted by hand while we waited, its holder's watch not yet
+//!   told) may still run until its last write + its duration, so our Lease is
+//!   left unclaimed ([`Campaign::Waiting`]) until the create's answer + that
+//!   duration; a replay that cannot be had (410, an error, no absence point)
+//!   waits a whole duration. Found by the 30-minute fault soak
+//!   (tests/kubernetes_fault.rs, seed 1904014402476089950).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -181,12 +191,36 @@ struct Inner {
     /// Our configured TTL (from the last campaign): the silence to wait for
     /// a Lease that carries no usable `leaseDurationSeconds`.
     ttl: Option<Duration>,
+    /// Where a replay of the Lease's changes since this process last found
+    /// it absent starts: the deletion's `resourceVersion` (watch), the
+    /// version of our last complete view before a read found it gone, or
+    /// the version of a LIST that found it absent. `None` while it exists.
+    absent_rv: Option<String>,
+    /// A Lease we created but may not claim yet (see [`Pending`]).
+    pending: Option<Pending>,
     /// Holder identities of acquisitions we sent whose answers never came
     /// back to us (the Elector's deadline dropped the call). If the server
     /// applied one, that term was granted but never claimed by anybody, so
     /// it may be replaced at once (by CAS) instead of waiting out its
     /// silence. The last few only.
     unanswered: Vec<String>,
+}
+
+/// A Lease this process created whose term it may not claim before
+/// `not_before`: between the absence we observed and our create, another
+/// term was created (and deleted) that we never saw while it ran, and its
+/// holder claims until its last write plus its duration. Its last write was
+/// sent before our create was answered, so our create's answer plus that
+/// duration is safe. Nobody claims the pending Lease; at `not_before` the
+/// next campaign takes it by CAS like any unclaimed Lease.
+#[derive(Clone, Debug)]
+struct Pending {
+    /// Our holder identity written into the Lease.
+    holder: String,
+    /// The earliest instant at which we may claim it.
+    not_before: Instant,
+    /// The unseen term that may still run (reported as `Waiting.previous`).
+    previous: Holder,
 }
 
 /// How many unanswered acquisitions to remember.
@@ -202,8 +236,13 @@ impl Inner {
     fn answered(&mut self, holder: &str) {
         self.unanswered.retain(|h| h != holder);
     }
+    /// An acquisition of ours that nobody claims: never answered, or
+    /// created and pending (whatever held it up still holds until
+    /// `pending.not_before`).
     fn is_unclaimed_own(&self, holder: &str) -> bool {
-        !holder.is_empty() && self.unanswered.iter().any(|h| h == holder)
+        !holder.is_empty()
+            && (self.unanswered.iter().any(|h| h == holder)
+                || self.pending.as_ref().is_some_and(|p| p.holder == holder))
     }
 }
 
@@ -296,6 +335,7 @@ fn holder_view(lease: &Lease) -> Holder {
 mod client;
 #[cfg(test)]
 pub(crate) mod mock;
+mod replay;
 mod verbs;
 
 #[cfg(test)]

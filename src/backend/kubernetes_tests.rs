@@ -35,31 +35,55 @@ fn status(code: u16, reason: &str, message: &str) -> String {
     .to_string()
 }
 
-/// A tiny in-memory Lease store: answers GET, POST and PUT like the API
-/// server (resourceVersion bumps on every write; stale PUT → 409).
+/// A tiny in-memory Lease store: answers GET, LIST, POST, PUT and a watch
+/// from a version like the API server (resourceVersion bumps on every write;
+/// stale PUT → 409; a watch replays the writes after its version, then ends).
 fn store(initial: Option<Value>) -> (Responder, Arc<Mutex<Option<Value>>>) {
     let state = Arc::new(Mutex::new(initial));
     let st = state.clone();
     let rv = Arc::new(Mutex::new(100u64));
+    let log: Arc<Mutex<Vec<(u64, Value)>>> = Arc::default();
     let respond: Responder = Arc::new(move |s: &Seen| {
         let mut cur = st.lock().unwrap();
         let mut rv = rv.lock().unwrap();
-        match (s.method.as_str(), s.path.as_str()) {
-            ("GET", p) if p == format!("{BASE}/el") => match &*cur {
+        let mut log = log.lock().unwrap();
+        let path = s.path.as_str();
+        match s.method.as_str() {
+            "GET" if path == format!("{BASE}/el") => match &*cur {
                 Some(l) => (200, l.to_string()),
                 None => (404, status(404, "NotFound", "leases \"el\" not found")),
             },
-            ("POST", p) if p.starts_with(BASE) => {
+            "GET" if path.contains("watch=true") => {
+                let from: u64 = path
+                    .split(['?', '&'])
+                    .find_map(|p| p.strip_prefix("resourceVersion="))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let events: Vec<String> = log
+                    .iter()
+                    .filter(|(v, _)| *v > from)
+                    .map(|(_, e)| e.to_string() + "\n")
+                    .collect();
+                (200, events.concat())
+            }
+            "GET" if path.starts_with(&format!("{BASE}?")) => {
+                let items: Vec<Value> = cur.iter().cloned().collect();
+                let list = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                                  "metadata": {"resourceVersion": rv.to_string()}, "items": items});
+                (200, list.to_string())
+            }
+            "POST" if path.starts_with(BASE) => {
                 if cur.is_some() {
                     return (409, status(409, "AlreadyExists", "already exists"));
                 }
                 *rv += 1;
                 let mut l = s.body.clone();
                 l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                log.push((*rv, json!({"type": "ADDED", "object": l})));
                 *cur = Some(l.clone());
                 (201, l.to_string())
             }
-            ("PUT", p) if p.starts_with(&format!("{BASE}/el")) => {
+            "PUT" if path.starts_with(&format!("{BASE}/el")) => {
                 let Some(c) = &*cur else {
                     return (404, status(404, "NotFound", "not found"));
                 };
@@ -69,6 +93,7 @@ fn store(initial: Option<Value>) -> (Responder, Arc<Mutex<Option<Value>>>) {
                 *rv += 1;
                 let mut l = s.body.clone();
                 l["metadata"]["resourceVersion"] = json!(rv.to_string());
+                log.push((*rv, json!({"type": "MODIFIED", "object": l})));
                 *cur = Some(l.clone());
                 (200, l.to_string())
             }
@@ -84,6 +109,28 @@ fn methods(seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<String> {
         .iter()
         .map(|s| format!("{} {}", s.method, s.path))
         .collect()
+}
+
+/// The body of a create: our term, its whole-second duration, no version,
+/// a MicroTime renewTime and the fencing token in the annotation.
+fn check_created(created: &Value, term: &Term) {
+    assert_eq!(
+        created["spec"]["holderIdentity"],
+        json!(term.holder.term_id)
+    );
+    assert_eq!(created["spec"]["leaseDurationSeconds"], json!(2));
+    assert_eq!(created["spec"]["leaseTransitions"], json!(0));
+    assert!(created["metadata"].get("resourceVersion").is_none());
+    assert!(
+        created["spec"]["renewTime"].as_str().unwrap().contains('.'),
+        "MicroTime"
+    );
+    let t0: u64 = created["metadata"]["annotations"][TOKEN_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(term.holder.fencing_token, t0);
 }
 
 #[tokio::test]
@@ -105,24 +152,7 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
     );
     assert_eq!(term.holder.identity, "pod-0");
     assert!(term.holder.term_id.starts_with("pod-0_"));
-    let created = seen.lock().unwrap()[1].body.clone();
-    assert_eq!(
-        created["spec"]["holderIdentity"],
-        json!(term.holder.term_id)
-    );
-    assert_eq!(created["spec"]["leaseDurationSeconds"], json!(2));
-    assert_eq!(created["spec"]["leaseTransitions"], json!(0));
-    assert!(created["metadata"].get("resourceVersion").is_none());
-    assert!(
-        created["spec"]["renewTime"].as_str().unwrap().contains('.'),
-        "MicroTime"
-    );
-    let t0: u64 = created["metadata"]["annotations"][TOKEN_ANNOTATION]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(term.holder.fencing_token, t0);
+    check_created(&seen.lock().unwrap()[2].body, &term);
 
     let r = b.renew(&term).await.unwrap();
     assert_eq!(
@@ -132,7 +162,7 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
             servers: None
         }
     );
-    let put = seen.lock().unwrap()[2].clone();
+    let put = seen.lock().unwrap()[4].clone();
     assert_eq!(put.method, "PUT");
     assert_eq!(put.path, format!("{BASE}/el?"), "an update, never a patch");
     assert_eq!(
@@ -146,7 +176,7 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
     );
 
     b.resign(&term).await.unwrap();
-    let put = seen.lock().unwrap()[3].clone();
+    let put = seen.lock().unwrap()[5].clone();
     assert_eq!(put.body["metadata"]["resourceVersion"], json!("102"));
     assert_eq!(put.body["spec"]["holderIdentity"], json!(""));
     assert_eq!(put.body["spec"]["leaseDurationSeconds"], json!(1));
@@ -154,7 +184,14 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
         methods(&seen),
         vec![
             format!("GET {BASE}/el"),
+            // A fresh process found nothing: the LIST's version is where
+            // its view of the Lease begins.
+            format!("GET {BASE}?&fieldSelector=metadata.name%3Del"),
             format!("POST {BASE}?"),
+            // The replay from that version up to our create: no other term.
+            format!(
+                "GET {BASE}?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Del&allowWatchBookmarks=true&resourceVersion=100"
+            ),
             format!("PUT {BASE}/el?"),
             format!("PUT {BASE}/el?"),
         ]
@@ -268,12 +305,12 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
     assert_eq!(r, Renewal::Lost(LostReason::KeyOverwritten));
     let m = methods(&seen);
     assert_eq!(
-        &m[2..],
+        &m[4..],
         &[format!("PUT {BASE}/el?"), format!("GET {BASE}/el")]
     );
     // Release finds nothing of ours: no write.
     b.resign(&term).await.unwrap();
-    assert_eq!(seen.lock().unwrap().len(), 4);
+    assert_eq!(seen.lock().unwrap().len(), 6);
     // Deleted by hand: renew reports the key gone.
     let (respond, state) = store(None);
     let (client, _) = mock(respond);
@@ -342,6 +379,12 @@ async fn errors_are_classified_once() {
     ];
     for (code, reason, label, retryable) in cases {
         let respond: Responder = Arc::new(move |s: &Seen| match s.method.as_str() {
+            "GET" if s.path.contains("fieldSelector") => (
+                200,
+                json!({"kind": "LeaseList", "apiVersion": "coordination.k8s.io/v1",
+                       "metadata": {"resourceVersion": "5"}, "items": []})
+                .to_string(),
+            ),
             "GET" => (404, status(404, "NotFound", "leases \"el\" not found")),
             _ => (code, status(code, reason, "denied or failed")),
         });
@@ -562,4 +605,78 @@ async fn an_acquisition_whose_answer_was_lost_is_replaced_at_once_not_waited_out
         "tokens grow past the orphan's"
     );
     assert_eq!(*puts.lock().unwrap(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_whose_replay_is_gone_is_claimed_only_after_a_whole_duration() {
+    // The replay from the absence point answers 410 (compacted): a term we
+    // never saw may have run in between, so our new Lease stays unclaimed
+    // for its whole duration, then is taken by CAS like any unclaimed one.
+    let (inner, state) = store(None);
+    let respond: Responder = Arc::new(move |s: &Seen| {
+        if s.path.contains("watch=true") {
+            let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                "status": "Failure", "code": 410, "reason": "Expired", "message": "too old"}});
+            (200, format!("{gone}\n"))
+        } else {
+            inner(s)
+        }
+    });
+    let (client, seen) = mock(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
+    let start = Instant::now();
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
+    let Campaign::Waiting { retry_after, .. } = c else {
+        panic!("waiting expected: {c:?}")
+    };
+    assert!(
+        retry_after > Duration::from_millis(1900) && retry_after <= Duration::from_secs(2),
+        "the Lease's whole 2 s: {retry_after:?}"
+    );
+    let created = state.lock().unwrap().clone().unwrap();
+    assert!(
+        created["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap()
+            .starts_with("pod-0_")
+    );
+    // Before the duration has passed: still waiting, no write.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let c = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap();
+    assert!(matches!(c, Campaign::Waiting { .. }), "{c:?}");
+    let writes = || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.method != "GET")
+            .count()
+    };
+    assert_eq!(writes(), 1, "only the create so far");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let Campaign::Elected(term) = b
+        .campaign("pod-0", Duration::from_secs(2), None)
+        .await
+        .unwrap()
+    else {
+        panic!("elected expected")
+    };
+    assert!(start.elapsed() >= Duration::from_secs(2));
+    assert_ne!(
+        json!(term.holder.term_id),
+        created["spec"]["holderIdentity"],
+        "a new term, by CAS"
+    );
+    let token: u64 = created["metadata"]["annotations"][TOKEN_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(term.holder.fencing_token, token + 1);
+    assert_eq!(writes(), 2);
 }

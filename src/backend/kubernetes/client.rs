@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -203,6 +203,15 @@ impl KubeLeaseBackend {
         };
         inner.max_token = inner.max_token.max(token_of(lease));
         inner.resume_rv = Some(rv.to_owned());
+        inner.absent_rv = None;
+        if inner
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.holder != holder_of(lease))
+        {
+            // Someone else wrote the Lease: our pending create is gone.
+            inner.pending = None;
+        }
         inner.seen = Some(Seen {
             lease: lease.clone(),
             changed_at,
@@ -211,13 +220,20 @@ impl KubeLeaseBackend {
         });
     }
 
-    pub(super) fn observe_deleted(&self) {
+    /// Record that the Lease is gone: deleted at version `at` (a watch's
+    /// DELETED event, a LIST's version), else after the last version we had
+    /// a complete view of. The first absence point of a run of absent reads
+    /// is kept: a replay from it misses no term created since.
+    pub(super) fn observe_deleted(&self, at: Option<&str>) {
         let mut inner = self.inner.lock().expect("lease state poisoned");
         if let Some(s) = &mut inner.seen {
             s.deleted = true;
             s.absent_since.get_or_insert_with(Instant::now);
         }
-        inner.resume_rv = None;
+        let resume = inner.resume_rv.take();
+        if inner.absent_rv.is_none() {
+            inner.absent_rv = at.map(str::to_owned).or(resume);
+        }
     }
 
     /// The Lease's own duration (never our local setting); `fallback` when
@@ -253,7 +269,10 @@ impl KubeLeaseBackend {
 
     pub(super) fn elected(&self, lease: &Lease, holder: String, ttl: Duration) -> Campaign {
         self.observe(lease);
-        self.inner.lock().expect("lease state poisoned").own = Some(holder);
+        let mut inner = self.inner.lock().expect("lease state poisoned");
+        inner.own = Some(holder);
+        inner.pending = None;
+        drop(inner);
         Campaign::Elected(Term {
             holder: holder_view(lease),
             ttl: Duration::from_secs(lease_duration_secs(ttl) as u64),
@@ -261,7 +280,11 @@ impl KubeLeaseBackend {
         })
     }
 
-    /// Read the Lease; `None` when it does not exist.
+    /// Read the Lease; `None` when it does not exist. A GET; when it finds
+    /// nothing and this process has no version of the Lease yet (a fresh
+    /// process), a LIST of that one name follows: its version is the first
+    /// point from which this process has seen every change, where a replay
+    /// may start ([`Self::after_create`]).
     pub(super) async fn get(&self, conn: &Conn) -> Result<Option<Lease>> {
         match conn.api.get_opt(&self.name).await {
             Ok(Some(l)) => {
@@ -269,10 +292,37 @@ impl KubeLeaseBackend {
                 Ok(Some(l))
             }
             Ok(None) => {
-                self.observe_deleted();
-                Ok(None)
+                let known = {
+                    let inner = self.inner.lock().expect("lease state poisoned");
+                    inner.resume_rv.is_some() || inner.absent_rv.is_some()
+                };
+                if known {
+                    self.observe_deleted(None);
+                    return Ok(None);
+                }
+                self.list(conn).await
             }
             Err(e) => Err(self.classify(conn, "get", e)),
         }
+    }
+
+    /// LIST the Lease by name (`fieldSelector=metadata.name=…`).
+    async fn list(&self, conn: &Conn) -> Result<Option<Lease>> {
+        let params = ListParams::default().fields(&format!("metadata.name={}", self.name));
+        let list = conn
+            .api
+            .list(&params)
+            .await
+            .map_err(|e| self.classify(conn, "list", e))?;
+        Ok(match list.items.into_iter().next() {
+            Some(l) => {
+                self.observe(&l);
+                Some(l)
+            }
+            None => {
+                self.observe_deleted(list.metadata.resource_version.as_deref());
+                None
+            }
+        })
     }
 }

@@ -79,7 +79,7 @@ impl LeaseBackend for KubeLeaseBackend {
                     }
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {
-                    self.observe_deleted();
+                    self.observe_deleted(None);
                     return Ok(Renewal::Lost(LostReason::KeyDeleted));
                 }
                 Err(e) => return Err(self.classify(conn, "update", e)),
@@ -125,7 +125,7 @@ impl LeaseBackend for KubeLeaseBackend {
                     self.get(conn).await?;
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {
-                    self.observe_deleted();
+                    self.observe_deleted(None);
                     return Ok(());
                 }
                 Err(e) => return Err(self.classify(conn, "update", e)),
@@ -205,8 +205,9 @@ impl LeaseBackend for KubeLeaseBackend {
                                 .and_then(|s| Self::silence_deadline(s, fallback));
                         }
                     }
-                    Some(Ok(WatchEvent::Deleted(_))) => {
-                        self.observe_deleted();
+                    Some(Ok(WatchEvent::Deleted(l))) => {
+                        // Its version is the deletion's: a replay point.
+                        self.observe_deleted(Some(rv_of(&l)));
                         return Ok(());
                     }
                     Some(Ok(WatchEvent::Bookmark(b))) => {
@@ -236,7 +237,9 @@ enum Round {
 impl KubeLeaseBackend {
     /// The Lease is absent. If we saw a holder whose term may still run (the
     /// Lease was deleted by hand), wait its duration from when we found the
-    /// Lease gone; else create it as `mine` with a seeded fencing token.
+    /// Lease gone; else create it as `mine` with a seeded fencing token, and
+    /// claim it only if no term we never saw ran since the absence point
+    /// ([`Self::after_create`]).
     async fn take_absent(
         &self,
         conn: &Conn,
@@ -245,9 +248,9 @@ impl KubeLeaseBackend {
         ttl: Duration,
     ) -> Result<Round> {
         let now = Instant::now();
-        let (max_token, seen) = {
+        let (max_token, seen, from) = {
             let inner = self.inner.lock().expect("lease state poisoned");
-            (inner.max_token, inner.seen.clone())
+            (inner.max_token, inner.seen.clone(), inner.absent_rv.clone())
         };
         if let Some(s) = &seen
             && let Some(end) = Self::silence_deadline(s, ttl)
@@ -282,14 +285,25 @@ impl KubeLeaseBackend {
             .expect("lease state poisoned")
             .send_acquisition(&mine);
         let r = conn.api.create(&PostParams::default(), &lease).await;
-        self.inner
-            .lock()
-            .expect("lease state poisoned")
-            .answered(&mine);
         match r {
-            Ok(created) => Ok(Round::Done(self.elected(&created, mine, ttl))),
-            Err(e) if Self::is_conflict(&e) => Ok(Round::Again),
-            Err(e) => Err(self.classify(conn, "create", e)),
+            Ok(created) => {
+                let known = seen.as_ref().map(|s| holder_of(&s.lease).to_owned());
+                let c = self
+                    .after_create(conn, created, mine, ttl, from, known)
+                    .await;
+                Ok(Round::Done(c))
+            }
+            Err(e) => {
+                self.inner
+                    .lock()
+                    .expect("lease state poisoned")
+                    .answered(&mine);
+                if Self::is_conflict(&e) {
+                    Ok(Round::Again)
+                } else {
+                    Err(self.classify(conn, "create", e))
+                }
+            }
         }
     }
 
@@ -311,6 +325,9 @@ impl KubeLeaseBackend {
         };
         let holder = holder_of(&lease);
         let s = seen.expect("observed by get");
+        if let Some(wait) = self.pending_wait(holder, now) {
+            return Ok(Round::Done(wait));
+        }
         let unclaimed = self
             .inner
             .lock()
