@@ -680,3 +680,62 @@ async fn a_create_whose_replay_is_gone_is_claimed_only_after_a_whole_duration() 
     assert_eq!(term.holder.fencing_token, token + 1);
     assert_eq!(writes(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_campaign_dropped_during_its_replay_leaves_the_lease_unclaimed_for_a_whole_duration() {
+    // The replay's watch never answers and the Elector's deadline drops the
+    // campaign after the create was applied: the Lease names us, but nobody
+    // claims it until a whole duration after the create's answer.
+    let (inner, state) = store(None);
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let path = req.uri().to_string();
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if path.contains("watch=true") {
+                held.push(send); // a hung watch
+                continue;
+            }
+            let path = path.trim_start_matches("http://localhost");
+            let s = Seen {
+                method,
+                path: path.to_owned(),
+                content_type: String::new(),
+                body,
+            };
+            let (code, answer) = inner(&s);
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(answer.into_bytes()))
+                    .unwrap(),
+            );
+        }
+    });
+    let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
+    let ttl = Duration::from_secs(3);
+    let start = Instant::now();
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(300), b.campaign("pod-0", ttl, None)).await;
+    assert!(
+        dropped.is_err(),
+        "the campaign is dropped during its replay"
+    );
+    assert!(state.lock().unwrap().is_some(), "the create was applied");
+    let c = b.campaign("pod-0", ttl, None).await.unwrap();
+    let Campaign::Waiting { retry_after, .. } = c else {
+        panic!("waiting expected: {c:?}")
+    };
+    assert!(
+        retry_after > Duration::from_millis(2500) && retry_after <= ttl,
+        "about the whole 3 s from the create: {retry_after:?}"
+    );
+    tokio::time::sleep(retry_after).await;
+    let Campaign::Elected(_) = b.campaign("pod-0", ttl, None).await.unwrap() else {
+        panic!("elected once the whole duration has passed")
+    };
+    assert!(start.elapsed() >= ttl);
+}
