@@ -475,12 +475,7 @@ async fn rbac_and_server_faults_are_reported_and_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stand_in_follows_the_documented_api_semantics() {
     let api = KubeApi::start(NS);
-    let ep = api.endpoint("conformance").await;
-    let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+    let client = client_on(&api, "conformance").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     let (rv1, rv2) = writes_check_resource_versions(&client, &leases).await;
     // A watch from rv1 replays the update, then streams the delete.
@@ -569,13 +564,18 @@ async fn backend_on(
     client: &str,
     election: &str,
 ) -> Arc<leader_elector::backend::kubernetes::KubeLeaseBackend> {
-    let ep = api.endpoint(client).await;
+    let client = client_on(api, client).await;
+    leader_elector::backend::kubernetes::KubeLeaseBackend::with_client(client, NS, election)
+}
+
+/// A kube-rs client on its own stand-in endpoint, through its KUBECONFIG.
+async fn client_on(api: &KubeApi, name: &str) -> kube::Client {
+    let ep = api.endpoint(name).await;
     let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    leader_elector::backend::kubernetes::KubeLeaseBackend::with_client(client, NS, election)
+    kube::Client::try_from(config).unwrap()
 }
 
 /// The 30-minute soak's overlap (seed 1904014402476089950), step by step: the

@@ -448,6 +448,42 @@ async fn followers_watch_the_named_lease_from_the_version_read() {
     }
 }
 
+/// A client whose watch requests hang forever (never answered) and whose
+/// other requests `respond` answers: a hung watch beside a working API.
+fn hung_watch_client(respond: Responder) -> Client {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            if path.contains("watch=true") {
+                held.push(send); // never answered
+                continue;
+            }
+            let bytes = req.into_body().collect_bytes().await.unwrap();
+            let s = Seen {
+                method,
+                path,
+                content_type: String::new(),
+                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            };
+            let (code, answer) = respond(&s);
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(answer.into_bytes()))
+                    .unwrap(),
+            );
+        }
+    });
+    Client::new(svc, "default")
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_silent_lease_expires_for_a_watching_follower_after_its_own_duration() {
     // The watch hangs and says nothing: the follower's watch resolves
@@ -459,33 +495,8 @@ async fn a_silent_lease_expires_for_a_watching_follower_after_its_own_duration()
             (200, lease("pod-1_abc", 7, 41, 3, 3).to_string())
         }
     });
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    // Answer GETs, but hold the watch open forever.
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some((req, send)) = handle.next_request().await {
-            let path = req.uri().to_string();
-            let s = Seen {
-                method: req.method().to_string(),
-                path: path.clone(),
-                content_type: String::new(),
-                body: Value::Null,
-            };
-            if path.contains("watch=true") {
-                // Never answered: a hung watch.
-                held.push(send);
-                continue;
-            }
-            let (code, answer) = respond(&s);
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(answer.into_bytes()))
-                    .unwrap(),
-            );
-        }
-    });
-    let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
+    let client = hung_watch_client(respond);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
     let start = Instant::now();
     let Campaign::Following(h) = b
         .campaign("pod-0", Duration::from_secs(1), None)
@@ -687,35 +698,8 @@ async fn a_campaign_dropped_during_its_replay_leaves_the_lease_unclaimed_for_a_w
     // campaign after the create was applied: the Lease names us, but nobody
     // claims it until a whole duration after the create's answer.
     let (inner, state) = store(None);
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req.uri().to_string();
-            let bytes = req.into_body().collect_bytes().await.unwrap();
-            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            if path.contains("watch=true") {
-                held.push(send); // a hung watch
-                continue;
-            }
-            let path = path.trim_start_matches("http://localhost");
-            let s = Seen {
-                method,
-                path: path.to_owned(),
-                content_type: String::new(),
-                body,
-            };
-            let (code, answer) = inner(&s);
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(answer.into_bytes()))
-                    .unwrap(),
-            );
-        }
-    });
-    let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
+    let client = hung_watch_client(inner);
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
     let ttl = Duration::from_secs(3);
     let start = Instant::now();
     let dropped =
