@@ -668,3 +668,238 @@ async fn stand_in_server() {
     let mut sink = Vec::new();
     let _ = tokio::io::stdin().read_to_end(&mut sink).await;
 }
+
+/// A group whose sidecars all run with `flags` (a Lease duration well above
+/// the renew interval, so a blind leader's window is wide).
+async fn group_with(test: &str, ids: &[&str], flags: &[&str], pods: bool) -> Group {
+    let api = KubeApi::start(NS);
+    let election = election(test);
+    let mut eps = Vec::new();
+    let mut cs = Vec::new();
+    for id in ids {
+        let (ep, s) = candidate(&api, &election, id, flags, pods).await;
+        eps.push(ep);
+        cs.push(s);
+    }
+    Group {
+        api,
+        eps,
+        cs,
+        election,
+    }
+}
+
+/// Lease 6 s, renew 3 s: a leader that learns of an edit only at its next
+/// renewal stays blind for up to 3 s.
+const WIDE: &[&str] = &[
+    "--lease-duration",
+    "6s",
+    "--renew-interval",
+    "3s",
+    "--retry-period",
+    "500ms",
+];
+
+/// Someone shortens the duration of the leader's own Lease (keeping its
+/// holder), once with the leader's watch healthy and once right after it was
+/// reset. Followers go by what they see; the leader must never claim past
+/// what the Lease others can see promises. Never two leaders; a leader again
+/// within a bound, with a larger fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duration_edit_of_the_leaders_lease_never_makes_two_leaders() {
+    for reset in [false, true] {
+        let g = group_with("k-dur-edit", &["a", "b", "c"], WIDE, false).await;
+        let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+        let t1 = token_of(&g.cs[first]).await;
+        sleep(Duration::from_millis(300)).await;
+        if reset {
+            g.eps[first].reset_watches();
+            sleep(Duration::from_millis(20)).await;
+        } else {
+            // A healthy but not instant watch: the edit reaches the leader
+            // 200 ms after the followers.
+            g.eps[first].set_fault(Fault {
+                event_latency: Duration::from_millis(200),
+                ..Fault::default()
+            });
+        }
+        assert!(g.api.edit_lease(&g.election, |l| {
+            l["spec"]["leaseDurationSeconds"] = json!(1);
+        }));
+        let start = Instant::now();
+        // Watch for 5 s (past the followers' 1 s and the leader's next
+        // renewal): never two leaders.
+        let end = start + Duration::from_secs(5);
+        let mut led_again = None;
+        while Instant::now() < end {
+            let l = leaders(&g.cs).await;
+            assert!(
+                l.len() <= 1,
+                "reset={reset}: two leaders {:?} after {:?} (the old leader claimed past the edited duration)",
+                l,
+                start.elapsed()
+            );
+            if l.len() == 1 && (l[0] != first || led_again.is_some()) && led_again.is_none() {
+                led_again = Some((l[0], start.elapsed()));
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+        let l = one_leader(&g.cs, Duration::from_secs(10)).await;
+        let t2 = token_of(&g.cs[l]).await;
+        if std::env::var("SHOW_LOG").is_ok() {
+            println!("{}", g.cs[first].log());
+        }
+        println!("duration edit (watch reset: {reset}): leader again {led_again:?}; token {t1} -> {t2}");
+        assert!(t2 >= t1, "fencing token never goes back: {t1} then {t2}");
+    }
+}
+
+/// After a compaction, followers whose watches break reopen them from a
+/// fresh LIST's version: no 410 loop, no unhealthy report, a handful of
+/// requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_reopen_a_compacted_watch_without_a_loop() {
+    let g = group_with("k-410", &["a", "b", "c"], WIDE, false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    // Right after a renewal, so the next one is ~3 s away.
+    sleep(Duration::from_millis(500)).await;
+    g.api.compact();
+    let before: Vec<u64> = g.eps.iter().map(|e| e.total()).collect();
+    for (i, ep) in g.eps.iter().enumerate() {
+        if i != first {
+            ep.reset_watches();
+        }
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        for (i, c) in g.cs.iter().enumerate() {
+            if i == first {
+                continue;
+            }
+            let (code, body) = c.leader().await.unwrap();
+            assert_eq!(code, 503);
+            assert_eq!(
+                body["backend_healthy"],
+                json!(true),
+                "{}: a 410 after a good read is not a backend failure: {body}",
+                c.identity
+            );
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    for (i, ep) in g.eps.iter().enumerate() {
+        if i == first {
+            continue;
+        }
+        let sent = ep.total() - before[i];
+        println!("{}: {sent} requests in 2 s after the compaction", ep.name);
+        assert!(
+            sent <= 4,
+            "{}: {sent} requests in 2 s after a compaction: {:?}",
+            ep.name,
+            ep.counts()
+        );
+    }
+    assert_eq!(leaders(&g.cs).await, vec![first], "the leader kept its term");
+}
+
+/// RBAC missing one verb at a time. Without `update` (or `get`, `create`)
+/// the sidecar can never hold a term: it never claims, says which verb on
+/// `/leader`, and is not ready. Without `list` or `watch` it still leads,
+/// with one warning, and a follower without `watch` polls at the renew
+/// interval, not faster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permissions_missing_one_verb_at_a_time() {
+    for verb in ["update", "get", "create"] {
+        let api = KubeApi::start(NS);
+        api.deny(verb, "leases");
+        let el = election("k-rbac");
+        let (ep, a) = candidate(&api, &el, "a", &[], false).await;
+        let end = Instant::now() + Duration::from_secs(4);
+        let mut said = false;
+        while Instant::now() < end {
+            let (code, body) = a.leader().await.unwrap();
+            assert_eq!(code, 503, "without {verb}: never a claim: {body}");
+            let err = body["error"].as_str().unwrap_or("");
+            said |= err.contains(verb) && err.contains("leases");
+            sleep(Duration::from_millis(20)).await;
+        }
+        assert!(said, "without {verb}: /leader names the verb: {:?}", a.leader().await);
+        let (code, _) = http_get(a.port, "/readyz").await.unwrap();
+        assert_eq!(code, 503, "without {verb}: not ready");
+        let writes = ep
+            .log()
+            .iter()
+            .filter(|l| l.resource == "leases" && matches!(l.verb, "create" | "update"))
+            .count();
+        assert_eq!(writes, 0, "without {verb}: no campaign at all: {:?}", ep.counts());
+        let errors = a.log().matches(" ERROR ").count() + a.log().matches("\"ERROR\"").count();
+        println!("without {verb}: {errors} ERROR lines in 4 s, {} requests", ep.total());
+    }
+    for verb in ["list", "watch"] {
+        let api = KubeApi::start(NS);
+        api.deny(verb, "leases");
+        let el = election("k-rbac-soft");
+        let (_ea, a) = candidate(&api, &el, "a", &[], false).await;
+        wait_for(Duration::from_secs(10), &format!("a to lead without {verb}"), || async {
+            a.is_leader().await
+        })
+        .await;
+        let (eb, b) = candidate(&api, &el, "b", &[], false).await;
+        sleep(Duration::from_secs(1)).await;
+        let before = eb.total();
+        sleep(Duration::from_secs(3)).await;
+        let rate = (eb.total() - before) as f64 / 3.0;
+        println!("without {verb}: follower sends {rate:.1} requests/s (renew interval 500 ms)");
+        assert!(rate <= 3.0, "without {verb}: follower polls at {rate}/s: {:?}", eb.counts());
+        assert!(!b.is_leader().await);
+        let (_, body) = b.leader().await.unwrap();
+        assert_eq!(body["backend_healthy"], json!(true), "without {verb}: {body}");
+        let warned = b.log().matches(&format!("may not {verb}")).count();
+        assert!(warned <= 1, "without {verb}: said once, not {warned} times");
+    }
+}
+
+/// Every request names the sidecar (`User-Agent: leader-elector/<version>`)
+/// and every write its field manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_carry_a_user_agent_and_writes_a_field_manager() {
+    let mut g = group("k-identity", &["a", "b"], true).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    sleep(Duration::from_secs(1)).await;
+    g.cs[first].signal(Signal::SIGTERM);
+    g.cs[first].wait_exit(Duration::from_secs(5)).await;
+    let ua = format!("leader-elector/{}", env!("CARGO_PKG_VERSION"));
+    for ep in &g.eps {
+        for l in ep.log() {
+            assert_eq!(l.user_agent, ua, "{}: {l:?}", ep.name);
+            let ours = matches!(l.resource.as_str(), "leases" | "pods" | "events");
+            if ours && matches!(l.verb, "create" | "update" | "patch") {
+                assert_eq!(l.field_manager, "leader-elector", "{}: {l:?}", ep.name);
+            }
+        }
+    }
+}
+
+/// A reset watch ends with a transport error on the client's side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stand_in_resets_a_watch_mid_stream() {
+    let api = KubeApi::start(NS);
+    let ep = api.endpoint("reset").await;
+    let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let leases: Api<Lease> = Api::namespaced(client, NS);
+    let wp = WatchParams::default().fields("metadata.name=x").timeout(10);
+    let stream = leases.watch(&wp, "0").await.unwrap();
+    futures_util::pin_mut!(stream);
+    sleep(Duration::from_millis(100)).await;
+    ep.reset_watches();
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("a reset watch ends at once");
+    assert!(matches!(next, Some(Err(_))), "a reset is an error, not an end: {next:?}");
+    println!("after a reset the stream yields {next:?}");
+}

@@ -66,6 +66,9 @@ pub struct Fault {
     pub writes_only: bool,
     /// Never answer (requests hang; open watches stop delivering events).
     pub hang: bool,
+    /// Delay before each watch event reaches this client (a slow watch
+    /// cache or a congested connection).
+    pub event_latency: Duration,
 }
 
 #[derive(Debug)]
@@ -476,6 +479,7 @@ impl Endpoint {
                 all.writes_only
             },
             hang: own.hang || all.hang,
+            event_latency: own.event_latency.max(all.event_latency),
         }
     }
 
@@ -529,6 +533,10 @@ async fn serve_tls(
             return;
         };
         let (tls, app) = (tls.clone(), app.clone());
+        // A connection the server drops (a reset watch) ends with a TCP
+        // reset, as a broken connection does, not with a clean close.
+        #[allow(deprecated)]
+        let _ = tcp.set_linger(Some(Duration::ZERO));
         tokio::spawn(async move {
             let Ok(stream) = tls.accept(tcp).await else {
                 return;
@@ -1183,6 +1191,10 @@ impl WatchFeed {
         self.last_rv = self.last_rv.max(rv);
         if !self.sel.matches(&obj) {
             return true;
+        }
+        let lag = self.ep.effective().event_latency;
+        if !lag.is_zero() {
+            tokio::time::sleep(lag).await;
         }
         // A blackholed client gets nothing until it heals.
         while self.ep.effective().hang {
