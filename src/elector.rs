@@ -258,7 +258,14 @@ impl Elector {
             Err(e) => {
                 self.report(Observation::CampaignFailed { reason: e.reason() });
                 self.backend_failed(&e);
-                Some(self.backoff.next())
+                // A refusal that retrying cannot fix (credentials, RBAC) is
+                // never retried faster than the renew interval.
+                let wait = self.backoff.next();
+                Some(if e.is_retryable() {
+                    wait
+                } else {
+                    wait.max(self.cfg.renew_interval)
+                })
             }
         }
     }

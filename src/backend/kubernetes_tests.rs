@@ -164,7 +164,11 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
     );
     let put = seen.lock().unwrap()[4].clone();
     assert_eq!(put.method, "PUT");
-    assert_eq!(put.path, format!("{BASE}/el?"), "an update, never a patch");
+    assert_eq!(
+        put.path,
+        format!("{BASE}/el?&fieldManager=leader-elector"),
+        "an update, never a patch"
+    );
     assert_eq!(
         put.body["metadata"]["resourceVersion"],
         json!("101"),
@@ -187,13 +191,13 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
             // A fresh process found nothing: the LIST's version is where
             // its view of the Lease begins.
             format!("GET {BASE}?&fieldSelector=metadata.name%3Del"),
-            format!("POST {BASE}?"),
+            format!("POST {BASE}?&fieldManager=leader-elector"),
             // The replay from that version up to our create: no other term.
             format!(
                 "GET {BASE}?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Del&allowWatchBookmarks=true&resourceVersion=100"
             ),
-            format!("PUT {BASE}/el?"),
-            format!("PUT {BASE}/el?"),
+            format!("PUT {BASE}/el?&fieldManager=leader-elector"),
+            format!("PUT {BASE}/el?&fieldManager=leader-elector"),
         ]
     );
     assert_eq!(
@@ -306,7 +310,10 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
     let m = methods(&seen);
     assert_eq!(
         &m[4..],
-        &[format!("PUT {BASE}/el?"), format!("GET {BASE}/el")]
+        &[
+            format!("PUT {BASE}/el?&fieldManager=leader-elector"),
+            format!("GET {BASE}/el")
+        ]
     );
     // Release finds nothing of ours: no write.
     b.resign(&term).await.unwrap();

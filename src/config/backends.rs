@@ -99,8 +99,11 @@ pub(crate) fn check_lease_name(name: &str) -> Result<(), ConfigError> {
 }
 
 /// Whether a Kubernetes client configuration can exist: in a Pod (the
-/// service host variables), or a kubeconfig (`KUBECONFIG`, `~/.kube/config`).
-pub(crate) fn kube_config_present() -> bool {
+/// service host variables), or a kubeconfig named by `KUBECONFIG`; with
+/// `home`, also `~/.kube/config`. `--backend auto` passes `home = false`: on
+/// a workstation, someone who forgot `--etcd-endpoints` must not write a
+/// Lease into whatever cluster the current context points at.
+pub(crate) fn kube_config_present(home: bool) -> bool {
     #[cfg(test)]
     if let Some(v) = super::tests::KUBE_PRESENT.with(|c| c.get()) {
         return v;
@@ -108,14 +111,15 @@ pub(crate) fn kube_config_present() -> bool {
     let env = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     (env("KUBERNETES_SERVICE_HOST") && env("KUBERNETES_SERVICE_PORT"))
         || env("KUBECONFIG")
-        || std::env::var_os("HOME")
-            .is_some_and(|h| Path::new(&h).join(".kube").join("config").is_file())
+        || (home
+            && std::env::var_os("HOME")
+                .is_some_and(|h| Path::new(&h).join(".kube").join("config").is_file()))
 }
 
 pub(crate) fn kube_backend(cli: &Cli, chosen_by_auto: bool) -> Result<BackendConfig, ConfigError> {
-    if !kube_config_present() {
+    if !kube_config_present(!chosen_by_auto) {
         return Err(config_error(if chosen_by_auto {
-            "no backend is configured: give --etcd-endpoints (e.g. http://127.0.0.1:2379) or --redis-url (e.g. redis://127.0.0.1:6379), or run in a Kubernetes Pod (or set KUBECONFIG) to elect through a Lease"
+            "no backend is configured: give --etcd-endpoints (e.g. http://127.0.0.1:2379) or --redis-url (e.g. redis://127.0.0.1:6379), or run in a Kubernetes Pod (or set KUBECONFIG, or give --backend kubernetes to use ~/.kube/config) to elect through a Lease"
         } else {
             "--backend kubernetes needs a Kubernetes client configuration: run in a Pod with a ServiceAccount, or set KUBECONFIG"
         }));
@@ -151,7 +155,10 @@ pub(crate) fn kube_backend(cli: &Cli, chosen_by_auto: bool) -> Result<BackendCon
     }
     Ok(BackendConfig::Kubernetes {
         name: cli.election.clone(),
-        options: crate::backend::kubernetes::KubeOptions { namespace },
+        options: crate::backend::kubernetes::KubeOptions {
+            namespace,
+            poll_every: cli.renew_interval.or(Some(cli.lease_duration / 3)),
+        },
     })
 }
 

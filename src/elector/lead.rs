@@ -50,6 +50,12 @@ impl Elector {
         let backend = self.backend.clone();
         let mut held = self.begin_term(&term, sent);
         let mut watch = Some(Box::pin(backend.watch(&term.holder)));
+        // A broken watch is reopened at once (then with backoff): while it
+        // is down the leader is blind to writes by others (see the README's
+        // safety argument).
+        let mut rewatch: Option<Instant> = None;
+        let mut rewatch_backoff =
+            Backoff::new(Duration::from_millis(20), self.cfg.renew_interval / 4);
         let unhealthy = self.gates.unhealthy_past_grace();
         tokio::pin!(unhealthy);
         let why = loop {
@@ -75,18 +81,20 @@ impl Elector {
                 },
                 _ = &mut unhealthy => break StepDown::Unhealthy,
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
-                    Ok(()) => break StepDown::Lost("key deleted or overwritten"),
+                    Ok(()) => break StepDown::Lost("key deleted, overwritten or edited by someone else"),
                     Err(e) => {
-                        // Renewals also verify the key, so a lost watch
-                        // only slows detection; it is opened again after
-                        // the next successful renewal.
-                        warn!(error = %e.report(), "watch on own key failed");
+                        warn!(error = %e.report(), "watch on own key failed; reopening it");
                         watch = None;
+                        rewatch = Some(Instant::now() + rewatch_backoff.next());
                     }
                 },
+                _ = sleep_until(rewatch.unwrap_or_else(Instant::now)), if rewatch.is_some() => {
+                    rewatch = None;
+                    watch = Some(Box::pin(backend.watch(&term.holder)));
+                }
                 _ = sleep_until(held.next_renew) => match self.renew(&term, &mut held).await {
-                    Renew::Renewed if watch.is_none() => watch = Some(Box::pin(backend.watch(&term.holder))),
-                    Renew::Renewed | Renew::Failed => {}
+                    Renew::Renewed => rewatch_backoff.reset(),
+                    Renew::Failed => {}
                     Renew::Lost(reason) => break StepDown::Lost(reason),
                 },
             }
