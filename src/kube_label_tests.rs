@@ -97,6 +97,10 @@ fn patch_of(s: &Seen) -> (&str, &str) {
     )
 }
 
+/// The patch paths of our own Pod and another's (with our field manager).
+const POD0: &str = "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector";
+const POD1: &str = "/api/v1/namespaces/ns/pods/pod-1?&fieldManager=leader-elector";
+
 #[tokio::test]
 async fn start_acquire_and_release_send_exact_requests_in_order() {
     let (client, seen) = mock(ok_server());
@@ -117,10 +121,7 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
         let s = seen.lock().unwrap();
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!(s[0].method, "PATCH");
-        assert_eq!(
-            s[0].path,
-            "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector"
-        );
+        assert_eq!(s[0].path, POD0);
         assert_eq!(s[0].content_type, "application/merge-patch+json");
         assert_eq!(s[0].body, json!({"metadata": {"labels": {KEY: "false"}}}));
     }
@@ -138,26 +139,14 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
         assert_eq!(s[1].body["involvedObject"]["name"], "pod-0");
         assert_eq!(s[1].body["involvedObject"]["kind"], "Pod");
         assert_eq!(s[2].method, "PATCH");
-        assert_eq!(
-            patch_of(&s[2]),
-            (
-                "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector",
-                "true"
-            )
-        );
+        assert_eq!(patch_of(&s[2]), (POD0, "true"));
         assert_eq!(s[3].method, "GET");
         assert_eq!(
             s[3].path,
             "/api/v1/namespaces/ns/pods?&labelSelector=leader-elector%2Fleader%3Dtrue"
         );
         assert_eq!(s[4].method, "PATCH");
-        assert_eq!(
-            patch_of(&s[4]),
-            (
-                "/api/v1/namespaces/ns/pods/pod-1?&fieldManager=leader-elector",
-                "false"
-            )
-        );
+        assert_eq!(patch_of(&s[4]), (POD1, "false"));
         assert_eq!(s[4].content_type, "application/merge-patch+json");
         assert_eq!(s.len(), 5, "{s:?}");
     }
@@ -174,13 +163,7 @@ async fn start_acquire_and_release_send_exact_requests_in_order() {
     {
         let s = seen.lock().unwrap();
         assert_eq!(s[5].body["reason"], "StoppedLeading");
-        assert_eq!(
-            patch_of(&s[6]),
-            (
-                "/api/v1/namespaces/ns/pods/pod-0?&fieldManager=leader-elector",
-                "false"
-            )
-        );
+        assert_eq!(patch_of(&s[6]), (POD0, "false"));
         assert_eq!(s.len(), 7, "{s:?}");
     }
     assert_eq!(*acting.borrow(), None, "let go after the false patch");

@@ -363,11 +363,13 @@ fn holder_view(lease: &Lease) -> Holder {
 }
 
 mod client;
-pub use client::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
+mod connect;
+pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]
 pub(crate) mod mock;
 mod replay;
 mod verbs;
+mod watch;
 
 #[cfg(test)]
 #[path = "kubernetes_tests.rs"]
