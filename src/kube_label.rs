@@ -229,7 +229,9 @@ pub async fn run_labeler(
         // Reconcile: patch when the wanted value differs from what we set, or
         // (leader) when a renewal happened and the live label drifted.
         let want_patch = label.applied != Some(leading)
-            || (leading && renewed.is_some() && label_drifted(&pods, &cfg).await);
+            || (leading
+                && renewed.is_some()
+                && label_drifted(&pods, &cfg, metrics.as_deref()).await);
         if want_patch && label.retry_at.is_none_or(|t| Instant::now() >= t) {
             label
                 .patch(&pods, &cfg, leading, &acting, metrics.as_deref())
@@ -242,6 +244,11 @@ pub async fn run_labeler(
             .map(|t| t.saturating_duration_since(Instant::now()));
         tokio::select! {
             _ = shutdown.cancelled() => {
+                // The last transition gets its Event too, even when shutdown
+                // came before the labeler saw the state change.
+                if was_leading && cfg.events {
+                    announce(&client, &cfg, false, None).await;
+                }
                 // Leave the Service on the way out (the Elector waits for this).
                 if label.applied != Some(false) {
                     let _ = patch_label(&pods, &cfg, &cfg.pod, "false").await;
@@ -273,32 +280,21 @@ async fn announce(client: &Client, cfg: &LabelerConfig, leading: bool, token: Op
     record_event(client, cfg, reason, msg).await;
 }
 
-/// Whether our Pod's live label is no longer `"true"` (changed by hand).
-/// A failed read counts as no drift (logged at debug).
-async fn label_drifted(pods: &Api<Pod>, cfg: &LabelerConfig) -> bool {
-    match timeout(CALL_TIMEOUT, pods.get(&cfg.pod)).await {
-        Ok(Ok(pod)) => {
-            let live = pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(&cfg.key))
-                .map(String::as_str);
-            if live != Some("true") {
-                info!(key = %cfg.key, live = ?live, "the leader label was changed by hand; putting it back");
-                return true;
-            }
-            false
-        }
-        Ok(Err(e)) => {
-            debug!(error = %explain(&e, cfg, "get").0, "could not read our Pod");
-            false
-        }
-        Err(_) => {
-            debug!("reading our Pod timed out");
-            false
-        }
+/// At a renewal of ours: whether our Pod's live label is no longer
+/// `"true"` (changed by hand), from one LIST of the Pods labelled `"true"`,
+/// which also sets `"false"` on any other Pod found there (a follower
+/// labelled by hand, or a dead leader's). A failed read counts as no drift
+/// (logged at debug).
+async fn label_drifted(pods: &Api<Pod>, cfg: &LabelerConfig, metrics: Option<&Metrics>) -> bool {
+    let Some(names) = labelled_true(pods, cfg, false).await else {
+        return false;
+    };
+    let ours = names.iter().any(|n| *n == cfg.pod);
+    clear(pods, cfg, names, metrics).await;
+    if !ours {
+        info!(key = %cfg.key, "the leader label was changed by hand; putting it back");
     }
+    !ours
 }
 
 /// What the labeler believes of our Pod's label, and its retry backoff.
@@ -362,32 +358,52 @@ impl Label {
 /// As the new leader, set `"false"` on other Pods still labelled `"true"`
 /// (a leader that died keeps its stale label).
 async fn clear_stale(pods: &Api<Pod>, cfg: &LabelerConfig, metrics: Option<&Metrics>) {
+    if let Some(names) = labelled_true(pods, cfg, true).await {
+        clear(pods, cfg, names, metrics).await;
+    }
+}
+
+/// The names of the Pods labelled `"true"`; `None` when the LIST failed
+/// (a warning when `loud`, else debug).
+async fn labelled_true(pods: &Api<Pod>, cfg: &LabelerConfig, loud: bool) -> Option<Vec<String>> {
     let selector = format!("{}=true", cfg.key);
-    let list = match timeout(
+    let why = match timeout(
         CALL_TIMEOUT,
         pods.list(&ListParams::default().labels(&selector)),
     )
     .await
     {
-        Ok(Ok(l)) => l,
-        Ok(Err(e)) => {
-            warn!(error = %explain(&e, cfg, "list").0, "could not look for stale leader labels");
-            return;
+        Ok(Ok(l)) => {
+            return Some(
+                l.items
+                    .into_iter()
+                    .filter_map(|p| p.metadata.name)
+                    .collect(),
+            );
         }
-        Err(_) => {
-            warn!("listing Pods for stale leader labels timed out");
-            return;
-        }
+        Ok(Err(e)) => explain(&e, cfg, "list").0,
+        Err(_) => "timed out".to_owned(),
     };
-    for pod in list.items {
-        let Some(name) = pod.metadata.name else {
-            continue;
-        };
-        if name == cfg.pod {
-            continue;
-        }
+    if loud {
+        warn!(error = %why, "could not look for stale leader labels");
+    } else {
+        debug!(error = %why, "could not list the Pods labelled as leader");
+    }
+    None
+}
+
+/// Set `"false"` on each of `names` but our own Pod.
+async fn clear(
+    pods: &Api<Pod>,
+    cfg: &LabelerConfig,
+    names: Vec<String>,
+    metrics: Option<&Metrics>,
+) {
+    for name in names.into_iter().filter(|n| *n != cfg.pod) {
         match patch_label(pods, cfg, &name, "false").await {
-            Ok(()) => info!(pod = %name, key = %cfg.key, "cleared a stale leader label"),
+            Ok(()) => {
+                info!(pod = %name, key = %cfg.key, "cleared a leader label that is not the leader's")
+            }
             Err(e) => {
                 let (why, reason) = explain(&e, cfg, "patch");
                 warn!(pod = %name, error = %why, "could not clear a stale leader label");

@@ -936,3 +936,52 @@ async fn the_stand_in_resets_a_watch_mid_stream() {
     );
     println!("after a reset the stream yields {next:?}");
 }
+
+/// A follower's Pod labelled `true` by hand is set back to `false` at the
+/// leader's next renewal (one Service endpoint), and every step-down on
+/// SIGTERM records its `StoppedLeading` Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_edited_by_hand_are_put_back_and_every_step_down_has_its_event() {
+    const KEY: &str = "leader-elector/leader";
+    let mut g = group("k-labels", &["pod-a", "pod-b", "pod-c"], true).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let follower = (first + 1) % 3;
+    let fpod = g.cs[follower].identity.clone();
+    wait_for(Duration::from_secs(5), "labels to settle", || async {
+        g.api.pod_label(&fpod, KEY).as_deref() == Some("false")
+    })
+    .await;
+    g.api.set_pod_label(&fpod, KEY, "true");
+    let start = Instant::now();
+    wait_for(
+        Duration::from_secs(5),
+        "the follower's hand-set label to be put back to false",
+        || async { g.api.pod_label(&fpod, KEY).as_deref() == Some("false") },
+    )
+    .await;
+    println!("a follower's hand-set label was put back after {:?}", start.elapsed());
+    let mut stopped = Vec::new();
+    let mut leader = first;
+    for _ in 0..2 {
+        g.cs[leader].signal(Signal::SIGTERM);
+        assert!(g.cs[leader].wait_exit(Duration::from_secs(5)).await.is_some());
+        stopped.push(g.cs[leader].identity.clone());
+        let live: Vec<usize> = (0..3).filter(|i| g.cs[*i].exited().is_none()).collect();
+        let end = Instant::now() + Duration::from_secs(10);
+        leader = loop {
+            let l = leaders(&g.cs).await;
+            if let Some(i) = l.first().filter(|i| live.contains(i)) {
+                break *i;
+            }
+            assert!(Instant::now() < end, "no new leader");
+            sleep(Duration::from_millis(10)).await;
+        };
+    }
+    let events = g.api.events();
+    for pod in &stopped {
+        let has = events.iter().any(|e| {
+            e["reason"] == json!("StoppedLeading") && e["involvedObject"]["name"] == json!(pod)
+        });
+        assert!(has, "{pod} stepped down on SIGTERM without a StoppedLeading Event: {events:?}");
+    }
+}

@@ -432,6 +432,18 @@ impl KubeApi {
             .and_then(|p| p["metadata"]["labels"][key].as_str().map(str::to_owned))
     }
 
+    /// Set a Pod's label by hand (`kubectl label --overwrite`).
+    pub fn set_pod_label(&self, pod: &str, key: &str, value: &str) {
+        let mut s = self.shared.store.lock().unwrap();
+        let rv = s.bump();
+        let p = s
+            .pods
+            .get_mut(&(self.namespace.clone(), pod.to_owned()))
+            .expect("no such Pod");
+        p["metadata"]["labels"][key] = json!(value);
+        p["metadata"]["resourceVersion"] = json!(rv.to_string());
+    }
+
     /// Events created so far.
     pub fn events(&self) -> Vec<Value> {
         self.shared.store.lock().unwrap().events.clone()
