@@ -289,7 +289,7 @@ async fn label_drifted(pods: &Api<Pod>, cfg: &LabelerConfig, metrics: Option<&Me
     let Some(names) = labelled_true(pods, cfg, false).await else {
         return false;
     };
-    let ours = names.iter().any(|n| *n == cfg.pod);
+    let ours = names.contains(&cfg.pod);
     clear(pods, cfg, names, metrics).await;
     if !ours {
         info!(key = %cfg.key, "the leader label was changed by hand; putting it back");
