@@ -8,7 +8,9 @@
 //! campaign, renew or resign, so running them cannot change who leads.
 //!
 //! Exit codes of `status`: 0 someone leads, 3 nobody leads (the key is free),
-//! 1 the backend could not be read, 2 bad flags. `observe` exits 0 on
+//! 4 a Lease names a holder that has not renewed within its duration by this
+//! machine's wall clock (possibly expired), 1 the backend could not be read,
+//! 2 bad flags. `observe` exits 0 on
 //! SIGINT/SIGTERM (or when its output is closed), 2 on bad flags; backend
 //! errors are reported on stderr and retried.
 
@@ -25,6 +27,11 @@ use crate::config::{BackendArgs, Cli, Config, parse_duration};
 
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
+
+/// Exit code of `status` when a Lease names a holder whose last renewal
+/// (`renewTime`) plus its duration is past by this machine's wall clock: it
+/// may be dead, and nobody may lead (an estimate: clocks may differ).
+pub const EXIT_POSSIBLY_EXPIRED: u8 = 4;
 
 /// Flags of `leader-elector status` and `leader-elector observe`.
 #[derive(Parser, Debug, Clone)]
@@ -213,7 +220,17 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
     if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
         return 1;
     }
-    if holder.is_some() { 0 } else { EXIT_NO_LEADER }
+    match &holder {
+        None => EXIT_NO_LEADER,
+        Some(h) if backend.name() == "kubernetes" && h.expires_in == Some(Duration::ZERO) => {
+            eprintln!(
+                "warning: holder {} has not renewed the Lease within its duration by this machine's clock (renewTime + leaseDurationSeconds is past): possibly expired; an estimate, since clocks may differ",
+                h.identity
+            );
+            EXIT_POSSIBLY_EXPIRED
+        }
+        Some(_) => 0,
+    }
 }
 
 fn table(r: &Report) -> String {

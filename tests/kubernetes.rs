@@ -985,3 +985,27 @@ async fn labels_edited_by_hand_are_put_back_and_every_step_down_has_its_event() 
         assert!(has, "{pod} stepped down on SIGTERM without a StoppedLeading Event: {events:?}");
     }
 }
+
+/// `status` on a Lease whose only holder was SIGKILLed: 0 while it may
+/// still run, 4 ("possibly expired") once `renewTime` + duration is past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_a_dead_holder_may_have_expired() {
+    let mut g = group("k-status", &["a"], false).await;
+    one_leader(&g.cs, Duration::from_secs(20)).await;
+    let kubeconfig = g.eps[0].kubeconfig().to_owned();
+    let status = |kc: std::path::PathBuf, el: String| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(["status", "--backend", "kubernetes", "--election", &el])
+            .env("KUBECONFIG", kc)
+            .output()
+            .unwrap()
+    };
+    let alive = status(kubeconfig.clone(), g.election.clone());
+    assert_eq!(alive.status.code(), Some(0), "{alive:?}");
+    g.cs[0].signal(Signal::SIGKILL);
+    sleep(Duration::from_secs(3)).await;
+    let dead = status(kubeconfig, g.election.clone());
+    let stderr = String::from_utf8_lossy(&dead.stderr);
+    assert_eq!(dead.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("possibly expired"), "{stderr}");
+}

@@ -88,7 +88,10 @@ impl Elector {
             && previous != token
         {
             let took = Instant::now().saturating_duration_since(at);
-            info!(election = %self.cfg.election, previous_fencing_token = previous, fencing_token = token, failover_ms = took.as_millis() as u64, "observed a new term");
+            // An upper bound, not the handover itself: from the send instant
+            // of the last answer that showed the previous term alive (a
+            // follower reads about once per renew interval) to now.
+            info!(election = %self.cfg.election, previous_fencing_token = previous, fencing_token = token, since_previous_seen_ms = took.as_millis() as u64, "observed a new term (since_previous_seen_ms bounds the failover from above)");
             self.report(Observation::Failover { took });
         }
         self.term_seen = Some((token, sent));

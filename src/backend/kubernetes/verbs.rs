@@ -147,6 +147,32 @@ impl LeaseBackend for KubeLeaseBackend {
             .map(|l| holder_view(&l)))
     }
 
+    /// Like `read`, with `expires_in` estimated by this machine's wall
+    /// clock: `renewTime + leaseDurationSeconds − now`, zero when past. A
+    /// one-shot read cannot observe expiry the way followers do (by
+    /// silence), so this is an estimate that clock skew can move; only
+    /// `leader-elector status` uses it.
+    async fn inspect(&self) -> Result<Option<Holder>> {
+        let conn = self.conn().await?;
+        let Some(lease) = self.get(conn).await?.filter(|l| !holder_of(l).is_empty()) else {
+            return Ok(None);
+        };
+        let mut holder = holder_view(&lease);
+        let spec = lease.spec.as_ref();
+        let renewed = spec
+            .and_then(|s| s.renew_time.as_ref().or(s.acquire_time.as_ref()))
+            .map(|t| t.0);
+        let duration = Self::duration_of(&lease, Duration::from_secs(15));
+        holder.expires_in = renewed.map(|at| {
+            let age_ms = k8s_openapi::jiff::Timestamp::now()
+                .duration_since(at)
+                .as_millis()
+                .max(0) as u64;
+            duration.saturating_sub(Duration::from_millis(age_ms))
+        });
+        Ok(Some(holder))
+    }
+
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let conn = self.conn().await?;
         let mut broken = false;
