@@ -959,12 +959,20 @@ async fn labels_edited_by_hand_are_put_back_and_every_step_down_has_its_event() 
         || async { g.api.pod_label(&fpod, KEY).as_deref() == Some("false") },
     )
     .await;
-    println!("a follower's hand-set label was put back after {:?}", start.elapsed());
+    println!(
+        "a follower's hand-set label was put back after {:?}",
+        start.elapsed()
+    );
     let mut stopped = Vec::new();
     let mut leader = first;
     for _ in 0..2 {
         g.cs[leader].signal(Signal::SIGTERM);
-        assert!(g.cs[leader].wait_exit(Duration::from_secs(5)).await.is_some());
+        assert!(
+            g.cs[leader]
+                .wait_exit(Duration::from_secs(5))
+                .await
+                .is_some()
+        );
         stopped.push(g.cs[leader].identity.clone());
         let live: Vec<usize> = (0..3).filter(|i| g.cs[*i].exited().is_none()).collect();
         let end = Instant::now() + Duration::from_secs(10);
@@ -982,7 +990,10 @@ async fn labels_edited_by_hand_are_put_back_and_every_step_down_has_its_event() 
         let has = events.iter().any(|e| {
             e["reason"] == json!("StoppedLeading") && e["involvedObject"]["name"] == json!(pod)
         });
-        assert!(has, "{pod} stepped down on SIGTERM without a StoppedLeading Event: {events:?}");
+        assert!(
+            has,
+            "{pod} stepped down on SIGTERM without a StoppedLeading Event: {events:?}"
+        );
     }
 }
 
@@ -990,7 +1001,7 @@ async fn labels_edited_by_hand_are_put_back_and_every_step_down_has_its_event() 
 /// still run, 4 ("possibly expired") once `renewTime` + duration is past.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_says_a_dead_holder_may_have_expired() {
-    let mut g = group("k-status", &["a"], false).await;
+    let g = group("k-status", &["a"], false).await;
     one_leader(&g.cs, Duration::from_secs(20)).await;
     let kubeconfig = g.eps[0].kubeconfig().to_owned();
     let status = |kc: std::path::PathBuf, el: String| {
@@ -1008,4 +1019,58 @@ async fn status_says_a_dead_holder_may_have_expired() {
     let stderr = String::from_utf8_lossy(&dead.stderr);
     assert_eq!(dead.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("possibly expired"), "{stderr}");
+}
+
+/// The sidecar through the in-cluster configuration, as in a Pod: the
+/// ServiceAccount token, `ca.crt` and `namespace` at
+/// `/var/run/secrets/kubernetes.io/serviceaccount` (a private mount
+/// namespace made with `unshare --mount`), `KUBERNETES_SERVICE_HOST`/`_PORT`
+/// set, no KUBECONFIG, `--backend auto`: it elects through a Lease over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_cluster_configuration_elects_over_tls() {
+    let api = KubeApi::start(NS);
+    let ep = api.endpoint("in-cluster").await;
+    let el = election("k-in-cluster");
+    let script = format!(
+        "mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount && cp {dir}/token {dir}/ca.crt {dir}/namespace /run/secrets/kubernetes.io/serviceaccount/ && exec \"$0\" \"$@\"",
+        dir = api.service_account_dir().display()
+    );
+    let port = ep.port.to_string();
+    let mut args: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
+    args.extend(["--pod-label-key".to_owned(), String::new()]);
+    let s = Sidecar::start_wrapped(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &el,
+        "pod-in",
+        &args,
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", port.as_str()),
+        ],
+    );
+    wait_for(
+        Duration::from_secs(20),
+        "the in-cluster sidecar to lead",
+        || async { s.is_leader().await },
+    )
+    .await;
+    assert_eq!(holder(&api, &el).split('_').next(), Some("pod-in"));
+    let log = s.log();
+    assert!(
+        log.contains(&format!("https://127.0.0.1:{port}")) && log.contains(NS),
+        "the start names the API server and the namespace:\n{log}"
+    );
+    assert!(
+        ep.log().iter().all(|l| l.code != 401),
+        "the token was sent: {:?}",
+        ep.log()
+    );
 }

@@ -77,7 +77,30 @@ impl Sidecar {
         Self::spawn_env(None, election, identity, args, env)
     }
 
+    /// Start a sidecar as the last arguments of `wrapper` (e.g. `unshare
+    /// --mount sh -c '…; exec "$0" "$@"'`), with extra environment variables.
+    pub fn start_wrapped(
+        wrapper: &[&str],
+        election: &str,
+        identity: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
+        Self::spawn_inner(wrapper, None, election, identity, args, env)
+    }
+
     fn spawn_env(
+        sub: Option<&str>,
+        election: &str,
+        identity: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
+        Self::spawn_inner(&[], sub, election, identity, args, env)
+    }
+
+    fn spawn_inner(
+        wrapper: &[&str],
         sub: Option<&str>,
         election: &str,
         identity: &str,
@@ -90,7 +113,16 @@ impl Sidecar {
             Some(i) => (&args[..i], &args[i..]),
             None => (args, &[][..]),
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        let bin = env!("CARGO_BIN_EXE_leader-elector");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
             .args(sub)
             .args(["--election", election, "--identity", identity])
             .args(["--http-addr", "127.0.0.1:0"])

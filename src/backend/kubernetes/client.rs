@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Client;
 use kube::api::{Api, ListParams};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{info, warn};
 
 use super::*;
 
@@ -72,7 +72,7 @@ impl KubeLeaseBackend {
                     server: connected.server,
                     credentials: connected.credentials,
                 };
-                debug!(namespace = %conn.namespace, server = %conn.server, lease = %self.name, "kubernetes client ready");
+                info!(namespace = %conn.namespace, server = %conn.server, credentials = %conn.credentials, lease = %self.name, "electing through a Lease on this API server");
                 self.check_permissions(&conn).await?;
                 Ok(conn)
             })
