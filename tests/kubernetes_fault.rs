@@ -98,6 +98,15 @@ enum Chaos {
     ErrorsAll,
     LeaseEdited,
     LeaseDeleted,
+    /// The leader's watch is reset, then its Lease's duration is cut to 1 s
+    /// by hand (holder kept).
+    DurationEditedBlind,
+    /// The leader's watch is reset, then its Lease is handed to an intruder
+    /// by hand.
+    HolderEditedBlind,
+    /// Compaction passes every version, then every watch is reset: each
+    /// reopens from a fresh read (410 otherwise).
+    WatchesCompacted,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,6 +147,9 @@ async fn kubernetes_randomized() {
         Chaos::ErrorsAll,
         Chaos::LeaseEdited,
         Chaos::LeaseDeleted,
+        Chaos::DurationEditedBlind,
+        Chaos::HolderEditedBlind,
+        Chaos::WatchesCompacted,
     ];
     let end = Instant::now() + duration;
     let mut n = 0;
@@ -196,7 +208,49 @@ impl Group {
             Chaos::ErrorsAll => self.errors_all(rng, t).await,
             Chaos::LeaseEdited => self.lease_edited(t),
             Chaos::LeaseDeleted => self.lease_deleted(t),
+            Chaos::DurationEditedBlind => self.edited_blind(t, true).await,
+            Chaos::HolderEditedBlind => self.edited_blind(t, false).await,
+            Chaos::WatchesCompacted => self.watches_compacted(t),
         }
+    }
+
+    /// Reset the leader's watch, then edit its Lease by hand: the duration
+    /// cut to 1 s (holder kept), or the holder handed to an intruder.
+    async fn edited_blind(&mut self, t: &Turn, duration: bool) {
+        let what = if duration {
+            "leader's watch reset, then leaseDurationSeconds set to 1 by hand"
+        } else {
+            "leader's watch reset, then holderIdentity set to intruder_y by hand"
+        };
+        let f = self.rec.fault(Fault {
+            ends_term: Some((t.l, t.tok)),
+            ..Fault::new(&t.label(what.into()), None, Expect::Other, FAILOVER_BOUND)
+        });
+        self.eps[t.l].reset_watches();
+        sleep(Duration::from_millis(5)).await;
+        self.api.edit_lease(&self.election, |lease| {
+            if duration {
+                lease["spec"]["leaseDurationSeconds"] = json!(1);
+            } else {
+                lease["spec"]["holderIdentity"] = json!("intruder_y");
+            }
+        });
+        self.rec.heal(f, false);
+    }
+
+    /// Compact past every version and reset every watch: no transition.
+    fn watches_compacted(&mut self, t: &Turn) {
+        let f = self.rec.fault(Fault::new(
+            &t.label("compaction, then every watch reset".into()),
+            Some(t.l),
+            Expect::NoFailover,
+            FAILOVER_BOUND,
+        ));
+        self.api.compact();
+        for ep in &self.eps {
+            ep.reset_watches();
+        }
+        self.rec.heal(f, false);
     }
 
     /// SIGKILL or SIGTERM the leader, then start it again under the same name.

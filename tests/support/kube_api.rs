@@ -790,7 +790,11 @@ impl ApiRequest {
         format!(
             "{what} is forbidden: User \"{user}\" cannot {verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
             verb = self.k8s_verb(),
-            ns = self.seg().get(3).copied().unwrap_or(""),
+            ns = self
+                .seg()
+                .windows(2)
+                .find(|w| w[0] == "namespaces")
+                .map_or("", |w| w[1]),
         )
     }
 
