@@ -98,8 +98,9 @@ fn explain(err: &kube::Error, cfg: &LabelerConfig, verb: &str) -> (String, &'sta
     match err {
         kube::Error::Api(status) if status.code == 403 => (
             format!(
-                "forbidden: the Pod's ServiceAccount may not {verb} pods in namespace {ns}; add a Role with get, list, patch on pods (and create on events) bound to it (the Helm chart and manifests/ ship one)",
-                ns = cfg.namespace
+                "forbidden: these credentials may not {verb} pods in namespace {ns} ({msg}); add a Role with get, list, patch on pods (and create on events) bound to them (the Helm chart and manifests/ ship one)",
+                ns = cfg.namespace,
+                msg = status.message,
             ),
             "forbidden",
         ),
@@ -192,6 +193,47 @@ async fn record_event(client: &Client, cfg: &LabelerConfig, reason: &str, messag
             debug!(reason, error = %why, "could not record a Kubernetes Event");
         }
         Err(_) => debug!(reason, "recording a Kubernetes Event timed out"),
+    }
+}
+
+/// Ask once (SelfSubjectAccessReview) whether the labeler may do what it
+/// does: get, patch and list Pods, and create Events (when it records
+/// them), in the Pod's namespace. Each missing verb is one warning naming
+/// it; labelling never changes who leads, so nothing stops. A review that
+/// cannot be made checks nothing (debug).
+pub async fn check_permissions(client: &Client, cfg: &LabelerConfig) {
+    let mut wanted = vec![
+        ("", "pods", "get"),
+        ("", "pods", "patch"),
+        ("", "pods", "list"),
+    ];
+    if cfg.events {
+        wanted.push(("", "events", "create"));
+    }
+    for (group, resource, verb) in wanted {
+        let asked = crate::backend::kubernetes::may(client, &cfg.namespace, group, resource, verb);
+        match timeout(CALL_TIMEOUT, asked).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => warn!(
+                verb,
+                resource,
+                namespace = %cfg.namespace,
+                "the Pod labeler may not {verb} {resource} in namespace {}: {}",
+                cfg.namespace,
+                match resource {
+                    "events" => "transitions are not recorded as Events; add create on events to the Role",
+                    _ => "the leader label cannot be kept; add get, list and patch on pods to the Role",
+                }
+            ),
+            Ok(Err(e)) => {
+                debug!(error = %e, "cannot review the labeler's permissions");
+                return;
+            }
+            Err(_) => {
+                debug!("reviewing the labeler's permissions timed out");
+                return;
+            }
+        }
     }
 }
 
@@ -303,6 +345,8 @@ struct Label {
     applied: Option<bool>,
     backoff: Duration,
     retry_at: Option<Instant>,
+    /// A 403 was already logged at WARN.
+    said_forbidden: bool,
 }
 
 impl Label {
@@ -311,6 +355,7 @@ impl Label {
             applied: None,
             backoff: Duration::from_millis(200),
             retry_at: None,
+            said_forbidden: false,
         }
     }
 
@@ -342,8 +387,19 @@ impl Label {
             }
             Err(e) => {
                 let (why, reason) = explain(&e, cfg, "patch");
+                let forbidden = reason == "forbidden";
+                if forbidden {
+                    // A refusal retrying cannot fix: said once, retried
+                    // slowly (a Role may be fixed while we run).
+                    self.backoff = self.backoff.max(Duration::from_secs(5));
+                }
                 let retry_in = self.backoff;
-                warn!(key = %cfg.key, value, error = %why, ?retry_in, "could not label our Pod; leadership is unaffected");
+                if forbidden && self.said_forbidden {
+                    debug!(key = %cfg.key, value, error = %why, ?retry_in, "could not label our Pod (forbidden, said before)");
+                } else {
+                    warn!(key = %cfg.key, value, error = %why, ?retry_in, "could not label our Pod; leadership is unaffected");
+                }
+                self.said_forbidden |= forbidden;
                 if let Some(m) = metrics {
                     m.label_patch_failures.with_label_values(&[reason]).inc();
                 }

@@ -1074,3 +1074,28 @@ async fn the_in_cluster_configuration_elects_over_tls() {
         ep.log()
     );
 }
+
+/// The labeler's permissions are reviewed once at start: a missing verb is
+/// one warning naming it, and leadership is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_labeler_without_patch_warns_once_and_still_leads() {
+    let api = KubeApi::start(NS);
+    api.deny("patch", "pods");
+    let el = election("k-label-rbac");
+    let (_ep, a) = candidate(&api, &el, "pod-x", &[], true).await;
+    wait_for(Duration::from_secs(10), "pod-x to lead", || async {
+        a.is_leader().await
+    })
+    .await;
+    sleep(Duration::from_secs(1)).await;
+    let log = a.log();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("may not patch pods"))
+        .count();
+    assert!(
+        warned <= 2,
+        "the check's warning and at most the first refusal, not one per retry:\n{log}"
+    );
+    assert_eq!(log.matches("may not get pods").count(), 0, "{log}");
+}

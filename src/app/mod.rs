@@ -375,14 +375,12 @@ async fn spawn_labeler(
         }
     };
     let acting = elector.add_participant();
-    let fut = crate::kube_label::run_labeler(
-        client,
-        lc.clone(),
-        state.clone(),
-        acting,
-        Some(metrics.clone()),
-        shutdown.clone(),
-    );
+    let (lc, state, metrics, shutdown) =
+        (lc.clone(), state.clone(), metrics.clone(), shutdown.clone());
+    let fut = async move {
+        crate::kube_label::check_permissions(&client, &lc).await;
+        crate::kube_label::run_labeler(client, lc, state, acting, Some(metrics), shutdown).await
+    };
     let limit = crate::kube_label::CALL_TIMEOUT;
     Some(
         Task::spawn(
