@@ -30,6 +30,7 @@ mod lead;
 mod observe;
 mod publish;
 mod state;
+pub(crate) mod suspend;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,6 +108,9 @@ pub struct Elector {
     /// The term last shown alive by a backend answer (fencing token), and the
     /// send instant of that answer: the start of the next failover.
     term_seen: Option<(u64, Instant)>,
+    /// The host's suspended time when the last campaign was sent (a term it
+    /// won is valid from then, suspends counted).
+    suspended_at_campaign: Duration,
 }
 
 impl Elector {
@@ -137,6 +141,7 @@ impl Elector {
                 events,
                 gates,
                 term_seen: None,
+                suspended_at_campaign: Duration::ZERO,
             },
             rx,
         )
@@ -191,6 +196,7 @@ impl Elector {
             }
             self.report(Observation::CampaignSent);
             let sent = Instant::now();
+            self.suspended_at_campaign = suspend::suspended();
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 r = self.call("campaign", backend.campaign(&self.cfg.identity, self.cfg.lease_duration, self.last_seen.as_ref())) => r,

@@ -632,3 +632,30 @@ async fn a_drain_announces_stopped_leading_when_it_begins() {
         "no second stopped_leading at release"
     );
 }
+
+/// A host suspend longer than the lease: tokio's clock (CLOCK_MONOTONIC)
+/// does not move while suspended, the backend's TTL does. On resume the
+/// leader answers "not leader" at once, before any timer fires; a suspend
+/// shorter than what is left of its validity changes nothing (the liveness
+/// twin).
+#[tokio::test(start_paused = true)]
+async fn a_suspend_past_valid_until_answers_not_leader_at_once() {
+    let b = MemoryBackend::new();
+    let cs = [start(&b, "a")];
+    run_for(&cs, Duration::from_secs(1)).await;
+    let now = Instant::now();
+    let left = cs[0].rx.borrow().valid_for(now);
+    assert!(cs[0].rx.borrow().is_leader(now) && left > Duration::from_millis(500));
+    // A short suspend: still leading, with less left.
+    crate::elector::suspend::inject(Duration::from_millis(200));
+    let s = cs[0].rx.borrow().clone();
+    assert!(s.is_leader(now), "a suspend shorter than the validity left");
+    assert!(s.valid_for(now) <= left - Duration::from_millis(200));
+    // A suspend past valid_until: not leader, with no tokio time passing.
+    crate::elector::suspend::inject(TTL);
+    assert!(
+        !cs[0].rx.borrow().is_leader(now),
+        "the suspend counts against valid_until"
+    );
+    assert_eq!(cs[0].rx.borrow().valid_for(now), Duration::ZERO);
+}

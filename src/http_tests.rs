@@ -37,6 +37,7 @@ fn leading(valid_for: Duration) -> LeaderState {
         leader: Some("me".into()),
         fencing_token: Some(9),
         own_term: Some(OwnTerm {
+            suspended_at_send: crate::elector::suspend::suspended(),
             valid_until: Instant::now() + valid_for,
             fencing_token: 9,
         }),

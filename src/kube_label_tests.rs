@@ -72,6 +72,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         fencing_token: leading.then_some(token),
         term_observed_at: None,
         own_term: leading.then(|| OwnTerm {
+            suspended_at_send: crate::elector::suspend::suspended(),
             valid_until: tokio::time::Instant::now() + Duration::from_secs(60),
             fencing_token: token,
         }),

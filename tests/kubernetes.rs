@@ -1099,3 +1099,37 @@ async fn a_labeler_without_patch_warns_once_and_still_leads() {
     );
     assert_eq!(log.matches("may not get pods").count(), 0, "{log}");
 }
+
+/// Compaction past every version with every watch reset, again and again:
+/// the leader keeps its term (a 410 is answered by a fresh read, not a
+/// failure), and nobody else claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_compactions_with_reset_watches_change_nothing() {
+    let g = group("k-compact", &["a", "b", "c"], false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let t1 = token_of(&g.cs[first]).await;
+    if let Ok(ms) = std::env::var("COMPACT_LATENCY_MS") {
+        g.api.set_fault_all(Fault {
+            latency: Duration::from_millis(ms.parse().unwrap()),
+            ..Fault::default()
+        });
+    }
+    for round in 0..12 {
+        g.api.compact();
+        for ep in &g.eps {
+            ep.reset_watches();
+        }
+        let end = Instant::now() + Duration::from_millis(400 + 37 * round);
+        while Instant::now() < end {
+            let l = leaders(&g.cs).await;
+            assert!(
+                l.is_empty() || l == vec![first],
+                "round {round}: leadership moved: {l:?}\n{}",
+                g.cs[first].log()
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(token_of(&g.cs[first]).await, t1, "the same term throughout");
+    assert!(g.cs[first].is_leader().await);
+}

@@ -80,6 +80,14 @@ impl Group {
             assert_eq!(st.and_then(|s| s.code()), Some(0), "SIGTERM exits 0");
         }
         self.rec.stop_polling(slot);
+        // KFAULT_LOGDIR=DIR keeps the log of every stopped sidecar (slot.log),
+        // to read a problem found at the end about a process gone by then.
+        if let Some(dir) = std::env::var_os("KFAULT_LOGDIR") {
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("{slot}.log")),
+                s.log(),
+            );
+        }
     }
 }
 

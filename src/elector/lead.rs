@@ -157,6 +157,7 @@ impl Elector {
     async fn renew(&mut self, term: &Term, held: &mut Held) -> Renew {
         let backend = self.backend.clone();
         let send = Instant::now();
+        let suspended_at_send = super::suspend::suspended();
         let deadline = self
             .cfg
             .call_timeout()
@@ -183,6 +184,7 @@ impl Elector {
                 self.state.send_modify(|s| {
                     if let Some(t) = &mut s.own_term {
                         t.valid_until = valid_until;
+                        t.suspended_at_send = suspended_at_send;
                     }
                     s.lease_duration = ttl;
                     s.servers = servers;

@@ -101,6 +101,7 @@ impl Elector {
         let own = OwnTerm {
             valid_until,
             fencing_token: term.holder.fencing_token,
+            suspended_at_send: self.suspended_at_campaign,
         };
         self.publish(
             Some(term.holder.identity.clone()),

@@ -15,6 +15,25 @@ pub struct OwnTerm {
     pub valid_until: Instant,
     /// The term's fencing token.
     pub fencing_token: u64,
+    /// The host's suspended time ([`super::suspend::suspended`]) when the
+    /// request behind `valid_until` was sent: a suspend since then counts
+    /// against `valid_until` (tokio's clock stops while suspended).
+    pub suspended_at_send: Duration,
+}
+
+impl OwnTerm {
+    /// Whether the term is still valid at `now` (tokio's clock), counting
+    /// any suspend of the host since the request behind `valid_until`.
+    pub fn valid_at(&self, now: Instant) -> bool {
+        self.left_at(now) > Duration::ZERO
+    }
+
+    /// How long the term stays valid after `now`, suspends counted.
+    pub fn left_at(&self, now: Instant) -> Duration {
+        self.valid_until
+            .saturating_duration_since(now)
+            .saturating_sub(super::suspend::since(self.suspended_at_send))
+    }
 }
 
 /// What one candidate knows about its election. Published by the Elector on a
@@ -82,15 +101,16 @@ impl LeaderState {
     }
 
     /// Whether this candidate leads at `now`: it holds a term whose
-    /// `valid_until` lies after `now`, and shutdown has not started.
+    /// `valid_until` lies after `now` plus any time the host was suspended
+    /// since that deadline's request was sent, and shutdown has not started.
     pub fn is_leader(&self, now: Instant) -> bool {
-        !self.stopping && self.own_term.is_some_and(|t| now < t.valid_until)
+        !self.stopping && self.own_term.is_some_and(|t| t.valid_at(now))
     }
 
     /// How long this candidate may still claim to lead at `now` (zero when it does not lead).
     pub fn valid_for(&self, now: Instant) -> Duration {
         match self.own_term {
-            Some(t) if !self.stopping => t.valid_until.saturating_duration_since(now),
+            Some(t) if !self.stopping => t.left_at(now),
             _ => Duration::ZERO,
         }
     }
