@@ -218,7 +218,7 @@ impl Group {
             Chaos::LeaseDeleted => self.lease_deleted(t),
             Chaos::DurationEditedBlind => self.edited_blind(t, true).await,
             Chaos::HolderEditedBlind => self.edited_blind(t, false).await,
-            Chaos::WatchesCompacted => self.watches_compacted(t),
+            Chaos::WatchesCompacted => self.watches_compacted(t).await,
         }
     }
 
@@ -246,8 +246,9 @@ impl Group {
         self.rec.heal(f, false);
     }
 
-    /// Compact past every version and reset every watch: no transition.
-    fn watches_compacted(&mut self, t: &Turn) {
+    /// Compact past every version and reset every watch: no transition
+    /// (checked up to 1 s after, so the next fault waits that long).
+    async fn watches_compacted(&mut self, t: &Turn) {
         let f = self.rec.fault(Fault::new(
             &t.label("compaction, then every watch reset".into()),
             Some(t.l),
@@ -259,6 +260,7 @@ impl Group {
             ep.reset_watches();
         }
         self.rec.heal(f, false);
+        sleep(Duration::from_millis(1100)).await;
     }
 
     /// SIGKILL or SIGTERM the leader, then start it again under the same name.
