@@ -644,3 +644,27 @@ async fn a_term_created_and_deleted_while_a_candidate_waited_is_waited_out() {
         tb.holder.fencing_token
     );
 }
+
+/// The stand-in served standalone for scripts (`scripts/check-image`): run
+/// with `cargo test --test kubernetes -- --ignored --exact stand_in_server
+/// --nocapture`. Prints one line `STAND_IN url=https://127.0.0.1:PORT
+/// ca=PATH token=PATH namespace=NS dir=PATH` (`dir` holds `token`, `ca.crt`
+/// and `namespace`, as a Pod's service-account mount does) and serves until
+/// its standard input closes or it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a server for scripts, not a test"]
+async fn stand_in_server() {
+    use tokio::io::AsyncReadExt as _;
+    let api = KubeApi::start(NS);
+    let ep = api.endpoint("script").await;
+    let dir = api.service_account_dir();
+    println!(
+        "STAND_IN url=https://127.0.0.1:{port} ca={ca} token={token} namespace={NS} dir={dir}",
+        port = ep.port,
+        ca = dir.join("ca.crt").display(),
+        token = dir.join("token").display(),
+        dir = dir.display(),
+    );
+    let mut sink = Vec::new();
+    let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+}

@@ -1,5 +1,6 @@
-//! A Kubernetes API stand-in for tests: a plain-HTTP server on loopback that
-//! serves what the sidecar uses — Leases (get, list, create, update, delete,
+//! A Kubernetes API stand-in for tests: an HTTPS server on loopback (a CA
+//! and a server certificate generated per stand-in, bearer-token
+//! authentication) that serves what the sidecar uses — Leases (get, list, create, update, delete,
 //! watch), Pods (get, list, merge patch) and Events (create) — with the API
 //! server's documented semantics where the sidecar depends on them
 //! (https://kubernetes.io/docs/reference/using-api/api-concepts/):
@@ -17,6 +18,21 @@
 //!   (every [`KubeApi::set_bookmark_every`]); `timeoutSeconds` ends the
 //!   stream; `fieldSelector=metadata.name=X` filters.
 //!
+//! - TLS with a generated CA (`certificate-authority` in the KUBECONFIG, or
+//!   `ca.crt` for the in-cluster path) and a bearer token: a request without
+//!   the token answers 401, as the real server's authenticator does;
+//! - RBAC per verb and resource ([`KubeApi::deny`]): a denied verb answers
+//!   403 with the real server's wording, and `SelfSubjectAccessReview`
+//!   answers the same question up front;
+//! - a watch from a version that compaction passed answers 410 `Expired`,
+//!   also when it is an unchanged object's own version: [`KubeApi::compact`]
+//!   stands for the cluster's other writes too, so the compaction point
+//!   passes every object's own version, as on a real cluster;
+//! - per request, the `User-Agent` and the `fieldManager` of writes are
+//!   recorded ([`Endpoint::log`]), like the audit log and `managedFields`;
+//! - [`Endpoint::reset_watches`] breaks one client's open watches mid-stream
+//!   (a reset connection), so a third party can write while it is blind.
+//!
 //! Every client gets its own listener ([`KubeApi::endpoint`]) with its own
 //! fault switches ([`Fault`]: latency, an error status, a hang), so a test can
 //! blackhole the API for one sidecar only. A KUBECONFIG file per endpoint
@@ -24,7 +40,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,6 +92,28 @@ struct Shared {
     changes: broadcast::Sender<(u64, &'static str, Value)>,
     global: Mutex<Fault>,
     bookmark_every: Mutex<Duration>,
+    /// `(verb, resource)` pairs RBAC denies (`("update", "leases")`).
+    denied: Mutex<BTreeSet<(String, String)>>,
+    /// The bearer token every request must carry.
+    token: String,
+    /// The user that token authenticates as.
+    user: String,
+}
+
+/// One request as the audit log would show it.
+#[derive(Clone, Debug)]
+pub struct Logged {
+    /// The Kubernetes verb (`get`, `list`, `watch`, `create`, `update`,
+    /// `patch`, `delete`).
+    pub verb: &'static str,
+    /// The resource (`leases`, `pods`, `events`, `selfsubjectaccessreviews`).
+    pub resource: String,
+    /// The `User-Agent` header (empty when none was sent).
+    pub user_agent: String,
+    /// The `fieldManager` query parameter of a write (empty when none).
+    pub field_manager: String,
+    /// The status code answered (0 for a watch still streaming).
+    pub code: u16,
 }
 
 /// One client's listener: its fault switch and request counters.
@@ -90,6 +128,9 @@ pub struct Endpoint {
     counts: Mutex<BTreeMap<String, u64>>,
     total: AtomicU64,
     kubeconfig: PathBuf,
+    log: Mutex<Vec<Logged>>,
+    /// Bumped by [`Endpoint::reset_watches`]: open watches break.
+    resets: tokio::sync::watch::Sender<u64>,
 }
 
 /// The stand-in server. Dropping it stops every listener.
@@ -98,6 +139,8 @@ pub struct KubeApi {
     endpoints: Mutex<Vec<Arc<Endpoint>>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     dir: TempDir,
+    certs: super::Certs,
+    tls: tokio_rustls::TlsAcceptor,
     /// The namespace tests use.
     pub namespace: String,
 }
@@ -224,18 +267,50 @@ impl KubeApi {
             namespaces: vec![ns.to_owned(), "default".to_owned()],
             ..Store::default()
         };
+        let certs = super::Certs::generate();
+        let dir = TempDir::new().unwrap();
+        let token = format!("standin-{:016x}", rand::random::<u64>());
+        std::fs::write(dir.path().join("token"), &token).unwrap();
+        std::fs::write(dir.path().join("namespace"), ns).unwrap();
+        std::fs::copy(&certs.ca, dir.path().join("ca.crt")).unwrap();
         KubeApi {
             shared: Arc::new(Shared {
                 store: Mutex::new(store),
                 changes,
                 global: Mutex::new(Fault::default()),
                 bookmark_every: Mutex::new(Duration::from_secs(1)),
+                denied: Mutex::new(BTreeSet::new()),
+                token,
+                user: format!("system:serviceaccount:{ns}:leader-elector"),
             }),
             endpoints: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
-            dir: TempDir::new().unwrap(),
+            tls: tls_acceptor(&certs),
+            certs,
+            dir,
             namespace: ns.to_owned(),
         }
+    }
+
+    /// The directory holding `token`, `ca.crt` and `namespace`: what a Pod
+    /// has mounted at `/var/run/secrets/kubernetes.io/serviceaccount`.
+    pub fn service_account_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// The CA certificate (PEM) the server's certificate chains to.
+    pub fn ca_path(&self) -> &std::path::Path {
+        &self.certs.ca
+    }
+
+    /// RBAC: deny `verb` (`get`, `list`, `watch`, `create`, `update`,
+    /// `patch`, `delete`) on `resource` (`leases`, `pods`, `events`).
+    pub fn deny(&self, verb: &str, resource: &str) {
+        self.shared
+            .denied
+            .lock()
+            .unwrap()
+            .insert((verb.to_owned(), resource.to_owned()));
     }
 
     /// A new listener for one client, with its KUBECONFIG file.
@@ -246,8 +321,10 @@ impl KubeApi {
         std::fs::write(
             &kubeconfig,
             format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n    namespace: {ns}\ncurrent-context: standin\nusers:\n- name: standin\n  user: {{}}\n",
-                ns = self.namespace
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {ca}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n    namespace: {ns}\ncurrent-context: standin\nusers:\n- name: standin\n  user:\n    token: {token}\n",
+                ns = self.namespace,
+                ca = self.certs.ca.display(),
+                token = self.shared.token,
             ),
         )
         .unwrap();
@@ -259,11 +336,11 @@ impl KubeApi {
             counts: Mutex::new(BTreeMap::new()),
             total: AtomicU64::new(0),
             kubeconfig,
+            log: Mutex::new(Vec::new()),
+            resets: tokio::sync::watch::channel(0).0,
         });
         let app = axum::Router::new().fallback(handle).with_state(ep.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let task = tokio::spawn(serve_tls(listener, self.tls.clone(), app));
         self.tasks.lock().unwrap().push(task);
         self.endpoints.lock().unwrap().push(ep.clone());
         ep
@@ -280,9 +357,14 @@ impl KubeApi {
     }
 
     /// Forget history up to the current version (later watches from an
-    /// older version get 410 Expired).
+    /// older version get 410 Expired). The version first moves on, as the
+    /// rest of a real cluster writes all the time: the compaction point then
+    /// passes every object's own version, so a watch from an unchanged
+    /// object's version is refused too; only the version of a LIST made
+    /// after the compaction is accepted.
     pub fn compact(&self) {
         let mut s = self.shared.store.lock().unwrap();
+        s.bump();
         s.compacted = s.rv;
         s.history.clear();
     }
@@ -401,12 +483,101 @@ impl Endpoint {
         self.total.fetch_add(1, Ordering::Relaxed);
         *self.counts.lock().unwrap().entry(key).or_default() += 1;
     }
+
+    /// Every request so far, as an audit log would show it.
+    pub fn log(&self) -> Vec<Logged> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Break this client's open watches mid-stream, as a reset connection
+    /// does (the client sees a transport error, not a clean end).
+    pub fn reset_watches(&self) {
+        self.resets.send_modify(|n| *n += 1);
+    }
+}
+
+/// A TLS acceptor for the stand-in's server certificate.
+fn tls_acceptor(certs: &super::Certs) -> tokio_rustls::TlsAcceptor {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(&certs.server_cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&certs.server_key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// Accept TLS connections on `listener` and serve `app` on each (HTTP/1.1,
+/// as the API server answers clients that offer no ALPN).
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+) {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            return;
+        };
+        let (tls, app) = (tls.clone(), app.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = tls.accept(tcp).await else {
+                return;
+            };
+            let service = TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let authorized = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t == ep.shared.token);
     let r = ApiRequest::read(req).await;
     let kind = r.kind();
     ep.count(format!("{} {kind}", r.verb()));
+    let response = handle_request(&ep, &r, kind, authorized).await;
+    ep.log.lock().unwrap().push(Logged {
+        verb: r.k8s_verb(),
+        resource: r.resource().to_owned(),
+        user_agent,
+        field_manager: r.q.get("fieldManager").cloned().unwrap_or_default(),
+        code: response.status().as_u16(),
+    });
+    response
+}
+
+/// Authentication, faults, RBAC, then the route's answer.
+async fn handle_request(
+    ep: &Arc<Endpoint>,
+    r: &ApiRequest,
+    kind: &str,
+    authorized: bool,
+) -> Response {
+    if !authorized {
+        return status(401, "Unauthorized", "Unauthorized");
+    }
 
     let fault = ep.effective();
     if !fault.latency.is_zero() {
@@ -418,7 +589,37 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
     if let Some(injected) = r.injected(&fault, kind) {
         return injected;
     }
-    r.answer(&ep).await
+    if r.resource() == "selfsubjectaccessreviews" {
+        return access_review(&ep.shared, &r.body);
+    }
+    let denied = ep
+        .shared
+        .denied
+        .lock()
+        .unwrap()
+        .contains(&(r.k8s_verb().to_owned(), r.resource().to_owned()));
+    if denied {
+        return status(403, "Forbidden", &r.forbidden(kind, &ep.shared.user));
+    }
+    r.answer(ep).await
+}
+
+/// A `SelfSubjectAccessReview`: allowed unless RBAC denies the verb on the
+/// resource (every verb is denied or allowed namespace-wide here).
+fn access_review(shared: &Shared, body: &Value) -> Response {
+    let attrs = &body["spec"]["resourceAttributes"];
+    let verb = attrs["verb"].as_str().unwrap_or("").to_owned();
+    let resource = attrs["resource"].as_str().unwrap_or("").to_owned();
+    let allowed = !shared.denied.lock().unwrap().contains(&(verb, resource));
+    let mut review = body.clone();
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review["kind"] = json!("SelfSubjectAccessReview");
+    review["status"] = if allowed {
+        json!({"allowed": true, "reason": "RBAC: allowed by RoleBinding"})
+    } else {
+        json!({"allowed": false})
+    };
+    json_ok(201, &review)
 }
 
 /// One request, read whole: what the routes need of it.
@@ -501,7 +702,7 @@ impl ApiRequest {
         let write = !matches!(self.method, Method::GET);
         let code = fault.status.filter(|_| write || !fault.writes_only)?;
         let msg = if code == 403 {
-            self.forbidden(kind)
+            self.forbidden(kind, "system:serviceaccount:ns:leader-elector")
         } else {
             format!("injected {code}")
         };
@@ -513,24 +714,63 @@ impl ApiRequest {
         Some(r)
     }
 
-    /// The message of an RBAC refusal of this request.
-    fn forbidden(&self, kind: &str) -> String {
-        let k8s_verb = match (&self.method, self.watching) {
+    /// The Kubernetes verb of this request (RBAC's word for it).
+    fn k8s_verb(&self) -> &'static str {
+        let named = matches!(self.route(), Route::Lease { .. } | Route::Pod { .. });
+        match (&self.method, self.watching) {
             (_, true) => "watch",
             (&Method::POST, _) => "create",
             (&Method::PUT, _) => "update",
             (&Method::PATCH, _) => "patch",
             (&Method::DELETE, _) => "delete",
-            _ => "get",
+            _ if named => "get",
+            _ if self.resource() == "other" => "get",
+            _ => "list",
+        }
+    }
+
+    /// The resource the path names (plural, as RBAC has it).
+    fn resource(&self) -> &str {
+        match self.seg().as_slice() {
+            [
+                "apis",
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+            ] => "selfsubjectaccessreviews",
+            _ => match self.kind() {
+                "lease" => "leases",
+                "pod" => "pods",
+                "event" => "events",
+                _ => "other",
+            },
+        }
+    }
+
+    /// The message of an RBAC refusal of this request, worded as the real
+    /// server words it.
+    fn forbidden(&self, kind: &str, user: &str) -> String {
+        let group = if kind == "lease" {
+            "coordination.k8s.io"
+        } else {
+            ""
+        };
+        let what = match self.route() {
+            Route::Lease { name, .. } | Route::Pod { name, .. } => {
+                format!(
+                    "{kind}s{dot}{group} \"{name}\"",
+                    dot = if group.is_empty() { "" } else { "." }
+                )
+            }
+            _ => format!(
+                "{kind}s{dot}{group}",
+                dot = if group.is_empty() { "" } else { "." }
+            ),
         };
         format!(
-            "{kind}s is forbidden: User \"system:serviceaccount:{ns}:leader-elector\" cannot {k8s_verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
+            "{what} is forbidden: User \"{user}\" cannot {verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
+            verb = self.k8s_verb(),
             ns = self.seg().get(3).copied().unwrap_or(""),
-            group = if kind == "lease" {
-                "coordination.k8s.io"
-            } else {
-                ""
-            },
         )
     }
 
@@ -804,7 +1044,9 @@ async fn watch(ep: Arc<Endpoint>, ns: String, q: HashMap<String, String>) -> Res
         (replay(&s, from, &sel), live, s.rv)
     };
     let every = *shared.bookmark_every.lock().unwrap();
+    let resets = ep.resets.subscribe();
     let feed = WatchFeed {
+        resets,
         ep,
         tx,
         live,
@@ -874,6 +1116,8 @@ impl Selector {
 /// The task that feeds one open watch's stream.
 struct WatchFeed {
     ep: Arc<Endpoint>,
+    /// Changes when the test resets this client's watches.
+    resets: tokio::sync::watch::Receiver<u64>,
     tx: tokio::sync::mpsc::Sender<Result<String, std::io::Error>>,
     live: broadcast::Receiver<(u64, &'static str, Value)>,
     sel: Selector,
@@ -904,6 +1148,11 @@ impl WatchFeed {
             let delivered = tokio::select! {
                 _ = tokio::time::sleep_until(end) => return,
                 _ = self.tx.closed() => return,
+                _ = self.resets.changed() => {
+                    // An error in the body aborts the connection mid-stream.
+                    let _ = self.tx.send(Err(std::io::Error::other("connection reset"))).await;
+                    return;
+                }
                 _ = tick.tick(), if self.bookmarks => self.bookmark().await,
                 c = self.live.recv() => match c {
                     Ok((rv, kind, obj)) => self.deliver(rv, kind, obj).await,
