@@ -31,12 +31,20 @@ impl Certs {
         let make_ca = || {
             let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
             params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            // Its own name, distinct from the leaves' (OpenSSL clients such
+            // as curl take a leaf named like its issuer for self-signed).
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "leader-elector test CA");
             CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
         };
         let ca = make_ca();
         let other = make_ca();
         let leaf = |sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
-            let mut params = CertificateParams::new(sans).unwrap();
+            let mut params = CertificateParams::new(sans.clone()).unwrap();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, sans[0].as_str());
             params.extended_key_usages = vec![usage];
             let key = KeyPair::generate().unwrap();
             let cert = params.signed_by(&key, &ca).unwrap();
