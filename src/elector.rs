@@ -46,7 +46,7 @@ use config::{Backoff, jitter};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
-pub use state::{Event, LeaderState, OwnTerm};
+pub use state::{Event, LeaderState, OwnTerm, Waiting};
 
 /// Requests to a running Elector (from the control listener or the run-mode supervisor).
 #[derive(Debug)]
@@ -225,6 +225,9 @@ impl Elector {
         sent: Instant,
         shutdown: &CancellationToken,
     ) -> Option<Duration> {
+        if !matches!(attempt, Ok(Campaign::Waiting { .. })) {
+            self.set_waiting(None);
+        }
         match attempt {
             Ok(Campaign::Elected(term)) => {
                 self.backend_ok();
@@ -251,10 +254,12 @@ impl Elector {
             Ok(Campaign::Waiting {
                 previous,
                 retry_after,
+                why,
             }) => {
                 self.backend_ok();
                 self.heard(None, sent);
                 self.observe(None);
+                self.set_waiting(Some((why, retry_after)));
                 debug!(previous = %previous.identity, ?retry_after, "key is free but the previous term is still alive");
                 if !previous.term_id.is_empty() {
                     self.last_seen = Some(previous);

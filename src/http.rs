@@ -76,6 +76,19 @@ pub struct LeaderBody {
     /// Why this candidate cannot currently tell (backend error, validity expired).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What keeps this candidate from campaigning right now:
+    /// `{"what": "...", "until": "<RFC 3339>"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<WaitingBody>,
+}
+
+/// The `waiting` field of `GET /leader`.
+#[derive(Debug, Serialize)]
+pub struct WaitingBody {
+    /// What is waited for, in words.
+    pub what: &'static str,
+    /// RFC 3339 wall-clock time at which the wait is expected to end.
+    pub until: String,
 }
 
 impl LeaderBody {
@@ -106,6 +119,10 @@ impl LeaderBody {
             servers_answered: state.servers.map(|(a, _)| a),
             servers_total: state.servers.map(|(_, n)| n),
             error,
+            waiting: state.waiting.filter(|_| !is_leader).map(|w| WaitingBody {
+                what: w.what,
+                until: humantime::format_rfc3339_millis(w.until).to_string(),
+            }),
         }
     }
 }

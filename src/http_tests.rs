@@ -29,6 +29,7 @@ fn follower() -> LeaderState {
         transitions: 3,
         servers: None,
         heard_until: None,
+        waiting: None,
     }
 }
 

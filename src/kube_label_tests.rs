@@ -84,6 +84,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         transitions: 0,
         servers: None,
         heard_until: None,
+        waiting: None,
     }
 }
 

@@ -638,3 +638,41 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
         t3.holder.fencing_token
     );
 }
+
+/// Every wait that keeps a candidate from campaigning is named on
+/// `/leader`: on a fresh Redis the first election waits out the server's
+/// first lease duration (it may have forgotten a live term), and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_hold_off_of_a_fresh_redis_is_named_on_leader() {
+    let redis = RedisServer::start().await;
+    let name = election("waiting-named");
+    let s = redis_sidecar(&[&redis.url], &name, "w", &["--lease-duration", "3s"]);
+    let mut named = None;
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = s.leader().await.unwrap_or((0, serde_json::Value::Null));
+        if code == 503
+            && let Some(what) = body["waiting"]["what"].as_str()
+        {
+            named = Some(what.to_owned());
+            assert!(body["waiting"]["until"].is_string(), "{body}");
+        }
+        if code == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no leader within 10 s: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let what = named.expect("the wait was named on /leader before the first term");
+    assert!(what.contains("Redis server started"), "{what}");
+    let (_, body) = s.leader().await.unwrap();
+    assert!(body["waiting"].is_null(), "no wait once leading: {body}");
+    assert_eq!(
+        s.log().matches("not campaigning yet").count(),
+        1,
+        "logged once"
+    );
+}

@@ -135,6 +135,7 @@ impl LeaseBackend for MemoryBackend {
             return Ok(Campaign::Waiting {
                 previous: prev.clone(),
                 retry_after: until.saturating_duration_since(Instant::now()),
+                why: "the key was deleted but the previous term is alive: waiting for it to end",
             });
         }
         inner.revision += 1;

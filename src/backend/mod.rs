@@ -63,6 +63,10 @@ pub enum Campaign {
         previous: Holder,
         /// Remaining lifetime of the previous term, as the backend reports it.
         retry_after: Duration,
+        /// What is being waited for, in words for `/leader` and the log
+        /// (e.g. "the Lease was deleted by hand while its holder's term may
+        /// still run").
+        why: &'static str,
     },
 }
 

@@ -3,13 +3,13 @@
 //! of leader is recorded, counted, logged and sent as an [`Event`]. Every
 //! step is also reported to the [`super::Observer`] (the metrics).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, timeout};
 use tracing::{info, warn};
 
 use super::observe::Observation;
-use super::{Elector, Event, OwnTerm};
+use super::{Elector, Event, OwnTerm, Waiting};
 use crate::backend::{BackendError, Holder, Term};
 
 impl Elector {
@@ -35,6 +35,24 @@ impl Elector {
                 timeout_ms: limit.as_millis() as u64,
             }),
         }
+    }
+
+    /// Name the wait that keeps this candidate from campaigning (`None`:
+    /// none), for `/leader`; a new kind of wait is logged once.
+    pub(super) fn set_waiting(&mut self, wait: Option<(&'static str, Duration)>) {
+        let until = wait.map(|(what, left)| Waiting {
+            what,
+            until: std::time::SystemTime::now() + left,
+        });
+        self.state.send_if_modified(|s| {
+            let new_kind = until.map(|w| w.what) != s.waiting.map(|w| w.what);
+            if new_kind && let Some(w) = &until {
+                info!(election = %s.election, waiting_for = w.what, until = %humantime::format_rfc3339_millis(w.until), "not campaigning yet");
+            }
+            let changed = new_kind;
+            s.waiting = until;
+            changed
+        });
     }
 
     pub(super) fn backend_ok(&mut self) {

@@ -36,6 +36,16 @@ impl OwnTerm {
     }
 }
 
+/// A wait that keeps this candidate from campaigning, named for `/leader`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    /// What is waited for, in words (from the backend).
+    pub what: &'static str,
+    /// Wall-clock time at which the wait is expected to end (the next
+    /// campaign may find another reason to wait).
+    pub until: SystemTime,
+}
+
 /// What one candidate knows about its election. Published by the Elector on a
 /// `tokio::sync::watch` channel; readers call [`LeaderState::is_leader`] with
 /// the current instant each time they answer.
@@ -77,6 +87,9 @@ pub struct LeaderState {
     /// it for [`ElectorConfig::silence_bound`]. `None`: no bound (not yet
     /// heard, or leading).
     pub heard_until: Option<Instant>,
+    /// The wait that keeps this candidate from campaigning right now, if
+    /// any (a previous term that may still run, a restarted Redis server).
+    pub waiting: Option<Waiting>,
 }
 
 impl LeaderState {
@@ -97,6 +110,7 @@ impl LeaderState {
             transitions: 0,
             servers: None,
             heard_until: None,
+            waiting: None,
         }
     }
 

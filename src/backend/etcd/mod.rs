@@ -185,6 +185,7 @@ impl EtcdBackend {
                 revision,
                 expires_in: None,
             },
+            why: "the key vanished between the compare and the read; trying again",
             retry_after: Duration::ZERO,
         }
     }
@@ -264,6 +265,7 @@ impl LeaseBackend for EtcdBackend {
             return Ok(Campaign::Waiting {
                 previous: prev.clone(),
                 retry_after: Duration::from_secs(left as u64),
+                why: "the key was deleted by hand but the previous holder's etcd lease is alive: waiting for it to end",
             });
         }
         let txn = Txn::new()

@@ -12,6 +12,9 @@ use tracing::{debug, info};
 
 use super::*;
 
+/// Why a created Lease is left unclaimed (`/leader`'s `waiting`).
+const UNSEEN_TERM: &str = "another term may have run unseen since the Lease was found absent (created and deleted while we waited, or no replay could be had): our created Lease stays unclaimed until that term is over";
+
 /// What the replay from the absence point showed.
 enum Replay {
     /// Nothing but our own create: nobody else held the Lease since.
@@ -87,6 +90,7 @@ impl KubeLeaseBackend {
         Campaign::Waiting {
             previous,
             retry_after: not_before - now,
+            why: UNSEEN_TERM,
         }
     }
 
@@ -97,6 +101,7 @@ impl KubeLeaseBackend {
         (now < p.not_before).then(|| Campaign::Waiting {
             previous: p.previous.clone(),
             retry_after: p.not_before - now,
+            why: UNSEEN_TERM,
         })
     }
 

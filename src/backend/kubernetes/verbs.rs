@@ -274,6 +274,7 @@ impl KubeLeaseBackend {
             return Ok(Round::Done(Campaign::Waiting {
                 previous: holder_view(&s.lease),
                 retry_after: end - now,
+                why: "the Lease was deleted by hand while its holder's term may still run: waiting out its duration",
             }));
         }
         if round > 0 {
@@ -351,6 +352,7 @@ impl KubeLeaseBackend {
             return Ok(Round::Done(Campaign::Waiting {
                 previous: holder_view(&lease),
                 retry_after: end.map_or(Duration::ZERO, |end| end - now),
+                why: "the holder was cleared by someone other than the holder: waiting out what its term promised",
             }));
         }
         if !expired {
@@ -399,6 +401,7 @@ impl KubeLeaseBackend {
             Some(s) => Campaign::Waiting {
                 previous: holder_view(&s.lease),
                 retry_after: Duration::from_millis(100),
+                why: "lost a race for the Lease; reading it again",
             },
             None => Campaign::Waiting {
                 previous: Holder {
@@ -409,6 +412,7 @@ impl KubeLeaseBackend {
                     expires_in: None,
                 },
                 retry_after: Duration::from_millis(100),
+                why: "lost a race for the Lease; reading it again",
             },
         }
     }

@@ -296,6 +296,7 @@ impl RedisBackend {
             return Campaign::Waiting {
                 previous: nobody(),
                 retry_after: random_retry(),
+                why: "the fencing counter could not be raised on a quorum of servers; retrying",
             };
         }
         Campaign::Elected(Term {
@@ -330,9 +331,15 @@ impl RedisBackend {
             .filter_map(|h| h.expires_in)
             .min()
             .map_or(random, |e| e.min(random));
+        let why = if found.fresh.is_some() {
+            "a Redis server started less than one lease duration ago and may have forgotten a live term: waiting until it has run that long"
+        } else {
+            "no quorum of servers agrees on a holder (a split): retrying after a random delay"
+        };
         Ok(Campaign::Waiting {
             previous: found.held.into_iter().next().unwrap_or_else(nobody),
             retry_after,
+            why,
         })
     }
 
