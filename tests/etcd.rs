@@ -626,3 +626,37 @@ async fn a_longer_granted_ttl_is_warned_and_a_clean_sigterm_logs_no_error() {
         "a clean shutdown logged an ERROR:\n{log}"
     );
 }
+
+/// Issue 24 item 8: GNU `timeout`, `tini -g` and shell wrappers signal the
+/// child and then its group, so one stop request arrives as two SIGTERMs a
+/// moment apart. The second one within the repeat window is the same
+/// request: the sidecar still releases its term (the key is gone at once,
+/// not after the TTL) and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sigterms_a_millisecond_apart_are_one_request_and_release_the_term() {
+    let etcd = Etcd::start().await;
+    let name = election("double-sigterm");
+    let mut s = Sidecar::start(&etcd.url, &name, "solo", FAST);
+    wait_for(Duration::from_secs(10), "solo to lead", || s.is_leader()).await;
+    s.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(1));
+    s.signal(Signal::SIGTERM);
+    let status = s.wait_exit(Duration::from_secs(3)).await;
+    assert_eq!(
+        status.and_then(|st| st.code()),
+        Some(0),
+        "two SIGTERMs 1 ms apart did not end in a clean exit 0:\n{}",
+        s.log()
+    );
+    // The lease was revoked, not left to expire (TTL 2 s): the key is gone.
+    let mut client = etcd.client().await;
+    let resp = client
+        .get(format!("/leader-elector/{name}"), None)
+        .await
+        .unwrap();
+    assert!(
+        resp.kvs().is_empty(),
+        "the key outlived two quick SIGTERMs:\n{}",
+        s.log()
+    );
+}
