@@ -89,7 +89,9 @@ async fn beyond_the_cap_new_connections_get_503_but_healthz_answers() {
             .unwrap();
         held.push(s);
     }
-    // Let the server accept them.
+    // Let the server accept them and start their requests: a connection
+    // with no request in flight would give its slot to the next one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let probe = exchange(
         addr,
         "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
