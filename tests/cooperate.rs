@@ -113,7 +113,7 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
     let second = one_leader(&cs, Duration::from_secs(5)).await;
     sleep(Duration::from_millis(300)).await;
 
-    // SIGKILL: the child dies with its parent (parent-death signal).
+    // SIGKILL: the child dies with its parent (the run-mode watchdog).
     cs[second].signal(Signal::SIGKILL);
     let killed = now_ns();
     sleep(Duration::from_millis(200)).await;
