@@ -604,6 +604,59 @@ async fn n_permits_are_granted_to_n_sequential_acquirers_on_redis() {
     n_permits_are_granted_to_n_sequential_acquirers("redis").await;
 }
 
+/// Issue 24 item 10: one name is one semaphore. With 3 live permits taken at
+/// `permits=3`, a request with another size (larger or smaller) answers 409
+/// naming the established size instead of a grant (4 live permits) or a
+/// count; once no permit is live, the name may take another size.
+async fn a_semaphores_size_belongs_to_its_name(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("sem-size-{kind}")).await;
+    let mut tokens = Vec::new();
+    for i in 1..=3 {
+        let (st, g) = call(port, "POST", "/semaphores/pool?permits=3&ttl=30s", None).await;
+        assert_eq!(st, 200, "acquirer {i} of 3 must be granted: {g}");
+        tokens.push(g["token"].as_str().unwrap().to_owned());
+    }
+    for asked in [5, 2] {
+        let path = format!("/semaphores/pool?permits={asked}&ttl=30s");
+        let (st, body) = call(port, "POST", &path, None).await;
+        assert_eq!(st, 409, "permits={asked} on a semaphore of 3: {body}");
+        assert_eq!(
+            body["permits"], 3,
+            "the 409 names the established size: {body}"
+        );
+        let msg = body["error"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("permits=3"),
+            "the error says what to ask: {body}"
+        );
+    }
+    let (st, body) = call(port, "POST", "/semaphores/pool?permits=3&ttl=30s", None).await;
+    assert_eq!(
+        (st, &body["live_permits"]),
+        (409, &Value::from(3)),
+        "{body}"
+    );
+    for t in &tokens {
+        let (st, body) = call(port, "DELETE", &format!("/semaphores/pool?token={t}"), None).await;
+        assert_eq!(st, 200, "{body}");
+    }
+    let (st, g) = call(port, "POST", "/semaphores/pool?permits=5&ttl=30s", None).await;
+    assert_eq!(
+        st, 200,
+        "with no live permit the name takes a new size: {g}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_size_belongs_to_its_name_on_etcd() {
+    a_semaphores_size_belongs_to_its_name("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_size_belongs_to_its_name_on_redis() {
+    a_semaphores_size_belongs_to_its_name("redis").await;
+}
+
 /// Defect 2: a fair and a plain lock of the same name are one lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock() {
