@@ -8,7 +8,9 @@
 //! - a token is random per acquisition, and renew/release act only when the
 //!   stored value carries it: never release someone else's lock;
 //! - a renew never re-creates an expired lock, permit or claim (410 Gone);
-//! - a semaphore counts only permits that have not expired;
+//! - a semaphore counts only permits that have not expired, and its size
+//!   belongs to its name: while permits are live, a request of another size
+//!   is refused ([`CoordError::PermitsMismatch`]);
 //! - fencing tokens grow per name (etcd: the key's `create_revision`, a
 //!   global revision; Redis: a counter beside the key).
 
@@ -109,6 +111,19 @@ pub enum CoordError {
         key: String,
         /// What was found there.
         found: String,
+    },
+    /// A semaphore request whose `permits` differs from the size its live
+    /// permits were taken with (one name is one semaphore).
+    #[error(
+        "semaphore {name} has {established} permits (the size its live permits were taken with), not {asked}; ask with permits={established}, or use another name"
+    )]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The size of the live permits.
+        established: u64,
+        /// The size this request asked for.
+        asked: u32,
     },
     /// Too many requests are already waiting on this sidecar.
     #[error(

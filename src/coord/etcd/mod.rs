@@ -13,6 +13,7 @@
 mod hub;
 mod pool;
 mod queue;
+mod sem;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -295,48 +296,7 @@ impl Coordinator for EtcdCoord {
     }
 
     async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
-        let mut client = self.client().await?;
-        let lease = self.store.grant(&mut client, ttl, self.limit()).await?;
-        let token = Token::new(TokenKind::Permit, lease.id);
-        let key = self.key_of(Kind::Semaphore, name, &token);
-        let put = PutOptions::new().with_lease(lease.id);
-        let put = match self
-            .call(
-                "put",
-                client.put(key, format!("{token}|{owner}"), Some(put)),
-            )
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
-        let my_rev = revision_of(put.header());
-        // Live permits created before ours: ours counts only if fewer than N.
-        // Every later acquirer sees ours too, so live holders never exceed N.
-        // Count the keys returned: etcd computes a range's `count` before the
-        // `max_create_revision` filter, so `count` would include ours.
-        let before = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_max_create_revision(my_rev - 1);
-        let before = match self
-            .call("get", client.get(self.sem_prefix(name), Some(before)))
-            .await
-        {
-            Ok(r) => r.kvs().len() as u64,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
-        if before < u64::from(permits) {
-            return Ok(Try::Acquired(grant(name, &token, my_rev, lease.ttl)));
-        }
-        self.drop_lease(&mut client, lease.id).await;
-        Ok(Try::Full(before))
+        self.permit(name, owner, permits, ttl).await
     }
 
     async fn changed(&self, kind: Kind, name: &str, _seen: u64, until: Instant) -> Result<()> {
