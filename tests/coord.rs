@@ -760,6 +760,49 @@ async fn a_bad_redis_fencing_counter_is_refused_and_nothing_is_written() {
     );
 }
 
+/// Issue 24 item 4: with etcd blackholed, an acquisition with `wait=1s`
+/// answers 503 within its wait plus one deadline (2 s: the election's call
+/// timeout is shorter here, and the coordination deadline is at least 2 s):
+/// one deadline per request, not one per call inside it. A lock released
+/// before the partition left its lease in the sidecar's pool, so the plain
+/// lock's attempt refreshes that lease and then grants a new one: two calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_etcd_answers_within_the_wait_plus_one_deadline() {
+    const WAIT: Duration = Duration::from_secs(1);
+    const DEADLINE: Duration = Duration::from_secs(2);
+    // Scheduling on a loaded machine; far below a second deadline.
+    const SLACK: Duration = Duration::from_millis(400);
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let mut args = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
+    args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
+    let s = Sidecar::start_raw(&election("blackhole-budget"), "me", &args);
+    let port = s.control();
+    for name in ["x", "f"] {
+        let (st, g) = call(port, "POST", &format!("/locks/{name}?ttl=10s"), None).await;
+        assert_eq!(st, 200, "{g}");
+        let path = format!("/locks/{name}");
+        let (st, r) = call(port, "DELETE", &path, Some(&token_body(&g))).await;
+        assert_eq!(st, 200, "{r}");
+    }
+    proxy.set(support::proxy::Mode::Blackhole);
+    for path in [
+        "/locks/x?ttl=10s&wait=1s",
+        "/locks/f?ttl=10s&wait=1s&fair=true",
+        "/semaphores/s?permits=1&ttl=10s&wait=1s",
+    ] {
+        let started = Instant::now();
+        let (st, e) = call(port, "POST", path, None).await;
+        let took = started.elapsed();
+        eprintln!("POST {path} against a blackholed etcd: {st} after {took:?}");
+        assert_eq!(st, 503, "POST {path}: {e}");
+        assert!(
+            took <= WAIT + DEADLINE + SLACK,
+            "POST {path} answered after {took:?}: more than its wait ({WAIT:?}) plus one deadline ({DEADLINE:?}): {e}"
+        );
+    }
+}
+
 /// Defect 6: against a blackholed etcd a call answers with a timeout after
 /// one deadline, not after the transport gives up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
