@@ -14,6 +14,7 @@
 //! - fencing tokens grow per name (etcd: the key's `create_revision`, a
 //!   global revision; Redis: a counter beside the key).
 
+mod budget;
 pub mod etcd;
 pub mod http;
 pub mod kubernetes;
@@ -186,6 +187,13 @@ pub trait Coordinator: Send + Sync {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome>;
+    /// The deadline of one backend call, when this coordinator keeps each
+    /// request within its `wait` plus one such deadline (it cuts its calls
+    /// to the request's budget). Default: `None` (calls keep their own
+    /// limits).
+    fn deadline(&self) -> Option<Duration> {
+        None
+    }
     /// Wait for the work this coordinator runs off the answer path (etcd:
     /// the lease revokes after releases), at most one call deadline. For the
     /// app's shutdown. Default: nothing to wait for.

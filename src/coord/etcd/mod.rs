@@ -73,8 +73,10 @@ impl EtcdCoord {
         self
     }
 
+    /// The limit of the next call: the deadline, cut to what is left of the
+    /// current request's budget ([`crate::coord::budget`]).
     fn limit(&self) -> Option<Duration> {
-        Some(self.deadline)
+        Some(super::budget::limit(self.deadline))
     }
 
     /// Run one etcd call under the deadline.
@@ -90,10 +92,19 @@ impl EtcdCoord {
         Ok(self.store.client_within(self.limit()).await?)
     }
 
-    /// Revoke a lease we no longer need, under the deadline; a failure is
-    /// harmless (the lease expires with its TTL).
+    /// Revoke a lease we no longer need, within the request's budget; when
+    /// that fails (the budget is spent, etcd is slow) it is revoked off the
+    /// answer path ([`EtcdCoord::revoke_later`]), so its key does not stay
+    /// for the lease's whole TTL.
     async fn drop_lease(&self, client: &mut Client, lease: i64) {
-        let _ = self.store.revoke(client, lease, self.limit()).await;
+        if self
+            .store
+            .revoke(client, lease, self.limit())
+            .await
+            .is_err()
+        {
+            self.revoke_later(client.clone(), lease);
+        }
     }
 
     /// Revoke `lease` after `error`, unless etcd did not answer in time
@@ -111,14 +122,16 @@ impl EtcdCoord {
     /// if it fails the lease expires with its TTL).
     pub(super) fn revoke_later(&self, mut client: Client, lease: i64) {
         let store = self.store.clone();
-        let limit = self.limit();
+        // Off the answer path: the whole deadline, not the request's budget.
+        let deadline = self.deadline;
+        let limit = Some(deadline);
         let mut tasks = self.revokes.lock().unwrap_or_else(|e| e.into_inner());
         // Reap the revokes that ended, so the set holds only running ones.
         while tasks.try_join_next().is_some() {}
         tasks.spawn(async move {
             // An etcd that refuses connections (restarting) is tried again
             // until the deadline; any other answer ends it.
-            let until = Instant::now() + limit.unwrap_or(DEFAULT_DEADLINE);
+            let until = Instant::now() + deadline;
             while let Err(BackendError::Unreachable { .. }) =
                 store.revoke(&mut client, lease, limit).await
                 && Instant::now() < until
@@ -243,6 +256,10 @@ impl Coordinator for EtcdCoord {
 
     fn queues(&self) -> bool {
         true
+    }
+
+    fn deadline(&self) -> Option<Duration> {
+        Some(self.deadline)
     }
 
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
