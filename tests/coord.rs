@@ -980,3 +980,165 @@ async fn waiters_sharing_a_watch_are_all_served_across_an_etcd_restart() {
     }
     assert_eq!(served.load(Ordering::SeqCst), 8);
 }
+
+/// An etcd sidecar with its control API whose etcd connection goes through
+/// `proxy`, and one that talks to etcd directly.
+fn proxied_and_direct(etcd: &Etcd, proxy: &support::proxy::Proxy, test: &str) -> [Sidecar; 2] {
+    let flags: Vec<String> = FAST.iter().chain(CONTROL).map(|s| s.to_string()).collect();
+    let mut via = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
+    via.extend(flags.iter().cloned());
+    let mut direct = vec!["--etcd-endpoints".to_owned(), etcd.url.clone()];
+    direct.extend(flags);
+    [
+        Sidecar::start_raw(&election(test), "proxied", &via),
+        Sidecar::start_raw(&election(test), "direct", &direct),
+    ]
+}
+
+/// The keys under a coordination lock's prefix now, oldest first.
+async fn lock_keys(etcd: &Etcd, lock: &str) -> Vec<String> {
+    let mut c = etcd.client().await;
+    let all = c
+        .get(
+            "",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(
+                        etcd_client::SortTarget::Create,
+                        etcd_client::SortOrder::Ascend,
+                    ),
+            ),
+        )
+        .await
+        .unwrap();
+    let part = format!("/_coord/locks/{lock}/");
+    all.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .filter(|k| k.contains(&part))
+        .collect()
+}
+
+/// Issue 24 item 5 (etcd-io/etcd#21128): an acquisition that fails part-way
+/// leaves no key behind that blocks the queue. etcd answers 1.5 s late:
+/// the lease grant and the watch fit in the request's budget (2 s), the
+/// join's transaction does not: it is applied, but its answer comes after
+/// the budget. The stray key must go at once (revoked off the answer path),
+/// not block every later acquirer for its 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_that_fails_part_way_leaves_no_key_in_the_queue() {
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let [slow, other] = proxied_and_direct(&etcd, &proxy, "part-way");
+    // Warm the proxied sidecar's connection and its watch hub.
+    let (st, g) = call(slow.control(), "POST", "/locks/warm?ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+    proxy.set(support::proxy::Mode::Delay(Duration::from_millis(1500)));
+    let (st, e) = call(slow.control(), "POST", "/locks/q?fair=true&ttl=30s", None).await;
+    assert_eq!(st, 503, "the late join must fail on its budget: {e}");
+    proxy.set(support::proxy::Mode::Pass);
+    let started = Instant::now();
+    let (st, g) = call(other.control(), "POST", "/locks/q?ttl=30s&wait=10s", None).await;
+    assert_eq!(
+        st,
+        200,
+        "a failed acquisition's key blocked the lock (keys now: {:?}): {g}",
+        lock_keys(&etcd, "q").await
+    );
+    eprintln!(
+        "the next acquirer got the lock {:?} after the failed one answered",
+        started.elapsed()
+    );
+}
+
+/// Issue 24 item 5 (etcd-io/etcd#19597): a fair waiter whose own lease ends
+/// while it waits (revoked here; expired after a partition alike) stops
+/// waiting and answers at once, and is never granted the lock on its dead
+/// lease when the holder then leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_ended_stops_waiting_and_is_never_granted() {
+    let (b, _s, port) = sidecar("etcd", "dead-waiter").await;
+    let Backend::Etcd(etcd) = &b else {
+        unreachable!()
+    };
+    let (st, holder) = call(port, "POST", "/locks/q?ttl=30s", None).await;
+    assert_eq!(st, 200, "{holder}");
+    let waiter = tokio::spawn(async move {
+        let started = Instant::now();
+        let answer = call(port, "POST", "/locks/q?fair=true&ttl=30s&wait=20s", None).await;
+        (answer, started.elapsed())
+    });
+    wait_for(
+        Duration::from_secs(10),
+        "the waiter to join the queue",
+        || async { lock_keys(etcd, "q").await.len() == 2 },
+    )
+    .await;
+    let keys = lock_keys(etcd, "q").await;
+    // The waiter's key is `<prefix><lease hex>.<nonce>`: revoke its lease.
+    let lease = keys[1]
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap();
+    let lease = i64::from_str_radix(lease, 16).unwrap();
+    let revoked = Instant::now();
+    etcd.client().await.lease_revoke(lease).await.unwrap();
+    // The holder leaves a moment later: the dead waiter must not get it.
+    sleep(Duration::from_millis(300)).await;
+    let (st, r) = call(port, "DELETE", "/locks/q", Some(&token_body(&holder))).await;
+    assert_eq!(st, 200, "{r}");
+    let ((st, body), took) = waiter.await.unwrap();
+    assert_ne!(
+        st, 200,
+        "a waiter was granted the lock on its revoked lease: {body}"
+    );
+    assert!(
+        revoked.elapsed() < Duration::from_secs(5) && took < Duration::from_secs(20),
+        "the waiter kept waiting after its lease ended ({took:?}): {st} {body}"
+    );
+    eprintln!("the waiter answered {st} {body} after {took:?}");
+    // Nobody holds the lock now.
+    let (st, g) = call(port, "POST", "/locks/q?ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+}
+
+/// Issue 24 item 5 (etcd-io/etcd#22123): a release retried after a network
+/// error is idempotent and never deletes a successor's key. The first
+/// release reaches etcd but its answer comes too late (503); a successor
+/// takes the lock; the retried release answers 409 and the successor still
+/// holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_retried_after_a_network_error_never_deletes_a_successor() {
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let [slow, other] = proxied_and_direct(&etcd, &proxy, "retried-release");
+    let (st, a) = call(slow.control(), "POST", "/locks/r?ttl=30s", None).await;
+    assert_eq!(st, 200, "{a}");
+    proxy.set(support::proxy::Mode::Delay(Duration::from_millis(2500)));
+    let (st, e) = call(slow.control(), "DELETE", "/locks/r", Some(&token_body(&a))).await;
+    assert_eq!(st, 503, "the release's answer is lost: {e}");
+    proxy.set(support::proxy::Mode::Pass);
+    let (st, b) = call(other.control(), "POST", "/locks/r?ttl=30s&wait=10s", None).await;
+    assert_eq!(st, 200, "the first release did reach etcd: {b}");
+    for _ in 0..2 {
+        let (st, r) = call(slow.control(), "DELETE", "/locks/r", Some(&token_body(&a))).await;
+        assert_eq!(st, 409, "a retried release must not succeed: {r}");
+    }
+    let (st, r) = call(
+        other.control(),
+        "POST",
+        "/locks/r/renew",
+        Some(&token_body(&b)),
+    )
+    .await;
+    assert_eq!(
+        st, 200,
+        "the successor lost its lock to a retried release: {r}"
+    );
+    assert_eq!(lock_keys(&etcd, "r").await.len(), 1);
+}
