@@ -192,6 +192,7 @@ fn backend_error(e: CoordError) -> Response {
             StatusCode::CONFLICT,
             json!({ "error": e.to_string(), "permits": established }),
         ),
+        e @ CoordError::QueueLost { .. } => error_response(StatusCode::CONFLICT, e.to_string()),
         e @ CoordError::TooManyWaiters { .. } => {
             error_response(StatusCode::TOO_MANY_REQUESTS, e.to_string())
         }

@@ -126,6 +126,16 @@ pub enum CoordError {
         /// The size this request asked for.
         asked: u32,
     },
+    /// A waiter of a lock's queue lost its place while it waited: its key
+    /// went (its lease expired or was revoked, or the key was deleted). It
+    /// holds nothing.
+    #[error(
+        "lost its place in the queue of lock {name} while waiting: its lease ended (expired or revoked) or its key was deleted; nothing is held: acquire again"
+    )]
+    QueueLost {
+        /// The lock's name.
+        name: String,
+    },
     /// Too many requests are already waiting on this sidecar.
     #[error(
         "{waiting} requests already wait on this sidecar (the cap is {cap}); retry later or with a shorter wait"

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
 use crate::backend::etcd::EtcdBackend;
-use crate::backend::etcd::store::{EtcdStore, revision_of};
+use crate::backend::etcd::store::{Created, EtcdStore, Lease, revision_of};
 
 /// Deadline of one etcd call when none is configured.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
@@ -107,14 +107,43 @@ impl EtcdCoord {
         }
     }
 
-    /// Revoke `lease` after `error`, unless etcd did not answer in time
-    /// ([`EtcdStore::abandon`]).
+    /// Give `lease` up after `error`. When etcd did not answer in time, the
+    /// failed call may still have been applied (a key bound to the lease that
+    /// would block a lock's queue for the lease's whole TTL, etcd-io/etcd#21128):
+    /// revoke it off the answer path, where it has a whole deadline.
     async fn abandon(&self, client: &mut Client, lease: i64, error: &CoordError) {
-        if let CoordError::Backend(e) = error {
-            self.store.abandon(client, lease, self.limit(), e).await;
+        if unanswered(error) {
+            self.revoke_later(client.clone(), lease);
         } else {
             self.drop_lease(client, lease).await;
         }
+    }
+
+    /// Run `txn`, a compare-and-put binding a key to `lease`
+    /// ([`EtcdStore::put_under`]); when etcd does not answer in time, give
+    /// the lease up off the answer path ([`EtcdCoord::abandon`]).
+    async fn put_under(&self, client: &mut Client, lease: Lease, txn: Txn) -> Result<Created> {
+        match self.store.put_under(client, lease, txn, self.limit()).await {
+            Ok(created) => Ok(created),
+            Err(e) => {
+                let e = CoordError::Backend(e);
+                if unanswered(&e) {
+                    self.revoke_later(client.clone(), lease.id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Grant a lease of `ttl`, then [`EtcdCoord::put_under`] it `txn(lease id)`.
+    async fn create(
+        &self,
+        client: &mut Client,
+        ttl: Duration,
+        txn: impl FnOnce(i64) -> Txn,
+    ) -> Result<Created> {
+        let lease = self.store.grant(client, ttl, self.limit()).await?;
+        self.put_under(client, lease, txn(lease.id)).await
     }
 
     /// Revoke `lease` off the answer path, in a task this coordinator owns
@@ -200,6 +229,15 @@ impl EtcdCoord {
     }
 }
 
+/// Whether `error` says etcd did not answer (in time): what was asked may
+/// still have been applied.
+fn unanswered(error: &CoordError) -> bool {
+    matches!(
+        error,
+        CoordError::Backend(BackendError::Timeout { .. } | BackendError::Unreachable { .. })
+    )
+}
+
 /// The oldest key under a prefix (the lock's holder).
 fn oldest() -> GetOptions {
     GetOptions::new()
@@ -281,10 +319,7 @@ impl Coordinator for EtcdCoord {
                 Some(PutOptions::new().with_lease(lease.id)),
             )])
             .or_else([TxnOp::get(prefix.clone(), Some(oldest()))]);
-        let created = self
-            .store
-            .put_under(&mut client, lease, txn, self.limit())
-            .await?;
+        let created = self.put_under(&mut client, lease, txn).await?;
         if created.resp.succeeded() {
             self.holding(lease, ttl);
             let rev = revision_of(created.resp.header());
@@ -385,10 +420,7 @@ impl Coordinator for EtcdCoord {
                 )])
                 .or_else(Self::job_state(&done, &claim))
         };
-        let created = self
-            .store
-            .create(&mut client, ttl, self.limit(), txn)
-            .await?;
+        let created = self.create(&mut client, ttl, txn).await?;
         if created.resp.succeeded() {
             let rev = revision_of(created.resp.header());
             let name = format!("{queue}/{job}");
@@ -442,10 +474,7 @@ impl Coordinator for EtcdCoord {
                     TxnOp::delete(claim.clone(), None),
                 ])
         };
-        let created = self
-            .store
-            .create(&mut client, retention, self.limit(), txn)
-            .await?;
+        let created = self.create(&mut client, retention, txn).await?;
         if !created.resp.succeeded() {
             return Ok(Outcome::NotYours);
         }
