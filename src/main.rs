@@ -30,9 +30,9 @@ fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    if args.get(1).map(String::as_str) == Some("__exec") {
-        // The run-mode exec shim: only returns on failure.
-        let code = leader_elector::supervisor::exec_shim(&args[2..]);
+    if args.get(1).map(String::as_str) == Some("__watchdog") {
+        // Run mode's watchdog between the sidecar and the command.
+        let code = leader_elector::supervisor::watchdog_main(&args[2..]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
     match args.get(1).map(String::as_str) {
@@ -81,8 +81,6 @@ fn main() -> ExitCode {
     // One thread: the sidecar's work is small, and a second worker time-sliced
     // on a throttled or pinned core only adds tail latency (measured: /leader
     // p99 0.7-1.6 ms with one thread vs 2.6-2.9 ms with two on one core).
-    // Children of run mode are spawned from this thread, which lives as long
-    // as the process (their parent-death signal follows the spawning thread).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -4,19 +4,24 @@
 //! request-body inactivity timeout.
 //!
 //! Invariant: at most `max_connections` connections are served by the router
-//! at once. Connections beyond the cap are answered by a tiny fixed service
-//! (`/healthz` → 200 when the listener has one, anything else → 503 JSON,
-//! `Connection: close`, a short header timeout), at most
-//! [`OVERFLOW_CONNECTIONS`] of them at once; past that, new connections are
-//! closed at accept. So the file descriptors and memory a client can pin are
-//! bounded, and a kubelet liveness probe still gets its answer while the cap
-//! is reached.
+//! at once. At the cap a new connection takes the slot of the longest-idle
+//! one (no request in flight: before its first request or between two),
+//! which is closed (issue 24: a flood of idle connections must not refuse a
+//! kubelet probe). When every served connection has a request in flight, new
+//! ones are answered by a tiny fixed service (`/healthz` → 200 when the
+//! listener has one, anything else → 503 JSON, `Connection: close`, a short
+//! header timeout), at most [`OVERFLOW_CONNECTIONS`] of them at once, the
+//! longest-waiting one again giving way to a new one. So the file
+//! descriptors and memory a client can pin are bounded, requests in flight
+//! are never cut, and a liveness probe gets its answer while the cap is
+//! reached.
 //!
 //! HTTP/1.1 only: one request at a time per connection, so the connection
 //! cap is also a cap on concurrent requests (HTTP/2 would multiplex many
 //! long-polls over one connection).
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,14 +34,17 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tower_http::timeout::TimeoutBody;
 use tracing::{debug, warn};
 
 use crate::http::error_response;
+
+mod slots;
+
+use slots::{Admission, BusyBody, Slot, Slots};
 
 /// Connections served by the fixed overflow answer at once, beyond the cap.
 pub const OVERFLOW_CONNECTIONS: usize = 64;
@@ -107,8 +115,8 @@ pub async fn serve(l: Listener, stop: CancellationToken) {
         healthz,
         limits,
     } = l;
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let overflow = Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS));
+    let served = Slots::new(limits.max_connections);
+    let overflow = Slots::new(OVERFLOW_CONNECTIONS);
     let graceful = GracefulShutdown::new();
     let mut warned_cap = false;
     loop {
@@ -125,57 +133,101 @@ pub async fn serve(l: Listener, stop: CancellationToken) {
         };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(stream);
-        if let Ok(permit) = permits.clone().try_acquire_owned() {
-            warned_cap = false;
-            let router = router.clone();
-            let body_timeout = limits.body_timeout;
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let mut req = req.map(|b| Body::new(TimeoutBody::new(body_timeout, b)));
-                req.extensions_mut().insert(ConnectInfo(peer));
-                router.clone().oneshot(req)
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(MAX_BUF_SIZE)
-                .serve_connection(io, svc);
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    debug!(%peer, error = %e, "connection ended with an error");
-                }
-                drop(permit);
-            });
-        } else if let Ok(permit) = overflow.clone().try_acquire_owned() {
+        let admission = if let Some((slot, how)) = served.admit() {
+            if how == Admission::Free {
+                warned_cap = false;
+            }
+            tokio::spawn(serve_router(
+                io,
+                peer,
+                slot,
+                router.clone(),
+                limits,
+                &graceful,
+            ));
+            how
+        } else if let Some((slot, how)) = overflow.admit() {
+            tokio::spawn(serve_overflow(io, slot, healthz, limits));
+            how
+        } else {
+            // Unreachable in practice (overflow connections are answered at
+            // once); close rather than queue.
+            drop(io);
+            Admission::Evicted
+        };
+        if admission == Admission::Evicted {
             if !warned_cap {
                 warned_cap = true;
                 warn!(
                     flag,
                     max_connections = limits.max_connections,
-                    "connection cap reached: new connections get 503 until some close; raise --max-connections if this load is expected"
+                    "connection cap reached: each new connection closes the longest-idle one; with every connection busy, new ones get 503; raise --max-connections if this load is expected"
                 );
             }
-            let max = limits.max_connections;
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| async move {
-                Ok::<_, Infallible>(overflow_answer(req.uri().path(), healthz, max))
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(OVERFLOW_HEADER_TIMEOUT.min(limits.header_read_timeout))
-                .max_buf_size(MAX_BUF_SIZE)
-                .keep_alive(false)
-                .serve_connection(io, svc);
-            tokio::spawn(async move {
-                let _ = conn.await;
-                drop(permit);
-            });
-        } else {
-            // Past the cap and the overflow allowance: close at once.
-            drop(io);
+            // Let the evicted connection's task run and close its socket
+            // before the next accept, so the open connections stay bounded.
+            tokio::task::yield_now().await;
         }
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Serve one connection with the router until it ends or is evicted (only
+/// while idle: between requests, or before its first).
+fn serve_router(
+    io: TokioIo<TcpStream>,
+    peer: SocketAddr,
+    slot: Slot,
+    router: Router,
+    limits: Limits,
+    graceful: &GracefulShutdown,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let slot = Arc::new(slot);
+    let body_timeout = limits.body_timeout;
+    let conn_slot = slot.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let busy = conn_slot.busy();
+        let mut req = req.map(|b| Body::new(TimeoutBody::new(body_timeout, b)));
+        req.extensions_mut().insert(ConnectInfo(peer));
+        let answer = router.clone().oneshot(req);
+        async move {
+            let resp = answer.await?;
+            Ok::<_, Infallible>(resp.map(|b| Body::new(BusyBody::new(b, busy))))
+        }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_BUF_SIZE)
+        .serve_connection(io, svc);
+    let conn = graceful.watch(conn);
+    async move {
+        tokio::select! {
+            r = conn => if let Err(e) = r {
+                debug!(%peer, error = %e, "connection ended with an error");
+            },
+            _ = slot.evicted() => debug!(%peer, "closed this idle connection to admit a new one at the cap"),
+        }
+    }
+}
+
+/// Answer one connection beyond the cap with the fixed overflow answer.
+async fn serve_overflow(io: TokioIo<TcpStream>, slot: Slot, healthz: bool, limits: Limits) {
+    let max = limits.max_connections;
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+        Ok::<_, Infallible>(overflow_answer(req.uri().path(), healthz, max))
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(OVERFLOW_HEADER_TIMEOUT.min(limits.header_read_timeout))
+        .max_buf_size(MAX_BUF_SIZE)
+        .keep_alive(false)
+        .serve_connection(io, svc);
+    tokio::select! {
+        _ = conn => {}
+        _ = slot.evicted() => {}
+    }
 }
 
 /// The answer to a request on a connection beyond the cap.

@@ -89,7 +89,9 @@ async fn beyond_the_cap_new_connections_get_503_but_healthz_answers() {
             .unwrap();
         held.push(s);
     }
-    // Let the server accept them.
+    // Let the server accept them and start their requests: a connection
+    // with no request in flight would give its slot to the next one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let probe = exchange(
         addr,
         "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -192,5 +194,114 @@ async fn stop_ends_serve_once_requests_finish() {
     assert!(
         TcpStream::connect(addr).await.is_err(),
         "still accepting after stop"
+    );
+}
+
+/// Open `n` connections that never send a byte (a flood of idle clients);
+/// non-blocking, so [`closed_by_server`] can look without waiting.
+fn idle_flood(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n).map(|_| raw_connect(addr, b"")).collect()
+}
+
+/// A non-blocking client connection that has sent `first`.
+fn raw_connect(addr: SocketAddr, first: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(first).unwrap();
+    s.set_nonblocking(true).unwrap();
+    s
+}
+
+/// How many of `conns` the server has closed (a read sees the end or a reset).
+fn closed_by_server(conns: &[std::net::TcpStream]) -> usize {
+    use std::io::Read;
+    let mut buf = [0u8; 256];
+    conns
+        .iter()
+        .filter(|s| match (&**s).read(&mut buf) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        })
+        .count()
+}
+
+/// Wait until the server has closed at least `n` of `conns` (it accepted
+/// the whole flood); a hang guard, not a measurement.
+async fn until_closed(conns: &[std::net::TcpStream], n: usize) {
+    let end = tokio::time::Instant::now() + GUARD;
+    while closed_by_server(conns) < n {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the server closed {} of the flood, expected at least {n}",
+            closed_by_server(conns)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A kubelet probe: `GET /healthz` answered within 1 s (its default timeout).
+async fn probe(addr: SocketAddr) -> String {
+    timeout(
+        Duration::from_secs(1),
+        exchange(
+            addr,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        ),
+    )
+    .await
+    .unwrap_or_else(|_| "no answer within 1 s".into())
+}
+
+/// Issue 24 item 3: with the cap and the overflow allowance full of idle
+/// connections (and more arriving), a probe is never refused: the longest-idle
+/// connection is closed to admit it. The open connections stay bounded.
+#[tokio::test]
+async fn probes_are_answered_under_a_flood_of_idle_connections() {
+    let cap = 4;
+    let (addr, _stop, _task) = start(limits(cap)).await;
+    let beyond = 40;
+    let flood = idle_flood(addr, cap + OVERFLOW_CONNECTIONS + beyond);
+    until_closed(&flood, beyond).await;
+    for i in 0..3 {
+        let answer = probe(addr).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+            "probe {i} of 3 under the flood: {answer:?}"
+        );
+    }
+    let open = flood.len() - closed_by_server(&flood);
+    assert!(
+        open <= cap + OVERFLOW_CONNECTIONS,
+        "{open} idle connections stay open, more than the cap ({cap}) plus the overflow allowance ({OVERFLOW_CONNECTIONS})"
+    );
+}
+
+/// Issue 24 item 3: with every served connection busy (long-polls) and the
+/// overflow allowance full of idle connections, a probe still gets its 200
+/// (the longest-idle overflow connection makes room); the busy ones are kept.
+#[tokio::test]
+async fn probes_are_answered_when_the_cap_is_busy_and_the_overflow_idle() {
+    let cap = 3;
+    let (addr, _stop, _task) = start(limits(cap)).await;
+    let held: Vec<_> = (0..cap)
+        .map(|_| raw_connect(addr, b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"))
+        .collect();
+    // The held requests reach the router before the flood arrives.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let beyond = 20;
+    let flood = idle_flood(addr, OVERFLOW_CONNECTIONS + beyond);
+    until_closed(&flood, beyond).await;
+    for i in 0..3 {
+        let answer = probe(addr).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "probe {i} of 3 with the cap busy: {answer:?}"
+        );
+    }
+    assert_eq!(
+        closed_by_server(&held),
+        0,
+        "a busy connection (a request in flight) was closed to admit a probe"
     );
 }

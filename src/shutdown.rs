@@ -1,15 +1,36 @@
 //! Signal handling: the first SIGTERM or SIGINT cancels the shutdown token
-//! (the sidecar then stops claiming, resigns and exits 0); a second signal
-//! ends [`on_signals`], and the app returns
+//! (the sidecar then stops claiming, resigns and exits 0); a signal that
+//! comes later than [`REPEAT_WINDOW`] after the first ends [`on_signals`], and
+//! the app returns
 //! [`RunError::SecondSignal`](crate::app::RunError::SecondSignal) to `main`,
 //! which exits at once with code 1.
+//!
+//! Signals within the window are the same request, not a second one: GNU
+//! `timeout`, `tini -g` and shell wrappers send SIGTERM to the child and then
+//! to its process group, so one stop arrives twice a moment apart (issue 24:
+//! under `timeout` the second copy cut the release and the lease stayed held
+//! for its whole duration).
+
+use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-/// Wait for SIGTERM or SIGINT and cancel `token`; return on a second signal
-/// with its name (`"SIGTERM"` or `"SIGINT"`).
+/// Signals this soon after the first are repeats of it (ignored), not a
+/// request to exit at once.
+pub const REPEAT_WINDOW: Duration = Duration::from_millis(500);
+
+/// Whether a signal received at `now` repeats the first one, received at
+/// `first` (it came within [`REPEAT_WINDOW`]).
+pub fn is_repeat(first: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(first) < REPEAT_WINDOW
+}
+
+/// Wait for SIGTERM or SIGINT and cancel `token`; return on a later signal
+/// (more than [`REPEAT_WINDOW`] after the first) with its name (`"SIGTERM"`
+/// or `"SIGINT"`).
 ///
 /// # Errors
 /// An I/O error if the signal handlers cannot be installed.
@@ -20,12 +41,38 @@ pub async fn on_signals(token: CancellationToken) -> std::io::Result<&'static st
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
+    let first = Instant::now();
     info!(signal = name, "shutting down: stop claiming, resign, exit");
     token.cancel();
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    warn!(signal = name, "second signal: exiting at once");
-    Ok(name)
+    loop {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        if is_repeat(first, Instant::now()) {
+            debug!(
+                signal = name,
+                window = ?REPEAT_WINDOW,
+                "a repeat of the first signal (a wrapper signalled the process and its group); still shutting down"
+            );
+            continue;
+        }
+        warn!(signal = name, "second signal: exiting at once");
+        return Ok(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_within_the_window_repeats_the_first_and_a_later_one_does_not() {
+        let first = Instant::now();
+        assert!(is_repeat(first, first));
+        assert!(is_repeat(first, first + Duration::from_millis(1)));
+        assert!(is_repeat(first, first + Duration::from_millis(499)));
+        assert!(!is_repeat(first, first + REPEAT_WINDOW));
+        assert!(!is_repeat(first, first + Duration::from_secs(2)));
+    }
 }

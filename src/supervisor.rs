@@ -10,12 +10,10 @@
 //!   SIGKILL at `min(now + kill_grace, valid_until - 20 ms)`: the child is gone before
 //!   another candidate can lead. Only then does the supervisor tell the Elector
 //!   to release the key ([`ElectorHandle::release`]).
-//! - The child runs in its own process group under a tiny exec shim
-//!   (`leader-elector __exec`) that sets the Linux parent-death signal to
-//!   SIGKILL, so it dies with the sidecar even on SIGKILL or OOM. The death
-//!   signal follows the thread that spawned it: the binary runs a
-//!   current-thread runtime on the main thread, which lives as long as the
-//!   process.
+//! - The command runs in its own process group under a tiny watchdog
+//!   process (`leader-elector __watchdog`, [`watchdog`]) that kills the
+//!   command's whole process tree, grandchildren included, when the sidecar
+//!   dies however it dies (SIGKILL, OOM) or when the command exits.
 //! - A paused sidecar (SIGSTOP) cannot stop its child; its lease then ends on
 //!   the backend. Freeze the whole container (cgroup freezer, which Kubernetes
 //!   uses) or rely on the fencing token in the child's environment.
@@ -43,6 +41,8 @@ use tracing::{error, info, warn};
 
 use crate::elector::{ElectorHandle, LeaderState};
 
+mod watchdog;
+
 pub use crate::config::{OnChildExit, RunOptions};
 
 /// The exit code that reflects `status` (128 + signal number when killed).
@@ -58,10 +58,35 @@ enum Outcome {
     Stop { shutdown: bool },
 }
 
-fn spawn(opts: &RunOptions, state: &LeaderState, token: u64) -> std::io::Result<Child> {
+/// How long the watchdog may take to report the command's process group.
+const REPORT_LIMIT: Duration = Duration::from_secs(10);
+
+/// The running command: its watchdog process and the command's group.
+struct Running {
+    /// The watchdog (it exits with the command's code once the command's
+    /// tree is gone).
+    child: Child,
+    /// The command's process group, as the watchdog reported it; `None`
+    /// when the command did not start (the watchdog then exits 126 or 127).
+    group: Option<Pid>,
+    /// Our end of the lifeline: when it closes (we died) the watchdog kills
+    /// the command's tree. Kept while the watchdog runs.
+    _lifeline: tokio::net::UnixStream,
+}
+
+impl Running {
+    /// The watchdog's pid, for logs.
+    fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+async fn spawn(opts: &RunOptions, state: &LeaderState, token: u64) -> std::io::Result<Running> {
     let exe = std::env::current_exe()?;
-    Command::new(exe)
-        .arg("__exec")
+    // Both ends close on exec: only the watchdog's stdin (a dup) crosses.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let child = Command::new(exe)
+        .arg("__watchdog")
         .arg(std::process::id().to_string())
         .arg("--")
         .args(&opts.command)
@@ -69,35 +94,75 @@ fn spawn(opts: &RunOptions, state: &LeaderState, token: u64) -> std::io::Result<
         .env("LEADER_ELECTOR_IDENTITY", &state.identity)
         .env("LEADER_ELECTOR_FENCING_TOKEN", token.to_string())
         .process_group(0)
-        .stdin(Stdio::null())
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
         .kill_on_drop(false)
-        .spawn()
+        .spawn()?;
+    ours.set_nonblocking(true)?;
+    let mut lifeline = tokio::net::UnixStream::from_std(ours)?;
+    let group = match tokio::time::timeout(REPORT_LIMIT, read_group(&mut lifeline)).await {
+        Ok(g) => g,
+        Err(_) => {
+            warn!(pid = child.id(), limit = ?REPORT_LIMIT, "the run-mode watchdog did not report the command's process group in time");
+            None
+        }
+    };
+    Ok(Running {
+        child,
+        group,
+        _lifeline: lifeline,
+    })
 }
 
-fn signal_group(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id() {
+/// The command's process group id, the first line the watchdog writes;
+/// `None` when it closes the lifeline first (the command did not start).
+async fn read_group(lifeline: &mut tokio::net::UnixStream) -> Option<Pid> {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 32];
+    while !line.contains(&b'\n') && line.len() < 64 {
+        match lifeline.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = std::str::from_utf8(&line).ok()?;
+    let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+    (pid > 1).then(|| Pid::from_raw(pid))
+}
+
+fn signal_group(child: &Running, sig: Signal) {
+    if let Some(group) = child.group {
         // ESRCH: the group is already gone.
-        let _ = killpg(Pid::from_raw(pid as i32), sig);
+        let _ = killpg(group, sig);
     }
 }
 
-/// SIGTERM the child's group, SIGKILL it at `deadline` if still there, and
-/// reap it. Also SIGKILLs what the child left behind in its group.
-async fn stop(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+/// SIGTERM the command's group, SIGKILL it at `deadline` if still there,
+/// and reap the watchdog (which has killed the rest of the command's tree
+/// by then).
+async fn stop(child: &mut Running, deadline: Instant) -> Option<ExitStatus> {
     let pid = child.id();
     signal_group(child, Signal::SIGTERM);
     let status = tokio::select! {
-        s = child.wait() => s.ok(),
+        s = child.child.wait() => s.ok(),
         _ = sleep_until(deadline) => {
             warn!(pid, "the child did not stop by its deadline; SIGKILL");
             signal_group(child, Signal::SIGKILL);
-            child.wait().await.ok()
+            child.child.wait().await.ok()
         }
     };
-    if let Some(pid) = pid {
-        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-    }
+    signal_group(child, Signal::SIGKILL);
     status
+}
+
+/// The `main` of the run-mode watchdog process (`leader-elector __watchdog
+/// PARENT_PID -- COMMAND ARGS…`, started by run mode, not by users): it
+/// starts COMMAND and kills COMMAND's whole process tree when the sidecar
+/// dies or COMMAND exits. Returns the exit code: COMMAND's (128 + signal
+/// when it was killed), 126 when it cannot start, 127 when it is not
+/// found, 2 on bad arguments.
+pub fn watchdog_main(args: &[String]) -> i32 {
+    watchdog::main(args)
 }
 
 /// Start and stop the child as leadership comes and goes, until `shutdown`.
@@ -115,7 +180,7 @@ pub async fn supervise(
         // Wait until we lead with enough validity left to stop in time.
         let (token, mut valid_until) = wait_to_lead(&opts, &mut state, &handle, &shutdown).await?;
         let snapshot = state.borrow().clone();
-        let mut child = match spawn(&opts, &snapshot, token) {
+        let mut child = match spawn(&opts, &snapshot, token).await {
             Ok(c) => c,
             Err(e) => {
                 error!(command = ?opts.command, error = %e, "cannot start the command; resigning");
@@ -123,7 +188,7 @@ pub async fn supervise(
                 continue;
             }
         };
-        info!(pid = child.id(), fencing_token = token, command = ?opts.command, "started the command as leader");
+        info!(watchdog = child.id(), pid = child.group.map(Pid::as_raw), fencing_token = token, command = ?opts.command, "started the command as leader");
         let outcome = watch_child(
             &mut child,
             token,
@@ -241,7 +306,7 @@ async fn recv(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
 /// without a renewal (`valid_until` follows renewals), or shutdown;
 /// forward SIGHUP, SIGUSR1 and SIGUSR2 to its group meanwhile.
 async fn watch_child(
-    child: &mut Child,
+    child: &mut Running,
     token: u64,
     valid_until: &mut Instant,
     opts: &RunOptions,
@@ -251,7 +316,7 @@ async fn watch_child(
 ) -> Outcome {
     loop {
         tokio::select! {
-            s = child.wait() => match s {
+            s = child.child.wait() => match s {
                 Ok(s) => return Outcome::Exited(s),
                 Err(e) => {
                     error!(error = %e, "cannot wait for the child");
@@ -276,42 +341,5 @@ async fn watch_child(
             Some(()) = recv(&mut signals.usr1) => signal_group(child, Signal::SIGUSR1),
             Some(()) = recv(&mut signals.usr2) => signal_group(child, Signal::SIGUSR2),
         }
-    }
-}
-
-/// The exec shim run as `leader-elector __exec PARENT_PID -- COMMAND ARGS…`:
-/// set the parent-death signal to SIGKILL, make sure the parent is still
-/// there, then become COMMAND. Only returns on failure, with an exit code.
-pub fn exec_shim(args: &[String]) -> i32 {
-    use nix::sys::prctl::set_pdeathsig;
-    use std::ffi::CString;
-    let (Some(parent), Some(sep)) = (args.first(), args.get(1)) else {
-        eprintln!("error: __exec needs PARENT_PID -- COMMAND");
-        return 2;
-    };
-    if sep != "--" || args.len() < 3 {
-        eprintln!("error: __exec needs PARENT_PID -- COMMAND");
-        return 2;
-    }
-    if let Err(e) = set_pdeathsig(Signal::SIGKILL) {
-        eprintln!("error: cannot set the parent-death signal: {e}");
-        return 126;
-    }
-    if nix::unistd::getppid().to_string() != *parent {
-        // The sidecar died before the death signal was armed.
-        return 137;
-    }
-    let argv: Result<Vec<CString>, _> =
-        args[2..].iter().map(|a| CString::new(a.as_str())).collect();
-    let Ok(argv) = argv else {
-        eprintln!("error: the command contains a NUL byte");
-        return 2;
-    };
-    let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
-    eprintln!("error: cannot run {}: {err}", args[2]);
-    if err == nix::errno::Errno::ENOENT {
-        127
-    } else {
-        126
     }
 }

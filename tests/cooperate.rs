@@ -113,7 +113,7 @@ async fn run_mode_children_never_overlap_across_sigterm_sigkill_and_a_cut() {
     let second = one_leader(&cs, Duration::from_secs(5)).await;
     sleep(Duration::from_millis(300)).await;
 
-    // SIGKILL: the child dies with its parent (parent-death signal).
+    // SIGKILL: the child dies with its parent (the run-mode watchdog).
     cs[second].signal(Signal::SIGKILL);
     let killed = now_ns();
     sleep(Duration::from_millis(200)).await;
@@ -594,4 +594,116 @@ async fn notifications_arrive_in_order_and_a_dead_url_never_delays_the_election(
     assert_eq!(first["identity"], "a");
     assert_eq!(first["leader"], "a");
     assert!(first["fencing_token"].as_u64().is_some());
+}
+
+/// Whether process `pid` is gone (no such process, or a zombie nobody reaped
+/// yet: it runs no more).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// A command whose own children outlive it unless killed: a `sleep` in its
+/// process group and one in a session of its own (`setsid`), their pids
+/// written to `pids`; the shell then waits.
+fn command_with_grandchildren(pids: &std::path::Path) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "sleep 1000 & a=$!; setsid sleep 1001 & b=$!; echo \"$a $b\" > {p}.tmp; mv {p}.tmp {p}; wait",
+            p = pids.display()
+        ),
+    ]
+}
+
+/// The grandchildren's pids, once the command wrote them.
+async fn grandchildren(pids: &std::path::Path) -> Vec<u32> {
+    wait_for(
+        Duration::from_secs(10),
+        "the command to start its children",
+        || async { pids.exists() },
+    )
+    .await;
+    let text = std::fs::read_to_string(pids).unwrap();
+    let out: Vec<u32> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(out.len(), 2, "{text}");
+    assert!(
+        out.iter().all(|p| !gone(*p)),
+        "the grandchildren did not start"
+    );
+    out
+}
+
+/// Issue 24 item 7: a SIGKILL of the sidecar (or an OOM kill) takes the
+/// command's whole process tree with it, grandchildren included (one in the
+/// command's process group, one that left it with `setsid`), within ~1 s:
+/// another candidate may start its own copy after the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_sidecar_takes_the_commands_grandchildren_with_it() {
+    let etcd = Etcd::start().await;
+    let dir = tempfile::TempDir::new().unwrap();
+    let pids = dir.path().join("pids");
+    let s = run_sidecar(
+        &etcd.url,
+        &election("grandchildren-kill"),
+        "a",
+        &[],
+        &command_with_grandchildren(&pids),
+    );
+    let kids = grandchildren(&pids).await;
+    s.signal(Signal::SIGKILL);
+    let t0 = Instant::now();
+    let all_gone = || async { kids.iter().all(|p| gone(*p)) };
+    let limit = Duration::from_secs(1);
+    while !all_gone().await && t0.elapsed() < limit {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let alive: Vec<u32> = kids.iter().copied().filter(|p| !gone(*p)).collect();
+    for p in &alive {
+        // Do not leave them behind for the rest of the suite.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p as i32), Signal::SIGKILL);
+    }
+    assert!(
+        alive.is_empty(),
+        "grandchildren {alive:?} of {kids:?} outlived the SIGKILLed sidecar by {limit:?}"
+    );
+    eprintln!(
+        "the command's tree was gone {:?} after the SIGKILL",
+        t0.elapsed()
+    );
+}
+
+/// Issue 24 item 7: a clean stop (SIGTERM) also ends the command's
+/// grandchildren, the one that left its process group included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_command_leaves_no_grandchildren() {
+    let etcd = Etcd::start().await;
+    let dir = tempfile::TempDir::new().unwrap();
+    let pids = dir.path().join("pids");
+    let mut s = run_sidecar(
+        &etcd.url,
+        &election("grandchildren-stop"),
+        "a",
+        &[],
+        &command_with_grandchildren(&pids),
+    );
+    let kids = grandchildren(&pids).await;
+    sigterm_stops_cleanly(&mut s).await;
+    let alive: Vec<u32> = kids.iter().copied().filter(|p| !gone(*p)).collect();
+    for p in &alive {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p as i32), Signal::SIGKILL);
+    }
+    assert!(
+        alive.is_empty(),
+        "grandchildren {alive:?} of {kids:?} outlived a clean stop of the command"
+    );
 }

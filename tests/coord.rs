@@ -604,6 +604,59 @@ async fn n_permits_are_granted_to_n_sequential_acquirers_on_redis() {
     n_permits_are_granted_to_n_sequential_acquirers("redis").await;
 }
 
+/// Issue 24 item 10: one name is one semaphore. With 3 live permits taken at
+/// `permits=3`, a request with another size (larger or smaller) answers 409
+/// naming the established size instead of a grant (4 live permits) or a
+/// count; once no permit is live, the name may take another size.
+async fn a_semaphores_size_belongs_to_its_name(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("sem-size-{kind}")).await;
+    let mut tokens = Vec::new();
+    for i in 1..=3 {
+        let (st, g) = call(port, "POST", "/semaphores/pool?permits=3&ttl=30s", None).await;
+        assert_eq!(st, 200, "acquirer {i} of 3 must be granted: {g}");
+        tokens.push(g["token"].as_str().unwrap().to_owned());
+    }
+    for asked in [5, 2] {
+        let path = format!("/semaphores/pool?permits={asked}&ttl=30s");
+        let (st, body) = call(port, "POST", &path, None).await;
+        assert_eq!(st, 409, "permits={asked} on a semaphore of 3: {body}");
+        assert_eq!(
+            body["permits"], 3,
+            "the 409 names the established size: {body}"
+        );
+        let msg = body["error"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("permits=3"),
+            "the error says what to ask: {body}"
+        );
+    }
+    let (st, body) = call(port, "POST", "/semaphores/pool?permits=3&ttl=30s", None).await;
+    assert_eq!(
+        (st, &body["live_permits"]),
+        (409, &Value::from(3)),
+        "{body}"
+    );
+    for t in &tokens {
+        let (st, body) = call(port, "DELETE", &format!("/semaphores/pool?token={t}"), None).await;
+        assert_eq!(st, 200, "{body}");
+    }
+    let (st, g) = call(port, "POST", "/semaphores/pool?permits=5&ttl=30s", None).await;
+    assert_eq!(
+        st, 200,
+        "with no live permit the name takes a new size: {g}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_size_belongs_to_its_name_on_etcd() {
+    a_semaphores_size_belongs_to_its_name("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_size_belongs_to_its_name_on_redis() {
+    a_semaphores_size_belongs_to_its_name("redis").await;
+}
+
 /// Defect 2: a fair and a plain lock of the same name are one lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock() {
@@ -705,6 +758,49 @@ async fn a_bad_redis_fencing_counter_is_refused_and_nothing_is_written() {
             .is_some_and(|f| f < u64::MAX / 2),
         "{g}"
     );
+}
+
+/// Issue 24 item 4: with etcd blackholed, an acquisition with `wait=1s`
+/// answers 503 within its wait plus one deadline (2 s: the election's call
+/// timeout is shorter here, and the coordination deadline is at least 2 s):
+/// one deadline per request, not one per call inside it. A lock released
+/// before the partition left its lease in the sidecar's pool, so the plain
+/// lock's attempt refreshes that lease and then grants a new one: two calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_etcd_answers_within_the_wait_plus_one_deadline() {
+    const WAIT: Duration = Duration::from_secs(1);
+    const DEADLINE: Duration = Duration::from_secs(2);
+    // Scheduling on a loaded machine; far below a second deadline.
+    const SLACK: Duration = Duration::from_millis(400);
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let mut args = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
+    args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
+    let s = Sidecar::start_raw(&election("blackhole-budget"), "me", &args);
+    let port = s.control();
+    for name in ["x", "f"] {
+        let (st, g) = call(port, "POST", &format!("/locks/{name}?ttl=10s"), None).await;
+        assert_eq!(st, 200, "{g}");
+        let path = format!("/locks/{name}");
+        let (st, r) = call(port, "DELETE", &path, Some(&token_body(&g))).await;
+        assert_eq!(st, 200, "{r}");
+    }
+    proxy.set(support::proxy::Mode::Blackhole);
+    for path in [
+        "/locks/x?ttl=10s&wait=1s",
+        "/locks/f?ttl=10s&wait=1s&fair=true",
+        "/semaphores/s?permits=1&ttl=10s&wait=1s",
+    ] {
+        let started = Instant::now();
+        let (st, e) = call(port, "POST", path, None).await;
+        let took = started.elapsed();
+        eprintln!("POST {path} against a blackholed etcd: {st} after {took:?}");
+        assert_eq!(st, 503, "POST {path}: {e}");
+        assert!(
+            took <= WAIT + DEADLINE + SLACK,
+            "POST {path} answered after {took:?}: more than its wait ({WAIT:?}) plus one deadline ({DEADLINE:?}): {e}"
+        );
+    }
 }
 
 /// Defect 6: against a blackholed etcd a call answers with a timeout after
@@ -883,4 +979,166 @@ async fn waiters_sharing_a_watch_are_all_served_across_an_etcd_restart() {
         w.await.expect("a waiter panicked");
     }
     assert_eq!(served.load(Ordering::SeqCst), 8);
+}
+
+/// An etcd sidecar with its control API whose etcd connection goes through
+/// `proxy`, and one that talks to etcd directly.
+fn proxied_and_direct(etcd: &Etcd, proxy: &support::proxy::Proxy, test: &str) -> [Sidecar; 2] {
+    let flags: Vec<String> = FAST.iter().chain(CONTROL).map(|s| s.to_string()).collect();
+    let mut via = vec!["--etcd-endpoints".to_owned(), proxy.url_for(&etcd.url)];
+    via.extend(flags.iter().cloned());
+    let mut direct = vec!["--etcd-endpoints".to_owned(), etcd.url.clone()];
+    direct.extend(flags);
+    [
+        Sidecar::start_raw(&election(test), "proxied", &via),
+        Sidecar::start_raw(&election(test), "direct", &direct),
+    ]
+}
+
+/// The keys under a coordination lock's prefix now, oldest first.
+async fn lock_keys(etcd: &Etcd, lock: &str) -> Vec<String> {
+    let mut c = etcd.client().await;
+    let all = c
+        .get(
+            "",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(
+                        etcd_client::SortTarget::Create,
+                        etcd_client::SortOrder::Ascend,
+                    ),
+            ),
+        )
+        .await
+        .unwrap();
+    let part = format!("/_coord/locks/{lock}/");
+    all.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .filter(|k| k.contains(&part))
+        .collect()
+}
+
+/// Issue 24 item 5 (etcd-io/etcd#21128): an acquisition that fails part-way
+/// leaves no key behind that blocks the queue. etcd answers 1.5 s late:
+/// the lease grant and the watch fit in the request's budget (2 s), the
+/// join's transaction does not: it is applied, but its answer comes after
+/// the budget. The stray key must go at once (revoked off the answer path),
+/// not block every later acquirer for its 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_that_fails_part_way_leaves_no_key_in_the_queue() {
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let [slow, other] = proxied_and_direct(&etcd, &proxy, "part-way");
+    // Warm the proxied sidecar's connection and its watch hub.
+    let (st, g) = call(slow.control(), "POST", "/locks/warm?ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+    proxy.set(support::proxy::Mode::Delay(Duration::from_millis(1500)));
+    let (st, e) = call(slow.control(), "POST", "/locks/q?fair=true&ttl=30s", None).await;
+    assert_eq!(st, 503, "the late join must fail on its budget: {e}");
+    proxy.set(support::proxy::Mode::Pass);
+    let started = Instant::now();
+    let (st, g) = call(other.control(), "POST", "/locks/q?ttl=30s&wait=10s", None).await;
+    assert_eq!(
+        st,
+        200,
+        "a failed acquisition's key blocked the lock (keys now: {:?}): {g}",
+        lock_keys(&etcd, "q").await
+    );
+    eprintln!(
+        "the next acquirer got the lock {:?} after the failed one answered",
+        started.elapsed()
+    );
+}
+
+/// Issue 24 item 5 (etcd-io/etcd#19597): a fair waiter whose own lease ends
+/// while it waits (revoked here; expired after a partition alike) stops
+/// waiting and answers at once, and is never granted the lock on its dead
+/// lease when the holder then leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_ended_stops_waiting_and_is_never_granted() {
+    let (b, _s, port) = sidecar("etcd", "dead-waiter").await;
+    let Backend::Etcd(etcd) = &b else {
+        unreachable!()
+    };
+    let (st, holder) = call(port, "POST", "/locks/q?ttl=30s", None).await;
+    assert_eq!(st, 200, "{holder}");
+    let waiter = tokio::spawn(async move {
+        let started = Instant::now();
+        let answer = call(port, "POST", "/locks/q?fair=true&ttl=30s&wait=20s", None).await;
+        (answer, started.elapsed())
+    });
+    wait_for(
+        Duration::from_secs(10),
+        "the waiter to join the queue",
+        || async { lock_keys(etcd, "q").await.len() == 2 },
+    )
+    .await;
+    let keys = lock_keys(etcd, "q").await;
+    // The waiter's key is `<prefix><lease hex>.<nonce>`: revoke its lease.
+    let lease = keys[1]
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap();
+    let lease = i64::from_str_radix(lease, 16).unwrap();
+    let revoked = Instant::now();
+    etcd.client().await.lease_revoke(lease).await.unwrap();
+    // The holder leaves a moment later: the dead waiter must not get it.
+    sleep(Duration::from_millis(300)).await;
+    let (st, r) = call(port, "DELETE", "/locks/q", Some(&token_body(&holder))).await;
+    assert_eq!(st, 200, "{r}");
+    let ((st, body), took) = waiter.await.unwrap();
+    assert_ne!(
+        st, 200,
+        "a waiter was granted the lock on its revoked lease: {body}"
+    );
+    assert!(
+        revoked.elapsed() < Duration::from_secs(5) && took < Duration::from_secs(20),
+        "the waiter kept waiting after its lease ended ({took:?}): {st} {body}"
+    );
+    eprintln!("the waiter answered {st} {body} after {took:?}");
+    // Nobody holds the lock now.
+    let (st, g) = call(port, "POST", "/locks/q?ttl=30s", None).await;
+    assert_eq!(st, 200, "{g}");
+}
+
+/// Issue 24 item 5 (etcd-io/etcd#22123): a release retried after a network
+/// error is idempotent and never deletes a successor's key. The first
+/// release reaches etcd but its answer comes too late (503); a successor
+/// takes the lock; the retried release answers 409 and the successor still
+/// holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_retried_after_a_network_error_never_deletes_a_successor() {
+    let etcd = Etcd::start().await;
+    let proxy = support::proxy::Proxy::to_url(&etcd.url).await;
+    let [slow, other] = proxied_and_direct(&etcd, &proxy, "retried-release");
+    let (st, a) = call(slow.control(), "POST", "/locks/r?ttl=30s", None).await;
+    assert_eq!(st, 200, "{a}");
+    proxy.set(support::proxy::Mode::Delay(Duration::from_millis(2500)));
+    let (st, e) = call(slow.control(), "DELETE", "/locks/r", Some(&token_body(&a))).await;
+    assert_eq!(st, 503, "the release's answer is lost: {e}");
+    proxy.set(support::proxy::Mode::Pass);
+    let (st, b) = call(other.control(), "POST", "/locks/r?ttl=30s&wait=10s", None).await;
+    assert_eq!(st, 200, "the first release did reach etcd: {b}");
+    for _ in 0..2 {
+        let (st, r) = call(slow.control(), "DELETE", "/locks/r", Some(&token_body(&a))).await;
+        assert_eq!(st, 409, "a retried release must not succeed: {r}");
+    }
+    let (st, r) = call(
+        other.control(),
+        "POST",
+        "/locks/r/renew",
+        Some(&token_body(&b)),
+    )
+    .await;
+    assert_eq!(
+        st, 200,
+        "the successor lost its lock to a retried release: {r}"
+    );
+    assert_eq!(lock_keys(&etcd, "r").await.len(), 1);
 }

@@ -178,3 +178,35 @@ async fn fencing_tokens_grow_across_different_majorities() {
         last = g.fencing_token;
     }
 }
+
+/// Issue 24 item 10 on Redlock: with 3 live permits taken at size 3, a
+/// request with another size is refused naming the established size (not
+/// granted a 4th slot, not told "full"); once no permit is live the name
+/// may take another size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_size_belongs_to_its_name_on_three_servers() {
+    let servers = three().await;
+    let c = coord_on(&servers, "redlock-sem-size");
+    let mut permits = Vec::new();
+    for i in 0..3 {
+        let t = within("semaphore", c.semaphore("S", &format!("p{i}"), 3, TTL)).await;
+        permits.push(granted(t, "permit"));
+    }
+    for asked in [5, 2] {
+        let r = within("semaphore", c.semaphore("S", "other", asked, TTL)).await;
+        match &r {
+            Err(e) if e.to_string().contains("permits=3") => {}
+            other => panic!(
+                "permits={asked} on a semaphore of 3: expected a refusal naming permits=3, got {other:?}"
+            ),
+        }
+    }
+    for p in &permits {
+        let r = within("release", c.release(Kind::Semaphore, "S", &p.token)).await;
+        assert_eq!(r.unwrap(), Outcome::Ok(None));
+    }
+    granted(
+        within("semaphore", c.semaphore("S", "new", 5, TTL)).await,
+        "a new size once no permit is live",
+    );
+}

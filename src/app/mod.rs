@@ -62,8 +62,10 @@ pub enum RunError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
-    /// A second SIGTERM or SIGINT came during shutdown: exit at once (code 1)
-    /// without waiting for the rest of the shutdown (already logged).
+    /// A second SIGTERM or SIGINT came during shutdown, later than
+    /// [`REPEAT_WINDOW`](crate::shutdown::REPEAT_WINDOW) (500 ms) after the
+    /// first: exit at once (code 1) without waiting for the rest of the
+    /// shutdown (already logged).
     #[error("second signal ({signal}): exiting at once")]
     SecondSignal {
         /// `SIGTERM` or `SIGINT`.

@@ -5,7 +5,7 @@
 //! | `POST /locks/{name}?ttl=30s&wait=5s&fair=false&owner=ID` | 200 grant | 409 `{holder}` |
 //! | `POST /locks/{name}/renew` + token | 200 `{ttl_ms}` | 410 no longer ours |
 //! | `DELETE /locks/{name}` + token | 200 | 409 not ours |
-//! | `POST /semaphores/{name}?permits=N&ttl=30s&wait=5s` | 200 grant | 409 `{live}` |
+//! | `POST /semaphores/{name}?permits=N&ttl=30s&wait=5s` | 200 grant | 409 `{live_permits}`, or `{permits}` of another size |
 //! | `POST /semaphores/{name}/renew`, `DELETE /semaphores/{name}` | as locks | |
 //! | `POST /jobs/{queue}/{job}/claim?ttl=5m` | 200 grant | 409 `{state}` |
 //! | `POST /jobs/{queue}/{job}/complete` + token | 200 | 409 / 410 |
@@ -188,6 +188,11 @@ fn backend_error(e: CoordError) -> Response {
         e @ CoordError::Corrupt { .. } => {
             error_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         }
+        e @ CoordError::PermitsMismatch { established, .. } => json_response(
+            StatusCode::CONFLICT,
+            json!({ "error": e.to_string(), "permits": established }),
+        ),
+        e @ CoordError::QueueLost { .. } => error_response(StatusCode::CONFLICT, e.to_string()),
         e @ CoordError::TooManyWaiters { .. } => {
             error_response(StatusCode::TOO_MANY_REQUESTS, e.to_string())
         }

@@ -8,10 +8,13 @@
 //! - a token is random per acquisition, and renew/release act only when the
 //!   stored value carries it: never release someone else's lock;
 //! - a renew never re-creates an expired lock, permit or claim (410 Gone);
-//! - a semaphore counts only permits that have not expired;
+//! - a semaphore counts only permits that have not expired, and its size
+//!   belongs to its name: while permits are live, a request of another size
+//!   is refused ([`CoordError::PermitsMismatch`]);
 //! - fencing tokens grow per name (etcd: the key's `create_revision`, a
 //!   global revision; Redis: a counter beside the key).
 
+mod budget;
 pub mod etcd;
 pub mod http;
 pub mod kubernetes;
@@ -110,6 +113,29 @@ pub enum CoordError {
         /// What was found there.
         found: String,
     },
+    /// A semaphore request whose `permits` differs from the size its live
+    /// permits were taken with (one name is one semaphore).
+    #[error(
+        "semaphore {name} has {established} permits (the size its live permits were taken with), not {asked}; ask with permits={established}, or use another name"
+    )]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The size of the live permits.
+        established: u64,
+        /// The size this request asked for.
+        asked: u32,
+    },
+    /// A waiter of a lock's queue lost its place while it waited: its key
+    /// went (its lease expired or was revoked, or the key was deleted). It
+    /// holds nothing.
+    #[error(
+        "lost its place in the queue of lock {name} while waiting: its lease ended (expired or revoked) or its key was deleted; nothing is held: acquire again"
+    )]
+    QueueLost {
+        /// The lock's name.
+        name: String,
+    },
     /// Too many requests are already waiting on this sidecar.
     #[error(
         "{waiting} requests already wait on this sidecar (the cap is {cap}); retry later or with a shorter wait"
@@ -171,6 +197,13 @@ pub trait Coordinator: Send + Sync {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome>;
+    /// The deadline of one backend call, when this coordinator keeps each
+    /// request within its `wait` plus one such deadline (it cuts its calls
+    /// to the request's budget). Default: `None` (calls keep their own
+    /// limits).
+    fn deadline(&self) -> Option<Duration> {
+        None
+    }
     /// Wait for the work this coordinator runs off the answer path (etcd:
     /// the lease revokes after releases), at most one call deadline. For the
     /// app's shutdown. Default: nothing to wait for.

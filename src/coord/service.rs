@@ -200,6 +200,15 @@ impl Service {
         }
     }
 
+    /// Run `request` within one budget: its `wait` plus one call deadline
+    /// from now, where the coordinator keeps one ([`Coordinator::deadline`]).
+    async fn budgeted<F: std::future::Future>(&self, wait: Duration, request: F) -> F::Output {
+        match self.coord.deadline() {
+            Some(d) => super::budget::within(Instant::now() + wait + d, request).await,
+            None => request.await,
+        }
+    }
+
     /// Count one more waiter, or refuse when [`Service::max_waiters`] wait already.
     fn enter_wait(&self) -> Result<Waiting<'_>> {
         let now = self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -261,6 +270,20 @@ impl Service {
         // and nobody queues (exactly a plain try), in fewer round trips than
         // a try first; one name is one lock, and each release wakes one waiter.
         let queue = fair || (!wait.is_zero() && self.coord.queues());
+        self.budgeted(wait, self.lock_in(name, owner, ttl, wait, queue))
+            .await
+    }
+
+    /// [`Service::lock`] within its budget; `queue`: through the backend's
+    /// queue.
+    async fn lock_in(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+        queue: bool,
+    ) -> Result<Try> {
         if queue {
             let started = Instant::now();
             let _waiting = if wait.is_zero() {
@@ -292,10 +315,10 @@ impl Service {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Try> {
-        self.with_wait(Kind::Semaphore, name, wait, || {
+        let request = self.with_wait(Kind::Semaphore, name, wait, || {
             self.coord.semaphore(name, owner, permits, ttl)
-        })
-        .await
+        });
+        self.budgeted(wait, request).await
     }
 
     /// Renew a lock or permit.
@@ -309,7 +332,9 @@ impl Service {
         token: &str,
         ttl: Duration,
     ) -> Result<Outcome> {
-        let r = self.coord.renew(kind, name, token, ttl).await?;
+        let r = self
+            .budgeted(Duration::ZERO, self.coord.renew(kind, name, token, ttl))
+            .await?;
         match r {
             Outcome::Ok(Some(t)) => self.extend(token, t),
             Outcome::Ok(None) => self.extend(token, ttl),
@@ -331,7 +356,9 @@ impl Service {
         {
             return Ok(Outcome::AlreadyReleased);
         }
-        let r = self.coord.release(kind, name, token).await?;
+        let r = self
+            .budgeted(Duration::ZERO, self.coord.release(kind, name, token))
+            .await?;
         if r == Outcome::Ok(None) {
             self.wake(kind, name);
             let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
@@ -352,7 +379,9 @@ impl Service {
     /// [`CoordError`] from the backend.
     pub async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
         let started = Instant::now();
-        let r = self.coord.claim(queue, job, owner, ttl).await;
+        let r = self
+            .budgeted(Duration::ZERO, self.coord.claim(queue, job, owner, ttl))
+            .await;
         match &r {
             Ok(Claim::Claimed(g)) => self.note(queue, "acquired", started, Some(g)),
             Ok(_) => self.note(queue, "busy", started, None),
@@ -372,7 +401,8 @@ impl Service {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome> {
-        let r = self.coord.complete(queue, job, token, retention).await?;
+        let complete = self.coord.complete(queue, job, token, retention);
+        let r = self.budgeted(Duration::ZERO, complete).await?;
         if matches!(r, Outcome::Ok(_) | Outcome::Gone) {
             self.forget(token);
         }

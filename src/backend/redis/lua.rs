@@ -155,19 +155,25 @@ return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 ";
 
 /// Single-server semaphore: a sorted set of tokens scored by expiry. KEYS:
-/// set, counter. ARGV: token, permits, TTL in ms. Answers `{1, fencing}`,
-/// `{0, live}` full, `{-2, counter}` bad counter.
+/// set, counter, size. ARGV: token, permits, TTL in ms. Answers `{1,
+/// fencing}`, `{0, live}` full, `{-2, counter}` bad counter, `{-3, size}`
+/// live permits taken with another size (one name is one semaphore). The
+/// size key, like the counter, outlives the set; it binds only while a
+/// permit is live.
 const SEM_ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ok, bad = fence_ok(KEYS[2])
 if not ok then return {-2, bad} end
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local size = redis.call('GET', KEYS[3])
+if live > 0 and size and size ~= ARGV[2] then return {-3, size} end
 if live >= tonumber(ARGV[2]) then return {0, live} end
 local f = fence_next(KEYS[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+redis.call('SET', KEYS[3], ARGV[2])
 return {1, f}
 ";
 
@@ -196,14 +202,50 @@ if n == 1 then redis.call('PUBLISH', KEYS[1], 'released') end
 return n
 ";
 
+/// Shared prelude of the Redlock semaphore scripts: `other_size(base,
+/// skey, permits)` is the size recorded in `skey` when it differs from
+/// `permits` and one of its slots `base:slot:0..size-1` is live (it binds),
+/// else `false`.
+const SIZE: &str = r"
+local function other_size(base, skey, permits)
+  local size = redis.call('GET', skey)
+  if not size or size == permits then return false end
+  local m = tonumber(size)
+  if not m then return false end
+  for i = 0, m - 1 do
+    if redis.call('EXISTS', base .. ':slot:' .. i) == 1 then return size end
+  end
+  return false
+end
+";
+
 /// Redlock semaphore: which of the slots `KEYS[1]:slot:0..ARGV[1]-1` are
-/// taken on this server (an array of indices). Read-only.
+/// taken on this server. KEYS: base, size. ARGV: permits. Answers `{size,
+/// {taken indices}}`, `size` the binding size of live permits taken with
+/// another size ([`SIZE`]) or `0`. Read-only.
 const SLOTS: &str = r"
 local taken = {}
 for i = 0, tonumber(ARGV[1]) - 1 do
   if redis.call('EXISTS', KEYS[1] .. ':slot:' .. i) == 1 then taken[#taken + 1] = i end
 end
-return taken
+return {tonumber(other_size(KEYS[1], KEYS[2], ARGV[1]) or '0'), taken}
+";
+
+/// Redlock semaphore slot: [`LOCK`] unless live permits were taken with
+/// another size, then record this size. KEYS: slot, counter, size, base.
+/// ARGV: token, owner, TTL in ms, permits. Answers as [`LOCK`], or `{-3,
+/// size}`.
+const SLOT_LOCK: &str = r"
+local other = other_size(KEYS[4], KEYS[3], ARGV[4])
+if other then return {-3, other} end
+local current = redis.call('GET', KEYS[1])
+if current then return {0, current} end
+local ok, bad = fence_ok(KEYS[2])
+if not ok then return {-2, bad} end
+local f = fence_next(KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[3], ARGV[4])
+return {1, f}
 ";
 
 /// Job claim: [`LOCK`] on the claim unless the job is done. KEYS: claim,
@@ -254,13 +296,15 @@ pub enum Lua {
     SemRelease,
     /// [`SLOTS`]
     Slots,
+    /// [`SLOT_LOCK`]
+    SlotLock,
     /// [`CLAIM`]
     Claim,
     /// [`COMPLETE`]
     Complete,
 }
 
-const ALL: [Lua; 13] = [
+const ALL: [Lua; 14] = [
     Lua::Campaign,
     Lua::ElectionRenew,
     Lua::Raise,
@@ -272,6 +316,7 @@ const ALL: [Lua; 13] = [
     Lua::SemRenew,
     Lua::SemRelease,
     Lua::Slots,
+    Lua::SlotLock,
     Lua::Claim,
     Lua::Complete,
 ];
@@ -293,6 +338,7 @@ impl Lua {
             Lua::SemRenew => SEM_RENEW,
             Lua::SemRelease => SEM_RELEASE,
             Lua::Slots => SLOTS,
+            Lua::SlotLock => SLOT_LOCK,
             Lua::Claim => CLAIM,
             Lua::Complete => COMPLETE,
         }
@@ -303,6 +349,7 @@ impl Lua {
     pub fn source(self) -> String {
         match self {
             Lua::Claim => format!("{FENCE}{CLAIM}{LOCK}"),
+            Lua::Slots | Lua::SlotLock => format!("{FENCE}{SIZE}{}", self.body()),
             _ => format!("{FENCE}{}", self.body()),
         }
     }

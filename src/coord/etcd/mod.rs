@@ -13,6 +13,7 @@
 mod hub;
 mod pool;
 mod queue;
+mod sem;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use tokio::time::Instant;
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
 use crate::backend::etcd::EtcdBackend;
-use crate::backend::etcd::store::{EtcdStore, revision_of};
+use crate::backend::etcd::store::{Created, EtcdStore, Lease, revision_of};
 
 /// Deadline of one etcd call when none is configured.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
@@ -72,8 +73,10 @@ impl EtcdCoord {
         self
     }
 
+    /// The limit of the next call: the deadline, cut to what is left of the
+    /// current request's budget ([`crate::coord::budget`]).
     fn limit(&self) -> Option<Duration> {
-        Some(self.deadline)
+        Some(super::budget::limit(self.deadline))
     }
 
     /// Run one etcd call under the deadline.
@@ -89,20 +92,58 @@ impl EtcdCoord {
         Ok(self.store.client_within(self.limit()).await?)
     }
 
-    /// Revoke a lease we no longer need, under the deadline; a failure is
-    /// harmless (the lease expires with its TTL).
+    /// Revoke a lease we no longer need, within the request's budget; when
+    /// that fails (the budget is spent, etcd is slow) it is revoked off the
+    /// answer path ([`EtcdCoord::revoke_later`]), so its key does not stay
+    /// for the lease's whole TTL.
     async fn drop_lease(&self, client: &mut Client, lease: i64) {
-        let _ = self.store.revoke(client, lease, self.limit()).await;
+        if self
+            .store
+            .revoke(client, lease, self.limit())
+            .await
+            .is_err()
+        {
+            self.revoke_later(client.clone(), lease);
+        }
     }
 
-    /// Revoke `lease` after `error`, unless etcd did not answer in time
-    /// ([`EtcdStore::abandon`]).
+    /// Give `lease` up after `error`. When etcd did not answer in time, the
+    /// failed call may still have been applied (a key bound to the lease that
+    /// would block a lock's queue for the lease's whole TTL, etcd-io/etcd#21128):
+    /// revoke it off the answer path, where it has a whole deadline.
     async fn abandon(&self, client: &mut Client, lease: i64, error: &CoordError) {
-        if let CoordError::Backend(e) = error {
-            self.store.abandon(client, lease, self.limit(), e).await;
+        if unanswered(error) {
+            self.revoke_later(client.clone(), lease);
         } else {
             self.drop_lease(client, lease).await;
         }
+    }
+
+    /// Run `txn`, a compare-and-put binding a key to `lease`
+    /// ([`EtcdStore::put_under`]); when etcd does not answer in time, give
+    /// the lease up off the answer path ([`EtcdCoord::abandon`]).
+    async fn put_under(&self, client: &mut Client, lease: Lease, txn: Txn) -> Result<Created> {
+        match self.store.put_under(client, lease, txn, self.limit()).await {
+            Ok(created) => Ok(created),
+            Err(e) => {
+                let e = CoordError::Backend(e);
+                if unanswered(&e) {
+                    self.revoke_later(client.clone(), lease.id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Grant a lease of `ttl`, then [`EtcdCoord::put_under`] it `txn(lease id)`.
+    async fn create(
+        &self,
+        client: &mut Client,
+        ttl: Duration,
+        txn: impl FnOnce(i64) -> Txn,
+    ) -> Result<Created> {
+        let lease = self.store.grant(client, ttl, self.limit()).await?;
+        self.put_under(client, lease, txn(lease.id)).await
     }
 
     /// Revoke `lease` off the answer path, in a task this coordinator owns
@@ -110,14 +151,16 @@ impl EtcdCoord {
     /// if it fails the lease expires with its TTL).
     pub(super) fn revoke_later(&self, mut client: Client, lease: i64) {
         let store = self.store.clone();
-        let limit = self.limit();
+        // Off the answer path: the whole deadline, not the request's budget.
+        let deadline = self.deadline;
+        let limit = Some(deadline);
         let mut tasks = self.revokes.lock().unwrap_or_else(|e| e.into_inner());
         // Reap the revokes that ended, so the set holds only running ones.
         while tasks.try_join_next().is_some() {}
         tasks.spawn(async move {
             // An etcd that refuses connections (restarting) is tried again
             // until the deadline; any other answer ends it.
-            let until = Instant::now() + limit.unwrap_or(DEFAULT_DEADLINE);
+            let until = Instant::now() + deadline;
             while let Err(BackendError::Unreachable { .. }) =
                 store.revoke(&mut client, lease, limit).await
                 && Instant::now() < until
@@ -186,6 +229,15 @@ impl EtcdCoord {
     }
 }
 
+/// Whether `error` says etcd did not answer (in time): what was asked may
+/// still have been applied.
+fn unanswered(error: &CoordError) -> bool {
+    matches!(
+        error,
+        CoordError::Backend(BackendError::Timeout { .. } | BackendError::Unreachable { .. })
+    )
+}
+
 /// The oldest key under a prefix (the lock's holder).
 fn oldest() -> GetOptions {
     GetOptions::new()
@@ -244,6 +296,10 @@ impl Coordinator for EtcdCoord {
         true
     }
 
+    fn deadline(&self) -> Option<Duration> {
+        Some(self.deadline)
+    }
+
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let mut client = self.client().await?;
         let prefix = self.lock_prefix(name);
@@ -263,10 +319,7 @@ impl Coordinator for EtcdCoord {
                 Some(PutOptions::new().with_lease(lease.id)),
             )])
             .or_else([TxnOp::get(prefix.clone(), Some(oldest()))]);
-        let created = self
-            .store
-            .put_under(&mut client, lease, txn, self.limit())
-            .await?;
+        let created = self.put_under(&mut client, lease, txn).await?;
         if created.resp.succeeded() {
             self.holding(lease, ttl);
             let rev = revision_of(created.resp.header());
@@ -295,48 +348,7 @@ impl Coordinator for EtcdCoord {
     }
 
     async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
-        let mut client = self.client().await?;
-        let lease = self.store.grant(&mut client, ttl, self.limit()).await?;
-        let token = Token::new(TokenKind::Permit, lease.id);
-        let key = self.key_of(Kind::Semaphore, name, &token);
-        let put = PutOptions::new().with_lease(lease.id);
-        let put = match self
-            .call(
-                "put",
-                client.put(key, format!("{token}|{owner}"), Some(put)),
-            )
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
-        let my_rev = revision_of(put.header());
-        // Live permits created before ours: ours counts only if fewer than N.
-        // Every later acquirer sees ours too, so live holders never exceed N.
-        // Count the keys returned: etcd computes a range's `count` before the
-        // `max_create_revision` filter, so `count` would include ours.
-        let before = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_max_create_revision(my_rev - 1);
-        let before = match self
-            .call("get", client.get(self.sem_prefix(name), Some(before)))
-            .await
-        {
-            Ok(r) => r.kvs().len() as u64,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
-        if before < u64::from(permits) {
-            return Ok(Try::Acquired(grant(name, &token, my_rev, lease.ttl)));
-        }
-        self.drop_lease(&mut client, lease.id).await;
-        Ok(Try::Full(before))
+        self.permit(name, owner, permits, ttl).await
     }
 
     async fn changed(&self, kind: Kind, name: &str, _seen: u64, until: Instant) -> Result<()> {
@@ -408,10 +420,7 @@ impl Coordinator for EtcdCoord {
                 )])
                 .or_else(Self::job_state(&done, &claim))
         };
-        let created = self
-            .store
-            .create(&mut client, ttl, self.limit(), txn)
-            .await?;
+        let created = self.create(&mut client, ttl, txn).await?;
         if created.resp.succeeded() {
             let rev = revision_of(created.resp.header());
             let name = format!("{queue}/{job}");
@@ -465,10 +474,7 @@ impl Coordinator for EtcdCoord {
                     TxnOp::delete(claim.clone(), None),
                 ])
         };
-        let created = self
-            .store
-            .create(&mut client, retention, self.limit(), txn)
-            .await?;
+        let created = self.create(&mut client, retention, txn).await?;
         if !created.resp.succeeded() {
             return Ok(Outcome::NotYours);
         }

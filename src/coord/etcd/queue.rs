@@ -89,9 +89,24 @@ fn read_ahead(kvs: &[KeyValue], rev: i64) -> Ahead {
         .map(|kv| (kv.key().to_vec(), rev, kvs.len() == 1))
 }
 
+/// How a waiter's time in the queue ended.
+enum Queued {
+    /// Every key ahead of it is gone: it holds the lock.
+    Head,
+    /// Its wait ran out.
+    TimedOut,
+    /// Its own key is gone (its lease expired or was revoked, or the key was
+    /// deleted): it holds nothing, and never will by this request.
+    Lost,
+    /// A call failed.
+    Failed(CoordError),
+}
+
 /// Keep the waiter's lease alive while it queues (every third of its TTL,
-/// at least every 500 ms). Never returns; on a failure it stops renewing
-/// and waits for ever (the lease then expires and the queue sees it go).
+/// at least every 500 ms). Returns when etcd says the lease is gone (a
+/// keep-alive answered with TTL 0): the waiter's key went with it. On any
+/// other failure it stops renewing and waits for ever (the lease then
+/// expires, and the waiter sees its own key go, when etcd answers again).
 /// The lease was just granted or refreshed, so the keep-alive stream opens
 /// only after the first third of its TTL (opening it renews once): a waiter
 /// served sooner (most of them, in a busy queue) costs etcd no keep-alive.
@@ -103,8 +118,13 @@ async fn keep_queued(client: Client, lease: i64, granted: Duration) {
     };
     loop {
         tokio::time::sleep(every).await;
-        if k.keep_alive().await.is_err() || s.message().await.is_err() {
+        if k.keep_alive().await.is_err() {
             return std::future::pending::<()>().await;
+        }
+        match s.message().await {
+            Ok(Some(r)) if r.ttl() <= 0 => return,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return std::future::pending::<()>().await,
         }
     }
 }
@@ -154,26 +174,28 @@ impl EtcdCoord {
                 Some(PutOptions::new().with_lease(lease.id)),
             ),
         ]);
-        let joined = self
-            .store
-            .put_under(&mut client, lease, join, self.limit())
-            .await?;
+        let joined = self.put_under(&mut client, lease, join).await?;
         let my_rev = revision_of(joined.resp.header());
         let ahead = self::joined(&joined.resp, my_rev);
+        let mine = self.key_of(Kind::Lock, name, &token).into_bytes();
         let queue = async {
-            if let Some(names) = ahead.names
-                && self.all_deleted(deletes, names).await
-            {
-                return Ok(());
+            if let Some(names) = ahead.names {
+                match self.all_deleted(deletes, names, &mine).await {
+                    Some(true) => return Queued::Head,
+                    Some(false) => return Queued::Lost,
+                    None => {}
+                }
             }
-            self.queue(&client, &prefix, my_rev, ahead.first).await
+            match self.queue(&client, &prefix, my_rev, ahead.first).await {
+                Ok(()) => self.still_queued(&client, &mine).await,
+                Err(e) => Queued::Failed(e),
+            }
         };
-        // `None`: the wait ran out while queued.
         let outcome = tokio::select! {
             biased;
-            r = queue => Some(r),
-            _ = keep_queued(client.clone(), lease.id, lease.ttl) => None,
-            _ = tokio::time::sleep_until(deadline) => None,
+            q = queue => q,
+            _ = keep_queued(client.clone(), lease.id, lease.ttl) => Queued::Lost,
+            _ = tokio::time::sleep_until(deadline) => Queued::TimedOut,
         };
         let answer = self
             .queued(outcome, client, name, &prefix, &token, my_rev, lease.ttl)
@@ -184,12 +206,11 @@ impl EtcdCoord {
         answer
     }
 
-    /// The answer of a fair acquisition once its queueing ended (`None`: the
-    /// wait ran out).
+    /// The answer of a fair acquisition once its queueing ended.
     #[allow(clippy::too_many_arguments)]
     async fn queued(
         &self,
-        outcome: Option<Result<()>>,
+        outcome: Queued,
         mut client: Client,
         name: &str,
         prefix: &str,
@@ -198,8 +219,8 @@ impl EtcdCoord {
         granted: Duration,
     ) -> Result<Try> {
         match outcome {
-            Some(Ok(())) => Ok(Try::Acquired(grant(name, token, my_rev, granted))),
-            None => {
+            Queued::Head => Ok(Try::Acquired(grant(name, token, my_rev, granted))),
+            Queued::TimedOut => {
                 // Timed out in the queue: leave it, and say who holds the
                 // lock (both calls at once: one deadline, not two).
                 let mut reader = client.clone();
@@ -209,7 +230,15 @@ impl EtcdCoord {
                 );
                 Ok(Try::Held(first.ok().flatten().unwrap_or_default()))
             }
-            Some(Err(e)) => {
+            Queued::Lost => {
+                // The key is gone; its lease may live on (a key deleted by
+                // hand): give it up off the answer path.
+                self.revoke_later(client, token.lease);
+                Err(CoordError::QueueLost {
+                    name: name.to_owned(),
+                })
+            }
+            Queued::Failed(e) => {
                 // Our key would block the queue until its lease expires:
                 // revoke it off the answer path, where a backend that is
                 // back within the deadline still takes it.
@@ -219,18 +248,43 @@ impl EtcdCoord {
         }
     }
 
-    /// Wait until every key of `names` is deleted: `true` then, `false` when
-    /// the hub could not say (then the caller looks again).
-    async fn all_deleted(&self, mut seen: Subscription, mut names: HashSet<Vec<u8>>) -> bool {
+    /// After a wait key by key: whether our own key `mine` is still there
+    /// (then every key ahead is gone and the lock is ours). That path saw
+    /// only the keys ahead, not ours (etcd-io/etcd#19597: a waiter whose
+    /// lease expired must not be granted the lock).
+    async fn still_queued(&self, client: &Client, mine: &[u8]) -> Queued {
+        let opts = GetOptions::new().with_keys_only();
+        match self
+            .call("get", client.clone().get(mine.to_vec(), Some(opts)))
+            .await
+        {
+            Ok(r) if r.kvs().is_empty() => Queued::Lost,
+            Ok(_) => Queued::Head,
+            Err(e) => Queued::Failed(e),
+        }
+    }
+
+    /// Wait until every key of `names` is deleted: `Some(true)` then,
+    /// `Some(false)` when our own key `mine` is deleted first (its lease
+    /// ended: the deletes come in revision order, so ours is seen before any
+    /// later one), `None` when the hub could not say (then the caller looks
+    /// again).
+    async fn all_deleted(
+        &self,
+        mut seen: Subscription,
+        mut names: HashSet<Vec<u8>>,
+        mine: &[u8],
+    ) -> Option<bool> {
         while !names.is_empty() {
             match seen.next(self).await {
+                Seen::Deleted(key) if key == mine => return Some(false),
                 Seen::Deleted(key) => {
                     names.remove(&key);
                 }
-                Seen::Ended => return false,
+                Seen::Ended => return None,
             }
         }
-        true
+        Some(true)
     }
 
     /// Wait in the queue of `prefix` until no key created before `my_rev`

@@ -25,6 +25,7 @@
 //! so tokens keep growing across a restart without persistence. Fair locks
 //! need etcd ([`CoordError::Unsupported`], HTTP 400).
 
+mod slots;
 mod wait;
 
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use crate::backend::BackendError;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::group::{Group, Round, Tally, tally, unexpected};
 use crate::backend::redis::lua::{Lua, Stored, ms};
-use crate::backend::redis::server::{text_of, uint_of};
+use crate::backend::redis::server::text_of;
 
 pub use wait::{MAX_NAP, MAX_NAP_SUBSCRIBED};
 
@@ -231,68 +232,6 @@ impl RedisCoord {
         let slot_ok = t.lease == 0 || (kind == Kind::Semaphore && self.group.is_redlock());
         (t.kind.serves(kind) && slot_ok).then_some(t)
     }
-
-    /// A Redlock semaphore: find the slots free on a quorum, then take one
-    /// as a lock (in an order starting at random, so askers spread).
-    async fn slot_semaphore(
-        &self,
-        name: &str,
-        owner: &str,
-        permits: u32,
-        ttl: Duration,
-    ) -> Result<Try> {
-        let key = self.key("sem", name);
-        let fkey = format!("{key}:fencing");
-        let answers = self
-            .group
-            .eval_all(Lua::Slots, &[&key], &[&permits.to_string()])
-            .await;
-        let mut free = vec![0usize; permits as usize];
-        let mut answered = 0;
-        let mut error = None;
-        for a in answers {
-            match a {
-                Ok(Value::Array(taken)) => {
-                    answered += 1;
-                    free.iter_mut().for_each(|f| *f += 1);
-                    for i in taken.iter().filter_map(uint_of) {
-                        if let Some(f) = free.get_mut(i as usize) {
-                            *f -= 1;
-                        }
-                    }
-                }
-                Ok(other) => {
-                    error.get_or_insert(unexpected(&other));
-                }
-                Err(e) => {
-                    error.get_or_insert(e);
-                }
-            }
-        }
-        let quorum = self.group.quorum();
-        if answered < quorum {
-            return Err(self.failed(self.group.no_quorum(error, answered, "answered"), &[&key]));
-        }
-        let open: Vec<usize> = (0..free.len()).filter(|i| free[*i] >= quorum).collect();
-        let live = permits as u64 - open.len() as u64;
-        let offset = rand::rng().random_range(0..open.len().max(1));
-        for slot in open.iter().cycle().skip(offset).take(open.len().min(3)) {
-            let keys = [format!("{key}:slot:{slot}"), fkey.clone()];
-            let ask = Ask {
-                lua: Lua::Lock,
-                keys: &keys,
-                owner,
-                args: vec![ms(ttl)],
-                name,
-                token: Token::new(TokenKind::Permit, *slot as i64),
-                ttl,
-            };
-            if let Got::Granted(g) = self.acquire(ask).await? {
-                return Ok(Try::Acquired(g));
-            }
-        }
-        Ok(Try::Full(live.max(1)))
-    }
 }
 
 /// The owner label of a held value.
@@ -361,7 +300,7 @@ impl Coordinator for RedisCoord {
             return self.slot_semaphore(name, owner, permits, ttl).await;
         }
         let key = self.key("sem", name);
-        let keys = [key.clone(), format!("{key}:fencing")];
+        let keys = [key.clone(), format!("{key}:fencing"), format!("{key}:size")];
         // The set's script takes (token, permits, ttl): `owner` is unused.
         let ask = Ask {
             lua: Lua::SemAcquire,
@@ -375,6 +314,9 @@ impl Coordinator for RedisCoord {
         match self.acquire(ask).await? {
             Got::Granted(g) => Ok(Try::Acquired(g)),
             Got::Refused(round) => {
+                if let Some(established) = slots::other_size(&round) {
+                    return Err(slots::mismatch(name, established, permits));
+                }
                 let live = round.refusals().find_map(|r| match r.as_slice() {
                     [Value::Int(0), Value::Int(live)] => Some((*live).max(0) as u64),
                     _ => None,
