@@ -1082,7 +1082,7 @@ async fn etcd_compaction_during_a_term() {
         tail(&log, 30)
     );
     assert!(
-        log.contains("key deleted or overwritten"),
+        log.contains("key deleted, overwritten or edited by someone else"),
         "the holder learned of the delete from a renewal, not from its watch:\n{}",
         tail(&log, 30)
     );
