@@ -12,7 +12,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use super::lease::{Cand, Holder, Kind, Phase, Rule, Seen, St};
+use super::lease::{Cand, Holder, Kind, Rule, Seen, St};
 
 /// Up to 16 values to renumber, without allocating (this runs once per
 /// transition).
@@ -71,9 +71,6 @@ fn versions(s: &mut St) {
         }
         if let Some(r) = &c.req {
             seen.push(r.expect);
-            if let Phase::Answered { ver, .. } = r.phase {
-                seen.push(ver);
-            }
         }
     }
     let m = seen.table(false);
@@ -87,9 +84,6 @@ fn versions(s: &mut St) {
         }
         if let Some(r) = &mut c.req {
             r.expect = m[r.expect as usize];
-            if let Phase::Answered { ver, .. } = &mut r.phase {
-                *ver = m[*ver as usize];
-            }
         }
     }
 }
@@ -102,11 +96,6 @@ fn tokens(s: &mut St) {
         if let Some(l) = &c.lead {
             seen.push(l.token);
         }
-        if let Some(r) = &c.req
-            && let Phase::Answered { token, .. } = r.phase
-        {
-            seen.push(token);
-        }
     }
     let m = seen.table(true);
     s.lease.token = m[s.lease.token as usize];
@@ -114,11 +103,6 @@ fn tokens(s: &mut St) {
     for c in s.cands.iter_mut() {
         if let Some(l) = &mut c.lead {
             l.token = m[l.token as usize];
-        }
-        if let Some(r) = &mut c.req
-            && let Phase::Answered { token, .. } = &mut r.phase
-        {
-            *token = m[*token as usize];
         }
     }
 }
@@ -228,11 +212,7 @@ fn cand_key(c: &Cand, rule: Rule) -> [u8; 24] {
             Kind::Renew => 3,
             Kind::Release => 4,
         };
-        let (phase, ver, token) = match r.phase {
-            Phase::Sent => (0, 0, 0),
-            Phase::Answered { ok, ver, token } => (1 + u8::from(ok), ver, token),
-        };
-        k[16..24].copy_from_slice(&[kind, r.term, r.expect, r.valid, r.replay, phase, ver, token]);
+        k[16..21].copy_from_slice(&[kind, r.term, r.expect, r.valid, r.replay]);
     }
     k
 }

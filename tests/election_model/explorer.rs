@@ -223,16 +223,70 @@ fn trace<M: Model>(
     let start = model.describe(&state);
     let mut t = 0u32;
     let mut steps = Vec::new();
+    let mut step_error = None;
     for action in path {
         if model.is_tick(&action) {
             t += 1;
         }
-        state = model.step_raw(&state, &action);
+        let after = model.step_raw(&state, &action);
+        step_error = model.step(&state, &action).err().map(|(_, r)| r);
+        state = after;
         steps.push((t, action.to_string(), model.describe(&state)));
     }
+    // The reason again, from the raw states (canonical ones are renumbered).
+    let reason = match (model.check(&state), step_error) {
+        (Some(c), Some(e)) => format!("{c}; {e}"),
+        (Some(c), None) => c,
+        (None, Some(e)) => e,
+        (None, None) => reason,
+    };
     Trace {
         reason,
         start,
         steps,
     }
+}
+
+/// Plays `script` from `start`, checking that each action is one the model
+/// allows in the state reached (so the script is a behaviour of the model),
+/// and returns it as a trace whose reason is the violation at the end, or
+/// `None` when the invariant still holds there.
+pub fn play<M: Model>(model: &M, start: &M::State, script: &[M::Action]) -> (Trace, bool)
+where
+    M::Action: PartialEq + fmt::Debug,
+{
+    let mut state = start.clone();
+    let mut steps = Vec::new();
+    let mut t = 0u32;
+    let mut step_error = None;
+    let mut enabled = Vec::new();
+    for action in script {
+        enabled.clear();
+        model.actions(&state, &mut enabled);
+        assert!(
+            enabled.contains(action),
+            "scripted action {action:?} is not enabled in: {}",
+            model.describe(&state)
+        );
+        if model.is_tick(action) {
+            t += 1;
+        }
+        step_error = model.step(&state, action).err().map(|(_, r)| r);
+        state = model.step_raw(&state, action);
+        steps.push((t, action.to_string(), model.describe(&state)));
+    }
+    let reason = match (model.check(&state), step_error) {
+        (Some(c), Some(e)) => Some(format!("{c}; {e}")),
+        (c, e) => c.or(e),
+    };
+    let violated = reason.is_some();
+    let reason = reason.unwrap_or_else(|| "none: the invariant holds".into());
+    (
+        Trace {
+            reason,
+            start: model.describe(start),
+            steps,
+        },
+        violated,
+    )
 }

@@ -132,8 +132,8 @@ pub struct Config {
     pub observe: Observe,
     /// Number of candidates, 1 to 3.
     pub candidates: usize,
-    /// Every candidate's configured duration, in ticks.
-    pub duration: u8,
+    /// Each candidate's configured duration, in ticks.
+    pub durations: [u8; 3],
     /// Renew interval, in ticks (under `duration - margin`).
     pub renew: u8,
     /// Drift margin, in ticks.
@@ -149,14 +149,14 @@ pub struct Config {
 }
 
 impl Config {
-    /// Exact clocks, duration 3, renew 2, margin 0, two candidates, every
+    /// Exact clocks, durations 3, renew 2, margin 0, two candidates, every
     /// fault off: the base the tests change.
     pub fn base(rule: Rule, observe: Observe) -> Config {
         Config {
             rule,
             observe,
             candidates: 2,
-            duration: 3,
+            durations: [3; 3],
             renew: 2,
             margin: 0,
             drift: 0,
@@ -178,8 +178,10 @@ pub enum Fault {
     /// knows nothing (a Pod restarted or rescheduled); a request of the old
     /// process already on the wire is dropped.
     Restart,
-    /// A request, or its answer, is lost.
+    /// A request is lost before the server.
     Lose,
+    /// A request is applied and its answer lost.
+    LoseAnswer,
     /// The leader's watch ends (old rule: reopened after its next renewal).
     LoseWatch,
     /// The leader resigns (graceful release).
@@ -258,15 +260,8 @@ pub enum Kind {
     Release,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Phase {
-    /// On the wire to the server.
-    Sent,
-    /// Applied (or refused); the answer is on the wire back.
-    Answered { ok: bool, ver: u8, token: u8 },
-}
-
-/// A candidate's one request in flight.
+/// A candidate's one request on the wire (its answer comes back at once
+/// when the server applies it, or is lost: see `serve`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Req {
     pub kind: Kind,
@@ -279,7 +274,6 @@ pub struct Req {
     /// since the candidate's last complete view, up to this create (what the
     /// replay after a create reads; 0 when no term ran).
     pub replay: u8,
-    pub phase: Phase,
 }
 
 /// One candidate.
@@ -363,7 +357,7 @@ pub enum Act {
     Renew(usize),
     Release(usize),
     Serve(usize),
-    Deliver(usize),
+    ServeLost(usize),
     Lose(usize),
     LoseWatch(usize),
     Crash(usize),
@@ -387,9 +381,17 @@ impl fmt::Display for Act {
                 name(c)
             ),
             Act::Release(c) => write!(f, "{} resigns: stops claiming, sends the release", name(c)),
-            Act::Serve(c) => write!(f, "the API server applies {}'s request", name(c)),
-            Act::Deliver(c) => write!(f, "{} receives the answer", name(c)),
-            Act::Lose(c) => write!(f, "{}'s request or its answer is lost", name(c)),
+            Act::Serve(c) => write!(
+                f,
+                "the API server applies {}'s request; {0} gets the answer",
+                name(c)
+            ),
+            Act::ServeLost(c) => write!(
+                f,
+                "the API server applies {}'s request; the answer is lost",
+                name(c)
+            ),
+            Act::Lose(c) => write!(f, "{}'s request is lost", name(c)),
             Act::LoseWatch(c) => write!(f, "{}'s watch is lost", name(c)),
             Act::Crash(c) => write!(f, "{} crashes", name(c)),
             Act::Restart(c) => write!(
@@ -497,7 +499,7 @@ impl Model for LeaseModel {
                 })
                 .collect();
             return Some(format!(
-                "{} all answer is_leader=true at once",
+                "{} answer is_leader=true at the same instant",
                 who.join(" and ")
             ));
         }
@@ -599,15 +601,7 @@ fn describe_cand(c: usize, cand: &Cand) -> String {
             Kind::Renew => format!("renewal of v{}", r.expect),
             Kind::Release => format!("release of v{}", r.expect),
         };
-        match r.phase {
-            Phase::Sent => out.push_str(&format!(" [{what} on the wire]")),
-            Phase::Answered { ok: true, ver, .. } => {
-                out.push_str(&format!(" [{what} done as v{ver}, answer on the wire]"))
-            }
-            Phase::Answered { ok: false, .. } => {
-                out.push_str(&format!(" [{what} refused, answer on the wire]"))
-            }
-        }
+        out.push_str(&format!(" [{what} on the wire]"));
     }
     out
 }

@@ -2,8 +2,8 @@
 //! one does under the old and the fixed rules (see [`super::lease`]).
 
 use super::lease::{
-    ABSENT, Act, Cand, Fault, Foreign, Holder, Kind, Lead, Lease, LeaseModel, Observe, Phase, Req,
-    Rule, Seen, St,
+    ABSENT, Act, Cand, Fault, Foreign, Holder, Kind, Lead, Lease, LeaseModel, Observe, Req, Rule,
+    Seen, St,
 };
 
 impl LeaseModel {
@@ -31,12 +31,29 @@ impl LeaseModel {
     }
 
     /// Whether a write may happen now: with `Observe::Watch`, only once every
-    /// running follower has observed the current version.
+    /// running follower has observed the current version (one awaiting an
+    /// answer observes it at the write: [`Self::before_write`]).
     fn may_write(&self, s: &St) -> bool {
         self.0.observe == Observe::Reads
             || s.cands
                 .iter()
-                .all(|c| !c.up || c.lead.is_some() || Self::current(s, c))
+                .all(|c| !c.up || c.lead.is_some() || c.req.is_some() || Self::current(s, c))
+    }
+
+    /// Watch mode: a follower awaiting an answer has the current version
+    /// queued; it is handled now, before the next write, which is no later
+    /// than the real follower handles it (after the answer), so no later
+    /// than safe.
+    fn before_write(&self, t: &mut St) {
+        if self.0.observe == Observe::Reads {
+            return;
+        }
+        for c in 0..t.cands.len() {
+            let cand = &t.cands[c];
+            if cand.up && cand.lead.is_none() && cand.req.is_some() && !Self::current(t, cand) {
+                self.follower_observes(t, c);
+            }
+        }
     }
 
     /// Whether serving `r` would write.
@@ -51,14 +68,10 @@ impl LeaseModel {
     /// liveness run does before time may pass).
     pub(super) fn urgent(&self, s: &St, out: &mut Vec<Act>) {
         for (c, cand) in s.cands.iter().enumerate() {
-            if let Some(r) = &cand.req {
-                match r.phase {
-                    Phase::Sent if !Self::succeeds(s, r) || self.may_write(s) => {
-                        out.push(Act::Serve(c))
-                    }
-                    Phase::Answered { .. } if cand.up => out.push(Act::Deliver(c)),
-                    _ => {}
-                }
+            if let Some(r) = &cand.req
+                && (!Self::succeeds(s, r) || self.may_write(s))
+            {
+                out.push(Act::Serve(c));
             }
             if !cand.up {
                 continue;
@@ -76,14 +89,22 @@ impl LeaseModel {
                         out.push(Act::Renew(c));
                     }
                 }
-                None => {
-                    if !Self::current(s, cand) {
+                // A follower awaiting its campaign's answer handles its
+                // watch events after it (they queue). A CAS on a version that
+                // is no longer current can only fail and re-read, which is
+                // no more than an observation: only current views send one.
+                // A create sent on a stale view of an absent Lease may still
+                // land (after a deletion), so it is always allowed.
+                None if cand.req.is_none() => {
+                    let current = Self::current(s, cand);
+                    if !current {
                         out.push(Act::Observe(c));
                     }
-                    if cand.req.is_none() && cand.wait == 0 && cand.seen != Seen::Nothing {
+                    if cand.wait == 0 && (current || cand.seen == Seen::Absent) {
                         out.push(Act::Campaign(c));
                     }
                 }
+                None => {}
             }
         }
     }
@@ -102,6 +123,9 @@ impl LeaseModel {
                         let leads = cand.up && cand.lead.is_some();
                         let applies = match fault {
                             Fault::Lose => cand.req.is_some(),
+                            Fault::LoseAnswer => cand
+                                .req
+                                .is_some_and(|r| !Self::succeeds(s, &r) || self.may_write(s)),
                             Fault::Crash => cand.up,
                             Fault::Restart => true,
                             Fault::LoseWatch => {
@@ -142,14 +166,13 @@ impl LeaseModel {
             Act::Renew(c) => {
                 let cand = &t.cands[c];
                 let l = cand.lead.expect("a leader renews");
-                let valid = self.real(cand, self.0.duration - self.0.margin);
+                let valid = self.real(cand, self.0.durations[c] - self.0.margin);
                 t.cands[c].req = Some(Req {
                     kind: Kind::Renew,
                     term: l.term,
                     expect: l.ver,
                     valid,
                     replay: 0,
-                    phase: Phase::Sent,
                 });
             }
             Act::Release(c) => {
@@ -157,8 +180,11 @@ impl LeaseModel {
                 let ver = t.cands[c].lead.expect("a leader resigns").ver;
                 self.end_term(t, c, Some(ver));
             }
-            Act::Serve(c) => self.serve(t, c),
-            Act::Deliver(c) => return self.deliver(t, c),
+            Act::Serve(c) => return self.serve(t, c, false),
+            Act::ServeLost(c) => {
+                t.budget -= 1;
+                return self.serve(t, c, true);
+            }
             Act::Lose(c) => {
                 t.budget -= 1;
                 t.cands[c].req = None;
@@ -174,14 +200,17 @@ impl LeaseModel {
                 t.budget -= 1;
                 t.cands[c] = Cand::fresh(t.cands[c].rate);
             }
-            Act::Foreign(k) => foreign(t, k),
+            Act::Foreign(k) => {
+                self.before_write(t);
+                foreign(t, k);
+            }
         }
         Ok(())
     }
 
     fn tick(&self, t: &mut St) {
-        let own = self.0.duration;
-        for cand in t.cands.iter_mut() {
+        for (c, cand) in t.cands.iter_mut().enumerate() {
+            let own = self.0.durations[c];
             cand.wait = cand.wait.saturating_sub(1);
             if let Some(r) = &mut cand.req {
                 r.valid = r.valid.saturating_sub(1);
@@ -217,14 +246,14 @@ impl LeaseModel {
         let cand = &mut t.cands[c];
         *cand = Cand {
             up: false,
-            req: cand.req.filter(|r| r.phase == Phase::Sent),
+            req: cand.req,
             ..Cand::fresh(cand.rate)
         };
     }
 
     /// A follower observes the Lease as it is now.
     pub(super) fn follower_observes(&self, t: &mut St, c: usize) {
-        let own = self.0.duration;
+        let own = self.0.durations[c];
         let lease = t.lease;
         let cand = t.cands[c];
         let floor = |d: u8| {
@@ -295,7 +324,7 @@ impl LeaseModel {
         let l = t.cands[c].lead.expect("a leader observes");
         let lease = t.lease;
         let ours = lease.present && lease.holder == Holder::Term(l.term);
-        if ours && (self.0.rule == Rule::Old || lease.d == self.0.duration) {
+        if ours && (self.0.rule == Rule::Old || lease.d == self.0.durations[c]) {
             // Old: any write keeping our name is ignored. Fixed: a write that
             // keeps holder and duration is re-asserted.
             t.cands[c].lead.as_mut().expect("leader").ver = lease.ver;
@@ -310,7 +339,7 @@ impl LeaseModel {
     /// Stop claiming; release on `release` (a version to CAS) when given
     /// and no request is in flight.
     fn end_term(&self, t: &mut St, c: usize, release: Option<u8>) {
-        let own = self.0.duration;
+        let own = self.0.durations[c];
         let cand = &mut t.cands[c];
         let l = cand.lead.take().expect("a leader ends its term");
         cand.seen = Seen::Version {
@@ -329,7 +358,6 @@ impl LeaseModel {
                 expect,
                 valid: 0,
                 replay: 0,
-                phase: Phase::Sent,
             });
         }
     }
@@ -342,7 +370,7 @@ impl LeaseModel {
             Seen::Version { ver, .. } => (Kind::Acquire, ver),
             _ => (Kind::Create, 0),
         };
-        let valid = self.real(cand, self.0.duration - self.0.margin);
+        let valid = self.real(cand, self.0.durations[c] - self.0.margin);
         let replay = if kind == Kind::Create { cand.replay } else { 0 };
         t.cands[c].req = Some(Req {
             kind,
@@ -350,20 +378,28 @@ impl LeaseModel {
             expect,
             valid,
             replay,
-            phase: Phase::Sent,
         });
     }
 
-    fn serve(&self, t: &mut St, c: usize) {
-        let mut r = t.cands[c].req.expect("a request to serve");
+    /// The server applies `c`'s request; its answer reaches `c` at once
+    /// unless `lost`. (An answer that arrives later only shortens what the
+    /// candidate does with it: a leader's claim ends at send + duration −
+    /// margin whenever the answer comes, and a refusal is what a read at
+    /// that instant shows; so the adversary's only use of a late answer is
+    /// losing it.)
+    fn serve(&self, t: &mut St, c: usize, lost: bool) -> Result<(), String> {
+        let r = t.cands[c].req.take().expect("a request to serve");
         let ok = Self::succeeds(t, &r);
+        if ok {
+            self.before_write(t);
+        }
         let (ver, mut token) = (next_version(t), t.lease.token);
         if ok {
             t.issued.0 = ver;
         }
         if ok {
             let holder = Holder::Term(r.term);
-            let d = self.0.duration;
+            let d = self.0.durations[c];
             let lease = t.lease;
             t.lease = match r.kind {
                 Kind::Acquire => {
@@ -410,30 +446,23 @@ impl LeaseModel {
             };
             record_write(t, Some(c));
         }
-        r.phase = Phase::Answered {
-            ok,
-            ver: if ok { ver } else { 0 },
-            token: if ok { token } else { 0 },
-        };
-        t.cands[c].req = if t.cands[c].up { Some(r) } else { None };
-        // Answers that change nothing the adversary could use later are
-        // taken at once: a release's, and a refused campaign's (the follower
-        // re-reads, which it may do at any instant anyway).
-        let refused_campaign = !ok && matches!(r.kind, Kind::Acquire | Kind::Create);
-        if t.cands[c].up && (r.kind == Kind::Release || refused_campaign) {
-            t.cands[c].req = None;
-            if refused_campaign && t.cands[c].lead.is_none() {
-                self.follower_observes(t, c);
-            }
+        if lost || !t.cands[c].up {
+            return Ok(());
         }
+        self.answer(t, c, r, ok, ver, token)
     }
 
-    fn deliver(&self, t: &mut St, c: usize) -> Result<(), String> {
-        let r = t.cands[c].req.take().expect("an answer to deliver");
-        let Phase::Answered { ok, ver, token } = r.phase else {
-            unreachable!("delivered before served")
-        };
-        let own = self.0.duration;
+    /// `c` receives the answer to `r`.
+    fn answer(
+        &self,
+        t: &mut St,
+        c: usize,
+        r: Req,
+        ok: bool,
+        ver: u8,
+        token: u8,
+    ) -> Result<(), String> {
+        let own = self.0.durations[c];
         match (r.kind, ok) {
             (Kind::Acquire | Kind::Create, true) if t.cands[c].lead.is_none() => {
                 let cand = &mut t.cands[c];
@@ -504,6 +533,7 @@ impl LeaseModel {
 fn fault_act(fault: Fault, c: usize) -> Act {
     match fault {
         Fault::Lose => Act::Lose(c),
+        Fault::LoseAnswer => Act::ServeLost(c),
         Fault::Crash => Act::Crash(c),
         Fault::Restart => Act::Restart(c),
         Fault::LoseWatch => Act::LoseWatch(c),
@@ -546,7 +576,6 @@ fn record_write(t: &mut St, writer: Option<usize>) {
         }
         if let Some(r) = &mut cand.req
             && r.kind == Kind::Create
-            && r.phase == Phase::Sent
         {
             r.replay = r.replay.max(l.d);
         }
@@ -564,9 +593,6 @@ fn next_version(t: &St) -> u8 {
         }
         if let Some(r) = &c.req {
             v = v.max(r.expect);
-            if let Phase::Answered { ver, .. } = r.phase {
-                v = v.max(ver);
-            }
         }
     }
     v + 1
@@ -577,13 +603,6 @@ fn max_token(t: &St) -> u8 {
     for c in t.cands.iter() {
         if let Some(l) = &c.lead {
             m = m.max(l.token);
-        }
-        if let Some(Req {
-            phase: Phase::Answered { token, .. },
-            ..
-        }) = &c.req
-        {
-            m = m.max(*token);
         }
     }
     m
