@@ -1,51 +1,72 @@
 //! The Kubernetes Lease election as a [`Model`]: the rule, not the code.
 //!
+//! **Time** is discrete: a tick of real time is one action; everything else
+//! happens at an instant between ticks, in any order.
+//!
 //! **The Lease** is (present, holder, duration `d`, version, fencing-token
 //! annotation, release marker). Every write by a candidate is a
-//! compare-and-swap on the version; a foreign write (a hand edit) is not, and
-//! keeps the annotations it does not touch (the token, the release marker).
-//! Versions grow across a deletion (the API server's `resourceVersion` is
-//! global).
+//! compare-and-swap on the version (a create: on absence); a foreign write
+//! (a hand edit) is not, and keeps the annotations it does not touch (the
+//! token, the release marker). Versions grow across a deletion (the API
+//! server's `resourceVersion` is global). A create is seeded with a token
+//! above every earlier one (the code's `max(highest seen + 1, Unix ms)`,
+//! assuming the clock is ahead of the last token); an acquisition writes the
+//! annotation + 1.
 //!
-//! **Candidates** each have a constant clock rate, chosen in the initial
-//! state: a local interval of `L` ticks lasts `L - 1`, `L` or `L + 1` real
-//! ticks (fast, exact, slow; never under 1). All local deadlines are kept as
-//! countdowns in real ticks, set when the interval starts, so a local
-//! deadline is a real one under that candidate's rate. That is bounded rate
-//! drift of one tick per interval (an over-approximation for intervals
-//! shorter than a duration, which drift as much as a whole duration).
+//! **Clocks**: each candidate's clock has a constant rate, chosen in the
+//! initial state: exact, or (drift runs) fast or slow, a local interval of
+//! `L` ticks then lasting `L - 1` or `L + 1` real ticks (never under 1). All
+//! local deadlines are kept as countdowns in real ticks, set when the
+//! interval starts. That is bounded rate drift of one tick per interval (an
+//! over-approximation for intervals shorter than a duration, which drift as
+//! much as a whole one); the margin must then be 2 ticks.
 //!
-//! **A leader** claims (`is_leader`) while its validity countdown, set to the
-//! real length of `duration - margin` at the instant its last successful
-//! write was *sent*, is above zero; at zero it stops claiming on its own. It
-//! renews once `renew` local ticks have passed since its last acknowledged
-//! write. Releasing: stop claiming, then write holder `""`, duration 1 and
-//! the release marker by CAS.
+//! **A leader** claims (`is_leader`) while its validity countdown, set to
+//! the real length of `duration - margin` at the instant its last
+//! acknowledged write was *sent*, is above zero; at zero it stops claiming on
+//! its own. Safety runs let it renew at any instant (every renew interval
+//! under its validity); liveness runs renew every `renew` ticks. Releasing:
+//! stop claiming, then write holder `""`, duration 1 and the release marker
+//! by CAS.
 //!
 //! **A follower** records, per rule, when it may take over (a countdown in
-//! real ticks, set from the instant it observed a version), and then
-//! campaigns by CAS on the version it saw (or by create when it found the
-//! Lease absent). See [`Rule`] for the old and the fixed rules.
+//! real ticks from the instant it observed a version), then campaigns by
+//! CAS on the version it saw, or by create when it saw the Lease absent. A
+//! create that succeeds is followed by the replay (README, "A term nobody
+//! saw is waited out too"): if a term was written since the candidate's
+//! last complete view, it does not claim but waits that term's duration
+//! from the create's answer and then takes the Lease by CAS. See [`Rule`]
+//! for the old and the fixed rules.
 //!
-//! **The network and the processes**: every candidate action, every
-//! delivery and every server step is optional and may happen at any instant,
-//! so messages are delayed arbitrarily, processes pause arbitrarily (their
-//! clocks keep running, as `CLOCK_MONOTONIC` does under SIGSTOP), and a
-//! leader may stay blind to writes for as long as the adversary likes (a
-//! lost or slow watch). Faults with a budget: a request or its answer lost,
-//! a crash (a crashed candidate's request already on the wire may still be
-//! applied), a restart (a fresh process that knows nothing), a release, a
-//! lost watch (old rule: the leader cannot observe until its next
-//! successful renewal), and foreign writes ([`Foreign`]).
+//! **The network and the processes**: every candidate action and every
+//! server step is optional and may happen at any instant, so requests are
+//! delayed arbitrarily, processes pause arbitrarily (their clocks keep
+//! running, as `CLOCK_MONOTONIC` does under SIGSTOP), and a leader may stay
+//! blind to writes as long as the adversary likes (a slow or lost watch).
+//! An answer reaches its candidate when the server applies the request, or
+//! is lost: a later answer would only shorten what the candidate does with
+//! it (a claim still ends at send + duration − margin; a refusal shows what
+//! a read at that instant shows). Faults, each spending one unit of a
+//! per-run budget ([`Fault`]): a request lost, an answer lost, a crash (a
+//! request already on the wire may still be applied), a restart (a fresh
+//! process that knows nothing), a release, a lost watch (old rule: the
+//! leader cannot observe until its next successful renewal), and foreign
+//! writes ([`Foreign`]).
 //!
-//! **Observation** ([`Observe`]): `Watch` means followers see every version,
-//! in order — modelled by letting no write happen until every running
-//! follower has observed the current version, which only moves their
-//! observations earlier, and an earlier observation never makes a follower
-//! wait longer under any rule here. `Reads` means followers may skip
-//! versions (a re-list after a 410, a fallback to reads): no such
-//! constraint. Leaders are never constrained: their observations are the
-//! adversary's to delay.
+//! **Observation** ([`Observe`]): `Watch` means followers see every
+//! version, in order: no write happens until every running follower has
+//! observed the current version, and a follower awaiting an answer (whose
+//! events queue meanwhile) observes it just before the next write. Both
+//! only move observations earlier than a real watch delivers them, and an
+//! earlier observation never makes a follower wait longer under any rule
+//! here, so every real run has a run of the model at least as dangerous.
+//! `Reads` means followers may skip versions (a re-list after a 410, a
+//! fallback to reads, a process that just started): no constraint. Leaders
+//! are never constrained: their observations are the adversary's to delay.
+//! A follower sends a CAS only on the version it has seen being current (a
+//! CAS on an older one can only fail and re-read, no more than an
+//! observation); a create on a stale view of an absent Lease may be sent (it
+//! may land after a deletion).
 //!
 //! **Invariant**: at no instant do two running candidates claim; every claim
 //! that begins carries a fencing token larger than every token claimed
@@ -61,10 +82,13 @@ use super::explorer::Model;
 pub enum Rule {
     /// Today's main: a follower counts silence with the duration written in
     /// the current version, from when it observed that version, and takes
-    /// over at once when the holder is empty; the leader ignores any write
-    /// that keeps its holder name (it adopts the version and renews with its
-    /// own duration); a lost watch is reopened only after the next
-    /// successful renewal.
+    /// over at once when the holder is empty; one that saw holder H and
+    /// finds the Lease gone waits the duration it saw for H from then; the
+    /// leader ignores any write that keeps its holder name (it adopts the
+    /// version and renews with its own duration; main keeps the Lease's
+    /// duration on renewal, which changes nothing before that renewal, where
+    /// the counterexample lies); a lost watch is reopened only after the
+    /// next successful renewal.
     Old,
     /// The rule being implemented on main: (1) a follower may take over at
     /// `max over observed versions v of the holder's term of (obs(v) +
@@ -78,11 +102,13 @@ pub enum Rule {
     /// that keeps holder and duration is re-asserted; (3) a lost watch is
     /// reopened at once, so a leader may always observe.
     Fixed,
-    /// `Fixed` where every duration a follower reads is raised to at least
-    /// its own configured duration (all candidates are configured alike), and
-    /// a process whose first sight is an absent Lease waits its own duration
-    /// before creating it: a proposed strengthening, checked against the
-    /// holes the model finds in `Fixed`.
+    /// A proposed strengthening of `Fixed`, checked against the holes the
+    /// model finds in it: every duration a follower reads is raised to at
+    /// least its own configured duration; an empty holder without a release
+    /// marker counts as a version of an unknown holder (wait the own
+    /// duration from it); a process whose first sight is an absent Lease
+    /// waits its own duration before creating it. Safe only when no holder
+    /// is configured with a longer duration than its followers.
     FixedFloor,
 }
 
