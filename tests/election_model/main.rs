@@ -24,7 +24,7 @@
 //! within a bound; a new one within a bound after the leader crashes, and
 //! not one tick sooner) show the safe rules are not safe by electing nobody.
 //! Every run prints the states explored and its time. Larger bounds:
-//! `cargo test --test election_model -- --ignored` (a few minutes). What the
+//! `cargo test --test election_model -- --ignored` (one to two minutes). What the
 //! model covers and what it does not: README.md, "What the election model
 //! covers and what it does not".
 
@@ -38,7 +38,8 @@ mod ttl_rules;
 use explorer::{Model, Outcome, Trace, explore, play};
 use lease::{Act, Config, Fault, Foreign, LeaseModel, Liveness, Observe, Rule};
 
-/// More than any configuration here needs (the largest explores ~1.5M).
+/// More than any configuration here needs (the largest, in `deeper`,
+/// explores about 1.9 million states).
 const LIMIT: usize = 4_000_000;
 
 /// Every fault of the Lease model but a restart.
@@ -452,6 +453,19 @@ mod ttl_backends {
         );
     }
 
+    /// Three faults, and three candidates (see `super::deeper`).
+    pub fn deeper() {
+        for b in [Backend::Etcd, Backend::Redis] {
+            holds(
+                &format!("{b:?}, three faults (no deletion)"),
+                &model(b, SAFE, 3),
+            );
+            let mut m = model(b, SAFE, 1);
+            m.0.candidates = 3;
+            holds(&format!("{b:?}, three candidates, one fault"), &m);
+        }
+    }
+
     #[test]
     fn etcd_and_redis_liveness_a_new_leader_a_ttl_after_a_crash() {
         for b in [Backend::Etcd, Backend::Redis] {
@@ -478,7 +492,7 @@ mod ttl_backends {
 }
 
 /// Larger bounds, for a change to the rules: `cargo test --test
-/// election_model -- --ignored` (a few minutes in a debug build).
+/// election_model -- --ignored` (one to two minutes in a debug build).
 #[test]
 #[ignore]
 fn deeper() {
@@ -501,4 +515,20 @@ fn deeper() {
         "Lease, floor rule, drifting clocks, followers may skip, two faults",
         &model,
     );
+    let mut model = lease(Rule::FixedFloor, Observe::Reads, ALL_AND_RESTART, 1);
+    model.0.candidates = 3;
+    holds(
+        "Lease, floor rule, three candidates, followers may skip, one fault",
+        &model,
+    );
+    let faults = &[
+        Fault::Foreign(Foreign::Duration),
+        Fault::Foreign(Foreign::Empty),
+        Fault::Crash,
+        Fault::Release,
+    ];
+    let mut model = lease(Rule::Fixed, Observe::Watch, faults, 2);
+    model.0.candidates = 3;
+    holds("Lease, fixed rule, three candidates, two faults", &model);
+    ttl_backends::deeper();
 }

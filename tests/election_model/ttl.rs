@@ -23,7 +23,12 @@
 //! Foreign writes: etcd — delete the key (its lease runs on), revoke the
 //! holder's lease (`etcdctl lease revoke`: the key goes with it), put the
 //! key without a lease; Redis — `DEL` the key, `SET` it without `PX`.
-//! Followers may campaign at any instant: the server's atomic check decides.
+//! A follower campaigns when it sees the key gone (etcd: its watch; Redis:
+//! it wakes at the key's `PTTL` or a release notice): a campaign sent while
+//! the key exists could only succeed after the key went, later than one
+//! sent then. The etcd campaign's previous holder is the one it had seen
+//! when it sent it. The leader's validity, faults, watch semantics (etcd
+//! followers, [`Observe`]) and answers are as in [`super::lease`].
 
 use std::fmt;
 use std::hash::Hash;
