@@ -70,12 +70,19 @@ pub struct Config {
     /// etcd watch from a revision), `Reads` may miss some (a compacted
     /// watch, a re-read).
     pub observe: Observe,
+    /// Number of candidates, 1 to 3.
     pub candidates: usize,
+    /// The TTL (etcd lease, Redis `PX`), in ticks; every candidate's.
     pub ttl: u8,
+    /// Renew interval in liveness runs (safety runs renew at any instant).
     pub renew: u8,
+    /// Drift margin, in ticks.
     pub margin: u8,
+    /// Clock rates: 0 (exact) or 1 (fast or slow by a tick per interval).
     pub drift: u8,
+    /// The kinds of fault that may happen.
     pub faults: &'static [Fault],
+    /// How many faults at most in one run (all kinds together).
     pub budget: u8,
     /// Check that no two claim at once (off: check only the tokens).
     pub exclusion: bool,

@@ -52,12 +52,17 @@ impl TtlModel {
         }
     }
 
+    /// Whether serving `r` would change the key (a keep-alive does not).
+    fn changes_key(&self, s: &TSt, r: &Req) -> bool {
+        r.kind != Kind::Renew && self.writes(s, r)
+    }
+
     /// The candidates', the server's and the network's steps.
     pub(super) fn moves(&self, s: &TSt, out: &mut Vec<Act>) {
         for c in 0..self.0.candidates {
             let cand = &s.cands[c];
             if let Some(r) = &cand.req
-                && (!self.writes(s, r) || self.may_write(s))
+                && (!self.changes_key(s, r) || self.may_write(s))
             {
                 out.push(Act::Serve(c));
             }
@@ -108,7 +113,9 @@ impl TtlModel {
                     out.push(Act::Fault(f, 0))
                 }
                 Fault::RevokeLease
-                    if self.etcd() && s.key.is_some_and(|k| Self::lease_alive(s, k.term)) =>
+                    if self.etcd()
+                        && s.key.is_some_and(|k| Self::lease_alive(s, k.term))
+                        && self.may_write(s) =>
                 {
                     out.push(Act::Fault(f, 0))
                 }
@@ -125,7 +132,7 @@ impl TtlModel {
                             Fault::Lose => cand.req.is_some(),
                             Fault::LoseAnswer => cand
                                 .req
-                                .is_some_and(|r| !self.writes(s, &r) || self.may_write(s)),
+                                .is_some_and(|r| !self.changes_key(s, &r) || self.may_write(s)),
                             _ => claims(cand) && cand.req.is_none(),
                         };
                         if applies {
