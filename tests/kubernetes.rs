@@ -1133,3 +1133,34 @@ async fn repeated_compactions_with_reset_watches_change_nothing() {
     assert_eq!(token_of(&g.cs[first]).await, t1, "the same term throughout");
     assert!(g.cs[first].is_leader().await);
 }
+
+/// A candidate that starts after the holder's Lease was edited by hand (it
+/// never saw the version its holder wrote) while the holder is cut off from
+/// the API: it counts the edited 1 s as at least its own duration, so it
+/// never takes over while the holder may still claim; and it does take over
+/// once that has passed (found by the election model, tests/election_model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_candidate_never_trusts_an_edited_duration_below_its_own() {
+    let mut g = group_with("k-late", &["a"], WIDE, false).await;
+    one_leader(&g.cs, Duration::from_secs(20)).await;
+    g.eps[0].set_fault(Fault {
+        hang: true,
+        ..Fault::default()
+    });
+    assert!(g.api.edit_lease(&g.election, |l| {
+        l["spec"]["leaseDurationSeconds"] = json!(1);
+    }));
+    let start = Instant::now();
+    let (ep, late) = candidate(&g.api, &g.election, "late", WIDE, false).await;
+    g.eps.push(ep);
+    g.cs.push(late);
+    let l = until_no_overlap(
+        &g.cs,
+        Duration::from_secs(20),
+        "the late candidate to lead",
+        |l| l == [1],
+    )
+    .await;
+    println!("the late candidate led after {:?}", start.elapsed());
+    assert_eq!(l, vec![1]);
+}

@@ -29,6 +29,13 @@ fn lease(holder: &str, rv: u64, token: u64, transitions: i32, secs: i32) -> Valu
     })
 }
 
+/// A Lease released by its holder `was` (empty holder, our release mark).
+fn released(was: &str, rv: u64, token: u64, transitions: i32) -> Value {
+    let mut l = lease("", rv, token, transitions, 1);
+    l["metadata"]["annotations"][RELEASED_ANNOTATION] = json!(was);
+    l
+}
+
 fn status(code: u16, reason: &str, message: &str) -> String {
     json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
            "reason": reason, "message": message})
@@ -242,7 +249,7 @@ async fn same_name_restart_is_a_stranger_to_its_predecessors_term() {
 
 #[tokio::test]
 async fn a_released_lease_is_taken_at_once_with_transitions_and_token_plus_one() {
-    let (respond, _) = store(Some(lease("", 7, 41, 3, 1)));
+    let (respond, _) = store(Some(released("pod-1_abc", 7, 41, 3)));
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
     let c = b
@@ -272,7 +279,7 @@ async fn a_lost_race_on_update_rereads_and_follows() {
         let mut n = calls.lock().unwrap();
         *n += 1;
         match (*n, s.method.as_str()) {
-            (1, "GET") => (200, lease("", 7, 41, 3, 1).to_string()),
+            (1, "GET") => (200, released("pod-1_abc", 7, 41, 3).to_string()),
             (2, "PUT") => (409, status(409, "Conflict", "the object has been modified")),
             (3, "GET") => (200, lease("pod-2_x", 8, 42, 4, 15).to_string()),
             _ => (500, status(500, "InternalError", "unexpected request")),
@@ -338,18 +345,20 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
 
 #[tokio::test]
 async fn a_deleted_lease_waits_out_the_holders_term_and_tokens_grow() {
+    // The holder's Lease says 1 s; we run with 1 s too (a follower never
+    // counts a term shorter than its own duration).
     let (respond, state) = store(Some(lease("pod-1_abc", 7, 41, 3, 1)));
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
     assert!(matches!(
-        b.campaign("pod-0", Duration::from_secs(2), None)
+        b.campaign("pod-0", Duration::from_secs(1), None)
             .await
             .unwrap(),
         Campaign::Following(_)
     ));
     *state.lock().unwrap() = None;
     let c = b
-        .campaign("pod-0", Duration::from_secs(2), None)
+        .campaign("pod-0", Duration::from_secs(1), None)
         .await
         .unwrap();
     let Campaign::Waiting { retry_after, .. } = c else {
@@ -363,7 +372,7 @@ async fn a_deleted_lease_waits_out_the_holders_term_and_tokens_grow() {
     );
     tokio::time::sleep(retry_after + Duration::from_millis(20)).await;
     let Campaign::Elected(term) = b
-        .campaign("pod-0", Duration::from_secs(2), None)
+        .campaign("pod-0", Duration::from_secs(1), None)
         .await
         .unwrap()
     else {
@@ -423,7 +432,7 @@ async fn followers_watch_the_named_lease_from_the_version_read() {
     let respond: Responder = Arc::new(move |s: &Seen| {
         if s.path.contains("watch=true") {
             let ev1 = json!({"type": "BOOKMARK", "object": {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"resourceVersion": "9"}}});
-            let ev2 = json!({"type": "MODIFIED", "object": lease("", 10, 41, 3, 1)});
+            let ev2 = json!({"type": "MODIFIED", "object": released("pod-1_abc", 10, 41, 3)});
             (200, format!("{ev1}\n{ev2}\n"))
         } else {
             (200, seen_lease.to_string())
@@ -558,7 +567,7 @@ async fn an_acquisition_whose_answer_was_lost_is_replaced_at_once_not_waited_out
     // (the Elector's deadline drops the call). Nobody claimed that term, so
     // the next campaign replaces it by CAS instead of waiting its 15 s.
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let state = Arc::new(Mutex::new(lease("", 7, 41, 3, 1)));
+    let state = Arc::new(Mutex::new(released("pod-1_abc", 7, 41, 3)));
     let st = state.clone();
     let puts = Arc::new(Mutex::new(0));
     let p = puts.clone();

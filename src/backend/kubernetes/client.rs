@@ -245,16 +245,21 @@ impl KubeLeaseBackend {
         }
     }
 
-    /// When the observed holder's term ends by silence (`None`: no holder
-    /// and no earlier promise). For a deleted Lease the silence counts from
-    /// when we found it gone. Never before an earlier version's promise
-    /// ([`Seen::carry`]).
-    pub(super) fn silence_deadline(seen: &Seen, fallback: Duration) -> Option<Instant> {
-        if holder_of(&seen.lease).is_empty() {
+    /// When the observed holder's term ends by silence (`None`: free, no
+    /// earlier promise). For a deleted Lease the silence counts from when we
+    /// found it gone. The duration counted is the Lease's, but never less
+    /// than our own `ttl` (a follower may not have seen the version its
+    /// holder wrote, only a hand edit of it: candidates of one election run
+    /// with one configuration), and never before an earlier version's
+    /// promise ([`Seen::carry`]). An empty holder is free only when its
+    /// holder released it ([`RELEASED_ANNOTATION`]); cleared by anyone else
+    /// (a hand edit, client-go's release) it counts as held.
+    pub(super) fn silence_deadline(seen: &Seen, ttl: Duration) -> Option<Instant> {
+        let since = seen.absent_since.unwrap_or(seen.changed_at);
+        let own = since + Self::duration_of(&seen.lease, ttl).max(ttl);
+        if holder_of(&seen.lease).is_empty() && has_release_mark(&seen.lease) {
             return seen.carry;
         }
-        let since = seen.absent_since.unwrap_or(seen.changed_at);
-        let own = since + Self::duration_of(&seen.lease, fallback);
         Some(seen.carry.map_or(own, |c| c.max(own)))
     }
 
@@ -365,6 +370,16 @@ impl KubeLeaseBackend {
     pub(super) async fn list_or_get(&self, conn: &Conn) -> Result<Option<Lease>> {
         self.list(conn).await
     }
+}
+
+/// Whether `lease` carries a release mark (its holder released it; every
+/// acquisition removes the mark).
+fn has_release_mark(lease: &Lease) -> bool {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.get(RELEASED_ANNOTATION).is_some_and(|v| !v.is_empty()))
 }
 
 /// Whether `lease` is a release of `previous` written by its holder: the

@@ -69,6 +69,9 @@ impl KubeLeaseBackend {
         let (previous, wait) = match replay {
             Replay::Clean => (holder_view(&created), Duration::ZERO),
             Replay::Unseen(h, d) => {
+                // Never shorter than our own duration: the duration written
+                // may be a hand edit of what its holder was promised.
+                let d = d.max(ttl);
                 info!(unseen = %h.term_id, duration = ?d, "a term we never saw held the Lease since we found it gone; claiming ours only after its duration");
                 (h, d)
             }

@@ -370,10 +370,14 @@ impl KubeLeaseBackend {
         let token = (token_of(&lease).max(max_token)) + 1;
         let mut next = lease.clone();
         next.spec = Some(Self::new_spec(&mine, ttl, transitions));
-        next.metadata
+        let annotations = next
+            .metadata
             .annotations
-            .get_or_insert_with(Default::default)
-            .insert(TOKEN_ANNOTATION.to_owned(), token.to_string());
+            .get_or_insert_with(Default::default);
+        annotations.insert(TOKEN_ANNOTATION.to_owned(), token.to_string());
+        // A new term: the previous release's mark goes (else a hand edit
+        // clearing this term's holder would pass for its release).
+        annotations.remove(RELEASED_ANNOTATION);
         self.inner
             .lock()
             .expect("lease state poisoned")
