@@ -10,6 +10,7 @@
 
 pub mod app;
 pub mod backend;
+pub(crate) mod budget;
 pub mod config;
 pub mod control;
 pub mod coord;

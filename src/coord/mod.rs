@@ -14,7 +14,6 @@
 //! - fencing tokens grow per name (etcd: the key's `create_revision`, a
 //!   global revision; Redis: a counter beside the key).
 
-mod budget;
 pub mod etcd;
 pub mod http;
 pub mod kubernetes;

@@ -204,7 +204,7 @@ impl Service {
     /// from now, where the coordinator keeps one ([`Coordinator::deadline`]).
     async fn budgeted<F: std::future::Future>(&self, wait: Duration, request: F) -> F::Output {
         match self.coord.deadline() {
-            Some(d) => super::budget::within(Instant::now() + wait + d, request).await,
+            Some(d) => crate::budget::within(Instant::now() + wait + d, request).await,
             None => request.await,
         }
     }

@@ -207,7 +207,11 @@ impl Server {
                 .await
                 .map_err(|e| self.classify(e))
         };
-        self.settle(timeout(self.timeout, work).await, call).await
+        self.settle(
+            timeout(crate::budget::limit(self.timeout), work).await,
+            call,
+        )
+        .await
     }
 
     /// Run script `lua` with `keys` and `args` under the per-server timeout.
@@ -233,8 +237,11 @@ impl Server {
                 .await
                 .map_err(|e| self.classify(e))
         };
-        self.settle(timeout(self.timeout, work).await, "request")
-            .await
+        self.settle(
+            timeout(crate::budget::limit(self.timeout), work).await,
+            "request",
+        )
+        .await
     }
 
     async fn settle<T>(

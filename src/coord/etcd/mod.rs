@@ -74,9 +74,9 @@ impl EtcdCoord {
     }
 
     /// The limit of the next call: the deadline, cut to what is left of the
-    /// current request's budget ([`crate::coord::budget`]).
+    /// current request's budget ([`crate::budget`]).
     fn limit(&self) -> Option<Duration> {
-        Some(super::budget::limit(self.deadline))
+        Some(crate::budget::limit(self.deadline))
     }
 
     /// Run one etcd call under the deadline.

@@ -271,6 +271,12 @@ impl Coordinator for RedisCoord {
         "redis"
     }
 
+    /// Each server's request deadline: every call of a request is cut to
+    /// what is left of its budget ([`crate::budget`]).
+    fn deadline(&self) -> Option<Duration> {
+        self.group.servers().iter().map(|s| s.timeout()).max()
+    }
+
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let key = self.key("lock", name);
         let keys = [key.clone(), format!("{key}:fencing")];

@@ -1,10 +1,12 @@
-//! One deadline per request (issue 24): a coordination request answers
+//! One deadline per request: a coordination request answers
 //! within its `wait` plus one call deadline, however many backend calls it
-//! makes. [`Service`](super::Service) opens a budget for each request
+//! makes. The coordination service (`coord::Service`) opens a budget for each request
 //! ([`within`]); a coordinator cuts the limit of each of its calls to what
 //! is left of it ([`limit`]). Work a coordinator runs off the answer path
 //! (in a task of its own, such as a lease revoke after a failure) is outside
-//! the request's budget and keeps its own full deadline.
+//! the request's budget and keeps its own full deadline; so is everything
+//! the Elector does (it never runs inside a budget). It lives at the crate
+//! root because the backends' own call wrappers (Redis) read it too.
 
 use std::future::Future;
 use std::time::Duration;
