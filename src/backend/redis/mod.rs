@@ -67,6 +67,10 @@ pub struct RedisOptions {
     pub ca_pem: Option<Vec<u8>>,
     /// Deadline of each request to one server (and of connecting to it).
     pub per_server_timeout: Duration,
+    /// Replicas of each server that must acknowledge a grant, a renewal or a
+    /// fencing-counter raise (`WAIT`) before it counts (`--redis-min-replicas`);
+    /// 0 = off.
+    pub min_replicas: u32,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -78,6 +82,7 @@ impl std::fmt::Debug for RedisOptions {
             )
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("per_server_timeout", &self.per_server_timeout)
+            .field("min_replicas", &self.min_replicas)
             .finish()
     }
 }
