@@ -790,25 +790,25 @@ async fn min_replicas_with_a_live_replica_elects_and_the_replica_has_the_term() 
     assert!(body["error"].is_null(), "{body}");
 }
 
-/// The backend's own verbs: a campaign whose grant no replica acknowledged
-/// fails with reason `replicas` naming the count seen, and leaves no key
-/// behind (given back, not left to expire); a renewal that no replica
-/// acknowledges fails the same way (the Elector then steps down by
-/// `valid_until`, as after any failed renewal).
+/// The backend's own verbs, with the replica cut off by a partition (its link
+/// through a proxy blackholed, so the primary still lists it as online): a
+/// renewal no replica acknowledges fails with reason `replicas` (the Elector
+/// then steps down by `valid_until`, as after any failed renewal); a
+/// campaign's grant that no replica acknowledged fails the same way, naming
+/// the count seen, and is given back at once (not left to expire). Once the
+/// replica's last acknowledgement is over 2 s old, a campaign is refused
+/// before anything is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_grant_is_given_back_and_an_unacknowledged_renewal_fails() {
     let primary = RedisServer::start().await;
-    let mut replica = RedisServer::start_replica_of(primary.port).await;
+    let link = Proxy::to_url(&primary.url).await;
+    let _replica = RedisServer::start_replica_of(link.port).await;
     let el = election("min-replicas-verbs");
     let ttl = Duration::from_secs(2);
     let b = acked_backend(std::slice::from_ref(&primary.url), &el, 1);
     let term = elect(&b, "a", ttl, Duration::from_secs(10)).await;
-    replica.stop();
-    let p = &primary;
-    wait_for(Duration::from_secs(5), "the replica gone", || async move {
-        p.connected_replicas().await == 0
-    })
-    .await;
+    link.set(Mode::Blackhole);
+    let cut = Instant::now();
     let renewed = tokio::time::timeout(Duration::from_secs(5), b.renew(&term))
         .await
         .expect("a renewal hung");
@@ -817,22 +817,32 @@ async fn an_unacknowledged_grant_is_given_back_and_an_unacknowledged_renewal_fai
         Ok(r) => panic!("a renewal no replica acknowledged counted: {r:?}"),
     }
     b.resign(&term).await.expect("resign");
-    match campaign(&b, "a", ttl).await {
+    let refused = |r: Result<Campaign, BackendError>, what: &str| match r {
         Err(e) => {
-            assert_eq!(e.reason(), "replicas", "{}", e.report());
             let report = e.report();
+            assert_eq!(e.reason(), "replicas", "{report}");
             assert!(
                 report.contains("0 of the 1") && report.contains("--redis-min-replicas"),
                 "{report}"
             );
+            assert!(report.contains(what), "{report}");
         }
         Ok(other) => panic!("a grant no replica acknowledged counted: {other:?}"),
-    }
+    };
+    refused(campaign(&b, "a", ttl).await, "acknowledged the write on");
+    assert!(
+        cut.elapsed() < Duration::from_millis(1500),
+        "too slow to catch the replica still listed as acknowledging: {:?}",
+        cut.elapsed()
+    );
     assert_eq!(
         get(&primary, &election_key(&el)).await,
         None,
         "the unacknowledged grant was left on the primary"
     );
+    sleep(Duration::from_secs(3)).await;
+    refused(campaign(&b, "a", ttl).await, "nothing was written");
+    assert_eq!(get(&primary, &election_key(&el)).await, None);
 }
 
 /// Redlock applies the rule per server: with a replica behind each of three
