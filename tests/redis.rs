@@ -756,6 +756,11 @@ async fn min_replicas_without_a_live_replica_elects_nobody_and_leader_says_why()
                 && error.contains("--redis-min-replicas"),
             "/leader does not name the cause: {body}"
         );
+        assert!(
+            s.log().contains("fewer replicas are linked to this Redis"),
+            "no warning about the missing replica: {}",
+            s.log()
+        );
         let (_, metrics) = http_get(s.port, "/metrics").await.unwrap();
         assert!(
             metrics.contains("reason=\"replicas\""),
