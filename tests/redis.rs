@@ -288,6 +288,27 @@ fn redis_configuration_errors_exit_2() {
             &["--election", "x", "--redis-url", "http://user:hunter2@h:1"],
             "--redis-url",
         ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+                "--redis-min-replicas",
+                "-1",
+            ],
+            "from 0 (off, the default) to 100",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+                "--redis-min-replicas=two",
+            ],
+            "--redis-min-replicas",
+        ),
     ];
     for (args, expected) in cases {
         let out = std::process::Command::new(bin)
@@ -302,6 +323,17 @@ fn redis_configuration_errors_exit_2() {
             "a password was printed: {stderr}"
         );
     }
+    let out = std::process::Command::new(bin)
+        .args(["--election", "x", "--redis-url", "redis://127.0.0.1:2"])
+        .env("LEADER_ELECTOR_REDIS_MIN_REPLICAS", "101")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--redis-min-replicas") && stderr.contains("to 100"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
