@@ -288,6 +288,27 @@ fn redis_configuration_errors_exit_2() {
             &["--election", "x", "--redis-url", "http://user:hunter2@h:1"],
             "--redis-url",
         ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+                "--redis-min-replicas",
+                "-1",
+            ],
+            "from 0 (off, the default) to 100",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+                "--redis-min-replicas=two",
+            ],
+            "--redis-min-replicas",
+        ),
     ];
     for (args, expected) in cases {
         let out = std::process::Command::new(bin)
@@ -302,6 +323,17 @@ fn redis_configuration_errors_exit_2() {
             "a password was printed: {stderr}"
         );
     }
+    let out = std::process::Command::new(bin)
+        .args(["--election", "x", "--redis-url", "redis://127.0.0.1:2"])
+        .env("LEADER_ELECTOR_REDIS_MIN_REPLICAS", "101")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--redis-min-replicas") && stderr.contains("to 100"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -675,4 +707,373 @@ async fn the_restart_hold_off_of_a_fresh_redis_is_named_on_leader() {
         1,
         "logged once"
     );
+}
+
+// ------------------------------------------ grants a replica has seen
+//
+// Issue 24 item 6: with `--redis-min-replicas N` a term, a renewal, a
+// fencing-counter raise and a coordination grant count only once N replicas
+// of the server acknowledged them (`WAIT`); a grant they do not acknowledge
+// is given back and the attempt fails saying so.
+
+use support::proxy::{Mode, Proxy};
+
+/// [`FAST`] plus `--redis-min-replicas 1`.
+fn min1() -> Vec<&'static str> {
+    let mut f = FAST.to_vec();
+    f.extend(["--redis-min-replicas", "1"]);
+    f
+}
+
+/// A backend on `urls` that counts a write only once `n` replicas have it.
+fn acked_backend(urls: &[String], election: &str, n: u32) -> Arc<RedisBackend> {
+    RedisBackend::new(
+        "leader-elector:",
+        election,
+        RedisOptions {
+            urls: urls.to_vec(),
+            per_server_timeout: Duration::from_millis(500),
+            min_replicas: n,
+            ..RedisOptions::default()
+        },
+    )
+    .expect("a Redis backend")
+}
+
+/// A primary whose one replica was started and then killed: the primary
+/// knows it has no replica any more.
+async fn primary_without_its_replica() -> RedisServer {
+    let primary = RedisServer::start().await;
+    let mut replica = RedisServer::start_replica_of(primary.port).await;
+    replica.stop();
+    let p = &primary;
+    wait_for(
+        Duration::from_secs(5),
+        "the primary to see its replica gone",
+        || async move { p.connected_replicas().await == 0 },
+    )
+    .await;
+    primary
+}
+
+/// Replica stopped, `--redis-min-replicas 1`: nobody leads, past the fresh
+/// server's hold-off and several attempts, and `/leader` says why (the
+/// replica count seen and the flag). Fails without the flag's effect: a
+/// leader is elected on a write no replica has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_without_a_live_replica_elects_nobody_and_leader_says_why() {
+    let primary = primary_without_its_replica().await;
+    let name = election("min-replicas-none");
+    let flags = min1();
+    let cs: Vec<Sidecar> = ["a", "b"]
+        .iter()
+        .map(|id| redis_sidecar(&[&primary.url], &name, id, &flags))
+        .collect();
+    let end = Instant::now() + TTL + Duration::from_secs(3);
+    while Instant::now() < end {
+        let l = leaders(&cs).await;
+        assert!(
+            l.is_empty(),
+            "{l:?} leads on a write no replica acknowledged"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    for s in &cs {
+        let (status, body) = s.leader().await.expect("/leader answers");
+        assert_eq!(status, 503, "{body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("replicas")
+                && error.contains("0 of the 1")
+                && error.contains("--redis-min-replicas"),
+            "/leader does not name the cause: {body}"
+        );
+        assert!(
+            s.log().contains("fewer replicas are linked to this Redis"),
+            "no warning about the missing replica: {}",
+            s.log()
+        );
+        let (_, metrics) = http_get(s.port, "/metrics").await.unwrap();
+        assert!(
+            metrics.contains("reason=\"replicas\""),
+            "no failure counted under reason=\"replicas\": {metrics}"
+        );
+    }
+}
+
+/// The liveness twin: the replica runs, so one candidate leads, and the
+/// replica holds its term (the same value, the same token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_with_a_live_replica_elects_and_the_replica_has_the_term() {
+    let primary = RedisServer::start().await;
+    let replica = RedisServer::start_replica_of(primary.port).await;
+    let name = election("min-replicas-live");
+    let flags = min1();
+    let cs: Vec<Sidecar> = ["a", "b"]
+        .iter()
+        .map(|id| redis_sidecar(&[&primary.url], &name, id, &flags))
+        .collect();
+    let l = one_leader(&cs, Duration::from_secs(10)).await;
+    let token = token_of(&cs[l]).await;
+    let copy = get(&replica, &election_key(&name))
+        .await
+        .expect("the replica holds the term");
+    assert!(
+        copy.contains(&format!("|{token}|")) && copy.ends_with(&format!("|{}", cs[l].identity)),
+        "{copy}: the replica's copy is not the leader's term (token {token})"
+    );
+    watch_no_overlap(&cs, Duration::from_secs(1)).await;
+    let (_, body) = cs[l].leader().await.unwrap();
+    assert!(body["error"].is_null(), "{body}");
+}
+
+/// The backend's own verbs, with the replica cut off by a partition (its link
+/// through a proxy blackholed, so the primary still lists it as online): a
+/// renewal no replica acknowledges fails with reason `replicas` (the Elector
+/// then steps down by `valid_until`, as after any failed renewal); a
+/// campaign's grant that no replica acknowledged fails the same way, naming
+/// the count seen, and is given back at once (not left to expire). Once the
+/// replica's last acknowledgement is over 2 s old, a campaign is refused
+/// before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_grant_is_given_back_and_an_unacknowledged_renewal_fails() {
+    let primary = RedisServer::start().await;
+    let link = Proxy::to_url(&primary.url).await;
+    let _replica = RedisServer::start_replica_of(link.port).await;
+    let el = election("min-replicas-verbs");
+    let ttl = Duration::from_secs(2);
+    let b = acked_backend(std::slice::from_ref(&primary.url), &el, 1);
+    let term = elect(&b, "a", ttl, Duration::from_secs(10)).await;
+    link.set(Mode::Blackhole);
+    let cut = Instant::now();
+    let renewed = tokio::time::timeout(Duration::from_secs(5), b.renew(&term))
+        .await
+        .expect("a renewal hung");
+    match renewed {
+        Err(e) => assert_eq!(e.reason(), "replicas", "{}", e.report()),
+        Ok(r) => panic!("a renewal no replica acknowledged counted: {r:?}"),
+    }
+    b.resign(&term).await.expect("resign");
+    let refused = |r: Result<Campaign, BackendError>, what: &str| match r {
+        Err(e) => {
+            let report = e.report();
+            assert_eq!(e.reason(), "replicas", "{report}");
+            assert!(
+                report.contains("0 of the 1") && report.contains("--redis-min-replicas"),
+                "{report}"
+            );
+            assert!(report.contains(what), "{report}");
+        }
+        Ok(other) => panic!("a grant no replica acknowledged counted: {other:?}"),
+    };
+    refused(campaign(&b, "a", ttl).await, "acknowledged the write on");
+    assert!(
+        cut.elapsed() < Duration::from_millis(1500),
+        "too slow to catch the replica still listed as acknowledging: {:?}",
+        cut.elapsed()
+    );
+    assert_eq!(
+        get(&primary, &election_key(&el)).await,
+        None,
+        "the unacknowledged grant was left on the primary"
+    );
+    sleep(Duration::from_secs(3)).await;
+    refused(campaign(&b, "a", ttl).await, "nothing was written");
+    assert_eq!(get(&primary, &election_key(&el)).await, None);
+}
+
+/// Redlock applies the rule per server: with a replica behind each of three
+/// servers, one replica down leaves a quorum (elected, 2 of 3 servers); two
+/// down leave none (the campaign fails with reason `replicas`, nothing held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_counts_a_server_only_when_its_replica_acknowledged() {
+    let mut primaries = Vec::new();
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let p = RedisServer::start().await;
+        replicas.push(RedisServer::start_replica_of(p.port).await);
+        primaries.push(p);
+    }
+    let urls: Vec<String> = primaries.iter().map(|s| s.url.clone()).collect();
+    let el = election("redlock-min-replicas");
+    let ttl = Duration::from_secs(2);
+    let b = acked_backend(&urls, &el, 1);
+    replicas[0].stop();
+    let term = elect(&b, "a", ttl, Duration::from_secs(10)).await;
+    assert_eq!(term.servers.map(|(_, n)| n), Some(3));
+    b.resign(&term).await.expect("resign");
+    replicas[1].stop();
+    for p in &primaries[..2] {
+        wait_for(Duration::from_secs(5), "a replica gone", || async move {
+            p.connected_replicas().await == 0
+        })
+        .await;
+    }
+    match campaign(&b, "a", ttl).await {
+        Err(e) => assert_eq!(e.reason(), "replicas", "{}", e.report()),
+        Ok(other) => panic!("elected with one acknowledged server of three: {other:?}"),
+    }
+    for p in &primaries {
+        assert_eq!(get(p, &election_key(&el)).await, None, "a grant was kept");
+    }
+}
+
+/// Coordination grants follow the same rule: with the replica down a lock,
+/// a permit and a job claim answer 503 naming the replicas and leave nothing
+/// held; with the replica back they are granted and the replica has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordination_grants_count_only_when_a_replica_has_them() {
+    let primary = RedisServer::start().await;
+    let mut replica = RedisServer::start_replica_of(primary.port).await;
+    replica.stop();
+    let p = &primary;
+    wait_for(Duration::from_secs(5), "the replica gone", || async move {
+        p.connected_replicas().await == 0
+    })
+    .await;
+    let mut flags = min1();
+    flags.extend(CONTROL);
+    let s = redis_sidecar(
+        &[&primary.url],
+        &election("min-replicas-coord"),
+        "c",
+        &flags,
+    );
+    let port = s.control();
+    let asks = [
+        ("/locks/x?ttl=5s", "leader-elector:{lock:x}"),
+        ("/semaphores/s?permits=2&ttl=5s", "leader-elector:{sem:s}"),
+        ("/jobs/q/j/claim?ttl=5s", "leader-elector:{job:q/j}:claim"),
+    ];
+    for (path, key) in asks {
+        let (status, body) = http_json(port, "POST", path, None, HTTP_LIMIT)
+            .await
+            .expect("the control API answers");
+        assert_eq!(status, 503, "{path}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("replicas") && error.contains("--redis-min-replicas"),
+            "{path}: {body}"
+        );
+        let mut c = primary.conn().await;
+        let exists: u32 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            exists, 0,
+            "{path}: the unacknowledged grant was left in {key}"
+        );
+    }
+    replica.restart().await;
+    replica.wait_linked(Duration::from_secs(10)).await;
+    for (path, key) in asks {
+        let (status, body) = http_json(port, "POST", path, None, HTTP_LIMIT)
+            .await
+            .expect("the control API answers");
+        assert_eq!(status, 200, "{path}: {body}");
+        let mut c = replica.conn().await;
+        let exists: u32 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            exists, 1,
+            "{path}: granted, but the replica does not have {key}"
+        );
+    }
+}
+
+/// Failover right after an election: the old primary is cut off from its
+/// replica (a partition), the replica is promoted, and a candidate starts
+/// against it while the old leader still runs against the old primary. With
+/// `--redis-min-replicas 1` the old leader's term was on the replica before
+/// it counted, and its renewals that the replica never saw do not count: it
+/// steps down by its validity, the new candidate waits for the copied term to
+/// expire, and its token is larger than the old one. Three trials; fails
+/// without the flag's effect (the old leader keeps renewing on the old
+/// primary while the promoted replica elects another: two leaders).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_right_after_an_election_reuses_no_token_and_never_overlaps() {
+    const TRIALS: usize = 3;
+    // All servers first, so their fresh-server hold-offs run out together.
+    let mut sets = Vec::new();
+    for _ in 0..TRIALS {
+        let primary = RedisServer::start().await;
+        let link = Proxy::to_url(&primary.url).await;
+        let replica = RedisServer::start_replica_of(link.port).await;
+        sets.push((primary, link, replica));
+    }
+    let flags = min1();
+    for (trial, (primary, link, replica)) in sets.iter().enumerate() {
+        let name = election(&format!("min-replicas-promote{trial}"));
+        let old = redis_sidecar(&[&primary.url], &name, "old", &flags);
+        wait_for(Duration::from_secs(10), "the first leader", || {
+            old.is_leader()
+        })
+        .await;
+        let t1 = token_of(&old).await;
+        link.set(Mode::Blackhole);
+        replica.promote().await;
+        let promoted = Instant::now();
+        // The promoted server has no replica of its own: its candidates
+        // run without the flag.
+        let new = redis_sidecar(&[&replica.url], &name, "new", FAST);
+        let cs = [old, new];
+        let (l, took) = next_leader(&cs, 0, Duration::from_secs(10)).await;
+        let t2 = token_of(&cs[l]).await;
+        eprintln!(
+            "trial {trial}: token {t1}, then {t2} on the promoted replica {:?} after the promotion ({took:?} after the new candidate started)",
+            promoted.elapsed()
+        );
+        assert!(t2 > t1, "trial {trial}: token {t2} after {t1}: reused");
+        watch_no_overlap(&cs, Duration::from_secs(1)).await;
+        assert!(
+            !cs[0].is_leader().await,
+            "trial {trial}: the old leader still claims"
+        );
+    }
+}
+
+/// What `--redis-min-replicas 1` adds to a graceful handover (SIGTERM of
+/// the leader until the follower leads) with a live replica on loopback:
+/// five trials each way, printed; no timed assertion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_handover_cost_of_min_replicas() {
+    let primary = RedisServer::start().await;
+    let _replica = RedisServer::start_replica_of(primary.port).await;
+    // Past the fresh server's hold-off, so each trial times the handover only.
+    sleep(TTL + Duration::from_millis(1100)).await;
+    let mut report = Vec::new();
+    for (label, flags) in [("without", FAST.to_vec()), ("with", min1())] {
+        let mut ms = Vec::new();
+        for trial in 0..5 {
+            let name = election(&format!("min-replicas-cost-{label}{trial}"));
+            let mut cs: Vec<Sidecar> = ["a", "b"]
+                .iter()
+                .map(|id| redis_sidecar(&[&primary.url], &name, id, &flags))
+                .collect();
+            let first = one_leader(&cs, Duration::from_secs(10)).await;
+            sleep(Duration::from_millis(200)).await;
+            cs[first].signal(Signal::SIGTERM);
+            let (_, took) = next_leader(&cs, first, Duration::from_secs(5)).await;
+            cs[first].wait_exit(Duration::from_secs(3)).await;
+            ms.push(took.as_secs_f64() * 1000.0);
+        }
+        report.push(format!(
+            "{label} --redis-min-replicas 1: graceful handover median {:.1} ms, mean {:.1} ms, max {:.1} ms ({})",
+            support::stats::median(&ms),
+            support::stats::mean(&ms),
+            ms.iter().cloned().fold(0.0, f64::max),
+            ms.iter()
+                .map(|m| format!("{m:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for line in report {
+        eprintln!("{line}");
+    }
 }

@@ -76,6 +76,7 @@ pub(crate) fn redis_backend(
             password,
             ca_pem,
             per_server_timeout,
+            min_replicas: r.redis_min_replicas,
         },
     })
 }

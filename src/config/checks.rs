@@ -17,6 +17,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e}; use a duration such as 15s, 500ms or 1m30s"))
 }
 
+/// The largest `--redis-min-replicas`: far above any real replica count, so
+/// a slip (a port number, say) is caught at start instead of refusing every
+/// grant.
+pub const MAX_MIN_REPLICAS: u32 = 100;
+
+/// Parse `--redis-min-replicas`: a whole number from 0 (off) to
+/// [`MAX_MIN_REPLICAS`].
+///
+/// # Errors
+/// A message with the value and what is allowed.
+pub fn parse_min_replicas(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    match t.parse::<u32>() {
+        Ok(n) if n <= MAX_MIN_REPLICAS => Ok(n),
+        _ => Err(format!(
+            "{t:?} is not a replica count: give a whole number from 0 (off, the default) to {MAX_MIN_REPLICAS}, e.g. 1 for a primary with one replica"
+        )),
+    }
+}
+
 /// Parse `host:port`, `:port` (all interfaces) or `localhost:port`.
 ///
 /// # Errors

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 
-use super::{DEFAULT_MAX_CONNECTIONS, parse_addr, parse_duration, parse_http_url};
+use super::{
+    DEFAULT_MAX_CONNECTIONS, parse_addr, parse_duration, parse_http_url, parse_min_replicas,
+};
 
 /// leader-elector: one active replica at a time for a singleton workload.
 #[derive(Parser, Debug, Clone)]
@@ -267,6 +269,17 @@ pub struct RedisArgs {
         value_name = "PREFIX"
     )]
     pub redis_prefix: String,
+
+    /// Replicas of each Redis server that must acknowledge a grant, a renewal and a fencing-counter raise (WAIT) before it counts; a grant they do not acknowledge is given back [range: 0-100; 0 = off].
+    #[arg(
+        long,
+        default_value_t = 0,
+        env = "LEADER_ELECTOR_REDIS_MIN_REPLICAS",
+        value_parser = parse_min_replicas,
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub redis_min_replicas: u32,
 }
 
 /// Backend selection (`--backend`).

@@ -325,3 +325,36 @@ fn coord_max_waiters_defaults_parses_and_is_refused_outside_its_range() {
         assert!(e.contains("--coord-max-waiters"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn redis_min_replicas_defaults_to_off_parses_and_says_what_is_allowed() {
+    let redis = "--redis-url=redis://h:1";
+    let min = |c: Config| match c.backend {
+        BackendConfig::Redis { options, .. } => options.min_replicas,
+        other => panic!("redis expected: {other:?}"),
+    };
+    assert_eq!(min(cli(&["--election=a", "--id=me", redis]).unwrap()), 0);
+    let c = cli(&["--election=a", "--id=me", redis, "--redis-min-replicas=1"]).unwrap();
+    assert_eq!(min(c), 1);
+    let c = cli(&[
+        "--election=a",
+        "--id=me",
+        redis,
+        "--redis-min-replicas",
+        "100",
+    ])
+    .unwrap();
+    assert_eq!(min(c), 100);
+    for bad in ["-1", "101", "1.5", "one", ""] {
+        let e = cli(&[
+            "--election=a",
+            "--id=me",
+            redis,
+            "--redis-min-replicas",
+            bad,
+        ])
+        .unwrap_err();
+        assert!(e.contains("--redis-min-replicas"), "{bad}: {e}");
+        assert!(e.contains("from 0 (off, the default) to 100"), "{bad}: {e}");
+    }
+}

@@ -22,7 +22,8 @@ use backends::{etcd_backend, kube_backend, labeler_config, redis_backend};
 pub use checks::{
     COORD_MAX_WAITERS_LIMIT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_REQUEST_BODY_TIMEOUT, DURATION_RANGES, ETCD_KEEPALIVE_INTERVAL, MAX_CONNECTIONS_LIMIT,
-    MAX_ELECTION_LEN, parse_addr, parse_duration, parse_endpoint, parse_http_url,
+    MAX_ELECTION_LEN, MAX_MIN_REPLICAS, parse_addr, parse_duration, parse_endpoint, parse_http_url,
+    parse_min_replicas,
 };
 use checks::{check_election, check_ranges, default_identity};
 pub use cli::*;

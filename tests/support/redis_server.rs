@@ -1,5 +1,6 @@
 //! redis-server processes on ports from [`server_port`] (below the kernel's
-//! ephemeral range), started again on another port when one fails to bind.
+//! ephemeral range), started again on another port when one fails to bind;
+//! a replica is one more such process started with `--replicaof`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -49,6 +50,73 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not start in 5 attempts: {last}");
+    }
+
+    /// Start a replica of the server on `127.0.0.1:<primary_port>` (a
+    /// primary's port, or a proxy's in front of it): `redis-server --port P
+    /// --replicaof 127.0.0.1 <primary_port> --save "" --appendonly no`, on a
+    /// port picked like every test server's, and wait until its link to the
+    /// primary is up. A restart keeps it a replica.
+    pub async fn start_replica_of(primary_port: u16) -> RedisServer {
+        let primary = primary_port.to_string();
+        let s = Self::start_with(&["--replicaof", "127.0.0.1", &primary]).await;
+        s.wait_linked(Duration::from_secs(10)).await;
+        s
+    }
+
+    /// `INFO replication` as text (empty when the server does not answer).
+    pub async fn replication(&self) -> String {
+        let fut = async {
+            let mut c = self.conn().await;
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async::<String>(&mut c)
+                .await
+                .ok()
+        };
+        timeout(Duration::from_secs(5), fut)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Wait until this replica's link to its primary is up and the first
+    /// sync is done (`master_link_status:up`); panics after `limit`.
+    pub async fn wait_linked(&self, limit: Duration) {
+        let end = Instant::now() + limit;
+        loop {
+            let info = self.replication().await;
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "the replica on port {} did not link to its primary within {limit:?}: {info}",
+                self.port
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Replicas connected to this server (`connected_slaves`).
+    pub async fn connected_replicas(&self) -> u32 {
+        let info = self.replication().await;
+        info.lines()
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Promote this replica to a primary (`REPLICAOF NO ONE`), as a failover does.
+    pub async fn promote(&self) {
+        let mut c = self.conn().await;
+        let mut cmd = redis::cmd("REPLICAOF");
+        cmd.arg("NO").arg("ONE");
+        timeout(Duration::from_secs(5), cmd.query_async::<()>(&mut c))
+            .await
+            .expect("REPLICAOF NO ONE hung for 5 s")
+            .expect("REPLICAOF NO ONE");
     }
 
     fn spawn(&mut self) {

@@ -13,6 +13,10 @@
 //!   [`drift`]; the Elector counts validity from the instant the first
 //!   request was sent. The fencing token is the largest counter in the
 //!   quorum, raised on a quorum before the term is claimed ([`Group::raise`]).
+//! - **`--redis-min-replicas`**: a server whose replicas did not acknowledge
+//!   its grant, raise or renewal does not count towards the quorum (one
+//!   server: the term is not won, or the renewal fails); the campaign gives
+//!   such a grant back like any other it does not keep.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,10 +29,11 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::group::{Group, drift, tally, unexpected};
+use super::holders::{nobody, parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
 use super::released::Released;
 use super::server::{Server, text_of, uint_of};
-use super::{BACKEND, BadCounter, RedisOptions};
+use super::{BACKEND, BadCounter, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated};
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
 };
@@ -66,72 +71,32 @@ pub struct RedisBackend {
     runs: Vec<std::sync::Mutex<RunSeen>>,
 }
 
-/// A parsed holder value `<token>|<fencing>|<identity>` with its `PTTL`.
-fn parse_value(value: &str, pttl_ms: i64) -> Holder {
-    let s = Stored::parse(value);
-    Holder {
-        identity: s.owner,
-        fencing_token: s.fencing,
-        term_id: s.token,
-        revision: 0,
-        // PTTL -1: a key without expiry (written by someone else); -2: gone.
-        // Neither says when to look again: the Elector caps this by its
-        // retry period instead of retrying at once.
-        expires_in: Some(if pttl_ms < 0 {
-            NO_EXPIRY_HINT
-        } else {
-            Duration::from_millis(pttl_ms as u64)
-        }),
-    }
-}
-
-/// Stand-in expiry for a key without a TTL; the Elector waits at most its
-/// retry period.
-const NO_EXPIRY_HINT: Duration = Duration::from_secs(3600);
-
 fn new_token() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn nobody() -> Holder {
-    Holder {
-        identity: String::new(),
-        fencing_token: 0,
-        term_id: String::new(),
-        revision: 0,
-        expires_in: None,
-    }
 }
 
 fn random_retry() -> Duration {
     Duration::from_millis(rand::rng().random_range(10..=200))
 }
 
-/// The holder of the term seen on at least `quorum` of `held`, with the
-/// largest fencing token among those copies (the leader's token: Redlock
-/// writes it into every copy it can, and any quorum of copies includes one)
-/// and the earliest expiry. `None` when no term has a quorum.
-fn quorum_holder(held: &[Holder], quorum: usize) -> Option<Holder> {
-    for h in held {
-        let same: Vec<&Holder> = held.iter().filter(|o| o.term_id == h.term_id).collect();
-        if same.len() >= quorum {
-            let mut holder = h.clone();
-            holder.fencing_token = same.iter().map(|o| o.fencing_token).max().unwrap_or(0);
-            holder.expires_in = same.iter().filter_map(|o| o.expires_in).min();
-            return Some(holder);
-        }
-    }
-    None
-}
-
 /// What a campaign round found, summed over the servers.
 #[derive(Default)]
 struct Found {
     acquired: Vec<(usize, u64)>,
+    /// Servers that granted but whose replicas did not acknowledge it.
+    unacked: Vec<usize>,
     held: Vec<Holder>,
     fresh: Option<Duration>,
     error: Option<BackendError>,
+}
+
+impl Found {
+    /// Servers that hold our key: granted, acknowledged or not.
+    fn taken(&self) -> Vec<usize> {
+        let granted = self.acquired.iter().map(|(i, _)| *i);
+        granted.chain(self.unacked.iter().copied()).collect()
+    }
 }
 
 impl RedisBackend {
@@ -203,11 +168,12 @@ impl RedisBackend {
         };
         let hold = if holding { "1" } else { "0" };
         let keys = [self.key.as_str(), self.counter_key.as_str()];
+        let want = server.min_replicas().to_string();
         let v = server
             .eval(
                 Lua::Campaign,
                 &keys,
-                &[token, identity, &ms(ttl), &known, hold],
+                &[token, identity, &ms(ttl), &known, hold, &want],
             )
             .await?;
         let Value::Array(items) = &v else {
@@ -233,6 +199,16 @@ impl RedisBackend {
                 // Our own hold-off, if any, else the server's uptime wait.
                 Ok(Answer::Fresh(if own > 0 { own } else { *wait }))
             }
+            [Value::Int(5), Value::Int(live), _] => Err(BackendError::Rejected {
+                backend: BACKEND,
+                code: UNREPLICATED,
+                source: Box::new(Unreplicated {
+                    server: server.label().to_owned(),
+                    acked: (*live).max(0) as u64,
+                    wanted: server.min_replicas(),
+                    waited_ms: None,
+                }),
+            }),
             [Value::Int(4), Value::BulkString(value), _] => Err(BackendError::Rejected {
                 backend: BACKEND,
                 code: "fencing_counter",
@@ -272,6 +248,9 @@ impl RedisBackend {
                     found.fresh = Some(found.fresh.map_or(d, |f| f.min(d)));
                 }
                 Err(e) => {
+                    if is_unreplicated(&e) {
+                        found.unacked.push(i);
+                    }
                     found.error.get_or_insert(e);
                 }
             }
@@ -291,7 +270,7 @@ impl RedisBackend {
         };
         if self.group.raise(&self.key, &self.counter_key, &value).await < self.quorum() {
             self.group
-                .release_on(&found.acquired, &self.key, &value.token, &self.channel)
+                .release_on(&found.taken(), &self.key, &value.token, &self.channel)
                 .await;
             return Campaign::Waiting {
                 previous: nobody(),
@@ -380,7 +359,7 @@ impl LeaseBackend for RedisBackend {
         }
         // No quorum: give back what we took, everywhere.
         self.group
-            .release_on(&found.acquired, &self.key, &token, &self.channel)
+            .release_on(&found.taken(), &self.key, &token, &self.channel)
             .await;
         self.lose(found)
     }
@@ -488,15 +467,6 @@ fn term_full_ttl(term: &Term) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn values_parse_with_pipes_in_the_identity() {
-        let h = parse_value("abc|42|pod|x", 1500);
-        assert_eq!(h.term_id, "abc");
-        assert_eq!(h.fencing_token, 42);
-        assert_eq!(h.identity, "pod|x");
-        assert_eq!(h.expires_in, Some(Duration::from_millis(1500)));
-    }
 
     #[test]
     fn drift_follows_the_redlock_spec() {

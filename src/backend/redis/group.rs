@@ -19,6 +19,10 @@
 //!   counter is at least F, and `INCR` there gives more than F: tokens only
 //!   grow while servers keep their data. The election has done this since
 //!   issue 12.
+//! - With `--redis-min-replicas`, a server's grant, renewal or raise counts
+//!   only once its replicas acknowledged it ([`Server::eval`]); a grant they
+//!   did not is an error of that server, and is given back with the rest of
+//!   a failed acquisition ([`Round::taken`]).
 
 use std::time::Duration;
 
@@ -26,9 +30,9 @@ use futures_util::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::BACKEND;
 use super::lua::{Lua, Stored};
 use super::server::{Server, uint_of};
+use super::{BACKEND, is_unreplicated};
 use crate::backend::{BackendError, Result};
 
 /// The Redlock spec's clock drift allowance: 1 % of the TTL plus 2 ms.
@@ -94,6 +98,22 @@ impl Round {
             Ok(Step::Refused(v)) => Some(v),
             _ => None,
         })
+    }
+
+    /// Indices of the servers that hold the key after this round: those that
+    /// granted, and those whose grant too few replicas acknowledged. A failed
+    /// acquisition gives it back on each of them.
+    pub fn taken(&self) -> Vec<usize> {
+        self.answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| match a {
+                Ok(Step::Granted(_)) => true,
+                Err(e) => is_unreplicated(e),
+                _ => false,
+            })
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// Servers that answered at all.
@@ -195,22 +215,26 @@ impl Group {
         )
     }
 
-    /// Release where a failed acquisition took `key` (`granted` indices).
-    pub async fn release_on(
+    /// Run `lua` on the servers with these indices, at once.
+    pub async fn eval_on(
         &self,
-        granted: &[(usize, u64)],
-        key: &str,
-        token: &str,
-        channel: &str,
-    ) {
-        let keys = [key];
-        let args = [token, channel, ""];
+        servers: &[usize],
+        lua: Lua,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Vec<Result<Value>> {
         join_all(
-            granted
+            servers
                 .iter()
-                .map(|(i, _)| self.servers[*i].eval(Lua::Release, &keys, &args)),
+                .map(|i| self.servers[*i].eval(lua, keys, args)),
         )
-        .await;
+        .await
+    }
+
+    /// Release where a failed acquisition took `key` (server indices).
+    pub async fn release_on(&self, servers: &[usize], key: &str, token: &str, channel: &str) {
+        self.eval_on(servers, Lua::Release, &[key], &[token, channel, ""])
+            .await;
     }
 
     /// An error for too few answers: the first server error, else

@@ -9,7 +9,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
+use redis::{Script, Value};
 
 /// Shared prelude of the coordination scripts: `fence_ok(fkey)` refuses a
 /// fencing counter that is not a non-negative integer of at most 18 digits
@@ -37,9 +37,11 @@ end
 
 /// Election campaign. KEYS: key, counter. ARGV: 1 term token, 2 identity,
 /// 3 TTL in ms, 4 the run_id this candidate last saw on this server ('' if
-/// none), 5 '1' while this candidate keeps out of a server it saw restart.
+/// none), 5 '1' while this candidate keeps out of a server it saw restart,
+/// 6 `--redis-min-replicas` (absent or '0': off).
 /// Answers (each ending with the server's run_id): `{1, fencing}` elected,
-/// `{0, value, pttl}` held, `{3, wait_ms}` too fresh, `{4, counter}` bad counter.
+/// `{0, value, pttl}` held, `{3, wait_ms}` too fresh, `{4, counter}` bad
+/// counter, `{5, replicas}` fewer replicas linked and acknowledging than ARGV[6].
 const CAMPAIGN: &str = r"
 local info = redis.call('INFO', 'server')
 local run = string.match(info, 'run_id:(%x+)') or ''
@@ -59,6 +61,18 @@ end
 local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
 if up and up * 1000 < ttl + 1000 then
   return {3, ttl + 1000 - up * 1000, run}
+end
+-- With --redis-min-replicas: no grant while fewer replicas are online and
+-- acknowledging (their last acknowledgement at most 2 s old; they send one
+-- every second). WAIT after the grant is the check that counts; this one
+-- keeps a grant that cannot count from showing as a holder meanwhile.
+local want = tonumber(ARGV[6] or '0') or 0
+if want > 0 then
+  local live = 0
+  for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,[^\r\n]-lag=(%d+)') do
+    if tonumber(lag) <= 2 then live = live + 1 end
+  end
+  if live < want then return {5, live, run} end
 end
 -- The fencing counter must be a non-negative integer that a Lua number holds
 -- exactly (at most 15 digits); anything else was written by someone else and
@@ -344,6 +358,33 @@ impl Lua {
         }
     }
 
+    /// Whether `answer` reports a write that a grant, a renewal or a
+    /// fencing-counter raise rests on: with `--redis-min-replicas` it counts
+    /// only once that many replicas acknowledged it (`WAIT`). Refusals,
+    /// releases, completions and reads wait for nobody.
+    pub fn grants(self, answer: &Value) -> bool {
+        let first_is_1 =
+            || matches!(answer, Value::Array(v) if matches!(v.first(), Some(Value::Int(1))));
+        match self {
+            Lua::Campaign | Lua::Lock | Lua::SlotLock | Lua::Claim | Lua::SemAcquire => {
+                first_is_1()
+            }
+            // 2: put back on a Redlock server that had lost the key.
+            Lua::ElectionRenew => matches!(answer, Value::Int(1 | 2)),
+            Lua::Raise | Lua::Renew | Lua::SemRenew => matches!(answer, Value::Int(1)),
+            Lua::Release | Lua::SemRelease | Lua::SemLive | Lua::Slots | Lua::Complete => false,
+        }
+    }
+
+    /// Whether the script can write a grant, a renewal or a raise (some
+    /// answer of it [`Lua::grants`]).
+    pub fn may_grant(self) -> bool {
+        !matches!(
+            self,
+            Lua::Release | Lua::SemRelease | Lua::SemLive | Lua::Slots | Lua::Complete
+        )
+    }
+
     /// The script's source (the shared prelude plus the body), for `EVAL`
     /// inside a pipeline.
     pub fn source(self) -> String {
@@ -404,6 +445,21 @@ mod tests {
         assert_eq!(s.fencing, 42);
         assert_eq!(s.owner, "pod|x");
         assert_eq!(s.encode(), "abc|42|pod|x");
+    }
+
+    #[test]
+    fn only_grants_renewals_and_raises_wait_for_replicas() {
+        let granted = Value::Array(vec![Value::Int(1), Value::Int(42)]);
+        let held = Value::Array(vec![Value::Int(0), Value::Int(3)]);
+        assert!(Lua::Campaign.grants(&granted) && Lua::Lock.grants(&granted));
+        assert!(!Lua::Campaign.grants(&held) && !Lua::SemAcquire.grants(&held));
+        assert!(Lua::ElectionRenew.grants(&Value::Int(2)));
+        assert!(!Lua::Renew.grants(&Value::Int(0)) && !Lua::Renew.grants(&Value::Int(-1)));
+        assert!(Lua::Raise.grants(&Value::Int(1)));
+        assert!(!Lua::Release.grants(&Value::Int(1)) && !Lua::Complete.grants(&Value::Int(1)));
+        for s in ALL.iter().filter(|s| !s.may_grant()) {
+            assert!(!s.grants(&granted) && !s.grants(&Value::Int(1)), "{s:?}");
+        }
     }
 
     #[test]

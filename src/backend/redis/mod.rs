@@ -11,12 +11,21 @@
 //!   the coordination API ([`crate::coord::redis`]) is the other client of
 //!   [`group`].
 //!
+//! With `--redis-min-replicas N` ([`RedisOptions::min_replicas`]) every
+//! write a grant, a renewal or a fencing-counter raise rests on is followed by
+//! `WAIT N` on the same connection ([`server::Server::eval`]); fewer
+//! acknowledgements fail that server's answer with [`UNREPLICATED`], and a
+//! grant there is given back by its caller like any failed acquisition.
+//!
 //! Known limits (also in the README): a server restarted without persistence
 //! forgets keys and counters; process pauses are covered by the Elector's
-//! safety rule and by fencing tokens, not by Redis.
+//! safety rule and by fencing tokens, not by Redis; `WAIT` is not consensus (a
+//! failover may still promote a replica that missed an acknowledged write).
 
 mod election;
+mod exclusive;
 pub mod group;
+mod holders;
 pub mod lua;
 mod released;
 pub mod server;
@@ -32,7 +41,7 @@ pub use group::{Group, drift};
 pub(crate) const BACKEND: &About = &About {
     name: "redis",
     tls_hint: "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL",
-    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel",
+    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel (and WAIT with --redis-min-replicas)",
     rejected: &[
         (
             "wrongtype",
@@ -49,6 +58,10 @@ pub(crate) const BACKEND: &About = &About {
         (
             "oom",
             "Redis is out of memory (maxmemory): free memory or raise maxmemory; retrying",
+        ),
+        (
+            UNREPLICATED,
+            "a grant or renewal counts only once as many replicas as --redis-min-replicas asks have it (WAIT): check that the replicas run and are linked to this primary (INFO replication: connected_slaves), or lower --redis-min-replicas; the grant was given back (a renewal counts as failed), retrying",
         ),
     ],
 };
@@ -67,6 +80,10 @@ pub struct RedisOptions {
     pub ca_pem: Option<Vec<u8>>,
     /// Deadline of each request to one server (and of connecting to it).
     pub per_server_timeout: Duration,
+    /// Replicas of each server that must acknowledge a grant, a renewal or a
+    /// fencing-counter raise (`WAIT`) before it counts (`--redis-min-replicas`);
+    /// 0 = off.
+    pub min_replicas: u32,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -78,6 +95,7 @@ impl std::fmt::Debug for RedisOptions {
             )
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("per_server_timeout", &self.per_server_timeout)
+            .field("min_replicas", &self.min_replicas)
             .finish()
     }
 }
@@ -135,6 +153,59 @@ pub fn check_url(url: &str) -> std::result::Result<(), String> {
     redis::Client::open(url)
         .map(|_| ())
         .map_err(|e| format!("{shown} is not a Redis URL ({e}); use e.g. redis://user@host:6379/0"))
+}
+
+/// The code (and metric reason) of a write that fewer replicas acknowledged
+/// than `--redis-min-replicas` asks for.
+pub const UNREPLICATED: &str = "replicas";
+
+/// A write that too few replicas acknowledged within the time given to
+/// `WAIT` (`waited_ms`), or (`None`) a campaign refused before writing
+/// because too few replicas are linked and acknowledging.
+#[derive(Debug)]
+pub struct Unreplicated {
+    /// The server (redacted URL).
+    pub server: String,
+    /// Replicas that acknowledged (`WAIT`'s answer), or that are linked and
+    /// acknowledging (`INFO replication`).
+    pub acked: u64,
+    /// Replicas asked for.
+    pub wanted: u32,
+    /// How long `WAIT` was allowed to block; `None` when nothing was written.
+    pub waited_ms: Option<u64>,
+}
+
+impl std::fmt::Display for Unreplicated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (acked, wanted, server) = (self.acked, self.wanted, &self.server);
+        match self.waited_ms {
+            Some(ms) => write!(
+                f,
+                "{acked} of the {wanted} replicas --redis-min-replicas asks for acknowledged the write on {server} within {ms} ms"
+            ),
+            None => write!(
+                f,
+                "{acked} of the {wanted} replicas --redis-min-replicas asks for are linked to {server} and acknowledging (INFO replication); nothing was written"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Unreplicated {}
+
+/// Whether `e` is one server's write that too few replicas acknowledged: the
+/// write happened on the primary, so a grant there must be given back.
+pub fn is_unreplicated(e: &crate::backend::BackendError) -> bool {
+    match e {
+        crate::backend::BackendError::Rejected {
+            code: UNREPLICATED,
+            source,
+            ..
+        } => source
+            .downcast_ref::<Unreplicated>()
+            .is_some_and(|u| u.waited_ms.is_some()),
+        _ => false,
+    }
 }
 
 /// Refusal of a fencing counter that is not a non-negative integer.

@@ -1,7 +1,8 @@
 //! One Redis server: its connection (made on first use, forgotten after a
 //! transport error or timeout), its errors classified into [`BackendError`]
 //! once, every request under the per-server timeout, and the named scripts of
-//! [`Lua`] run on it.
+//! [`Lua`] run on it — with `--redis-min-replicas`, a script's grant followed
+//! by `WAIT` on the same connection, so it counts only once replicas have it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -9,11 +10,12 @@ use std::time::Duration;
 use redis::aio::{MultiplexedConnection, PubSub};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, Value};
 use tokio::sync::Mutex;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 use tracing::warn;
 
+use super::exclusive::Exclusive;
 use super::lua::Lua;
-use super::{BACKEND, RedisOptions, redact};
+use super::{BACKEND, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated, redact};
 use crate::backend::{BackendError, Result, is_tls_error};
 
 /// One Redis server of a single-server set-up or of a Redlock group.
@@ -23,6 +25,10 @@ pub struct Server {
     conn: Mutex<Option<MultiplexedConnection>>,
     checked_config: AtomicBool,
     timeout: Duration,
+    /// Replicas that must acknowledge a grant (`WAIT`); 0 = off.
+    min_replicas: u32,
+    /// Connections lent to one acknowledged write at a time.
+    exclusive: Exclusive,
 }
 
 impl Server {
@@ -57,6 +63,8 @@ impl Server {
             conn: Mutex::new(None),
             checked_config: AtomicBool::new(false),
             timeout: options.per_server_timeout,
+            min_replicas: options.min_replicas,
+            exclusive: Exclusive::default(),
         })
     }
 
@@ -68,6 +76,11 @@ impl Server {
     /// The deadline of one request (and of connecting).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Replicas that must acknowledge a grant (`--redis-min-replicas`; 0 = off).
+    pub fn min_replicas(&self) -> u32 {
+        self.min_replicas
     }
 
     fn timed_out(&self, call: &'static str) -> BackendError {
@@ -133,21 +146,33 @@ impl Server {
         }
     }
 
+    /// A new connection under the per-server timeouts.
+    async fn dial(&self) -> Result<MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| self.classify(e))
+    }
+
+    /// The shared connection, made on first use.
     async fn connection(&self) -> Result<MultiplexedConnection> {
         let mut guard = self.conn.lock().await;
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| self.classify(e))?;
+        let conn = self.dial().await?;
         *guard = Some(conn.clone());
         drop(guard);
+        self.check_config(conn.clone()).await;
+        Ok(conn)
+    }
+
+    /// A new connection of its own, for one write and its `WAIT`.
+    async fn open_exclusive(&self) -> Result<MultiplexedConnection> {
+        let conn = self.dial().await?;
         self.check_config(conn.clone()).await;
         Ok(conn)
     }
@@ -177,6 +202,28 @@ impl Server {
             && policy.starts_with("allkeys")
         {
             warn!(server = %self.label, policy = %policy, "maxmemory-policy can evict the election key: use noeviction or a volatile-* policy");
+        }
+        if self.min_replicas > 0 {
+            self.check_replicas(conn).await;
+        }
+    }
+
+    /// Warn once when fewer replicas are linked than `--redis-min-replicas`
+    /// asks for: no grant on this server can count until they are.
+    async fn check_replicas(&self, mut conn: MultiplexedConnection) {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("replication");
+        let Ok(Ok(info)) = timeout(self.timeout, cmd.query_async::<String>(&mut conn)).await else {
+            return;
+        };
+        let linked: Option<u32> = info
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok());
+        if let Some(linked) = linked
+            && linked < self.min_replicas
+        {
+            warn!(server = %self.label, replicas = linked, min_replicas = self.min_replicas, "fewer replicas are linked to this Redis than --redis-min-replicas asks for: no grant on it counts until they are");
         }
     }
 
@@ -215,33 +262,94 @@ impl Server {
     }
 
     /// Run script `lua` with `keys` and `args` under the per-server timeout.
+    /// With `--redis-min-replicas`, a script that can grant runs on a
+    /// connection of its own ([`Exclusive`]), and an answer that grants
+    /// ([`Lua::grants`]) counts only after `WAIT` on that connection saw
+    /// enough replicas acknowledge it.
     ///
     /// # Errors
-    /// As [`Server::query`].
+    /// As [`Server::query`]; [`UNREPLICATED`] when too few replicas
+    /// acknowledged a grant, which then exists on this server: the caller
+    /// gives it back (a renewal simply failed).
     pub async fn eval<K: AsRef<str>, A: AsRef<str>>(
         &self,
         lua: Lua,
         keys: &[K],
         args: &[A],
     ) -> Result<Value> {
+        let sent = Instant::now();
         let work = async {
-            let mut conn = self.connection().await?;
-            let mut inv = lua.script().prepare_invoke();
-            for k in keys {
-                inv.key(k.as_ref());
+            if self.min_replicas == 0 || !lua.may_grant() {
+                let mut conn = self.connection().await?;
+                return self.invoke(lua, keys, args, &mut conn).await;
             }
-            for a in args {
-                inv.arg(a.as_ref());
+            // A write that must be acknowledged: on a connection of its own,
+            // since WAIT blocks the connection it is sent on.
+            let mut lent = self.exclusive.lend(|| self.open_exclusive()).await?;
+            let answer = self.invoke(lua, keys, args, &mut lent.conn).await?;
+            let acked = if lua.grants(&answer) {
+                self.replicated(&mut lent.conn, sent).await
+            } else {
+                Ok(())
+            };
+            if acked.as_ref().map_or_else(is_unreplicated, |()| true) {
+                lent.keep();
             }
-            inv.invoke_async::<Value>(&mut conn)
-                .await
-                .map_err(|e| self.classify(e))
+            acked.map(|()| answer)
         };
         self.settle(
             timeout(crate::budget::limit(self.timeout), work).await,
             "request",
         )
         .await
+    }
+
+    /// Run script `lua` on `conn`.
+    async fn invoke<K: AsRef<str>, A: AsRef<str>>(
+        &self,
+        lua: Lua,
+        keys: &[K],
+        args: &[A],
+        conn: &mut MultiplexedConnection,
+    ) -> Result<Value> {
+        let mut inv = lua.script().prepare_invoke();
+        for k in keys {
+            inv.key(k.as_ref());
+        }
+        for a in args {
+            inv.arg(a.as_ref());
+        }
+        inv.invoke_async::<Value>(conn)
+            .await
+            .map_err(|e| self.classify(e))
+    }
+
+    /// `WAIT` for `--redis-min-replicas` replicas on `conn`, the connection
+    /// that just wrote (`WAIT` counts the acknowledgements of the writes sent
+    /// on its own connection), for at most half of what is left of the
+    /// request's deadline (the other half is for giving a grant back).
+    ///
+    /// # Errors
+    /// [`UNREPLICATED`] when fewer replicas acknowledged; any error of `WAIT`.
+    async fn replicated(&self, conn: &mut MultiplexedConnection, sent: Instant) -> Result<()> {
+        // At least 1 ms: `WAIT n 0` would block for ever.
+        let waited_ms = (self.timeout.saturating_sub(sent.elapsed()).as_millis() as u64 / 2).max(1);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.min_replicas).arg(waited_ms);
+        let acked: i64 = wait.query_async(conn).await.map_err(|e| self.classify(e))?;
+        if acked >= i64::from(self.min_replicas) {
+            return Ok(());
+        }
+        Err(BackendError::Rejected {
+            backend: BACKEND,
+            code: UNREPLICATED,
+            source: Box::new(Unreplicated {
+                server: self.label.clone(),
+                acked: acked.max(0) as u64,
+                wanted: self.min_replicas,
+                waited_ms: Some(waited_ms),
+            }),
+        })
     }
 
     async fn settle<T>(

@@ -19,7 +19,10 @@
 //! quorum within the validity (the grant's `ttl_ms` is the validity left),
 //! released everywhere on failure, fencing tokens raised on a quorum before a
 //! grant is handed out; an acquisition that split the servers with others
-//! retries twice after a random delay, as the spec advises.
+//! retries twice after a random delay, as the spec advises. With
+//! `--redis-min-replicas` a server's grant or renewal counts only once its
+//! replicas acknowledged it; one they did not is given back, and a request
+//! that no quorum acknowledged answers 503 naming the replicas.
 //!
 //! A missing fencing counter starts at the server's clock in milliseconds,
 //! so tokens keep growing across a restart without persistence. Fair locks
@@ -130,13 +133,13 @@ impl RedisCoord {
                     ttl_ms: validity.as_millis() as u64,
                 }));
             }
-            self.group.release_on(&granted, key, &token, key).await;
+            self.give_back(ask, &round.taken(), &token).await;
             let e = self
                 .group
                 .no_quorum(None, confirmed, "recorded the fencing token");
             return Err(CoordError::Backend(e));
         }
-        self.group.release_on(&granted, key, &token, key).await;
+        self.give_back(ask, &round.taken(), &token).await;
         if let Some(bad) = bad {
             return Err(bad);
         }
@@ -149,6 +152,20 @@ impl RedisCoord {
             return Err(self.failed(self.group.no_quorum(e, round.answered(), "answered"), &keys));
         }
         Ok(Got::Refused(round))
+    }
+
+    /// Give back what a failed acquisition took on `servers` (granted, or
+    /// granted without the replicas' acknowledgement): a check-and-delete
+    /// release, of the permit in the set for a one-server semaphore.
+    async fn give_back(&self, ask: &Ask<'_>, servers: &[usize], token: &str) {
+        let key = ask.keys[0].as_str();
+        if ask.lua == Lua::SemAcquire {
+            self.group
+                .eval_on(servers, Lua::SemRelease, &[key], &[token])
+                .await;
+        } else {
+            self.group.release_on(servers, key, token, key).await;
+        }
     }
 
     /// [`RedisCoord::try_once`], again after a random delay while it split
