@@ -803,6 +803,39 @@ async fn a_blackholed_etcd_answers_within_the_wait_plus_one_deadline() {
     }
 }
 
+/// One deadline per request on Redis too: with the server blackholed, an
+/// acquisition with `wait=1s` answers 503 within its wait plus one server
+/// deadline (the call timeout, ⅔ of the 500 ms renew interval here), however
+/// many calls the attempts inside it make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_redis_answers_within_the_wait_plus_one_deadline() {
+    const WAIT: Duration = Duration::from_secs(1);
+    const SLACK: Duration = Duration::from_millis(600);
+    let redis = RedisServer::start().await;
+    let proxy = support::proxy::Proxy::to_url(&redis.url).await;
+    let mut args = vec!["--redis-url".to_owned(), proxy.url_for(&redis.url)];
+    args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
+    let s = Sidecar::start_raw(&election("redis-blackhole-budget"), "me", &args);
+    let port = s.control();
+    let (st, g) = call(port, "POST", "/locks/x?ttl=10s", None).await;
+    assert_eq!(st, 200, "{g}");
+    proxy.set(support::proxy::Mode::Blackhole);
+    for path in [
+        "/locks/y?ttl=10s&wait=1s",
+        "/semaphores/s?permits=1&ttl=10s&wait=1s",
+    ] {
+        let started = Instant::now();
+        let (st, e) = call(port, "POST", path, None).await;
+        let took = started.elapsed();
+        eprintln!("POST {path} against a blackholed Redis: {st} after {took:?}");
+        assert_eq!(st, 503, "POST {path}: {e}");
+        assert!(
+            took <= WAIT + Duration::from_millis(333) + SLACK,
+            "POST {path} answered after {took:?}: more than its wait plus one deadline: {e}"
+        );
+    }
+}
+
 /// Defect 6: against a blackholed etcd a call answers with a timeout after
 /// one deadline, not after the transport gives up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
