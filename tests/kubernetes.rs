@@ -60,21 +60,7 @@ async fn candidate(
 }
 
 async fn group(test: &str, ids: &[&str], pods: bool) -> Group {
-    let api = KubeApi::start(NS);
-    let election = election(test);
-    let mut eps = Vec::new();
-    let mut cs = Vec::new();
-    for id in ids {
-        let (ep, s) = candidate(&api, &election, id, &[], pods).await;
-        eps.push(ep);
-        cs.push(s);
-    }
-    Group {
-        api,
-        eps,
-        cs,
-        election,
-    }
+    group_with(test, ids, &[], pods).await
 }
 
 fn holder(api: &KubeApi, election: &str) -> String {
