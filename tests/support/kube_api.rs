@@ -549,6 +549,10 @@ async fn serve_tls(
         // reset, as a broken connection does, not with a clean close.
         #[allow(deprecated)]
         let _ = tcp.set_linger(Some(Duration::ZERO));
+        // As the real API server (Go sets TCP_NODELAY on every socket):
+        // without it, a response written in two TLS records waits for the
+        // client's delayed ACK (40 ms).
+        let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
             let Ok(stream) = tls.accept(tcp).await else {
                 return;
