@@ -1150,3 +1150,65 @@ async fn a_late_candidate_never_trusts_an_edited_duration_below_its_own() {
     println!("the late candidate led after {:?}", start.elapsed());
     assert_eq!(l, vec![1]);
 }
+
+/// `--backend auto` (the default) on a workstation with a `~/.kube/config`
+/// but no `KUBECONFIG` and no in-cluster variables is the usage error it
+/// always was (exit 2), not a Lease in the current context's cluster; an
+/// explicit `--backend kubernetes` may use `~/.kube/config`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_never_picks_the_home_kubeconfig() {
+    let api = KubeApi::start(NS);
+    let ep = api.endpoint("home").await;
+    let home = tempfile::TempDir::new().unwrap();
+    std::fs::create_dir_all(home.path().join(".kube")).unwrap();
+    std::fs::copy(ep.kubeconfig(), home.path().join(".kube/config")).unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"));
+        c.args([
+            "--election",
+            "home-x",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--control-addr=",
+        ])
+        .args(extra)
+        .env("HOME", home.path())
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let mut auto = run(&[]);
+    let mut status = None;
+    for _ in 0..100 {
+        if let Some(s) = auto.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    let _ = auto.kill();
+    let out = auto.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "auto must not elect through ~/.kube/config: {err}"
+    );
+    assert!(
+        err.contains("--backend kubernetes"),
+        "the error names the way: {err}"
+    );
+    assert!(api.lease("home-x").is_none(), "no Lease written");
+    let mut explicit = run(&["--backend", "kubernetes"]);
+    wait_for(
+        Duration::from_secs(10),
+        "the explicit backend to create the Lease",
+        || async { api.lease("home-x").is_some() },
+    )
+    .await;
+    let _ = explicit.kill();
+    let _ = explicit.wait();
+}
