@@ -296,24 +296,39 @@ impl KubeLeaseBackend {
     /// point from which this process has seen every change, where a replay
     /// may start ([`Self::after_create`]).
     pub(super) async fn get(&self, conn: &Conn) -> Result<Option<Lease>> {
+        let found = self.get_once(conn).await?;
+        let list = found.is_none() && {
+            let inner = self.inner.lock().expect("lease state poisoned");
+            inner.resume_rv.is_none() && inner.absent_rv.is_none() && !inner.no_list
+        };
+        if list {
+            return self.list(conn).await;
+        }
+        if found.is_none() {
+            self.observe_deleted(None);
+        }
+        Ok(found)
+    }
+
+    /// One GET; what it finds is recorded, an absence is left to the caller.
+    async fn get_once(&self, conn: &Conn) -> Result<Option<Lease>> {
         match conn.api.get_opt(&self.name).await {
             Ok(Some(l)) => {
                 self.observe(&l);
                 Ok(Some(l))
             }
-            Ok(None) => {
-                let known = {
-                    let inner = self.inner.lock().expect("lease state poisoned");
-                    inner.resume_rv.is_some() || inner.absent_rv.is_some()
-                };
-                if known {
-                    self.observe_deleted(None);
-                    return Ok(None);
-                }
-                self.list(conn).await
-            }
+            Ok(None) => Ok(None),
             Err(e) => Err(self.classify(conn, "get", e)),
         }
+    }
+
+    /// A GET that records an absence with no absence point (without `list`).
+    async fn get_without_list(&self, conn: &Conn) -> Result<Option<Lease>> {
+        let found = self.get_once(conn).await?;
+        if found.is_none() {
+            self.observe_deleted(None);
+        }
+        Ok(found)
     }
 
     /// LIST the Lease by name (`fieldSelector=metadata.name=…`); a watch
@@ -321,7 +336,7 @@ impl KubeLeaseBackend {
     /// `list` (RBAC): a GET, and no absence point (one warning).
     pub(super) async fn list(&self, conn: &Conn) -> Result<Option<Lease>> {
         if self.inner.lock().expect("lease state poisoned").no_list {
-            return self.get_only(conn).await;
+            return self.get_without_list(conn).await;
         }
         let params = ListParams::default().fields(&format!("metadata.name={}", self.name));
         let list = match conn.api.list(&params).await {
@@ -330,7 +345,7 @@ impl KubeLeaseBackend {
                 warn!(namespace = %conn.namespace, credentials = %conn.credentials, message = %s.message,
                     "{} may not list leases.coordination.k8s.io; a Lease this sidecar creates is claimed only after one whole lease duration", conn.credentials);
                 self.inner.lock().expect("lease state poisoned").no_list = true;
-                return self.get_only(conn).await;
+                return self.get_without_list(conn).await;
             }
             Err(e) => return Err(self.classify(conn, "list", e)),
         };
@@ -348,27 +363,6 @@ impl KubeLeaseBackend {
                 None
             }
         })
-    }
-
-    /// A GET that records what it finds (a 404: absent, no absence point).
-    async fn get_only(&self, conn: &Conn) -> Result<Option<Lease>> {
-        match conn.api.get_opt(&self.name).await {
-            Ok(Some(l)) => {
-                self.observe(&l);
-                Ok(Some(l))
-            }
-            Ok(None) => {
-                self.observe_deleted(None);
-                Ok(None)
-            }
-            Err(e) => Err(self.classify(conn, "get", e)),
-        }
-    }
-
-    /// Read the Lease afresh for a watch to resume from: a LIST by name
-    /// (its version is current), else a GET.
-    pub(super) async fn list_or_get(&self, conn: &Conn) -> Result<Option<Lease>> {
-        self.list(conn).await
     }
 }
 

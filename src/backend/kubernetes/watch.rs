@@ -179,7 +179,7 @@ impl KubeLeaseBackend {
     /// shows the followed term changed.
     pub(super) async fn relist(&self, conn: &Conn, seen: &Holder, leading: bool) -> Result<bool> {
         debug!(lease = %self.name, "watch version compacted (410); reading the Lease afresh");
-        let current = self.list_or_get(conn).await?;
+        let current = self.list(conn).await?;
         let Some(lease) = current else {
             return Ok(true);
         };
