@@ -299,7 +299,7 @@ mod tests {
         );
         let coord = crate::coord::http::CoordState {
             service: std::sync::Arc::new(crate::coord::Service::new(
-                Box::new(crate::coord::etcd::EtcdCoord::new(backend, "/p/")),
+                Box::new(crate::backend::etcd::coord::EtcdCoord::new(backend, "/p/")),
                 None,
                 "me".into(),
             )),

@@ -11,10 +11,12 @@
 pub mod app;
 pub mod backend;
 pub(crate) mod budget;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod coord;
 pub mod elector;
+pub mod flags;
 pub mod hooks;
 pub mod http;
 pub mod kube_label;

@@ -1,14 +1,15 @@
 //! CLI entry: parse and validate the configuration (exit 2 on a bad flag),
 //! set up logging, run the sidecar (exit 1 on a runtime failure, 0 after a
-//! clean shutdown). `status` and `observe` are the operator's read-only
-//! commands (src/ops.rs); `help [COMMAND]` prints a command's help.
+//! clean shutdown). The commands are clap's (src/cli.rs): none runs the
+//! sidecar, `run` runs a command while leading, `status` and `observe` are
+//! the operator's read-only commands (src/ops.rs).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
 use leader_elector::app::RunError;
-use leader_elector::config::{Cli, Config, LogFormat};
+use leader_elector::cli::{self, Command, Invocation};
+use leader_elector::config::{Config, LogFormat};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -27,45 +28,22 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let mut args: Vec<String> = std::env::args_os()
+    let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if args.get(1).map(String::as_str) == Some("__watchdog") {
-        // Run mode's watchdog between the sidecar and the command.
+        // Run mode's watchdog between the sidecar and the command: an
+        // internal entry point (its arguments are not the user's flags).
         let code = leader_elector::supervisor::watchdog_main(&args[2..]);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
-    match args.get(1).map(String::as_str) {
-        Some("status" | "observe") => return leader_elector::ops::main(&args),
-        Some("help") => {
-            // `leader-elector help [COMMAND]` is `leader-elector [COMMAND] --help`.
-            let mut help = vec![args[0].clone()];
-            help.extend(args.get(2).cloned());
-            help.push("--help".into());
-            args = help;
-            if matches!(args[1].as_str(), "status" | "observe") {
-                return leader_elector::ops::main(&args);
-            }
-        }
-        _ => {}
-    }
-    let run_mode = args.get(1).map(String::as_str) == Some("run");
-    if run_mode {
-        args.remove(1);
-    }
-    let cmd = if run_mode {
-        Cli::command()
-            .name("leader-elector run")
-            .bin_name("leader-elector run")
-            .about("Run COMMAND only while this candidate leads: start it on election, stop it (SIGTERM, then SIGKILL after --kill-grace) before leadership can end, then release.")
-            .override_usage("leader-elector run [OPTIONS] --election <NAME> (--etcd-endpoints <URL> | --redis-url <URL>...) -- COMMAND [ARGS]...")
-    } else {
-        Cli::command().after_help(
-            "Commands:\n  (none)   run the sidecar (these options)\n  run      run a command only while leading: leader-elector run --help\n  status   print who leads an election, read-only: leader-elector status --help\n  observe  print one line per leadership change until interrupted: leader-elector observe --help\n  help     print this help, or a command's: leader-elector help status",
-        )
-    };
-    let cli = match Cli::from_arg_matches(&cmd.get_matches_from(args)) {
-        Ok(c) => c,
+    let (cli, run_mode) = match cli::parse(&args) {
+        Ok(Invocation::Sidecar(cli)) => (*cli, false),
+        Ok(Invocation::Command(command)) => match *command {
+            Command::Run(run) => (run.sidecar, true),
+            Command::Status(ops) => return leader_elector::ops::status_main(&ops),
+            Command::Observe(ops) => return leader_elector::ops::observe_main(&ops),
+        },
         Err(e) => e.exit(),
     };
     let config = match Config::from_cli_mode(cli, run_mode) {

@@ -19,11 +19,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::{Parser, ValueEnum};
 use serde::Serialize;
 
+use crate::backend::registry::{self, BackendArgs, Common};
 use crate::backend::{BackendError, Holder, LeaseBackend};
-use crate::config::{BackendArgs, Cli, Config, parse_duration};
+use crate::config::{check_election, parse_duration};
 
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
@@ -100,35 +101,29 @@ impl Report {
     }
 }
 
-/// Entry point for `leader-elector status|observe ARGS...`; `args[0]` is the
-/// program name and `args[1]` the command.
-pub fn main(args: &[String]) -> ExitCode {
-    let sub = args[1].as_str();
-    let about = match sub {
-        "status" => {
-            "Print who leads an election: leader, fencing token and how long its lease has left (read-only).\n\nExit codes: 0 someone leads, 3 nobody leads, 1 the backend could not be read, 2 bad flags."
-        }
-        _ => {
-            "Print one line per leadership change of an election until interrupted (read-only), starting with the current leader.\n\nExit codes: 0 after SIGINT/SIGTERM, 2 bad flags; backend errors are printed and retried."
-        }
-    };
-    let cmd = OpsCli::command()
-        .name(if sub == "status" {
-            "leader-elector status"
-        } else {
-            "leader-elector observe"
-        })
-        .bin_name(format!("leader-elector {sub}"))
-        .about(about)
-        .override_usage(format!(
-            "leader-elector {sub} --election <NAME> (--etcd-endpoints <URL> | --redis-url <URL>...) [-o table|json]"
-        ));
-    let matches = cmd.get_matches_from(args[1..].iter());
-    let cli = match OpsCli::from_arg_matches(&matches) {
-        Ok(c) => c,
-        Err(e) => e.exit(),
-    };
-    let backend = match connect(&cli) {
+/// `leader-elector status`: read once, print, exit with the status code.
+pub fn status_main(cli: &OpsCli) -> ExitCode {
+    block_on(cli, |backend| async move {
+        status(cli, backend.as_ref(), &mut std::io::stdout()).await
+    })
+}
+
+/// `leader-elector observe`: one line per change until SIGINT/SIGTERM.
+pub fn observe_main(cli: &OpsCli) -> ExitCode {
+    block_on(cli, |backend| async move {
+        let out = &mut std::io::stdout();
+        observe(cli, backend.as_ref(), out, shutdown_signal()).await
+    })
+}
+
+/// Connect (exit 2 on bad flags), then run `command` on a one-thread
+/// runtime (exit 1 when the runtime cannot start).
+fn block_on<F, Fut>(cli: &OpsCli, command: F) -> ExitCode
+where
+    F: FnOnce(Arc<dyn LeaseBackend>) -> Fut,
+    Fut: std::future::Future<Output = u8>,
+{
+    let backend = match connect(cli) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
@@ -145,54 +140,29 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(async {
-        match sub {
-            "status" => status(&cli, backend.as_ref(), &mut std::io::stdout()).await,
-            _ => {
-                observe(
-                    &cli,
-                    backend.as_ref(),
-                    &mut std::io::stdout(),
-                    shutdown_signal(),
-                )
-                .await
-            }
-        }
-    });
-    ExitCode::from(code)
+    ExitCode::from(runtime.block_on(command(backend)))
 }
 
-/// Build the read-only backend from the flags, with the sidecar's own
-/// validation of the backend flags (so the messages are the same).
+/// The lease TTL the read-only commands assume for the backend settings
+/// that depend on it (the sidecar's default).
+const ASSUMED_LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// Build the read-only backend from the flags, through the backend
+/// registry, with the sidecar's own checks (so the messages are the same).
 ///
 /// # Errors
 /// The configuration error's message, naming the flag.
 pub fn connect(cli: &OpsCli) -> Result<Arc<dyn LeaseBackend>, String> {
-    // The sidecar's flags with their defaults; the backend part from ours.
-    let mut sidecar = Cli::try_parse_from([
-        "leader-elector",
-        "--election",
-        &cli.election,
-        "--identity",
-        "leader-elector-cli",
-        "--control-addr=",
-        "--pod-label-key=",
-    ])
-    .map_err(|e| e.to_string())?;
-    sidecar.store = cli.store.clone();
-    sidecar.command.clear();
-    let config = Config::from_cli_mode(sidecar, false).map_err(|e| e.to_string())?;
-    let (backend, _coord) = crate::app::connect(&config.backend).map_err(|e| {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        text
-    })?;
-    Ok(backend)
+    check_election(&cli.election).map_err(|e| e.to_string())?;
+    let common = Common {
+        election: cli.election.clone(),
+        lease_duration: ASSUMED_LEASE_DURATION,
+        renew_interval: None,
+        call_timeout: cli.timeout,
+    };
+    let settings = registry::resolve(&cli.store, &common).map_err(|e| e.to_string())?;
+    let connected = settings.connect()?;
+    Ok(connected.election)
 }
 
 /// `status`: read once, print, and return the exit code.
@@ -222,7 +192,9 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
     }
     match &holder {
         None => EXIT_NO_LEADER,
-        Some(h) if backend.name() == "kubernetes" && h.expires_in == Some(Duration::ZERO) => {
+        // A backend that reports the time left reports 0 for a holder whose
+        // term may be over (a Lease: renewTime + leaseDurationSeconds past).
+        Some(h) if h.expires_in == Some(Duration::ZERO) => {
             eprintln!(
                 "warning: holder {} has not renewed the Lease within its duration by this machine's clock (renewTime + leaseDurationSeconds is past): possibly expired; an estimate, since clocks may differ",
                 h.identity

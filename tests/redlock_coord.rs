@@ -9,8 +9,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leader_elector::backend::redis::coord::RedisCoord;
 use leader_elector::backend::redis::{RedisBackend, RedisOptions};
-use leader_elector::coord::redis::RedisCoord;
 use leader_elector::coord::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Try};
 use support::*;
 use tokio::time::timeout;

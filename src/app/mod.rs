@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn};
 
 use crate::backend::LeaseBackend;
-use crate::config::{BackendConfig, Config};
+use crate::config::Config;
 use crate::control::{ControlState, control_router};
 use crate::coord::http::CoordState;
 use crate::coord::{CoordMetrics, Coordinator, Service};
@@ -99,7 +99,7 @@ impl App {
     /// [`RunError::Metrics`] when metrics cannot be registered,
     /// [`RunError::Bind`] naming the flag whose address cannot be bound.
     pub async fn build(cfg: Config) -> Result<App, RunError> {
-        let (backend, coordinator) = connect(&cfg.backend)?;
+        let (backend, coordinator) = connect(cfg.backend.as_ref())?;
         let registry = Registry::new();
         let metrics = Metrics::new(registry.clone(), &cfg.elector.election, backend.name())
             .map_err(RunError::Metrics)?;
@@ -182,16 +182,6 @@ impl App {
             renew_interval = %humantime::format_duration(whole_ms(cfg.elector.renew_interval)),
             "starting"
         );
-        if let BackendConfig::Redis { options, .. } = &cfg.backend {
-            let n = options.urls.len();
-            if n > 1 && n % 2 == 0 {
-                warn!(
-                    servers = n,
-                    quorum = n / 2 + 1,
-                    "an even number of Redlock servers tolerates no more failures than one server fewer; use an odd number (3 or 5)"
-                );
-            }
-        }
     }
 
     /// Spawn every task into the table, in shutdown order.
@@ -266,6 +256,7 @@ impl Serving {
         let control = self.control_listener.map(|listener| {
             let coord = coord_state(cfg, self.coordinator, &self.registry);
             let service = coord.service.clone();
+            let limit = HTTP_DRAIN + service.close_limit();
             control.coord = Some(coord);
             let router = control_router(control);
             let served = serve(listener, "--control-addr", router, false, cfg, http_stop);
@@ -278,7 +269,6 @@ impl Serving {
                 out
             };
             let span = info_span!("control");
-            let limit = HTTP_DRAIN + crate::coord::etcd::DEFAULT_DEADLINE;
             Task::spawn("control", Stop::Http, limit, span, fut)
         });
         let router = router(app_state);

@@ -7,10 +7,12 @@
 //! call themselves. The [`crate::elector::Elector`] owns all timing, wraps
 //! every call in a timeout and applies the safety rule.
 
+pub mod coordination;
 pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
 pub mod redis;
+pub mod registry;
 
 use std::time::Duration;
 

@@ -2,40 +2,9 @@
 //! respect, and the checks of single values (files, PEM, election names).
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::Path;
 use std::time::Duration;
 
 use super::{Cli, ConfigError, config_error};
-use crate::backend::redis::redact;
-
-/// Parse a humantime duration (`15s`, `500ms`, `1m30s`).
-///
-/// # Errors
-/// A message with the value and an example.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e}; use a duration such as 15s, 500ms or 1m30s"))
-}
-
-/// The largest `--redis-min-replicas`: far above any real replica count, so
-/// a slip (a port number, say) is caught at start instead of refusing every
-/// grant.
-pub const MAX_MIN_REPLICAS: u32 = 100;
-
-/// Parse `--redis-min-replicas`: a whole number from 0 (off) to
-/// [`MAX_MIN_REPLICAS`].
-///
-/// # Errors
-/// A message with the value and what is allowed.
-pub fn parse_min_replicas(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    match t.parse::<u32>() {
-        Ok(n) if n <= MAX_MIN_REPLICAS => Ok(n),
-        _ => Err(format!(
-            "{t:?} is not a replica count: give a whole number from 0 (off, the default) to {MAX_MIN_REPLICAS}, e.g. 1 for a primary with one replica"
-        )),
-    }
-}
 
 /// Parse `host:port`, `:port` (all interfaces) or `localhost:port`.
 ///
@@ -76,54 +45,6 @@ pub fn parse_http_url(s: &str) -> Result<String, String> {
         ));
     }
     Ok(s.to_owned())
-}
-
-/// Check one etcd endpoint: `http://host:port` or `https://host:port`, with
-/// a port other than 0 and no credentials. Messages show the value redacted.
-/// (Checked after parsing, not by clap, which would echo the raw value.)
-///
-/// # Errors
-/// A message with the redacted value and an example.
-pub fn parse_endpoint(s: &str) -> Result<String, String> {
-    let s = s.trim();
-    let shown = redact(s);
-    let uri: axum::http::Uri = s.parse().map_err(|_| {
-        format!("{shown} is not a URL; use http://HOST:PORT, e.g. http://127.0.0.1:2379")
-    })?;
-    match uri.scheme_str() {
-        Some("http") | Some("https") => {}
-        _ => {
-            return Err(format!(
-                "{shown} needs the scheme http:// or https://, e.g. http://127.0.0.1:2379"
-            ));
-        }
-    }
-    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-        return Err(format!(
-            "{shown} carries credentials, which are not used\nhint: remove them from the URL and pass --etcd-username with --etcd-password-file"
-        ));
-    }
-    let port = uri.authority().and_then(|a| a.port_u16());
-    if port.is_none() || !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(format!(
-            "{shown} must be http(s)://HOST:PORT with a port and no path, e.g. http://127.0.0.1:2379"
-        ));
-    }
-    if port == Some(0) {
-        return Err(format!(
-            "{shown} has port 0, which cannot be dialled; give etcd's client port, e.g. http://127.0.0.1:2379"
-        ));
-    }
-    Ok(s.trim_end_matches('/').to_owned())
-}
-
-pub(crate) fn read_file(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|e| {
-        config_error(format!(
-            "{flag} ({}) cannot be read: {e}\nhint: give the path of a readable file",
-            path.display()
-        ))
-    })
 }
 
 /// The default identity: `POD_NAME`, else the host name.
@@ -252,37 +173,6 @@ pub(crate) fn check_ranges(cli: &Cli) -> Result<(), ConfigError> {
     }
     Ok(())
 }
-
-/// Check that `pem` holds a PEM block with `label` in its `BEGIN` line
-/// (`CERTIFICATE`, `PRIVATE KEY`).
-pub(crate) fn check_pem(
-    flag: &str,
-    path: &Path,
-    pem: &[u8],
-    label: &str,
-) -> Result<(), ConfigError> {
-    let text = String::from_utf8_lossy(pem);
-    let found = text
-        .lines()
-        .any(|l| l.starts_with("-----BEGIN ") && l.contains(label));
-    if !found {
-        let what = if pem.iter().all(u8::is_ascii_whitespace) {
-            "is empty".to_owned()
-        } else {
-            format!("holds no PEM {label}")
-        };
-        return Err(config_error(format!(
-            "{flag} ({}) {what}\nhint: give a PEM file starting with -----BEGIN {label}-----",
-            path.display()
-        )));
-    }
-    Ok(())
-}
-
-/// HTTP/2 keep-alive ping interval towards etcd. etcd closes connections that
-/// ping more often than `--grpc-keepalive-min-time` (default 5 s) with
-/// GOAWAY `too_many_pings`, which would break every watch; 10 s stays clear.
-pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Longest accepted election name, in bytes.
 pub const MAX_ELECTION_LEN: usize = 128;

@@ -1,16 +1,15 @@
 //! The flags and environment variables (clap derive, `env =` on every flag),
-//! grouped by concern: the top-level [`Cli`] and its flattened backend groups
-//! ([`EtcdArgs`], [`RedisArgs`], [`KubeArgs`]), and the run-mode settings.
+//! grouped by concern: the top-level [`Cli`], the backend group it flattens
+//! ([`BackendArgs`], from the backend registry), and the run-mode settings.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Parser, ValueEnum};
 
-use super::{
-    DEFAULT_MAX_CONNECTIONS, parse_addr, parse_duration, parse_http_url, parse_min_replicas,
-};
+pub use crate::backend::registry::BackendArgs;
+
+use super::{DEFAULT_MAX_CONNECTIONS, parse_addr, parse_duration, parse_http_url};
 
 /// leader-elector: one active replica at a time for a singleton workload.
 #[derive(Parser, Debug, Clone)]
@@ -19,8 +18,7 @@ use super::{
     version,
     about,
     long_about = None,
-    args_override_self = true,
-    override_usage = "leader-elector [OPTIONS] --election <NAME> [--etcd-endpoints <URL> | --redis-url <URL>... | --backend kubernetes]\n       leader-elector run [OPTIONS] --election <NAME> ... -- COMMAND [ARGS]..."
+    args_override_self = true
 )]
 pub struct Cli {
     /// Name of the election; candidates with the same name compete for one leadership.
@@ -155,144 +153,6 @@ pub struct Cli {
         value_name = "FILTER"
     )]
     pub log_level: String,
-}
-
-/// The backend choice and every backend's connection flags: one group,
-/// flattened into the sidecar's flags and the operator commands' alike.
-#[derive(Args, Debug, Clone)]
-pub struct BackendArgs {
-    /// Which backend to use; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "auto",
-        env = "LEADER_ELECTOR_BACKEND"
-    )]
-    pub backend: BackendKind,
-
-    /// etcd connection.
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
-
-    /// Redis connection.
-    #[command(flatten)]
-    pub redis: RedisArgs,
-
-    /// Kubernetes backend.
-    #[command(flatten)]
-    pub kubernetes: KubeArgs,
-}
-
-/// The etcd flags.
-#[derive(Args, Debug, Clone)]
-pub struct EtcdArgs {
-    /// etcd client URLs, comma-separated (http://host:port or https://host:port).
-    #[arg(
-        long,
-        env = "LEADER_ELECTOR_ETCD_ENDPOINTS",
-        value_delimiter = ',',
-        value_name = "URL[,URL...]"
-    )]
-    pub etcd_endpoints: Vec<String>,
-
-    /// Key prefix; the election key is <prefix><election>.
-    #[arg(
-        long,
-        default_value = "/leader-elector/",
-        env = "LEADER_ELECTOR_ETCD_PREFIX",
-        value_name = "PREFIX"
-    )]
-    pub etcd_prefix: String,
-
-    /// PEM file of the CA that signed etcd's server certificates (turns on TLS; endpoints must be https://).
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_CA_FILE", value_name = "FILE")]
-    pub etcd_ca_file: Option<PathBuf>,
-
-    /// PEM client certificate for mutual TLS (with --etcd-key-file).
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_CERT_FILE", value_name = "FILE")]
-    pub etcd_cert_file: Option<PathBuf>,
-
-    /// PEM private key of --etcd-cert-file.
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_KEY_FILE", value_name = "FILE")]
-    pub etcd_key_file: Option<PathBuf>,
-
-    /// etcd user name (etcd auth; with --etcd-password-file).
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_USERNAME", value_name = "USER")]
-    pub etcd_username: Option<String>,
-
-    /// File holding the etcd password (its first line), so it is not in the process list.
-    #[arg(long, env = "LEADER_ELECTOR_ETCD_PASSWORD_FILE", value_name = "FILE")]
-    pub etcd_password_file: Option<PathBuf>,
-}
-
-/// The Kubernetes Lease backend flags (the old `leader-elector` image's names).
-#[derive(Args, Debug, Clone)]
-pub struct KubeArgs {
-    /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
-    #[arg(
-        long,
-        env = "LEADER_ELECTOR_ELECTION_NAMESPACE",
-        value_name = "NAMESPACE"
-    )]
-    pub election_namespace: Option<String>,
-
-    /// Accepted for compatibility with the old leader-elector image and ignored: the in-cluster config is used when present, else KUBECONFIG.
-    #[arg(long, env = "LEADER_ELECTOR_USE_CLUSTER_CREDENTIALS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
-    pub use_cluster_credentials: Option<bool>,
-}
-
-/// The Redis flags.
-#[derive(Args, Debug, Clone)]
-pub struct RedisArgs {
-    /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
-    #[arg(
-        long,
-        env = "LEADER_ELECTOR_REDIS_URL",
-        value_delimiter = ',',
-        value_name = "URL"
-    )]
-    pub redis_url: Vec<String>,
-
-    /// File holding the Redis password (its first line), for URLs that carry none.
-    #[arg(long, env = "LEADER_ELECTOR_REDIS_PASSWORD_FILE", value_name = "FILE")]
-    pub redis_password_file: Option<PathBuf>,
-
-    /// PEM file of the CA that signed the Redis servers' certificates (rediss:// with a private CA).
-    #[arg(long, env = "LEADER_ELECTOR_REDIS_CA_FILE", value_name = "FILE")]
-    pub redis_ca_file: Option<PathBuf>,
-
-    /// Key prefix; the election key is <prefix>{<election>}.
-    #[arg(
-        long,
-        default_value = "leader-elector:",
-        env = "LEADER_ELECTOR_REDIS_PREFIX",
-        value_name = "PREFIX"
-    )]
-    pub redis_prefix: String,
-
-    /// Replicas of each Redis server that must acknowledge a grant, a renewal and a fencing-counter raise (WAIT) before it counts; a grant they do not acknowledge is given back [range: 0-100; 0 = off].
-    #[arg(
-        long,
-        default_value_t = 0,
-        env = "LEADER_ELECTOR_REDIS_MIN_REPLICAS",
-        value_parser = parse_min_replicas,
-        allow_negative_numbers = true,
-        value_name = "N"
-    )]
-    pub redis_min_replicas: u32,
-}
-
-/// Backend selection (`--backend`).
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// etcd when --etcd-endpoints is given, else Redis when --redis-url is given.
-    Auto,
-    /// etcd (--etcd-endpoints).
-    Etcd,
-    /// Redis (--redis-url), single instance or Redlock.
-    Redis,
-    /// A coordination.k8s.io/v1 Lease through the Kubernetes API (in-cluster config or KUBECONFIG).
-    Kubernetes,
 }
 
 /// Log output format (`--log-format`).

@@ -2,6 +2,10 @@
 use super::*;
 use clap::Parser;
 
+use crate::backend::etcd::flags::EtcdSettings;
+use crate::backend::kubernetes::flags::KubeSettings;
+use crate::backend::redis::flags::RedisSettings;
+
 fn cli(args: &[&str]) -> Result<Config, String> {
     let mut full = vec!["leader-elector"];
     full.extend_from_slice(args);
@@ -11,6 +15,24 @@ fn cli(args: &[&str]) -> Result<Config, String> {
 
 const EP: &str = "--etcd-endpoints=http://127.0.0.1:2379";
 
+fn settings<T: 'static>(c: &Config) -> &T {
+    let any: &dyn std::any::Any = c.backend.as_ref();
+    any.downcast_ref()
+        .unwrap_or_else(|| panic!("another backend: {:?}", c.backend))
+}
+
+fn etcd(c: &Config) -> &EtcdSettings {
+    settings(c)
+}
+
+fn redis(c: &Config) -> &RedisSettings {
+    settings(c)
+}
+
+fn kube(c: &Config) -> &KubeSettings {
+    settings(c)
+}
+
 #[test]
 fn defaults_follow_the_design() {
     let c = cli(&["--election", "a", "--identity", "me", EP]).unwrap();
@@ -18,10 +40,7 @@ fn defaults_follow_the_design() {
     assert_eq!(c.elector.renew_interval, Duration::from_secs(5));
     assert_eq!(c.elector.retry_period, Duration::from_secs(2));
     assert_eq!(c.http_addr, "0.0.0.0:4040".parse().unwrap());
-    let BackendConfig::Etcd { key, .. } = c.backend else {
-        panic!("etcd expected")
-    };
-    assert_eq!(key, "/leader-elector/a");
+    assert_eq!(etcd(&c).key, "/leader-elector/a");
 }
 
 #[test]
@@ -96,10 +115,7 @@ fn several_endpoints_split_on_commas() {
         "--etcd-endpoints=http://a:1,http://b:2",
     ])
     .unwrap();
-    let BackendConfig::Etcd { options, .. } = c.backend else {
-        panic!("etcd expected")
-    };
-    assert_eq!(options.endpoints, vec!["http://a:1", "http://b:2"]);
+    assert_eq!(etcd(&c).options.endpoints, vec!["http://a:1", "http://b:2"]);
 }
 
 #[test]
@@ -114,9 +130,9 @@ fn backend_choice_is_explicit_when_both_are_given() {
         "--backend=redis",
     ])
     .unwrap();
-    assert!(matches!(c.backend, BackendConfig::Redis { .. }));
+    assert_eq!(c.backend.name(), "redis");
     let c = cli(&["--election=a", "--id=me", "--redis-url=redis://h:1"]).unwrap();
-    assert!(matches!(c.backend, BackendConfig::Redis { .. }));
+    assert_eq!(c.backend.name(), "redis");
     let e = cli(&["--election=a", "--id=me", "--backend=redis", EP]).unwrap_err();
     assert!(e.contains("--redis-url is required"), "{e}");
 }
@@ -130,20 +146,14 @@ fn redis_urls_repeat_or_split_on_commas_and_are_checked() {
         "--redis-url=redis://h:2,redis://h:3",
     ])
     .unwrap();
-    let BackendConfig::Redis { options, .. } = c.backend else {
-        panic!("redis expected")
-    };
+    let options = &redis(&c).options;
     assert_eq!(options.urls.len(), 3);
     assert_eq!(options.per_server_timeout, Duration::from_millis(500));
     let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
     assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
 }
 
-thread_local! {
-    /// Overrides the kubeconfig/in-cluster detection in this thread.
-    pub(super) static KUBE_PRESENT: std::cell::Cell<Option<bool>> =
-        const { std::cell::Cell::new(None) };
-}
+use crate::backend::kubernetes::flags::KUBE_PRESENT;
 
 #[test]
 fn auto_without_any_backend_or_kubernetes_config_is_a_usage_error() {
@@ -165,9 +175,7 @@ fn auto_without_etcd_or_redis_is_the_kubernetes_lease() {
         "--use-cluster-credentials",
     ])
     .unwrap();
-    let BackendConfig::Kubernetes { name, options } = c.backend else {
-        panic!("kubernetes expected")
-    };
+    let KubeSettings { name, options } = kube(&c);
     assert_eq!(name, "my-app");
     assert_eq!(options.namespace.as_deref(), Some("team-a"));
     // The old image's flag spelled with a value is accepted too.
@@ -178,10 +186,10 @@ fn auto_without_etcd_or_redis_is_the_kubernetes_lease() {
         "--use-cluster-credentials=false",
     ])
     .unwrap();
-    assert!(matches!(c.backend, BackendConfig::Kubernetes { .. }));
+    assert_eq!(c.backend.name(), "kubernetes");
     // A given endpoint still picks its backend.
     let c = cli(&["--election=my-app", "--id=me", EP]).unwrap();
-    assert!(matches!(c.backend, BackendConfig::Etcd { .. }));
+    assert_eq!(c.backend.name(), "etcd");
 }
 
 #[test]
@@ -328,32 +336,22 @@ fn coord_max_waiters_defaults_parses_and_is_refused_outside_its_range() {
 
 #[test]
 fn redis_min_replicas_defaults_to_off_parses_and_says_what_is_allowed() {
-    let redis = "--redis-url=redis://h:1";
-    let min = |c: Config| match c.backend {
-        BackendConfig::Redis { options, .. } => options.min_replicas,
-        other => panic!("redis expected: {other:?}"),
-    };
-    assert_eq!(min(cli(&["--election=a", "--id=me", redis]).unwrap()), 0);
-    let c = cli(&["--election=a", "--id=me", redis, "--redis-min-replicas=1"]).unwrap();
+    let url = "--redis-url=redis://h:1";
+    let min = |c: Config| redis(&c).options.min_replicas;
+    assert_eq!(min(cli(&["--election=a", "--id=me", url]).unwrap()), 0);
+    let c = cli(&["--election=a", "--id=me", url, "--redis-min-replicas=1"]).unwrap();
     assert_eq!(min(c), 1);
     let c = cli(&[
         "--election=a",
         "--id=me",
-        redis,
+        url,
         "--redis-min-replicas",
         "100",
     ])
     .unwrap();
     assert_eq!(min(c), 100);
     for bad in ["-1", "101", "1.5", "one", ""] {
-        let e = cli(&[
-            "--election=a",
-            "--id=me",
-            redis,
-            "--redis-min-replicas",
-            bad,
-        ])
-        .unwrap_err();
+        let e = cli(&["--election=a", "--id=me", url, "--redis-min-replicas", bad]).unwrap_err();
         assert!(e.contains("--redis-min-replicas"), "{bad}: {e}");
         assert!(e.contains("from 0 (off, the default) to 100"), "{bad}: {e}");
     }

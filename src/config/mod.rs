@@ -6,49 +6,38 @@
 //! here; a bad value is reported with the flag's name, what is allowed, and a
 //! hint, and `main` exits with code 2.
 
-mod backends;
 mod checks;
 mod cli;
+mod labeler;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::backend::etcd::EtcdOptions;
-use crate::backend::redis::RedisOptions;
+use std::sync::Arc;
+
+use crate::backend::registry::{self, Common, Settings};
 use crate::elector::ElectorConfig;
 
-pub use backends::redlock_server_timeout;
-use backends::{etcd_backend, kube_backend, labeler_config, redis_backend};
+use crate::flags::config_error;
+pub use crate::flags::{ConfigError, parse_duration};
+pub(crate) use checks::check_election;
 pub use checks::{
     COORD_MAX_WAITERS_LIMIT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_REQUEST_BODY_TIMEOUT, DURATION_RANGES, ETCD_KEEPALIVE_INTERVAL, MAX_CONNECTIONS_LIMIT,
-    MAX_ELECTION_LEN, MAX_MIN_REPLICAS, parse_addr, parse_duration, parse_endpoint, parse_http_url,
-    parse_min_replicas,
+    DEFAULT_REQUEST_BODY_TIMEOUT, DURATION_RANGES, MAX_CONNECTIONS_LIMIT, MAX_ELECTION_LEN,
+    parse_addr, parse_http_url,
 };
-use checks::{check_election, check_ranges, default_identity};
+use checks::{check_ranges, default_identity};
 pub use cli::*;
-
-/// A configuration error: the flag at fault and what to do.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ConfigError {
-    /// The whole message, naming the flag and the fix.
-    pub message: String,
-}
-
-fn config_error(message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        message: message.into(),
-    }
-}
+use labeler::labeler_config;
 
 /// The checked configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Timing and identity of the Elector.
     pub elector: ElectorConfig,
-    /// The backend to use, with its connection settings.
-    pub backend: BackendConfig,
+    /// The backend to use, with its checked connection settings (from the
+    /// backend registry).
+    pub backend: Arc<dyn Settings>,
     /// Address of the read-only API.
     pub http_addr: SocketAddr,
     /// Address of the control API; `None` when turned off.
@@ -73,36 +62,6 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter.
     pub log_level: String,
-}
-
-/// The chosen backend, decided once at start-up.
-#[derive(Debug, Clone)]
-pub enum BackendConfig {
-    /// etcd: the election key and how to connect.
-    Etcd {
-        /// `<prefix><election>`.
-        key: String,
-        /// The key prefix (coordination keys live under `<prefix>_coord/`).
-        prefix: String,
-        /// Connection settings.
-        options: EtcdOptions,
-    },
-    /// Redis: one server, or Redlock across several.
-    Redis {
-        /// Key prefix.
-        prefix: String,
-        /// Election name.
-        election: String,
-        /// Connection settings.
-        options: RedisOptions,
-    },
-    /// Kubernetes: a Lease named after the election.
-    Kubernetes {
-        /// The Lease name (the election name).
-        name: String,
-        /// Namespace and connection settings.
-        options: crate::backend::kubernetes::KubeOptions,
-    },
 }
 
 /// The durations derived from the timing flags and their defaults.
@@ -203,26 +162,6 @@ fn control_addr(cli: &Cli) -> Result<Option<SocketAddr>, ConfigError> {
     }
 }
 
-/// The backend `--backend` names, or for `auto` the one whose flags are
-/// given (the Kubernetes Lease when neither etcd's nor Redis's are).
-fn chosen_backend(cli: &Cli) -> Result<BackendKind, ConfigError> {
-    if !matches!(cli.store.backend, BackendKind::Auto) {
-        return Ok(cli.store.backend);
-    }
-    match (
-        cli.store.etcd.etcd_endpoints.is_empty(),
-        cli.store.redis.redis_url.is_empty(),
-    ) {
-        (false, false) => Err(config_error(
-            "both --etcd-endpoints and --redis-url are given: choose one with --backend etcd or --backend redis\nhint: the backend is fixed at start-up; two backends at once could elect two leaders",
-        )),
-        (false, true) => Ok(BackendKind::Etcd),
-        (true, false) => Ok(BackendKind::Redis),
-        // Neither: the API server every Kubernetes Pod already has.
-        (true, true) => Ok(BackendKind::Kubernetes),
-    }
-}
-
 impl Config {
     /// Validate `cli` and read the files it names.
     ///
@@ -271,13 +210,15 @@ impl Config {
                 .map(|r| r.kill_grace + Duration::from_millis(100)),
         };
         elector.validate().map_err(config_error)?;
-        let backend = match chosen_backend(&cli)? {
-            BackendKind::Redis => redis_backend(&cli, &elector)?,
-            BackendKind::Kubernetes => {
-                kube_backend(&cli, matches!(cli.store.backend, BackendKind::Auto))?
-            }
-            BackendKind::Auto | BackendKind::Etcd => etcd_backend(&cli, &elector)?,
-        };
+        let backend = registry::resolve(
+            &cli.store,
+            &Common {
+                election: cli.election.clone(),
+                lease_duration: cli.lease_duration,
+                renew_interval: cli.renew_interval,
+                call_timeout: elector.call_timeout(),
+            },
+        )?;
         Ok(Config {
             elector,
             backend,

@@ -72,6 +72,12 @@ impl Service {
         self
     }
 
+    /// The longest [`Service::close`] waits: the backend's call deadline,
+    /// else 2 s.
+    pub fn close_limit(&self) -> Duration {
+        self.coord.deadline().unwrap_or(Duration::from_secs(2))
+    }
+
     /// Backend name.
     pub fn backend(&self) -> &'static str {
         self.coord.backend()

@@ -17,6 +17,8 @@
 //! The client, the error classification and the lease life cycle live in
 //! [`store`], shared with the coordination API.
 
+pub mod coord;
+pub mod flags;
 pub mod store;
 
 use std::sync::Arc;

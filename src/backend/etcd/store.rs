@@ -1,5 +1,5 @@
 //! One etcd store under the election ([`super::EtcdBackend`]) and the
-//! coordination API ([`crate::coord::etcd::EtcdCoord`]): the shared client,
+//! coordination API ([`crate::backend::etcd::coord::EtcdCoord`]): the shared client,
 //! the error classification, the deadline wrapper, and the lease life cycle
 //! every key of ours follows (etcd docs, "Lease"): grant a lease, bind a key
 //! to it in one compare-and-put transaction, revoke the lease when the key is

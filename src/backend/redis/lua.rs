@@ -4,7 +4,7 @@
 //!
 //! Scripts validate first and write last, so a refusal leaves no trace.
 //! Answers are documented per script; the Rust side reads them in
-//! [`super::election`] and [`crate::coord::redis`].
+//! [`super::election`] and [`crate::backend::redis::coord`].
 
 use std::sync::LazyLock;
 use std::time::Duration;

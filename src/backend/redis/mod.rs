@@ -8,7 +8,7 @@
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
 //!   group of one), with the fencing rule that keeps tokens growing;
 //! - [`election`]: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
-//!   the coordination API ([`crate::coord::redis`]) is the other client of
+//!   the coordination API ([`crate::backend::redis::coord`]) is the other client of
 //!   [`group`].
 //!
 //! With `--redis-min-replicas N` ([`RedisOptions::min_replicas`]) every
@@ -22,8 +22,10 @@
 //! safety rule and by fencing tokens, not by Redis; `WAIT` is not consensus (a
 //! failover may still promote a replica that missed an acknowledged write).
 
+pub mod coord;
 mod election;
 mod exclusive;
+pub mod flags;
 pub mod group;
 mod holders;
 pub mod lua;
@@ -100,44 +102,7 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
-/// `url` with any password replaced by `***`, for logs and errors: the
-/// userinfo's password (or a lone userinfo) and the values of `pass=` and
-/// `password=` query parameters (`redis+unix:///run/redis.sock?pass=...`).
-pub fn redact(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut out = match (base.find("://"), base.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let creds = &base[scheme_end + 3..at];
-            let user = creds.split_once(':').map_or(creds, |(u, _)| u);
-            let user = if creds.contains(':') {
-                format!("{user}:***")
-            } else {
-                "***".to_owned()
-            };
-            format!("{}{}{}", &base[..scheme_end + 3], user, &base[at..])
-        }
-        _ => base.to_owned(),
-    };
-    if let Some(q) = query {
-        out.push('?');
-        let parts: Vec<String> = q
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _))
-                    if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
-                {
-                    format!("{k}=***")
-                }
-                _ => kv.to_owned(),
-            })
-            .collect();
-        out.push_str(&parts.join("&"));
-    }
-    out
-}
+pub use crate::flags::redact;
 
 /// Check a Redis URL: `redis://[user[:password]@]host:port[/db]` or `rediss://…`.
 ///

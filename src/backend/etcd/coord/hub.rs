@@ -20,7 +20,7 @@ use tokio::sync::broadcast;
 
 use super::EtcdCoord;
 use crate::backend::BackendError;
-use crate::coord::{CoordError, Result};
+use crate::backend::coordination::{CoordError, Result};
 
 /// Deletes a waiter may fall behind by before it is told to look again.
 const BACKLOG: usize = 4096;

@@ -39,8 +39,10 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
+use crate::backend::coordination::{
+    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
+};
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::group::{Group, Round, Tally, tally, unexpected};
 use crate::backend::redis::lua::{Lua, Stored, ms};

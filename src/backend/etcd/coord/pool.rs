@@ -23,8 +23,8 @@ use etcd_client::Client;
 use tokio::time::Instant;
 
 use super::EtcdCoord;
+use crate::backend::coordination::Result;
 use crate::backend::etcd::store::{Lease, ttl_secs};
-use crate::coord::Result;
 
 /// Most leases kept per TTL; the rest are revoked.
 const KEEP: usize = 256;

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::hub::{Seen, Subscription};
 use super::{EtcdCoord, grant};
+use crate::backend::coordination::{CoordError, Kind, Result, Token, TokenKind, Try};
 use crate::backend::etcd::store::revision_of;
-use crate::coord::{CoordError, Kind, Result, Token, TokenKind, Try};
 
 /// Most keys ahead a joining waiter reads by name. With more ahead, it waits
 /// key by key instead (the nearest key ahead, then a look).
@@ -131,7 +131,7 @@ async fn keep_queued(client: Client, lease: i64, granted: Duration) {
 
 impl EtcdCoord {
     /// Take lock `name` in arrival order, waiting up to `wait`
-    /// ([`crate::coord::Coordinator::lock_fair`]).
+    /// ([`crate::backend::coordination::Coordinator::lock_fair`]).
     ///
     /// The waiter watches the deletes under the lock's prefix from before it
     /// joins, joins (one txn: read the names of the keys ahead, put ours),
@@ -363,7 +363,7 @@ impl EtcdCoord {
     }
 
     /// Wait until one of the keys under `prefix` now is deleted, or until
-    /// `until` ([`crate::coord::Coordinator::changed`]). `lock`: an empty
+    /// `until` ([`crate::backend::coordination::Coordinator::changed`]). `lock`: an empty
     /// prefix means the lock is free, so answer at once.
     pub(super) async fn changed_under(
         &self,

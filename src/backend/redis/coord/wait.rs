@@ -14,7 +14,7 @@ use redis::aio::PubSub;
 use tokio::sync::{Mutex, MutexGuard, Notify};
 use tokio::time::Instant;
 
-use super::super::{CoordError, Kind, Result};
+use crate::backend::coordination::{CoordError, Kind, Result};
 use crate::backend::redis::lua::Lua;
 use crate::backend::redis::server::Server;
 

@@ -364,6 +364,7 @@ fn holder_view(lease: &Lease) -> Holder {
 
 mod client;
 mod connect;
+pub mod flags;
 pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]
 pub(crate) mod mock;

@@ -8,10 +8,10 @@ use rand::Rng;
 use redis::Value;
 
 use super::{Ask, Got, RedisCoord};
+use crate::backend::coordination::{CoordError, Result, Token, TokenKind, Try};
 use crate::backend::redis::group::{Round, unexpected};
 use crate::backend::redis::lua::{Lua, ms};
 use crate::backend::redis::server::uint_of;
-use crate::coord::{CoordError, Result, Token, TokenKind, Try};
 
 impl RedisCoord {
     /// A Redlock semaphore: find the slots free on a quorum, then take one

@@ -7,12 +7,12 @@ use std::time::Duration;
 use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget};
 
 use super::{EtcdCoord, grant};
+use crate::backend::coordination::{CoordError, Kind, Result, Token, TokenKind, Try};
 use crate::backend::etcd::store::revision_of;
-use crate::coord::{CoordError, Kind, Result, Token, TokenKind, Try};
 
 impl EtcdCoord {
     /// Try once to take one of `permits` permits of semaphore `name`
-    /// ([`Coordinator::semaphore`](crate::coord::Coordinator::semaphore)).
+    /// ([`Coordinator::semaphore`](crate::backend::coordination::Coordinator::semaphore)).
     pub(super) async fn permit(
         &self,
         name: &str,
@@ -104,7 +104,7 @@ fn size_of_permit(value: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::etcd::holds;
+    use crate::backend::etcd::coord::holds;
 
     #[test]
     fn a_permit_records_its_size_and_an_old_permit_has_none() {

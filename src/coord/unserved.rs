@@ -1,33 +1,39 @@
-//! The coordination API on the Lease backend: not served.
+//! The coordination API on a backend that does not serve it.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::{Claim, CoordError, Coordinator, Kind, Outcome, Try};
-use crate::backend::kubernetes::NAME;
 
-/// The coordination API on this backend: not served. Named locks, semaphores
-/// and job claims need etcd (all of them) or Redis, one server or Redlock (all but fair
-/// locks); every call answers [`CoordError::Unsupported`], which the control
-/// API turns into 400 with this message.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KubeCoord;
+/// The coordination API of a backend that has none: every call answers
+/// [`CoordError::Unsupported`] with one message (which backends do serve it,
+/// from the backend registry), and the control API turns it into a 400.
+#[derive(Debug, Clone)]
+pub struct Unserved {
+    backend: &'static str,
+    message: String,
+}
 
-/// The message of every coordination call on the Lease backend.
-pub const COORD_UNSUPPORTED: &str = "the coordination API (locks, semaphores, job claims) is not served by the kubernetes backend: use --backend etcd (locks, fair locks, semaphores, job claims) or --backend redis, one server or a Redlock group (locks, semaphores, job claims); leadership works on all three";
+impl Unserved {
+    /// Answers for `backend`, with `message` (naming the backends that serve
+    /// the coordination API) on every call.
+    pub fn new(backend: &'static str, message: String) -> Unserved {
+        Unserved { backend, message }
+    }
 
-fn unsupported<T>() -> std::result::Result<T, CoordError> {
-    Err(CoordError::Unsupported(COORD_UNSUPPORTED.into()))
+    fn unsupported<T>(&self) -> std::result::Result<T, CoordError> {
+        Err(CoordError::Unsupported(self.message.clone()))
+    }
 }
 
 #[async_trait]
-impl Coordinator for KubeCoord {
+impl Coordinator for Unserved {
     fn backend(&self) -> &'static str {
-        NAME
+        self.backend
     }
     async fn lock(&self, _: &str, _: &str, _: Duration) -> std::result::Result<Try, CoordError> {
-        unsupported()
+        self.unsupported()
     }
     async fn lock_fair(
         &self,
@@ -36,7 +42,7 @@ impl Coordinator for KubeCoord {
         _: Duration,
         _: Duration,
     ) -> std::result::Result<Try, CoordError> {
-        unsupported()
+        self.unsupported()
     }
     async fn semaphore(
         &self,
@@ -45,7 +51,7 @@ impl Coordinator for KubeCoord {
         _: u32,
         _: Duration,
     ) -> std::result::Result<Try, CoordError> {
-        unsupported()
+        self.unsupported()
     }
     async fn renew(
         &self,
@@ -54,10 +60,10 @@ impl Coordinator for KubeCoord {
         _: &str,
         _: Duration,
     ) -> std::result::Result<Outcome, CoordError> {
-        unsupported()
+        self.unsupported()
     }
     async fn release(&self, _: Kind, _: &str, _: &str) -> std::result::Result<Outcome, CoordError> {
-        unsupported()
+        self.unsupported()
     }
     async fn claim(
         &self,
@@ -66,7 +72,7 @@ impl Coordinator for KubeCoord {
         _: &str,
         _: Duration,
     ) -> std::result::Result<Claim, CoordError> {
-        unsupported()
+        self.unsupported()
     }
     async fn complete(
         &self,
@@ -75,6 +81,6 @@ impl Coordinator for KubeCoord {
         _: &str,
         _: Duration,
     ) -> std::result::Result<Outcome, CoordError> {
-        unsupported()
+        self.unsupported()
     }
 }

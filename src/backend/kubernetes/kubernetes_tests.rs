@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::backend::kubernetes::mock::{Seen, mock};
-use crate::coord::kubernetes::KubeCoord;
 
 type Responder = crate::backend::kubernetes::mock::Responder<String>;
 
@@ -532,7 +531,10 @@ async fn the_coordination_api_answers_400_naming_the_backends_that_serve_it() {
     use tower::ServiceExt;
     let app = crate::coord::http::routes(crate::coord::http::CoordState {
         service: Arc::new(crate::coord::Service::new(
-            Box::new(KubeCoord),
+            Box::new(crate::coord::Unserved::new(
+                "kubernetes",
+                crate::backend::registry::unserved_message("kubernetes"),
+            )),
             None,
             "me".into(),
         )),

@@ -27,8 +27,10 @@ use etcd_client::{
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
+use crate::backend::coordination::{
+    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
+};
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::etcd::store::{Created, EtcdStore, Lease, revision_of};
 

@@ -1,0 +1,203 @@
+//! The coordination seam: the [`Coordinator`] trait every backend that serves
+//! named locks, fair locks, semaphores and job claims implements, and the
+//! values it exchanges ([`Grant`], [`Try`], [`Claim`], [`Outcome`],
+//! [`Token`], [`CoordError`]). The service, its HTTP handlers and metrics are
+//! in `crate::coord`.
+//!
+//! Safety rules kept by every backend implementation (the bugs hand-rolled
+//! Redis code has):
+//! - a token is random per acquisition, and renew/release act only when the
+//!   stored value carries it: never release someone else's lock;
+//! - a renew never re-creates an expired lock, permit or claim (410 Gone);
+//! - a semaphore counts only permits that have not expired, and its size
+//!   belongs to its name: while permits are live, a request of another size
+//!   is refused ([`CoordError::PermitsMismatch`]);
+//! - fencing tokens grow per name (etcd: the key's `create_revision`, a
+//!   global revision; Redis: a counter beside the key).
+
+mod token;
+
+pub use token::{MAX_NAME, Token, TokenKind, check_name, check_owner, random_token};
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::backend::BackendError;
+
+/// What a granted lock, permit or claim looks like to the client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Grant {
+    /// Lock, semaphore or `queue/job` name.
+    pub name: String,
+    /// Random per acquisition; needed to renew, release or complete.
+    pub token: String,
+    /// Grows per name with every acquisition; pass it to the guarded resource.
+    pub fencing_token: u64,
+    /// TTL granted, in milliseconds (etcd grants whole seconds, at least its minimum).
+    pub ttl_ms: u64,
+}
+
+/// The answer to one acquisition attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Try {
+    /// Granted.
+    Acquired(Grant),
+    /// Held by someone else: the holder's owner label (locks).
+    Held(String),
+    /// A semaphore with all its permits live: how many are live.
+    Full(u64),
+}
+
+/// The answer to a job claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This client now holds the claim.
+    Claimed(Grant),
+    /// Another client holds a live claim (its owner label).
+    ClaimedByOther(String),
+    /// The job was completed (and is remembered for the retention time).
+    Completed,
+}
+
+/// The answer to renew, release or complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; for renewals, the TTL granted.
+    Ok(Option<Duration>),
+    /// The lock/permit/claim expired or was never there (HTTP 410).
+    Gone,
+    /// It belongs to someone else now (HTTP 409).
+    NotYours,
+    /// Released through this sidecar already (a repeated DELETE).
+    AlreadyReleased,
+}
+
+/// Which kind of object a token belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A named lock (fair or not).
+    Lock,
+    /// A semaphore permit.
+    Semaphore,
+}
+
+/// Errors of the coordination API.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// The backend failed (unreachable, timeout, refused).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The operation is not available on this backend.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A coordination key holds a value of another type or shape than ours
+    /// (Redis `WRONGTYPE`, or a fencing counter that is not a non-negative
+    /// integer). Nothing was written.
+    #[error(
+        "the coordination key {key} holds {found}; delete it, or use another name or --redis-prefix"
+    )]
+    Corrupt {
+        /// The backend key.
+        key: String,
+        /// What was found there.
+        found: String,
+    },
+    /// A semaphore request whose `permits` differs from the size its live
+    /// permits were taken with (one name is one semaphore).
+    #[error(
+        "semaphore {name} has {established} permits (the size its live permits were taken with), not {asked}; ask with permits={established}, or use another name"
+    )]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The size of the live permits.
+        established: u64,
+        /// The size this request asked for.
+        asked: u32,
+    },
+    /// A waiter of a lock's queue lost its place while it waited: its key
+    /// went (its lease expired or was revoked, or the key was deleted). It
+    /// holds nothing.
+    #[error(
+        "lost its place in the queue of lock {name} while waiting: its lease ended (expired or revoked) or its key was deleted; nothing is held: acquire again"
+    )]
+    QueueLost {
+        /// The lock's name.
+        name: String,
+    },
+    /// Too many requests are already waiting on this sidecar.
+    #[error(
+        "{waiting} requests already wait on this sidecar (the cap is {cap}); retry later or with a shorter wait"
+    )]
+    TooManyWaiters {
+        /// Requests waiting now.
+        waiting: usize,
+        /// The cap.
+        cap: usize,
+    },
+}
+
+/// Shorthand.
+pub type Result<T, E = CoordError> = std::result::Result<T, E>;
+
+/// The coordination verbs of one backend. Each call is one attempt; waiting
+/// (`wait=`) is done by [`Service`] except for fair locks, which queue.
+#[async_trait]
+pub trait Coordinator: Send + Sync {
+    /// Backend name.
+    fn backend(&self) -> &'static str;
+    /// Whether [`Coordinator::lock_fair`] queues waiters (then plain requests
+    /// that may wait queue too). Default: no.
+    fn queues(&self) -> bool {
+        false
+    }
+    /// Try once to take lock `name` for `ttl`, labelled with `owner`.
+    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try>;
+    /// Take lock `name` in arrival order, waiting up to `wait` (etcd only).
+    async fn lock_fair(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Try>;
+    /// Try once to take one of `permits` permits of semaphore `name`.
+    async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try>;
+    /// Extend a lock or permit; never re-creates an expired one.
+    async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome>;
+    /// Release a lock or permit if `token` still holds it.
+    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome>;
+    /// Wait until lock or semaphore `name` may have changed (a holder left or
+    /// expired), or until `until`. `seen` is what the last attempt saw: 1
+    /// holder (locks) or the live permits (semaphores). Backends that can
+    /// tell (etcd: a watch; Redis: pub/sub and the holder's expiry) override
+    /// it; the default sleeps 50 ms.
+    async fn changed(&self, _kind: Kind, _name: &str, _seen: u64, until: Instant) -> Result<()> {
+        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
+        Ok(())
+    }
+    /// Claim job `job` of `queue` for `ttl` unless claimed or completed.
+    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim>;
+    /// Mark a claimed job completed, remembered for `retention`.
+    async fn complete(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        retention: Duration,
+    ) -> Result<Outcome>;
+    /// The deadline of one backend call, when this coordinator keeps each
+    /// request within its `wait` plus one such deadline (it cuts its calls
+    /// to the request's budget). Default: `None` (calls keep their own
+    /// limits).
+    fn deadline(&self) -> Option<Duration> {
+        None
+    }
+    /// Wait for the work this coordinator runs off the answer path (etcd:
+    /// the lease revokes after releases), at most one call deadline. For the
+    /// app's shutdown. Default: nothing to wait for.
+    async fn close(&self) {}
+}

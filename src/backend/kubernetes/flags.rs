@@ -1,0 +1,150 @@
+//! The Kubernetes Lease backend's flags (the old `leader-elector` image's
+//! names), their checks, and the settings they resolve to: the Lease named
+//! after the election, in the election namespace.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::{ABOUT, KubeLeaseBackend, KubeOptions};
+use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
+use crate::flags::{ConfigError, config_error};
+
+/// The Kubernetes Lease backend's registry row.
+pub const ROW: Row = Row {
+    name: "kubernetes",
+    help: "a coordination.k8s.io/v1 Lease through the Kubernetes API (in-cluster config or KUBECONFIG)",
+    auto: Auto::Fallback {
+        present: || kube_config_present(false),
+        hint: "run in a Kubernetes Pod (or set KUBECONFIG, or give --backend kubernetes to use ~/.kube/config) to elect through a Lease",
+    },
+    resolve,
+    coordination: None,
+};
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: what [`kube_config_present`] answers on this thread, whatever
+    /// the environment says.
+    pub(crate) static KUBE_PRESENT: std::cell::Cell<Option<bool>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The Kubernetes Lease backend flags (the old `leader-elector` image's names).
+#[derive(Args, Debug, Clone)]
+pub struct KubeArgs {
+    /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_ELECTION_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub election_namespace: Option<String>,
+
+    /// Accepted for compatibility with the old leader-elector image and ignored: the in-cluster config is used when present, else KUBECONFIG.
+    #[arg(long, env = "LEADER_ELECTOR_USE_CLUSTER_CREDENTIALS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub use_cluster_credentials: Option<bool>,
+}
+
+/// The Kubernetes Lease backend's checked settings.
+#[derive(Debug, Clone)]
+pub struct KubeSettings {
+    /// The Lease name (the election name).
+    pub name: String,
+    /// Namespace and connection settings.
+    pub options: KubeOptions,
+}
+
+impl Settings for KubeSettings {
+    fn name(&self) -> &'static str {
+        ROW.name
+    }
+
+    fn connect(&self) -> Result<Connected, String> {
+        Ok(Connected {
+            election: KubeLeaseBackend::new(self.name.clone(), self.options.clone()),
+            coordination: None,
+            about: ABOUT,
+        })
+    }
+}
+
+/// A Lease name must be a DNS subdomain name (RFC 1123): lowercase letters,
+/// digits, '-' and '.', starting and ending alphanumeric, at most 253.
+pub(crate) fn check_lease_name(name: &str) -> Result<(), ConfigError> {
+    let ok = name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(config_error(format!(
+            "--election ({name}) must be a lowercase DNS subdomain name with --backend kubernetes (the Lease is named after it): letters a-z, digits, '-' and '.', starting and ending with a letter or digit"
+        )))
+    }
+}
+
+/// Whether a Kubernetes client configuration can exist: in a Pod (the
+/// service host variables), or a kubeconfig named by `KUBECONFIG`; with
+/// `home`, also `~/.kube/config`. `--backend auto` passes `home = false`: on
+/// a workstation, someone who forgot `--etcd-endpoints` must not write a
+/// Lease into whatever cluster the current context points at.
+pub(crate) fn kube_config_present(home: bool) -> bool {
+    #[cfg(test)]
+    if let Some(v) = KUBE_PRESENT.with(|c| c.get()) {
+        return v;
+    }
+    let env = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    (env("KUBERNETES_SERVICE_HOST") && env("KUBERNETES_SERVICE_PORT"))
+        || env("KUBECONFIG")
+        || (home
+            && std::env::var_os("HOME")
+                .is_some_and(|h| Path::new(&h).join(".kube").join("config").is_file()))
+}
+
+fn resolve(
+    args: &BackendArgs,
+    common: &Common,
+    chosen_by_auto: bool,
+) -> Result<Arc<dyn Settings>, ConfigError> {
+    // `--backend auto` chose it only when `kube_config_present(false)`.
+    if !chosen_by_auto && !kube_config_present(true) {
+        return Err(config_error(
+            "--backend kubernetes needs a Kubernetes client configuration: run in a Pod with a ServiceAccount, or set KUBECONFIG",
+        ));
+    }
+    check_lease_name(&common.election)?;
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let namespace = match args.kubernetes.election_namespace.as_deref().map(str::trim) {
+        Some("") => {
+            return Err(config_error(
+                "--election-namespace must not be empty\nhint: leave it out to use $POD_NAMESPACE or the kubeconfig's namespace",
+            ));
+        }
+        Some(ns) => Some(ns.to_owned()),
+        None => env("POD_NAMESPACE"),
+    };
+    if let Some(ns) = &namespace
+        && (ns.len() > 63
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            || ns.starts_with('-')
+            || ns.ends_with('-'))
+    {
+        return Err(config_error(format!(
+            "--election-namespace ({ns}) is not a namespace name: at most 63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
+        )));
+    }
+    Ok(Arc::new(KubeSettings {
+        name: common.election.clone(),
+        options: KubeOptions {
+            namespace,
+            poll_every: common.renew_interval.or(Some(common.lease_duration / 3)),
+        },
+    }))
+}

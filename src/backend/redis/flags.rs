@@ -1,0 +1,184 @@
+//! The Redis backend's flags (`--redis-*`), their checks, and the settings
+//! they resolve to: one server, or a Redlock group of three or more.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::coord::RedisCoord;
+use super::{RedisBackend, RedisOptions, check_url};
+use crate::backend::LeaseBackend;
+use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
+use crate::flags::{ConfigError, check_pem, config_error, read_file, read_secret, redact};
+
+/// The Redis backend's registry row.
+pub const ROW: Row = Row {
+    name: "redis",
+    help: "a Redis key, one server or a Redlock group (--redis-url)",
+    auto: Auto::Flag {
+        flag: "--redis-url",
+        example: "--redis-url (e.g. redis://127.0.0.1:6379)",
+        given: |a| !a.redis.redis_url.is_empty(),
+    },
+    resolve,
+    coordination: Some("one server or a Redlock group: locks, semaphores, job claims"),
+};
+
+/// The Redis flags.
+#[derive(Args, Debug, Clone)]
+pub struct RedisArgs {
+    /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_REDIS_URL",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    pub redis_url: Vec<String>,
+
+    /// File holding the Redis password (its first line), for URLs that carry none.
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_PASSWORD_FILE", value_name = "FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// PEM file of the CA that signed the Redis servers' certificates (rediss:// with a private CA).
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Key prefix; the election key is <prefix>{<election>}.
+    #[arg(
+        long,
+        default_value = "leader-elector:",
+        env = "LEADER_ELECTOR_REDIS_PREFIX",
+        value_name = "PREFIX"
+    )]
+    pub redis_prefix: String,
+
+    /// Replicas of each Redis server that must acknowledge a grant, a renewal and a fencing-counter raise (WAIT) before it counts; a grant they do not acknowledge is given back [range: 0-100; 0 = off].
+    #[arg(
+        long,
+        default_value_t = 0,
+        env = "LEADER_ELECTOR_REDIS_MIN_REPLICAS",
+        value_parser = parse_min_replicas,
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub redis_min_replicas: u32,
+}
+
+/// The largest `--redis-min-replicas`: far above any real replica count, so
+/// a slip (a port number, say) is caught at start instead of refusing every
+/// grant.
+pub const MAX_MIN_REPLICAS: u32 = 100;
+
+/// Parse `--redis-min-replicas`: a whole number from 0 (off) to
+/// [`MAX_MIN_REPLICAS`].
+///
+/// # Errors
+/// A message with the value and what is allowed.
+pub fn parse_min_replicas(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    match t.parse::<u32>() {
+        Ok(n) if n <= MAX_MIN_REPLICAS => Ok(n),
+        _ => Err(format!(
+            "{t:?} is not a replica count: give a whole number from 0 (off, the default) to {MAX_MIN_REPLICAS}, e.g. 1 for a primary with one replica"
+        )),
+    }
+}
+
+/// Per-server timeout of a Redlock group: short against the TTL (the spec's
+/// example is 5–50 ms for a 10 s TTL), but not so short that a busy loopback
+/// server misses it.
+pub fn redlock_server_timeout(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(50), Duration::from_millis(500))
+}
+
+/// The Redis backend's checked settings.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// Key prefix.
+    pub prefix: String,
+    /// Election name.
+    pub election: String,
+    /// How to reach the servers.
+    pub options: RedisOptions,
+}
+
+impl Settings for RedisSettings {
+    fn name(&self) -> &'static str {
+        ROW.name
+    }
+
+    fn connect(&self) -> Result<Connected, String> {
+        let n = self.options.urls.len();
+        if n > 1 && n.is_multiple_of(2) {
+            tracing::warn!(
+                servers = n,
+                quorum = n / 2 + 1,
+                "an even number of Redlock servers tolerates no more failures than one server fewer; use an odd number (3 or 5)"
+            );
+        }
+        let backend = RedisBackend::new(&self.prefix, &self.election, self.options.clone())?;
+        let coord = RedisCoord::new(backend.clone());
+        let about = backend.about();
+        Ok(Connected {
+            election: backend,
+            coordination: Some(Box::new(coord)),
+            about,
+        })
+    }
+}
+
+fn resolve(
+    args: &BackendArgs,
+    common: &Common,
+    _chosen_by_auto: bool,
+) -> Result<Arc<dyn Settings>, ConfigError> {
+    let r = &args.redis;
+    if r.redis_url.is_empty() {
+        return Err(config_error(
+            "--redis-url is required with --backend redis\nhint: e.g. --redis-url redis://127.0.0.1:6379",
+        ));
+    }
+    for url in &r.redis_url {
+        check_url(url).map_err(|e| config_error(format!("--redis-url: {e}")))?;
+    }
+    let n = r.redis_url.len();
+    let password = r
+        .redis_password_file
+        .as_deref()
+        .map(|p| read_secret("--redis-password-file", p))
+        .transpose()?;
+    let ca_pem = r
+        .redis_ca_file
+        .as_deref()
+        .map(|p| {
+            let pem = read_file("--redis-ca-file", p)?;
+            check_pem("--redis-ca-file", p, &pem, "CERTIFICATE")?;
+            Ok::<_, ConfigError>(pem)
+        })
+        .transpose()?;
+    if ca_pem.is_some() && !r.redis_url.iter().any(|u| u.starts_with("rediss://")) {
+        return Err(config_error(
+            "--redis-ca-file needs rediss:// URLs in --redis-url",
+        ));
+    }
+    let per_server_timeout = if n == 1 {
+        common.call_timeout
+    } else {
+        redlock_server_timeout(common.lease_duration).min(common.call_timeout)
+    };
+    tracing::debug!(urls = ?r.redis_url.iter().map(|u| redact(u)).collect::<Vec<_>>(), "redis backend");
+    Ok(Arc::new(RedisSettings {
+        prefix: r.redis_prefix.clone(),
+        election: common.election.clone(),
+        options: RedisOptions {
+            urls: r.redis_url.clone(),
+            password,
+            ca_pem,
+            per_server_timeout,
+            min_replicas: r.redis_min_replicas,
+        },
+    }))
+}
