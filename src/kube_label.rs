@@ -196,6 +196,18 @@ async fn record_event(client: &Client, cfg: &LabelerConfig, reason: &str, messag
     }
 }
 
+/// The labeler's Kubernetes client: the in-cluster config when present,
+/// else KUBECONFIG, built as the Lease backend builds its own.
+///
+/// # Errors
+/// Why no client could be built (no configuration, unreadable kubeconfig).
+pub async fn client() -> Result<Client, String> {
+    crate::backend::kubernetes::connect(None)
+        .await
+        .map(|c| c.client)
+        .map_err(|e| e.to_string())
+}
+
 /// Ask once (SelfSubjectAccessReview) whether the labeler may do what it
 /// does: get, patch and list Pods, and create Events (when it records
 /// them), in the Pod's namespace. Each missing verb is one warning naming

@@ -359,8 +359,8 @@ async fn spawn_labeler(
         debug!("pod labelling is off (empty --pod-label-key, or POD_NAME/POD_NAMESPACE not set)");
         return None;
     };
-    let client = match crate::backend::kubernetes::connect(None).await {
-        Ok(c) => c.client,
+    let client = match crate::kube_label::client().await {
+        Ok(c) => c,
         Err(e) => {
             warn!(error = %e, "pod labelling is off: no Kubernetes client (in-cluster config or KUBECONFIG)");
             return None;

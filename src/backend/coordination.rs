@@ -97,7 +97,7 @@ pub enum CoordError {
     /// (Redis `WRONGTYPE`, or a fencing counter that is not a non-negative
     /// integer). Nothing was written.
     #[error(
-        "the coordination key {key} holds {found}; delete it, or use another name or --redis-prefix"
+        "the coordination key {key} holds {found}; delete it, or use another name or another key prefix"
     )]
     Corrupt {
         /// The backend key.

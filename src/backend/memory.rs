@@ -21,6 +21,7 @@ pub const ABOUT: &About = &About {
     tls_hint: "the in-memory backend has no TLS",
     auth_hint: "the in-memory backend has no credentials",
     rejected: &[],
+    open_cause: None,
 };
 
 #[derive(Default)]

@@ -125,7 +125,16 @@ pub struct About {
     /// Advice for [`BackendError::Rejected`], by code; a code not listed
     /// gets "retrying with backoff".
     pub rejected: &'static [(&'static str, &'static str)],
+    /// How to open a cause of this backend's client library whose text or
+    /// `source()` hides what failed: its own text and the next cause, or
+    /// `None` for a cause it does not know. `None`: nothing to open.
+    pub open_cause: Option<OpenCause>,
 }
+
+/// See [`About::open_cause`].
+pub type OpenCause = for<'a> fn(
+    &'a (dyn std::error::Error + 'static),
+) -> Option<(String, Option<&'a (dyn std::error::Error + 'static)>)>;
 
 impl std::fmt::Display for About {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -253,6 +262,19 @@ impl BackendError {
         }
     }
 
+    /// The backend that failed.
+    pub fn about(&self) -> &'static About {
+        match self {
+            BackendError::Unreachable { backend, .. }
+            | BackendError::Tls { backend, .. }
+            | BackendError::Auth { backend, .. }
+            | BackendError::Timeout { backend, .. }
+            | BackendError::WatchEnded { backend, .. }
+            | BackendError::Rejected { backend, .. }
+            | BackendError::Server { backend, .. } => backend,
+        }
+    }
+
     /// The whole error as one line: this layer, its causes, and the hint.
     /// gRPC statuses are reduced to their message and their own causes
     /// (their `Display` dumps the `Debug` text of the transport error), and a
@@ -261,7 +283,7 @@ impl BackendError {
         let mut out = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
-            let (text, next) = cause_text(cause);
+            let (text, next) = cause_text(self.about(), cause);
             if !text.is_empty() && !out.contains(&text) {
                 out.push_str(": ");
                 out.push_str(&text);
@@ -275,23 +297,16 @@ impl BackendError {
     }
 }
 
-/// One cause's own text and the next cause. etcd-client's error does not
-/// expose its cause through `source()`, and a `tonic::Status` prints its
-/// source's `Debug` form: both are opened here (by type, not by text).
+/// One cause's own text and the next cause: the backend's own opener first
+/// ([`About::open_cause`]), else the cause's `Display` and `source()`.
 fn cause_text<'a>(
+    backend: &About,
     cause: &'a (dyn std::error::Error + 'static),
 ) -> (String, Option<&'a (dyn std::error::Error + 'static)>) {
-    let status = match cause.downcast_ref::<etcd_client::Error>() {
-        Some(etcd_client::Error::GRpcStatus(s)) => Some(s),
-        Some(etcd_client::Error::TransportError(t)) => return (String::new(), Some(t)),
-        _ => cause.downcast_ref::<tonic::Status>(),
-    };
-    match status {
-        Some(s) => (s.message().to_owned(), std::error::Error::source(s)),
-        // Says only "transport error": its cause says which.
-        None if cause.is::<tonic::transport::Error>() => (String::new(), cause.source()),
-        None => (cause.to_string(), cause.source()),
-    }
+    backend
+        .open_cause
+        .and_then(|open| open(cause))
+        .unwrap_or_else(|| (cause.to_string(), cause.source()))
 }
 
 /// Whether a rustls error sits anywhere in the error's cause chain

@@ -25,7 +25,27 @@ pub const BACKEND: &About = &About {
     tls_hint: "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates",
     auth_hint: "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix",
     rejected: &[],
+    open_cause: Some(open_cause),
 };
+
+/// One cause's own text and the next cause. etcd-client's error does not
+/// expose its cause through `source()`, and a `tonic::Status` prints its
+/// source's `Debug` form: both are opened here (by type, not by text).
+fn open_cause<'a>(
+    cause: &'a (dyn std::error::Error + 'static),
+) -> Option<(String, Option<&'a (dyn std::error::Error + 'static)>)> {
+    let status = match cause.downcast_ref::<etcd_client::Error>() {
+        Some(etcd_client::Error::GRpcStatus(s)) => Some(s),
+        Some(etcd_client::Error::TransportError(t)) => return Some((String::new(), Some(t))),
+        _ => cause.downcast_ref::<tonic::Status>(),
+    };
+    match status {
+        Some(s) => Some((s.message().to_owned(), std::error::Error::source(s))),
+        // Says only "transport error": its cause says which.
+        None if cause.is::<tonic::transport::Error>() => Some((String::new(), cause.source())),
+        None => None,
+    }
+}
 
 /// A lease granted by etcd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -85,6 +85,7 @@ pub const ABOUT: &crate::backend::About = &crate::backend::About {
             "run in a Pod with a ServiceAccount token mounted (automountServiceAccountToken), or set KUBECONFIG",
         ),
     ],
+    open_cause: None,
 };
 
 /// Annotation holding the fencing token of the current (or last) term.
