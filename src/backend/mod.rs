@@ -8,9 +8,12 @@
 //! every call in a timeout and applies the safety rule.
 
 pub mod coordination;
+#[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
 

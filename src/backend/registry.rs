@@ -34,22 +34,28 @@ pub struct BackendArgs {
     pub backend: String,
 
     /// etcd connection.
+    #[cfg(feature = "etcd")]
     #[command(flatten)]
     pub etcd: super::etcd::flags::EtcdArgs,
 
     /// Redis connection.
+    #[cfg(feature = "redis")]
     #[command(flatten)]
     pub redis: super::redis::flags::RedisArgs,
 
     /// Kubernetes backend.
+    #[cfg(feature = "kubernetes")]
     #[command(flatten)]
     pub kubernetes: super::kubernetes::flags::KubeArgs,
 }
 
 /// The registered backends, in the order `--backend` lists them.
 pub const ROWS: &[Row] = &[
+    #[cfg(feature = "etcd")]
     super::etcd::flags::ROW,
+    #[cfg(feature = "redis")]
     super::redis::flags::ROW,
+    #[cfg(feature = "kubernetes")]
     super::kubernetes::flags::ROW,
 ];
 
