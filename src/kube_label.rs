@@ -78,8 +78,6 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What to tell an operator about a failed API call.
-
 #[cfg(feature = "kubernetes")]
 mod pod;
 #[cfg(feature = "kubernetes")]

@@ -17,6 +17,7 @@ use crate::backend::kubernetes::FIELD_MANAGER;
 use crate::elector::LeaderState;
 use crate::metrics::Metrics;
 
+/// What to tell an operator about a failed API call.
 fn explain(err: &kube::Error, cfg: &LabelerConfig, verb: &str) -> (String, &'static str) {
     match err {
         kube::Error::Api(status) if status.code == 403 => (
