@@ -1,8 +1,8 @@
 //! Run mode's watchdog: the small process between the sidecar and the
 //! command (`leader-elector __watchdog PARENT_PID -- COMMAND ARGS…`) that
-//! makes the command's whole process tree die with the sidecar (issue 24:
-//! a parent-death signal on the command alone left its own children running
-//! after a SIGKILL of the sidecar, reparented to PID 1).
+//! makes the command's whole process tree die with the sidecar: a
+//! parent-death signal on the command alone would leave the command's own
+//! children running after a SIGKILL of the sidecar, reparented to PID 1.
 //!
 //! How:
 //! - The sidecar starts the watchdog in a process group of its own, with one
