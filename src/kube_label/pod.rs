@@ -222,22 +222,31 @@ pub async fn run_labeler(
             .map(|t| t.saturating_duration_since(Instant::now()));
         tokio::select! {
             _ = shutdown.cancelled() => {
-                // The last transition gets its Event too, even when shutdown
-                // came before the labeler saw the state change.
-                if was_leading && cfg.events {
-                    announce(&client, &cfg, false, None).await;
-                }
-                // Leave the Service on the way out (the Elector waits for this).
-                if label.applied != Some(false) {
-                    let _ = patch_label(&pods, &cfg, &cfg.pod, "false").await;
-                }
-                acting.send_replace(None);
-                return;
+                let pod = (&client, &pods, &cfg);
+                return leave(pod, was_leading, label.applied, &acting).await;
             }
             r = state.changed() => if r.is_err() { return },
             _ = sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
         }
     }
+}
+
+/// On shutdown: the last transition gets its Event too, even when shutdown
+/// came before the labeler saw the state change; then leave the Service
+/// (the Elector waits for `acting` to say `None`).
+async fn leave(
+    (client, pods, cfg): (&Client, &Api<Pod>, &LabelerConfig),
+    was_leading: bool,
+    applied: Option<bool>,
+    acting: &watch::Sender<Option<u64>>,
+) {
+    if was_leading && cfg.events {
+        announce(client, cfg, false, None).await;
+    }
+    if applied != Some(false) {
+        let _ = patch_label(pods, cfg, &cfg.pod, "false").await;
+    }
+    acting.send_replace(None);
 }
 
 /// Record the Event of a change of our leadership (`BecameLeader` with the

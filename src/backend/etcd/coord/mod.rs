@@ -121,6 +121,15 @@ impl EtcdCoord {
         }
     }
 
+    /// `result`, after giving `lease` up when it is an error
+    /// ([`EtcdCoord::abandon`]).
+    async fn or_abandon<T>(&self, client: &mut Client, lease: i64, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            self.abandon(client, lease, e).await;
+        }
+        result
+    }
+
     /// Run `txn`, a compare-and-put binding a key to `lease`
     /// ([`EtcdStore::put_under`]); when etcd does not answer in time, give
     /// the lease up off the answer path ([`EtcdCoord::abandon`]).
