@@ -156,13 +156,7 @@ impl EtcdCoord {
             self.hubs.of(&prefix).subscribe(self, &watcher)
         );
         let lease = lease?;
-        let deletes = match deletes {
-            Ok(w) => w,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
+        let deletes = self.or_abandon(&mut client, lease.id, deletes).await?;
         let token = Token::new(TokenKind::FairLock, lease.id);
         let mine = self.key_of(Kind::Lock, name, &token);
         let (my_rev, ahead) = self
