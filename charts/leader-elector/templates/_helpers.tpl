@@ -123,6 +123,11 @@ kubernetes, or auto with neither etcd endpoints nor a Redis URLs Secret.
 {{- if or (eq $v.backend "kubernetes") (and (eq $v.backend "auto") (not $v.etcd.endpoints) (not $v.redis.urlsSecret.name)) }}true{{ end }}
 {{- end }}
 
+{{/*
+What the sidecar asks of the API server in its namespace, as RBAC rules:
+the Role grants them and the FlowSchema (flowControl.enabled) matches them,
+both rendered from this one list.
+*/}}
 {{- define "leader-elector.rbacRules" -}}
 # Read and label its own Pod (JSON merge patch on metadata.labels).
 - apiGroups: [""]
