@@ -208,10 +208,12 @@ pub fn is_unreplicated(e: &crate::backend::BackendError) -> bool {
     }
 }
 
-/// Refusal of a fencing counter that is not a non-negative integer.
+/// Refusal of a fencing counter that is not a non-negative integer of at
+/// most [`lua::COUNTER_DIGITS`] digits (the one counter rule of every script).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most 15 digits"
+    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most {digits} digits",
+    digits = lua::COUNTER_DIGITS
 )]
 pub struct BadCounter {
     /// The counter key.

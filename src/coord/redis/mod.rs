@@ -43,7 +43,7 @@ use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token,
 use crate::backend::BackendError;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::group::{Group, Round, Tally, tally, unexpected};
-use crate::backend::redis::lua::{Lua, Stored, ms};
+use crate::backend::redis::lua::{COUNTER_DIGITS, Lua, Stored, ms};
 use crate::backend::redis::server::text_of;
 
 pub use wait::{MAX_NAP, MAX_NAP_SUBSCRIBED};
@@ -256,13 +256,14 @@ fn owner_of(v: &Value) -> Option<String> {
     text_of(v).map(|t| Stored::parse(&t).owner)
 }
 
-/// The refusal of a script that found the fencing counter at `key` unusable.
+/// The refusal of a script that found the fencing counter at `key` unusable
+/// (see [`COUNTER_DIGITS`]).
 fn corrupt_counter(found: &Value, key: &str) -> CoordError {
     let found = text_of(found).unwrap_or_else(|| format!("{found:?}"));
     CoordError::Corrupt {
         key: key.to_owned(),
         found: format!(
-            "a fencing counter of {found:?}, not a non-negative integer (nothing was written)"
+            "a fencing counter of {found:?}, not a non-negative integer of at most {COUNTER_DIGITS} digits (nothing was written)"
         ),
     }
 }
