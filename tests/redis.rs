@@ -426,6 +426,35 @@ async fn get(server: &RedisServer, key: &str) -> Option<String> {
         .expect("GET by hand")
 }
 
+/// A Redis term says what it granted and what is valid: the key's TTL is the
+/// TTL asked for, the term is valid for that less the Redlock drift, and a
+/// renewal sets the granted TTL again (never more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_carries_the_granted_ttl_and_a_renewal_sets_it_again() {
+    let redis = RedisServer::start().await;
+    let el = election("redis-granted-ttl");
+    let ttl = Duration::from_secs(2);
+    let a = backend_on(std::slice::from_ref(&redis.url), &el);
+    let term = elect(&a, "a", ttl, Duration::from_secs(10)).await;
+    assert_eq!(term.granted, ttl);
+    assert_eq!(term.ttl, ttl - leader_elector::backend::redis::drift(ttl));
+    let renewed = a.renew(&term).await.expect("renew");
+    assert!(
+        matches!(renewed, leader_elector::backend::Renewal::Renewed { ttl: t, .. } if t == term.ttl),
+        "{renewed:?}"
+    );
+    let mut c = redis.conn().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(election_key(&el))
+        .query_async(&mut c)
+        .await
+        .expect("PTTL by hand");
+    assert!(
+        pttl > 1000 && pttl <= 2000,
+        "PTTL {pttl} ms after a renewal of 2 s"
+    );
+}
+
 /// A counter that went back (a lagging replica promoted, a restore from an old
 /// backup) must not hand out a token an earlier term had: the next token is
 /// max(counter + 1, server time in ms). On the original code the next token

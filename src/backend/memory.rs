@@ -156,6 +156,7 @@ impl LeaseBackend for MemoryBackend {
         Ok(Campaign::Elected(Term {
             holder,
             ttl,
+            granted: ttl,
             servers: None,
         }))
     }

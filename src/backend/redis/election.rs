@@ -287,6 +287,7 @@ impl RedisBackend {
                 expires_in: None,
             },
             ttl: ttl.saturating_sub(drift(ttl)),
+            granted: ttl,
             servers: (n > 1).then_some((found.acquired.len(), n)),
         })
     }
@@ -388,7 +389,7 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
-        let ttl_ms = ms(term_full_ttl(term));
+        let ttl_ms = ms(term.granted);
         // Redlock: the value to put back where a server lost the key.
         let recreate = if self.group.is_redlock() {
             Stored {
@@ -457,13 +458,6 @@ impl LeaseBackend for RedisBackend {
     }
 }
 
-/// The TTL to set on renewal: the term's TTL is already shortened by the
-/// drift, so add it back for the server's PEXPIRE.
-fn term_full_ttl(term: &Term) -> Duration {
-    // term.ttl = ttl - (ttl/100 + 2ms)  =>  ttl = (term.ttl + 2ms) * 100/99
-    (term.ttl + Duration::from_millis(2)).mul_f64(100.0 / 99.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,15 +465,5 @@ mod tests {
     #[test]
     fn drift_follows_the_redlock_spec() {
         assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
-        let term = Term {
-            holder: parse_value("t|1|i", 0),
-            ttl: Duration::from_secs(10) - drift(Duration::from_secs(10)),
-            servers: None,
-        };
-        let back = term_full_ttl(&term);
-        assert!(
-            back >= Duration::from_millis(9999) && back <= Duration::from_millis(10001),
-            "{back:?}"
-        );
     }
 }
