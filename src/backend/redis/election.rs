@@ -28,11 +28,12 @@ use redis::Value;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::group::{Group, drift, tally, unexpected};
+use super::group::{Group, drift, unexpected};
 use super::holders::{nobody, parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
 use super::released::Released;
 use super::server::{Server, text_of, uint_of};
+use super::verdict::Verdict;
 use super::{BACKEND, BadCounter, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated};
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
@@ -402,45 +403,16 @@ impl LeaseBackend for RedisBackend {
             String::new()
         };
         let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
-        let t = tally(
-            self.group
-                .eval_all(Lua::ElectionRenew, &[&self.key], &args)
-                .await,
-        );
-        let n = self.servers();
-        if t.ok >= self.quorum() {
-            return Ok(Renewal::Renewed {
-                ttl: term.ttl,
-                servers: (n > 1).then_some((t.ok, n)),
-            });
-        }
-        if t.gone + t.taken > n - self.quorum() {
-            return Ok(Renewal::Lost(if t.taken > t.gone {
-                LostReason::KeyOverwritten
-            } else {
-                LostReason::KeyDeleted
-            }));
-        }
-        Err(self.group.no_quorum(t.error, t.ok, "renewed"))
+        let verdict = self
+            .group
+            .renew(Lua::ElectionRenew, &[&self.key], &args)
+            .await;
+        renewal(verdict, term, self.servers())
     }
 
     async fn resign(&self, term: &Term) -> Result<()> {
-        let answers = self
-            .group
-            .eval_all(
-                Lua::Release,
-                &[&self.key],
-                &[&term.holder.term_id, &self.channel, ""],
-            )
-            .await;
-        let failed: Vec<BackendError> = answers.into_iter().filter_map(|r| r.err()).collect();
-        // Resigned when no quorum can still hold the key.
-        if failed.len() >= self.quorum()
-            && let Some(e) = failed.into_iter().next()
-        {
-            return Err(e);
-        }
-        Ok(())
+        let args = [term.holder.term_id.as_str(), &self.channel, ""];
+        resigned(self.group.release(Lua::Release, &[&self.key], &args).await)
     }
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
@@ -455,6 +427,34 @@ impl LeaseBackend for RedisBackend {
             endpoints: self.group.endpoints(),
             source: "the release-channel subscription broke on every server".into(),
         })
+    }
+}
+
+/// The election's answer to the renewal verdict `v` of `term` on `n` servers.
+///
+/// # Errors
+/// The verdict's error when a quorum may still hold the key.
+pub(crate) fn renewal(v: Verdict, term: &Term, n: usize) -> Result<Renewal> {
+    match v {
+        Verdict::Done { by } => Ok(Renewal::Renewed {
+            ttl: term.ttl,
+            servers: (n > 1).then_some((by, n)),
+        }),
+        Verdict::Gone => Ok(Renewal::Lost(LostReason::KeyDeleted)),
+        Verdict::Taken => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+        Verdict::Failed(e) => Err(e),
+    }
+}
+
+/// The election's answer to the release verdict `v`: resigned unless a
+/// quorum may still hold the key.
+///
+/// # Errors
+/// The verdict's error when a quorum may still hold the key.
+pub(crate) fn resigned(v: Verdict) -> Result<()> {
+    match v {
+        Verdict::Failed(e) => Err(e),
+        _ => Ok(()),
     }
 }
 

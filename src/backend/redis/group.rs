@@ -46,22 +46,6 @@ pub struct Group {
     quorum: usize,
 }
 
-/// How the servers answered a verb that each answers 1 (done), 0 (gone) or
-/// -1 (someone else's), e.g. [`Lua::Renew`], [`Lua::Release`].
-#[derive(Debug, Default)]
-pub struct Tally {
-    /// Servers that answered 1.
-    pub ok: usize,
-    /// Servers that answered 0.
-    pub gone: usize,
-    /// Servers that answered -1.
-    pub taken: usize,
-    /// Servers that answered 2 (put back; election renew only).
-    pub restored: usize,
-    /// The first error, if any server failed.
-    pub error: Option<BackendError>,
-}
-
 /// What one server answered to an acquisition script (`{1, fencing}`, ...).
 #[derive(Debug)]
 pub enum Step {
@@ -206,15 +190,6 @@ impl Group {
         .count()
     }
 
-    /// Release `key` of `token` on every server (in parallel), publishing
-    /// `message` (empty: the old value) on `channel`.
-    pub async fn release_all(&self, key: &str, token: &str, channel: &str, message: &str) -> Tally {
-        tally(
-            self.eval_all(Lua::Release, &[key], &[token, channel, message])
-                .await,
-        )
-    }
-
     /// Run `lua` on the servers with these indices, at once.
     pub async fn eval_on(
         &self,
@@ -253,26 +228,6 @@ impl Group {
     }
 }
 
-/// Count 1 / 0 / -1 / 2 answers and keep the first error.
-pub fn tally(answers: Vec<Result<Value>>) -> Tally {
-    let mut t = Tally::default();
-    for a in answers {
-        match a {
-            Ok(Value::Int(1)) => t.ok += 1,
-            Ok(Value::Int(2)) => t.restored += 1,
-            Ok(Value::Int(0)) => t.gone += 1,
-            Ok(Value::Int(-1)) => t.taken += 1,
-            Ok(other) => {
-                t.error.get_or_insert(unexpected(&other));
-            }
-            Err(e) => {
-                t.error.get_or_insert(e);
-            }
-        }
-    }
-    t
-}
-
 /// Read one acquisition answer.
 fn step(v: Value) -> Result<Step> {
     let Value::Array(items) = v else {
@@ -299,20 +254,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_are_tallied_with_the_first_error_kept() {
-        let t = tally(vec![
-            Ok(Value::Int(1)),
-            Ok(Value::Int(-1)),
-            Ok(Value::Int(0)),
-            Ok(Value::Int(2)),
-            Ok(Value::Nil),
-            Ok(Value::Int(1)),
-        ]);
-        assert_eq!((t.ok, t.taken, t.gone, t.restored), (2, 1, 1, 1));
-        assert!(matches!(t.error, Some(BackendError::Server { .. })));
-    }
-
-    #[test]
     fn a_grant_answer_carries_the_counter_and_a_refusal_its_payload() {
         let granted = step(Value::Array(vec![Value::Int(1), Value::Int(42)])).unwrap();
         assert!(matches!(granted, Step::Granted(42)));
@@ -323,13 +264,7 @@ mod tests {
 
     #[test]
     fn the_quorum_is_a_strict_majority() {
-        let opts = super::super::RedisOptions::default();
-        let group = |n: usize| {
-            let servers = (0..n)
-                .map(|i| Server::open(&format!("redis://127.0.0.1:{}", 7000 + i), &opts).unwrap())
-                .collect();
-            Group::new(servers)
-        };
+        let group = super::super::verdict::group_of;
         assert_eq!(group(1).quorum(), 1);
         assert_eq!(group(3).quorum(), 2);
         assert_eq!(group(4).quorum(), 3);

@@ -6,7 +6,8 @@
 //! - [`lua`]: every script, by name, and the stored value's codec;
 //! - [`server`]: one server (connection, timeouts, error classification);
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
-//!   group of one), with the fencing rule that keeps tokens growing;
+//!   group of one), with the fencing rule that keeps tokens growing, and
+//!   [`verdict`]: the one renew and release verdict of a tally of answers;
 //! - [`election`]: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
 //!   the coordination API ([`crate::coord::redis`]) is the other client of
 //!   [`group`].
@@ -29,12 +30,15 @@ mod holders;
 pub mod lua;
 mod released;
 pub mod server;
+pub mod verdict;
 
 use std::time::Duration;
 
 use crate::backend::About;
 
 pub use election::RedisBackend;
+#[cfg(test)]
+pub(crate) use election::{renewal, resigned};
 pub use group::{Group, drift};
 
 /// The Redis backend's name and advice (see [`About`]).

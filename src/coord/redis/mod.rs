@@ -19,7 +19,9 @@
 //! quorum within the validity (the grant's `ttl_ms` is the validity left),
 //! released everywhere on failure, fencing tokens raised on a quorum before a
 //! grant is handed out; an acquisition that split the servers with others
-//! retries twice after a random delay, as the spec advises. With
+//! retries twice after a random delay, as the spec advises. Renewals,
+//! releases and completions answer by the group's one verdict of the servers'
+//! answers ([`crate::backend::redis::verdict`]), the election's too. With
 //! `--redis-min-replicas` a server's grant or renewal counts only once its
 //! replicas acknowledged it; one they did not is given back, and a request
 //! that no quorum acknowledged answers 503 naming the replicas.
@@ -42,9 +44,10 @@ use tokio::time::Instant;
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
 use crate::backend::redis::RedisBackend;
-use crate::backend::redis::group::{Group, Round, Tally, tally, unexpected};
+use crate::backend::redis::group::{Group, Round, unexpected};
 use crate::backend::redis::lua::{COUNTER_DIGITS, Lua, Stored, ms};
 use crate::backend::redis::server::text_of;
+use crate::backend::redis::verdict::{Tally, Verdict};
 
 pub use wait::{MAX_NAP, MAX_NAP_SUBSCRIBED};
 
@@ -149,7 +152,10 @@ impl RedisCoord {
             let counter = keys.remove(1);
             keys.push(counter);
             let e = round.first_error();
-            return Err(self.failed(self.group.no_quorum(e, round.answered(), "answered"), &keys));
+            return Err(failed(
+                self.group.no_quorum(e, round.answered(), "answered"),
+                &keys,
+            ));
         }
         Ok(Got::Refused(round))
     }
@@ -184,53 +190,6 @@ impl RedisCoord {
         }
     }
 
-    /// A backend error, naming the coordination keys for `WRONGTYPE`.
-    fn failed(&self, err: BackendError, keys: &[&str]) -> CoordError {
-        if let BackendError::Rejected {
-            code: "wrongtype", ..
-        } = err
-        {
-            return CoordError::Corrupt {
-                key: keys.join(" or "),
-                found: "a value of another Redis type (WRONGTYPE)".into(),
-            };
-        }
-        CoordError::Backend(err)
-    }
-
-    /// Run `lua` on every server and count 1 / 0 / -1 answers.
-    async fn tally(&self, lua: Lua, keys: &[&str], args: &[&str]) -> Tally {
-        tally(self.group.eval_all(lua, keys, args).await)
-    }
-
-    /// A renew, release or completion by the group's rule: done on a quorum,
-    /// else an error when too few answered, else `NotYours` or `Gone` by the
-    /// majority of refusals. A release (`any`) is done when a quorum answered
-    /// and at least one server deleted the token: no quorum holds it any
-    /// more, so it can be neither renewed nor counted. A release that fewer
-    /// than a quorum answered is an error, since a quorum may still hold it.
-    fn verdict(
-        &self,
-        t: Tally,
-        keys: &[&str],
-        any: bool,
-        ttl: Option<Duration>,
-    ) -> Result<Outcome> {
-        let quorum = self.group.quorum();
-        let answered = t.ok + t.gone + t.taken + t.restored;
-        if t.ok >= quorum || (any && t.ok > 0 && answered >= quorum) {
-            return Ok(Outcome::Ok(ttl));
-        }
-        if answered < quorum {
-            return Err(self.failed(self.group.no_quorum(t.error, t.ok, "answered"), keys));
-        }
-        Ok(if t.taken > t.gone {
-            Outcome::NotYours
-        } else {
-            Outcome::Gone
-        })
-    }
-
     /// The key of a semaphore's permit: the set on one server, the token's
     /// slot on a Redlock group.
     fn permit_key(&self, name: &str, token: &Token) -> String {
@@ -248,6 +207,36 @@ impl RedisCoord {
         let t = Token::parse(token)?;
         let slot_ok = t.lease == 0 || (kind == Kind::Semaphore && self.group.is_redlock());
         (t.kind.serves(kind) && slot_ok).then_some(t)
+    }
+}
+
+/// A backend error, naming the coordination keys for `WRONGTYPE`.
+fn failed(err: BackendError, keys: &[&str]) -> CoordError {
+    if let BackendError::Rejected {
+        code: "wrongtype", ..
+    } = err
+    {
+        return CoordError::Corrupt {
+            key: keys.join(" or "),
+            found: "a value of another Redis type (WRONGTYPE)".into(),
+        };
+    }
+    CoordError::Backend(err)
+}
+
+/// The coordination answer to the renew, release or completion verdict `v`
+/// (see [`crate::backend::redis::verdict`]) on `keys`; `ttl` is what a
+/// renewal promises.
+///
+/// # Errors
+/// The verdict's error when a quorum may still hold the key, as
+/// [`CoordError::Corrupt`] for a key of another type.
+pub(crate) fn outcome(v: Verdict, ttl: Option<Duration>, keys: &[&str]) -> Result<Outcome> {
+    match v {
+        Verdict::Done { .. } => Ok(Outcome::Ok(ttl)),
+        Verdict::Gone => Ok(Outcome::Gone),
+        Verdict::Taken => Ok(Outcome::NotYours),
+        Verdict::Failed(e) => Err(failed(e, keys)),
     }
 }
 
@@ -361,9 +350,8 @@ impl Coordinator for RedisCoord {
             Kind::Semaphore if self.group.is_redlock() => (Lua::Renew, self.permit_key(name, &t)),
             Kind::Semaphore => (Lua::SemRenew, self.key("sem", name)),
         };
-        let tally = self.tally(lua, &[&key], &[token, &ms(ttl)]).await;
-        let promise = self.promise(ttl, start);
-        self.verdict(tally, &[&key], false, Some(promise))
+        let verdict = self.group.renew(lua, &[&key], &[token, &ms(ttl)]).await;
+        outcome(verdict, Some(self.promise(ttl, start)), &[&key])
     }
 
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
@@ -374,13 +362,14 @@ impl Coordinator for RedisCoord {
             Kind::Lock => self.key("lock", name),
             Kind::Semaphore => self.permit_key(name, &t),
         };
-        let tally = if kind == Kind::Semaphore && !self.group.is_redlock() {
+        let verdict = if kind == Kind::Semaphore && !self.group.is_redlock() {
             // A permit that is gone cannot be told from one never held.
-            self.tally(Lua::SemRelease, &[&key], &[token]).await
+            self.group.release(Lua::SemRelease, &[&key], &[token]).await
         } else {
-            self.group.release_all(&key, token, &key, "released").await
+            let args = [token, key.as_str(), "released"];
+            self.group.release(Lua::Release, &[&key], &args).await
         };
-        self.verdict(tally, &[&key], true, None)
+        outcome(verdict, None, &[&key])
     }
 
     async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
@@ -444,9 +433,80 @@ impl Coordinator for RedisCoord {
         let base = self.key("job", &format!("{queue}/{job}"));
         let keys = [format!("{base}:claim"), format!("{base}:done")];
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let tally = self
-            .tally(Lua::Complete, &keys, &[token, &ms(retention)])
+        let answers = self
+            .group
+            .eval_all(Lua::Complete, &keys, &[token, &ms(retention)])
             .await;
-        self.verdict(tally, &keys, false, None)
+        let verdict = self.group.renew_verdict(Tally::of(answers), "completed");
+        outcome(verdict, None, &keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::verdict::{every_tally, group_of, tally_of};
+    use crate::backend::redis::{renewal, resigned};
+    use crate::backend::{Holder, LostReason, Renewal, Term};
+
+    fn term() -> Term {
+        Term {
+            holder: Holder {
+                identity: "a".into(),
+                fencing_token: 1,
+                term_id: "t".into(),
+                revision: 0,
+                expires_in: None,
+            },
+            ttl: Duration::from_secs(1),
+            granted: Duration::from_secs(1),
+            servers: None,
+        }
+    }
+
+    fn election_kind(r: crate::backend::Result<Renewal>) -> &'static str {
+        match r {
+            Ok(Renewal::Renewed { .. }) => "done",
+            Ok(Renewal::Lost(LostReason::KeyDeleted)) => "gone",
+            Ok(Renewal::Lost(LostReason::KeyOverwritten)) => "taken",
+            Ok(Renewal::Lost(LostReason::LeaseExpired)) => "expired",
+            Err(_) => "error",
+        }
+    }
+
+    fn coord_kind(r: Result<Outcome>) -> &'static str {
+        match r {
+            Ok(Outcome::Ok(_)) => "done",
+            Ok(Outcome::Gone) => "gone",
+            Ok(Outcome::NotYours) => "taken",
+            Ok(Outcome::AlreadyReleased) => "released before",
+            Err(_) => "error",
+        }
+    }
+
+    /// One rule, two users: every tally of answers on 1, 3 and 5 servers
+    /// gives the election and the coordination API the same verdict, for a
+    /// renewal (and a completion) and for a release.
+    #[test]
+    fn the_same_tally_gives_both_users_the_same_verdict() {
+        for n in [1, 3, 5] {
+            let group = group_of(n);
+            for counts in every_tally(n) {
+                let renew = |what| group.renew_verdict(tally_of(counts), what);
+                let election = election_kind(renewal(renew("renewed"), &term(), n));
+                let ttl = Some(Duration::from_secs(1));
+                let coord = coord_kind(outcome(renew("renewed"), ttl, &["k"]));
+                let complete = coord_kind(outcome(renew("completed"), None, &["k"]));
+                assert_eq!(election, coord, "renew, {n} servers, tally {counts:?}");
+                assert_eq!(complete, coord, "complete, {n} servers, tally {counts:?}");
+                let resign = resigned(group.release_verdict(tally_of(counts)));
+                let release = outcome(group.release_verdict(tally_of(counts)), None, &["k"]);
+                assert_eq!(
+                    resign.is_err(),
+                    release.is_err(),
+                    "release, {n} servers, tally {counts:?}"
+                );
+            }
+        }
     }
 }
