@@ -12,7 +12,8 @@
 //! - **Redlock**: a term is granted only with a quorum, its TTL shortened by
 //!   [`drift`]; the Elector counts validity from the instant the first
 //!   request was sent. The fencing token is the largest counter in the
-//!   quorum, raised on a quorum before the term is claimed ([`Group::raise`]).
+//!   quorum, raised on a quorum before the term is claimed: the group's one
+//!   grant rule ([`Group::grant`]), which coordination follows too.
 //! - **`--redis-min-replicas`**: a server whose replicas did not acknowledge
 //!   its grant, raise or renewal does not count towards the quorum (one
 //!   server: the term is not won, or the renewal fails); the campaign gives
@@ -28,7 +29,7 @@ use redis::Value;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::group::{Group, drift, unexpected};
+use super::group::{Acquisition, Granting, Group, drift, unexpected};
 use super::holders::{nobody, parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
 use super::released::Released;
@@ -259,38 +260,30 @@ impl RedisBackend {
         found
     }
 
-    /// A quorum granted: raise the counters (Redlock), then claim the term,
-    /// or give it back when too few servers confirmed.
-    async fn win(&self, found: &Found, token: String, identity: &str, ttl: Duration) -> Campaign {
+    /// The grant rule's decision on a campaign round: the term, a wait when
+    /// too few servers confirmed its fencing token, or what the round found.
+    fn decide(&self, granting: Granting, found: Found, ask: &Acquisition<'_>) -> Result<Campaign> {
         let n = self.servers();
-        let fencing = found.acquired.iter().map(|(_, f)| *f).max().unwrap_or(0);
-        let value = Stored {
-            token,
-            fencing,
-            owner: identity.to_owned(),
-        };
-        if self.group.raise(&self.key, &self.counter_key, &value).await < self.quorum() {
-            self.group
-                .release_on(&found.taken(), &self.key, &value.token, &self.channel)
-                .await;
-            return Campaign::Waiting {
+        match granting {
+            Granting::Granted { fencing, by, .. } => Ok(Campaign::Elected(Term {
+                holder: Holder {
+                    identity: ask.owner.to_owned(),
+                    fencing_token: fencing,
+                    term_id: ask.token.to_owned(),
+                    revision: 0,
+                    expires_in: None,
+                },
+                ttl: ask.ttl.saturating_sub(drift(ask.ttl)),
+                granted: ask.ttl,
+                servers: (n > 1).then_some((by, n)),
+            })),
+            Granting::Unconfirmed { .. } => Ok(Campaign::Waiting {
                 previous: nobody(),
                 retry_after: random_retry(),
                 why: "the fencing counter could not be raised on a quorum of servers; retrying",
-            };
+            }),
+            Granting::Refused => self.lose(found),
         }
-        Campaign::Elected(Term {
-            holder: Holder {
-                identity: value.owner,
-                fencing_token: fencing,
-                term_id: value.token,
-                revision: 0,
-                expires_in: None,
-            },
-            ttl: ttl.saturating_sub(drift(ttl)),
-            granted: ttl,
-            servers: (n > 1).then_some((found.acquired.len(), n)),
-        })
     }
 
     /// No quorum: follow the holder seen on a quorum, or wait out a split.
@@ -356,14 +349,19 @@ impl LeaseBackend for RedisBackend {
         let start = Instant::now();
         let token = new_token();
         let found = self.ask_all(&token, identity, ttl).await;
-        if found.acquired.len() >= self.quorum() && !self.group.validity(ttl, start).is_zero() {
-            return Ok(self.win(&found, token, identity, ttl).await);
-        }
-        // No quorum: give back what we took, everywhere.
-        self.group
-            .release_on(&found.taken(), &self.key, &token, &self.channel)
+        let ask = Acquisition {
+            key: &self.key,
+            counter: &self.counter_key,
+            token: &token,
+            owner: identity,
+            ttl,
+            give_back: (Lua::Release, &[&token, &self.channel, ""]),
+        };
+        let granting = self
+            .group
+            .grant(&ask, &found.acquired, &found.taken(), start)
             .await;
-        self.lose(found)
+        self.decide(granting, found, &ask)
     }
 
     async fn read(&self) -> Result<Option<Holder>> {

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use super::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try};
 use crate::backend::BackendError;
 use crate::backend::redis::RedisBackend;
-use crate::backend::redis::group::{Group, Round, unexpected};
+use crate::backend::redis::group::{Acquisition, Granting, Group, Round, unexpected};
 use crate::backend::redis::lua::{COUNTER_DIGITS, Lua, Stored, ms};
 use crate::backend::redis::server::text_of;
 use crate::backend::redis::verdict::{Tally, Verdict};
@@ -95,58 +95,76 @@ impl RedisCoord {
     }
 
     /// The TTL a grant or renewal can promise: the whole TTL on one server,
-    /// the validity left on a Redlock group.
-    fn promise(&self, ttl: Duration, start: Instant) -> Duration {
+    /// the `validity` left on a Redlock group.
+    fn promise(&self, ttl: Duration, validity: Duration) -> Duration {
         if self.group.is_redlock() {
-            self.group.validity(ttl, start)
+            validity
         } else {
             ttl
         }
     }
 
-    /// One acquisition on the group (see [`Group`]): a quorum grants within
-    /// the validity and confirms the raised fencing token, or nothing is kept.
+    /// One acquisition on the group by its grant rule ([`Group::grant`]): a
+    /// quorum grants within the validity and confirms the raised fencing
+    /// token, or nothing is kept. A fencing counter refused by any server
+    /// refuses the acquisition.
     async fn try_once(&self, ask: &Ask<'_>) -> Result<Got> {
         let token = ask.token.to_string();
         let key = ask.keys[0].as_str();
-        let fkey = ask.keys[1].as_str();
         let keys: Vec<&str> = ask.keys.iter().map(String::as_str).collect();
         let mut args = vec![token.as_str(), ask.owner];
         args.extend(ask.args.iter().map(String::as_str));
-        let mut round = self.group.acquire_round(ask.lua, &keys, &args).await;
-        let granted = round.granted();
+        let round = self.group.acquire_round(ask.lua, &keys, &args).await;
         let bad = round.refusals().find_map(|r| match r.as_slice() {
-            [Value::Int(-2), x] => Some(corrupt_counter(x, fkey)),
+            [Value::Int(-2), x] => Some(corrupt_counter(x, &ask.keys[1])),
             _ => None,
         });
-        let validity = self.promise(ask.ttl, round.start);
-        let quorum = self.group.quorum();
-        if bad.is_none() && granted.len() >= quorum && !validity.is_zero() {
-            let value = Stored {
-                token: token.clone(),
-                fencing: granted.iter().map(|(_, f)| *f).max().unwrap_or(0),
-                owner: ask.owner.to_owned(),
-            };
-            let confirmed = self.group.raise(key, fkey, &value).await;
-            if confirmed >= quorum {
-                return Ok(Got::Granted(Grant {
-                    name: ask.name.to_owned(),
-                    token,
-                    fencing_token: value.fencing,
-                    ttl_ms: validity.as_millis() as u64,
-                }));
-            }
-            self.give_back(ask, &round.taken(), &token).await;
-            let e = self
-                .group
-                .no_quorum(None, confirmed, "recorded the fencing token");
-            return Err(CoordError::Backend(e));
+        let granted = if bad.is_some() {
+            Vec::new()
+        } else {
+            round.granted()
+        };
+        // Give back by a check-and-delete release, of the permit in the set
+        // for a one-server semaphore.
+        let give_back = if ask.lua == Lua::SemAcquire {
+            (Lua::SemRelease, &[token.as_str()][..])
+        } else {
+            (Lua::Release, &[token.as_str(), key, ""][..])
+        };
+        let rule = Acquisition {
+            key,
+            counter: &ask.keys[1],
+            token: &token,
+            owner: ask.owner,
+            ttl: ask.ttl,
+            give_back,
+        };
+        let taken = round.taken();
+        match self.group.grant(&rule, &granted, &taken, round.start).await {
+            Granting::Granted {
+                fencing, validity, ..
+            } => Ok(Got::Granted(Grant {
+                name: ask.name.to_owned(),
+                token,
+                fencing_token: fencing,
+                ttl_ms: self.promise(ask.ttl, validity).as_millis() as u64,
+            })),
+            Granting::Unconfirmed { confirmed } => Err(CoordError::Backend(self.group.no_quorum(
+                None,
+                confirmed,
+                "recorded the fencing token",
+            ))),
+            Granting::Refused => self.refused(round, bad, keys),
         }
-        self.give_back(ask, &round.taken(), &token).await;
+    }
+
+    /// A refused acquisition: the corrupt counter, else an error when fewer
+    /// than a quorum answered, else the refusals to read.
+    fn refused(&self, mut round: Round, bad: Option<CoordError>, keys: Vec<&str>) -> Result<Got> {
         if let Some(bad) = bad {
             return Err(bad);
         }
-        if round.answered() < quorum {
+        if round.answered() < self.group.quorum() {
             // Named as before: the counter last.
             let mut keys = keys;
             let counter = keys.remove(1);
@@ -158,20 +176,6 @@ impl RedisCoord {
             ));
         }
         Ok(Got::Refused(round))
-    }
-
-    /// Give back what a failed acquisition took on `servers` (granted, or
-    /// granted without the replicas' acknowledgement): a check-and-delete
-    /// release, of the permit in the set for a one-server semaphore.
-    async fn give_back(&self, ask: &Ask<'_>, servers: &[usize], token: &str) {
-        let key = ask.keys[0].as_str();
-        if ask.lua == Lua::SemAcquire {
-            self.group
-                .eval_on(servers, Lua::SemRelease, &[key], &[token])
-                .await;
-        } else {
-            self.group.release_on(servers, key, token, key).await;
-        }
     }
 
     /// [`RedisCoord::try_once`], again after a random delay while it split
@@ -351,7 +355,8 @@ impl Coordinator for RedisCoord {
             Kind::Semaphore => (Lua::SemRenew, self.key("sem", name)),
         };
         let verdict = self.group.renew(lua, &[&key], &[token, &ms(ttl)]).await;
-        outcome(verdict, Some(self.promise(ttl, start)), &[&key])
+        let promise = self.promise(ttl, self.group.validity(ttl, start));
+        outcome(verdict, Some(promise), &[&key])
     }
 
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
