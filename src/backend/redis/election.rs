@@ -186,10 +186,19 @@ impl RedisBackend {
             .and_then(text_of)
             .ok_or_else(|| unexpected(&v))?;
         let hold_until = self.saw_run(i, server, run, ttl);
+        self.answer(server, &v, hold_until)
+    }
+
+    /// Read `server`'s campaign answer `v` (an array ending with its
+    /// `run_id`), given our hold-off on it.
+    fn answer(&self, server: &Server, v: &Value, hold_until: Option<Instant>) -> Result<Answer> {
+        let Value::Array(items) = v else {
+            return Err(unexpected(v));
+        };
         match items.as_slice() {
             [Value::Int(1), f, _] => uint_of(f)
                 .map(Answer::Acquired)
-                .ok_or_else(|| unexpected(&v)),
+                .ok_or_else(|| unexpected(v)),
             [Value::Int(0), Value::BulkString(value), Value::Int(pttl), _] => Ok(Answer::Held(
                 String::from_utf8_lossy(value).into_owned(),
                 *pttl,
@@ -219,7 +228,7 @@ impl RedisBackend {
                     value: String::from_utf8_lossy(value).into_owned(),
                 }),
             }),
-            _ => Err(unexpected(&v)),
+            _ => Err(unexpected(v)),
         }
     }
 
