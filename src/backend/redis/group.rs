@@ -15,7 +15,7 @@
 //!   when the granting quorums differ: per-server counters alone do not (with
 //!   counters 5, 5, 3, grant A from servers 1 and 2 gives 6, grant B from 2
 //!   and 3 gives 7, grant C from 1 and 3 gives 7 again). So a grant takes the
-//!   largest counter of its quorum, F, and a second round ([`Group::raise`])
+//!   largest counter of its quorum, F, and a second round ([`Lua::Raise`])
 //!   raises the counter on every server that answers to at least F before the
 //!   grant is handed out; unless a quorum confirms, the grant is released and
 //!   refused. Any later quorum shares a server with the confirming one, whose

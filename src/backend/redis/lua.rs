@@ -4,7 +4,7 @@
 //!
 //! Scripts validate first and write last, so a refusal leaves no trace.
 //! Answers are documented per script; the Rust side reads them in
-//! [`super::election`] and [`crate::coord::redis`].
+//! the election ([`super::RedisBackend`]) and [`crate::coord::redis`].
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -299,33 +299,33 @@ return 0
 /// back to `EVAL` on a server that does not know it yet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lua {
-    /// [`CAMPAIGN`]
+    /// The election's campaign (`CAMPAIGN`).
     Campaign,
-    /// [`ELECTION_RENEW`]
+    /// The election's renewal, which puts a Redlock copy back (`ELECTION_RENEW`).
     ElectionRenew,
-    /// [`RAISE`]
+    /// Redlock's raise of the fencing counter after a grant (`RAISE`).
     Raise,
-    /// [`RELEASE`]
+    /// A check-and-delete release that publishes on a channel (`RELEASE`).
     Release,
-    /// [`LOCK`]
+    /// A lock, or a slot of a Redlock semaphore without its size (`LOCK`).
     Lock,
-    /// [`RENEW`]
+    /// The renewal of a lock, slot or claim (`RENEW`).
     Renew,
-    /// [`SEM_LIVE`]
+    /// The live permits of a one-server semaphore (`SEM_LIVE`).
     SemLive,
-    /// [`SEM_ACQUIRE`]
+    /// A permit of a one-server semaphore (`SEM_ACQUIRE`).
     SemAcquire,
-    /// [`SEM_RENEW`]
+    /// The renewal of a one-server permit (`SEM_RENEW`).
     SemRenew,
-    /// [`SEM_RELEASE`]
+    /// The release of a one-server permit (`SEM_RELEASE`).
     SemRelease,
-    /// [`SLOTS`]
+    /// The taken slots of a Redlock semaphore (`SLOTS`).
     Slots,
-    /// [`SLOT_LOCK`]
+    /// A slot of a Redlock semaphore (`SLOT_LOCK`).
     SlotLock,
-    /// [`CLAIM`]
+    /// A job claim (`CLAIM`).
     Claim,
-    /// [`COMPLETE`]
+    /// A job's completion (`COMPLETE`).
     Complete,
 }
 

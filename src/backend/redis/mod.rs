@@ -8,7 +8,7 @@
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
 //!   group of one), with the fencing rule that keeps tokens growing, and
 //!   [`verdict`]: the one renew and release verdict of a tally of answers;
-//! - [`election`]: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
+//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
 //!   the coordination API ([`crate::coord::redis`]) is the other client of
 //!   [`group`].
 //!

@@ -283,7 +283,7 @@ impl Coordinator for RedisCoord {
     }
 
     /// Each server's request deadline: every call of a request is cut to
-    /// what is left of its budget ([`crate::budget`]).
+    /// what is left of its budget (`crate::budget`).
     fn deadline(&self) -> Option<Duration> {
         self.group.servers().iter().map(|s| s.timeout()).max()
     }
