@@ -286,6 +286,7 @@ impl KubeLeaseBackend {
         Campaign::Elected(Term {
             holder: holder_view(lease),
             ttl: Duration::from_secs(lease_duration_secs(ttl) as u64),
+            granted: Duration::from_secs(lease_duration_secs(ttl) as u64),
             servers: None,
         })
     }

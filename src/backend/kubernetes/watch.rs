@@ -72,6 +72,7 @@ impl KubeLeaseBackend {
                 ..seen.clone()
             },
             ttl,
+            granted: ttl,
             servers: None,
         })
     }
