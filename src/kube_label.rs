@@ -80,5 +80,7 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
 
 #[cfg(feature = "kubernetes")]
 mod pod;
+#[cfg(test)]
+mod policy_tests;
 #[cfg(feature = "kubernetes")]
 pub use pod::{check_permissions, client, run_labeler};
