@@ -260,9 +260,10 @@ impl Elector {
                 self.heard(None, sent);
                 self.observe(None);
                 self.set_waiting(Some((why, retry_after)));
-                debug!(previous = %previous.identity, ?retry_after, "key is free but the previous term is still alive");
-                if !previous.term_id.is_empty() {
-                    self.last_seen = Some(previous);
+                let name = previous.as_ref().map_or("", |p| p.identity.as_str());
+                debug!(previous = %name, ?retry_after, "key is free but the previous term is still alive");
+                if previous.is_some() {
+                    self.last_seen = previous;
                 }
                 Some(retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20)))
             }

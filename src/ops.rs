@@ -409,7 +409,7 @@ mod tests {
             identity: "pod-a".into(),
             fencing_token: 42,
             term_id: "694d".into(),
-            revision: 7,
+            revision: Some(7),
             expires_in: Some(Duration::from_millis(11_240)),
         };
         let t = table(&Report::new("billing", "etcd", Some(&h)));

@@ -126,7 +126,7 @@ impl LeaseBackend for MemoryBackend {
         let revision = inner.revision;
         if let Some((holder, until)) = &inner.key {
             let mut holder = holder.clone();
-            holder.revision = revision;
+            holder.revision = Some(revision);
             holder.expires_in = Some(until.saturating_duration_since(Instant::now()));
             return Ok(Campaign::Following(holder));
         }
@@ -134,7 +134,7 @@ impl LeaseBackend for MemoryBackend {
             && let Some((_, until)) = inner.leases.iter().find(|(id, _)| *id == prev.term_id)
         {
             return Ok(Campaign::Waiting {
-                previous: prev.clone(),
+                previous: Some(prev.clone()),
                 retry_after: until.saturating_duration_since(Instant::now()),
                 why: "the key was deleted but the previous term is alive: waiting for it to end",
             });
@@ -145,7 +145,7 @@ impl LeaseBackend for MemoryBackend {
             identity: identity.to_owned(),
             fencing_token: inner.revision as u64,
             term_id: format!("{:x}", inner.next_lease),
-            revision: inner.revision,
+            revision: Some(inner.revision),
             expires_in: None,
         };
         let until = Instant::now() + ttl;
@@ -167,7 +167,7 @@ impl LeaseBackend for MemoryBackend {
         let revision = inner.revision;
         Ok(inner.key.as_ref().map(|(h, until)| {
             let mut h = h.clone();
-            h.revision = revision;
+            h.revision = Some(revision);
             h.expires_in = Some(until.saturating_duration_since(Instant::now()));
             h
         }))
@@ -219,7 +219,7 @@ impl LeaseBackend for MemoryBackend {
                 let inner = self.check()?;
                 let current = inner.key.as_ref().map(|(h, _)| h.term_id.clone());
                 if current.as_deref() != Some(seen.term_id.as_str())
-                    && inner.revision > seen.revision
+                    && Some(inner.revision) > seen.revision
                 {
                     return Ok(());
                 }

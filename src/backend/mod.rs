@@ -31,9 +31,11 @@ pub struct Holder {
     /// Opaque per-term id used to decide ownership and to follow the term
     /// (etcd: the lease id in hex). Never compared with an identity.
     pub term_id: String,
-    /// Backend position of this observation; a watch reports changes after it
-    /// (etcd: the header revision of the read).
-    pub revision: i64,
+    /// Backend position of this observation, where the backend has one that
+    /// counts: a watch reports changes after it (etcd: the header revision
+    /// of the read). `None` where it has none (Redis) or it is opaque (a
+    /// Kubernetes `resourceVersion` is never a number to compare).
+    pub revision: Option<i64>,
     /// How long the backend will keep the key without a renewal, when the
     /// backend knows it cheaply (Redis `PTTL`); `None` when a watch reports the
     /// end of the term exactly (etcd).
@@ -71,8 +73,10 @@ pub enum Campaign {
     /// lease is still alive, e.g. the key was deleted by hand). Campaign again
     /// after `retry_after`.
     Waiting {
-        /// The previous holder whose term is still running.
-        previous: Holder,
+        /// The previous holder whose term is still running; `None` when the
+        /// backend saw none (the key vanished, or a race was lost before
+        /// anything was read).
+        previous: Option<Holder>,
         /// Remaining lifetime of the previous term, as the backend reports it.
         retry_after: Duration,
         /// What is being waited for, in words for `/leader` and the log

@@ -119,7 +119,7 @@ impl EtcdBackend {
             identity: String::from_utf8_lossy(kv.value()).into_owned(),
             fencing_token: kv.create_revision().max(0) as u64,
             term_id: lease_hex(kv.lease()),
-            revision,
+            revision: Some(revision),
             expires_in: None,
         }
     }
@@ -180,13 +180,7 @@ impl EtcdBackend {
         // and its previous term is over (it was created under a lease that
         // the txn saw); try again at once.
         Campaign::Waiting {
-            previous: Holder {
-                identity: String::new(),
-                fencing_token: 0,
-                term_id: String::new(),
-                revision,
-                expires_in: None,
-            },
+            previous: None,
             why: "the key vanished between the compare and the read; trying again",
             retry_after: Duration::ZERO,
         }
@@ -265,7 +259,7 @@ impl LeaseBackend for EtcdBackend {
                 return Ok(Campaign::Following(holder));
             }
             return Ok(Campaign::Waiting {
-                previous: prev.clone(),
+                previous: Some(prev.clone()),
                 retry_after: Duration::from_secs(left as u64),
                 why: "the key was deleted by hand but the previous holder's etcd lease is alive: waiting for it to end",
             });
@@ -293,7 +287,7 @@ impl LeaseBackend for EtcdBackend {
                 identity: identity.to_owned(),
                 fencing_token: revision.max(0) as u64,
                 term_id: lease_hex(lease.id),
-                revision,
+                revision: Some(revision),
                 expires_in: None,
             },
             ttl: lease.ttl,
@@ -393,7 +387,7 @@ impl LeaseBackend for EtcdBackend {
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let mut client = self.client().await?;
         let seen_lease = lease_of(&seen.term_id);
-        let mut from = seen.revision + 1;
+        let mut from = seen.revision.unwrap_or(0) + 1;
         loop {
             let Some(compacted) = self.watch_from(&mut client, from, seen_lease).await? else {
                 return Ok(());

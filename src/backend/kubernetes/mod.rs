@@ -358,7 +358,7 @@ fn holder_view(lease: &Lease) -> Holder {
         identity: identity_of(full).to_owned(),
         fencing_token: token_of(lease),
         term_id: full.to_owned(),
-        revision: rv_of(lease).parse().unwrap_or(0),
+        revision: None,
         expires_in: None,
     }
 }

@@ -91,7 +91,7 @@ impl KubeLeaseBackend {
             previous: previous.clone(),
         });
         Campaign::Waiting {
-            previous,
+            previous: Some(previous),
             retry_after: not_before - now,
             why: UNSEEN_TERM,
         }
@@ -102,7 +102,7 @@ impl KubeLeaseBackend {
         let inner = self.inner.lock().expect("lease state poisoned");
         let p = inner.pending.as_ref().filter(|p| p.holder == holder)?;
         (now < p.not_before).then(|| Campaign::Waiting {
-            previous: p.previous.clone(),
+            previous: Some(p.previous.clone()),
             retry_after: p.not_before - now,
             why: UNSEEN_TERM,
         })

@@ -272,7 +272,7 @@ impl KubeLeaseBackend {
                 .is_unclaimed_own(holder_of(&s.lease))
         {
             return Ok(Round::Done(Campaign::Waiting {
-                previous: holder_view(&s.lease),
+                previous: Some(holder_view(&s.lease)),
                 retry_after: end - now,
                 why: "the Lease was deleted by hand while its holder's term may still run: waiting out its duration",
             }));
@@ -350,7 +350,7 @@ impl KubeLeaseBackend {
             // Cleared by someone other than its holder: that holder's
             // promise still runs.
             return Ok(Round::Done(Campaign::Waiting {
-                previous: holder_view(&lease),
+                previous: Some(holder_view(&lease)),
                 retry_after: end.map_or(Duration::ZERO, |end| end - now),
                 why: "the holder was cleared by someone other than the holder: waiting out what its term promised",
             }));
@@ -403,18 +403,12 @@ impl KubeLeaseBackend {
                 Campaign::Following(holder_view(&s.lease))
             }
             Some(s) => Campaign::Waiting {
-                previous: holder_view(&s.lease),
+                previous: Some(holder_view(&s.lease)),
                 retry_after: Duration::from_millis(100),
                 why: "lost a race for the Lease; reading it again",
             },
             None => Campaign::Waiting {
-                previous: Holder {
-                    identity: String::new(),
-                    fencing_token: 0,
-                    term_id: String::new(),
-                    revision: 0,
-                    expires_in: None,
-                },
+                previous: None,
                 retry_after: Duration::from_millis(100),
                 why: "lost a race for the Lease; reading it again",
             },

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::group::{Acquisition, Granting, Group, drift, unexpected};
-use super::holders::{nobody, parse_value, quorum_holder};
+use super::holders::{parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
 use super::released::Released;
 use super::server::{Server, text_of, uint_of};
@@ -279,7 +279,7 @@ impl RedisBackend {
                     identity: ask.owner.to_owned(),
                     fencing_token: fencing,
                     term_id: ask.token.to_owned(),
-                    revision: 0,
+                    revision: None,
                     expires_in: None,
                 },
                 ttl: ask.ttl.saturating_sub(drift(ask.ttl)),
@@ -287,7 +287,7 @@ impl RedisBackend {
                 servers: (n > 1).then_some((by, n)),
             })),
             Granting::Unconfirmed { .. } => Ok(Campaign::Waiting {
-                previous: nobody(),
+                previous: None,
                 retry_after: random_retry(),
                 why: "the fencing counter could not be raised on a quorum of servers; retrying",
             }),
@@ -320,7 +320,7 @@ impl RedisBackend {
             "no quorum of servers agrees on a holder (a split): retrying after a random delay"
         };
         Ok(Campaign::Waiting {
-            previous: found.held.into_iter().next().unwrap_or_else(nobody),
+            previous: found.held.into_iter().next(),
             retry_after,
             why,
         })

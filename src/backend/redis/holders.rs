@@ -14,7 +14,7 @@ pub(super) fn parse_value(value: &str, pttl_ms: i64) -> Holder {
         identity: s.owner,
         fencing_token: s.fencing,
         term_id: s.token,
-        revision: 0,
+        revision: None,
         // PTTL -1: a key without expiry (written by someone else); -2: gone.
         // Neither says when to look again: the Elector caps this by its
         // retry period instead of retrying at once.
@@ -29,17 +29,6 @@ pub(super) fn parse_value(value: &str, pttl_ms: i64) -> Holder {
 /// Stand-in expiry for a key without a TTL; the Elector waits at most its
 /// retry period.
 const NO_EXPIRY_HINT: Duration = Duration::from_secs(3600);
-
-/// No holder (a campaign that found nobody to follow).
-pub(super) fn nobody() -> Holder {
-    Holder {
-        identity: String::new(),
-        fencing_token: 0,
-        term_id: String::new(),
-        revision: 0,
-        expires_in: None,
-    }
-}
 
 /// The holder of the term seen on at least `quorum` of `held`, with the
 /// largest fencing token among those copies (the leader's token: Redlock

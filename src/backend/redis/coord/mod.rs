@@ -462,7 +462,7 @@ mod tests {
                 identity: "a".into(),
                 fencing_token: 1,
                 term_id: "t".into(),
-                revision: 0,
+                revision: None,
                 expires_in: None,
             },
             ttl: Duration::from_secs(1),
