@@ -265,3 +265,6 @@ fn released_by_holder(lease: &Lease, previous: &str) -> bool {
 
 mod apply;
 pub(super) use apply::Created;
+
+#[cfg(test)]
+mod tests;

@@ -179,19 +179,24 @@ impl LeaseView {
         self.own = None;
     }
 
-    /// The leader's watch delivered `lease`, which names our holder: a write
-    /// of someone else's to its duration or token is recorded and returned
-    /// (our term ends); our own renewals only move the resume point (the
-    /// update answers are the CAS versions).
+    /// The leader's watch delivered `lease`. Our own renewals only move the
+    /// resume point (the update answers are the CAS versions); any other
+    /// write is recorded, and a change of our term's duration or token is
+    /// returned (our term ends).
     pub(in crate::backend::kubernetes) fn observed_while_leading(
         &mut self,
         lease: &Lease,
         now: Instant,
     ) -> Option<String> {
+        let ours = self
+            .own
+            .as_ref()
+            .is_some_and(|o| o.holder == holder_of(lease));
         let edit = self.own_edit(lease);
-        match &edit {
-            Some(_) => self.observed(lease, now),
-            None => self.resume_rv = Some(rv_of(lease).to_owned()),
+        if ours && edit.is_none() {
+            self.resume_rv = Some(rv_of(lease).to_owned());
+        } else {
+            self.observed(lease, now);
         }
         edit
     }
