@@ -101,73 +101,70 @@ impl KubeLeaseBackend {
         err: kube::Error,
     ) -> BackendError {
         match err {
-            kube::Error::Api(status) => {
-                let namespace = conn.namespace.clone();
-                match status.code {
-                    401 => BackendError::Auth {
-                        backend: ABOUT,
-                        source: Box::new(KubeLeaseError::Status {
-                            verb,
-                            namespace,
-                            name: self.name.clone(),
-                            code: status.code,
-                            reason: status.reason.clone(),
-                            message: status.message.clone(),
-                        }),
-                    },
-                    403 => BackendError::Auth {
-                        backend: ABOUT,
-                        source: Box::new(KubeLeaseError::Forbidden {
-                            verb,
-                            credentials: conn.credentials.clone(),
-                            namespace,
-                            message: status.message.clone(),
-                        }),
-                    },
-                    404 if verb == "create" => BackendError::Rejected {
-                        backend: ABOUT,
-                        code: "namespace_not_found",
-                        source: Box::new(KubeLeaseError::NamespaceNotFound {
-                            namespace,
-                            message: status.message.clone(),
-                        }),
-                    },
-                    410 => BackendError::WatchEnded {
-                        backend: ABOUT,
-                        reason: format!("410 Gone: {}", status.message),
-                    },
-                    code => {
-                        let source = Box::new(KubeLeaseError::Status {
-                            verb,
-                            namespace,
-                            name: self.name.clone(),
-                            code,
-                            reason: status.reason.clone(),
-                            message: status.message.clone(),
-                        });
-                        match code {
-                            429 => BackendError::Rejected {
-                                backend: ABOUT,
-                                code: "throttled",
-                                source,
-                            },
-                            400 | 422 => BackendError::Rejected {
-                                backend: ABOUT,
-                                code: "invalid",
-                                source,
-                            },
-                            _ => BackendError::Server {
-                                backend: ABOUT,
-                                source,
-                            },
-                        }
-                    }
-                }
-            }
+            kube::Error::Api(status) => self.classify_status(conn, verb, &status),
             other => BackendError::Unreachable {
                 backend: ABOUT,
                 endpoints: conn.server.clone(),
                 source: Box::new(other),
+            },
+        }
+    }
+
+    /// [`Self::classify`] of an API status.
+    fn classify_status(
+        &self,
+        conn: &Conn,
+        verb: &'static str,
+        status: &kube::core::Status,
+    ) -> BackendError {
+        let namespace = conn.namespace.clone();
+        let answered = || {
+            Box::new(KubeLeaseError::Status {
+                verb,
+                namespace: namespace.clone(),
+                name: self.name.clone(),
+                code: status.code,
+                reason: status.reason.clone(),
+                message: status.message.clone(),
+            })
+        };
+        let (backend, message) = (ABOUT, status.message.clone());
+        match status.code {
+            401 => BackendError::Auth {
+                backend,
+                source: answered(),
+            },
+            403 => BackendError::Auth {
+                backend,
+                source: Box::new(KubeLeaseError::Forbidden {
+                    verb,
+                    credentials: conn.credentials.clone(),
+                    namespace,
+                    message,
+                }),
+            },
+            404 if verb == "create" => BackendError::Rejected {
+                backend,
+                code: "namespace_not_found",
+                source: Box::new(KubeLeaseError::NamespaceNotFound { namespace, message }),
+            },
+            410 => BackendError::WatchEnded {
+                backend,
+                reason: format!("410 Gone: {message}"),
+            },
+            429 => BackendError::Rejected {
+                backend,
+                code: "throttled",
+                source: answered(),
+            },
+            400 | 422 => BackendError::Rejected {
+                backend,
+                code: "invalid",
+                source: answered(),
+            },
+            _ => BackendError::Server {
+                backend,
+                source: answered(),
             },
         }
     }

@@ -46,6 +46,14 @@
 //!   duration; a replay that cannot be had (410, an error, no absence point)
 //!   waits a whole duration. Found by the 30-minute fault soak
 //!   (tests/kubernetes_fault.rs, seed 1904014402476089950).
+//!
+//! The follower's and the leader's rules are one pure state, `view`: every
+//! read, watch event and write answer is applied to it as an event, and the
+//! verbs act on what it classifies the Lease as at an instant they pass in.
+//! It is the only state, behind the only lock, so the rules can be tested
+//! by event sequences without an API server; the verbs are the I/O around
+//! it, and every write of an existing Lease is one compare-and-swap
+//! (`KubeLeaseBackend::cas`).
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -242,7 +242,7 @@ enum Round {
 /// What a compare-and-swap of the Lease came to.
 pub(super) enum Cas {
     /// Written: the answer (already observed).
-    Written(Lease),
+    Written(Box<Lease>),
     /// 409: someone else wrote since the version read.
     Conflict,
     /// 404: the Lease is gone.
@@ -257,7 +257,7 @@ impl KubeLeaseBackend {
         match conn.api.replace(&self.name, &post_params(), next).await {
             Ok(written) => {
                 self.observe(&written);
-                Ok(Cas::Written(written))
+                Ok(Cas::Written(Box::new(written)))
             }
             Err(e) if Self::is_conflict(&e) => Ok(Cas::Conflict),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Cas::Gone),

@@ -267,4 +267,5 @@ mod apply;
 pub(super) use apply::Created;
 
 #[cfg(test)]
+#[path = "view_tests.rs"]
 mod tests;

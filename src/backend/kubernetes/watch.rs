@@ -2,6 +2,7 @@
 //! leader's sight of writes by others (which end its term at once), a 410
 //! answered by a fresh read, and polling when RBAC denies `watch`.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -56,23 +57,9 @@ impl KubeLeaseBackend {
             match ev {
                 None => return Ok(None), // server-side timeout: reopen from resume_rv
                 Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
-                    if holder_of(&l) != seen.term_id {
-                        self.observe(&l);
-                        return Ok(Some(()));
-                    }
-                    if view.leading {
-                        // Our own renewals only move the resume point (the
-                        // update answers are the CAS versions).
-                        let now = Instant::now();
-                        if let Some(edit) = self.view(|v| v.observed_while_leading(&l, now)) {
-                            warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term at once");
-                            return Ok(Some(()));
-                        }
-                    } else {
-                        deadline = self.view(|v| {
-                            v.observed(&l, Instant::now());
-                            v.silent_until()
-                        });
+                    match self.watched(&l, seen, view.leading) {
+                        ControlFlow::Break(()) => return Ok(Some(())),
+                        ControlFlow::Continue(next) => deadline = next,
                     }
                 }
                 Some(Ok(WatchEvent::Deleted(l))) => {
@@ -95,6 +82,38 @@ impl KubeLeaseBackend {
                 }
                 Some(Err(e)) => return Err(self.classify(conn, "watch", e)),
             }
+        }
+    }
+
+    /// A version of the Lease delivered by the watch of `seen`'s term:
+    /// `Break` when the term changed (another holder, or, for the leader, a
+    /// write of someone else's to what it promises); else the follower's
+    /// new silence deadline (the leader has none).
+    fn watched(
+        &self,
+        lease: &Lease,
+        seen: &Holder,
+        leading: bool,
+    ) -> ControlFlow<(), Option<Instant>> {
+        let now = Instant::now();
+        if holder_of(lease) != seen.term_id {
+            self.view(|v| v.observed(lease, now));
+            return ControlFlow::Break(());
+        }
+        if !leading {
+            return ControlFlow::Continue(self.view(|v| {
+                v.observed(lease, now);
+                v.silent_until()
+            }));
+        }
+        // Our own renewals only move the resume point (the update answers
+        // are the CAS versions).
+        match self.view(|v| v.observed_while_leading(lease, now)) {
+            Some(edit) => {
+                warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term at once");
+                ControlFlow::Break(())
+            }
+            None => ControlFlow::Continue(None),
         }
     }
 
