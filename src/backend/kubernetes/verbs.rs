@@ -48,18 +48,17 @@ impl LeaseBackend for KubeLeaseBackend {
         let conn = self.conn().await?;
         let ours = &term.holder.term_id;
         for _ in 0..CAS_TRIES {
-            let base = match self.view(|v| v.classify(Some(ours), Instant::now())) {
-                Standing::Ours { .. } => self.view(|v| v.lease().cloned()).expect("ours"),
-                Standing::Overwritten { edit } => {
+            let (standing, lease) =
+                self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
+            let base = match (standing, lease) {
+                (Standing::Ours { .. }, Some(lease)) => lease,
+                (Standing::Overwritten { edit }, _) => {
                     // Someone changed what our term promises: followers
                     // count from their sight of it, so the term ends here.
                     warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term");
                     return Ok(Renewal::Lost(LostReason::KeyOverwritten));
                 }
-                Standing::Absent { .. }
-                | Standing::Held {
-                    how: Hold::Deleted, ..
-                } => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
+                (_, None) => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
                 _ => return Ok(Renewal::Lost(LostReason::KeyOverwritten)),
             };
             let mut next = base;
@@ -87,10 +86,10 @@ impl LeaseBackend for KubeLeaseBackend {
         let conn = self.conn().await?;
         let ours = &term.holder.term_id;
         for _ in 0..CAS_TRIES {
-            let base = match self.view(|v| v.classify(Some(ours), Instant::now())) {
-                Standing::Ours { .. } | Standing::Overwritten { .. } => {
-                    self.view(|v| v.lease().cloned()).expect("ours")
-                }
+            let (standing, lease) =
+                self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
+            let base = match (standing, lease) {
+                (Standing::Ours { .. } | Standing::Overwritten { .. }, Some(lease)) => lease,
                 // Gone or someone else's: nothing of ours to release.
                 _ => {
                     self.view(|v| v.resigned());
