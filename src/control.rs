@@ -286,8 +286,8 @@ mod tests {
         assert_eq!(status_and_body(req).await.0, StatusCode::OK);
     }
 
-    /// Issue 13: a path that is not UTF-8 after percent-decoding used to get
-    /// axum's plain-text 400; every error of the control port is JSON.
+    /// A path that is not UTF-8 after percent-decoding gets a JSON 400, not
+    /// axum's plain-text one: every error of the control port is JSON.
     #[tokio::test]
     async fn an_undecodable_path_gets_a_json_400() {
         let backend = crate::backend::etcd::EtcdBackend::new(

@@ -69,6 +69,18 @@ pub(crate) fn read_secret(flag: &str, path: &Path) -> Result<String, ConfigError
 
 /// Check that `pem` holds a PEM block with `label` in its `BEGIN` line
 /// (`CERTIFICATE`, `PRIVATE KEY`).
+/// The PEM file a flag names, checked to hold a `label` block
+/// (`CERTIFICATE`, `PRIVATE KEY`).
+///
+/// # Errors
+/// A [`ConfigError`] naming `flag` when the file cannot be read or holds no
+/// such block.
+pub(crate) fn read_pem(flag: &str, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {
+    let pem = read_file(flag, path)?;
+    check_pem(flag, path, &pem, label)?;
+    Ok(pem)
+}
+
 pub(crate) fn check_pem(
     flag: &str,
     path: &Path,

@@ -13,7 +13,7 @@ use leader_elector::config::{Config, LogFormat};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of glibc malloc (issue 13), measured with
+/// mimalloc instead of glibc malloc, measured with
 /// `benches/longpoll_memory.rs` (5,000 long-polls, three rounds): under glibc
 /// the memory of closed connections stayed in the process and RSS rose with
 /// every round (the heap is trimmed only from its top, and a few allocations

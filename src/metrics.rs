@@ -57,6 +57,78 @@ pub struct Metrics {
     pub label_patch_failures: IntCounterVec,
 }
 
+/// Buckets of the renewal round trip histogram, in seconds: from half a
+/// millisecond (a loopback backend) to 2.5 s (past any renew deadline).
+const RENEW_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// The counters, in the order `Metrics::new` takes them: name, help.
+const COUNTERS: [(&str, &str); 5] = [
+    (
+        "leader_election_slowpath_total",
+        "Renewals that failed and were retried within a renew cycle.",
+    ),
+    (
+        "leader_election_transitions_total",
+        "Leader changes observed by this candidate, including to nobody.",
+    ),
+    (
+        "leader_election_acquire_attempts_total",
+        "Campaign attempts.",
+    ),
+    (
+        "leader_election_renew_attempts_total",
+        "Lease renewals sent.",
+    ),
+    (
+        "leader_election_pod_label_patches_total",
+        "Successful patches of this Pod's leader label.",
+    ),
+];
+
+/// The counters by `reason`, in the order `Metrics::new` takes them.
+const BY_REASON: [(&str, &str); 3] = [
+    (
+        "leader_election_acquire_failures_total",
+        "Campaign attempts that failed, by reason.",
+    ),
+    (
+        "leader_election_renew_failures_total",
+        "Lease renewals that failed, by reason.",
+    ),
+    (
+        "leader_election_pod_label_failures_total",
+        "Failed patches of Pod leader labels, by reason.",
+    ),
+];
+
+/// The gauges in seconds, in the order `Metrics::new` takes them.
+const GAUGES: [(&str, &str); 2] = [
+    (
+        "leader_election_valid_for_seconds",
+        "Seconds until this candidate's leadership validity ends (0 when not leading).",
+    ),
+    (
+        "leader_election_last_failover_seconds",
+        "Seconds from the last backend answer showing the previous term alive to the observation of the next term, for the last change of term.",
+    ),
+];
+
+/// `f` over each element, in order; the first error ends it.
+fn try_map<T: Copy, U, const N: usize>(
+    items: [T; N],
+    mut f: impl FnMut(T) -> Result<U, prometheus::Error>,
+) -> Result<[U; N], prometheus::Error> {
+    let mut out = Vec::with_capacity(N);
+    for item in items {
+        out.push(f(item)?);
+    }
+    Ok(out
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one result per item")))
+}
+
 impl Metrics {
     /// Register the metrics of election `election` on `backend` in `registry`.
     ///
@@ -78,64 +150,40 @@ impl Metrics {
             "Round trip of acknowledged lease renewals, in seconds.",
         )
         .const_label("name", election)
-        .buckets(vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-        ]);
+        .buckets(RENEW_BUCKETS.to_vec());
         let up = opts(
             "leader_election_backend_up",
             "1 if the last backend call succeeded, else 0.",
         )
         .const_label("backend", backend);
+        let leading = opts(
+            "leader_election_master_status",
+            "1 while this candidate leads the election, else 0.",
+        );
+        let [
+            slowpath,
+            transitions,
+            acquire_attempts,
+            renew_attempts,
+            label_patches,
+        ] = try_map(COUNTERS, |(name, help)| counter(name, help))?;
+        let [acquire_failures, renew_failures, label_patch_failures] =
+            try_map(BY_REASON, |(name, help)| by_reason(name, help))?;
+        let [valid_for, last_failover] = try_map(GAUGES, |(name, help)| gauge(name, help))?;
         let m = Metrics {
-            master_status: register(
-                r,
-                IntGauge::with_opts(opts(
-                    "leader_election_master_status",
-                    "1 while this candidate leads the election, else 0.",
-                )),
-            )?,
-            slowpath: counter(
-                "leader_election_slowpath_total",
-                "Renewals that failed and were retried within a renew cycle.",
-            )?,
-            transitions: counter(
-                "leader_election_transitions_total",
-                "Leader changes observed by this candidate, including to nobody.",
-            )?,
-            acquire_attempts: counter(
-                "leader_election_acquire_attempts_total",
-                "Campaign attempts.",
-            )?,
-            acquire_failures: by_reason(
-                "leader_election_acquire_failures_total",
-                "Campaign attempts that failed, by reason.",
-            )?,
-            renew_attempts: counter(
-                "leader_election_renew_attempts_total",
-                "Lease renewals sent.",
-            )?,
-            renew_failures: by_reason(
-                "leader_election_renew_failures_total",
-                "Lease renewals that failed, by reason.",
-            )?,
+            master_status: register(r, IntGauge::with_opts(leading))?,
+            slowpath,
+            transitions,
+            acquire_attempts,
+            acquire_failures,
+            renew_attempts,
+            renew_failures,
             renew_latency: register(r, Histogram::with_opts(latency))?,
             backend_up: register(r, IntGauge::with_opts(up))?,
-            valid_for: gauge(
-                "leader_election_valid_for_seconds",
-                "Seconds until this candidate's leadership validity ends (0 when not leading).",
-            )?,
-            last_failover: gauge(
-                "leader_election_last_failover_seconds",
-                "Seconds from the last backend answer showing the previous term alive to the observation of the next term, for the last change of term.",
-            )?,
-            label_patches: counter(
-                "leader_election_pod_label_patches_total",
-                "Successful patches of this Pod's leader label.",
-            )?,
-            label_patch_failures: by_reason(
-                "leader_election_pod_label_failures_total",
-                "Failed patches of Pod leader labels, by reason.",
-            )?,
+            valid_for,
+            last_failover,
+            label_patches,
+            label_patch_failures,
             registry,
         };
         Ok(Arc::new(m))

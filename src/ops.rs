@@ -269,32 +269,10 @@ pub async fn observe(
     let mut free_poll = OBSERVE_POLL_FREE.0;
     loop {
         let read = tokio::select! {
-            r = tokio::time::timeout(cli.timeout, backend.read()) => r,
+            r = read_holder(cli, backend, &mut backoff) => r,
             _ = &mut stop => return 0,
         };
-        let holder = match read {
-            Ok(Ok(h)) => {
-                backoff = Duration::from_millis(100);
-                h
-            }
-            Ok(Err(e)) => {
-                eprintln!("error: {}; retrying in {backoff:?}", e.report());
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = &mut stop => return 0,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-            Err(_) => {
-                eprintln!(
-                    "error: {} did not answer within {}; retrying",
-                    backend.name(),
-                    humantime::format_duration(cli.timeout)
-                );
-                continue;
-            }
-        };
+        let Some(holder) = read else { continue };
         let key = term_key(holder.as_ref());
         if last.as_ref() != Some(&key) {
             let line = change_line(cli, backend.name(), holder.as_ref());
@@ -304,32 +282,67 @@ pub async fn observe(
             }
             last = Some(key);
         }
-        match &holder {
-            Some(h) => {
-                free_poll = OBSERVE_POLL_FREE.0;
-                let poll = h.expires_in.map_or(OBSERVE_POLL, |e| {
-                    (e + Duration::from_millis(10)).min(OBSERVE_POLL)
-                });
-                tokio::select! {
-                    r = backend.watch(h) => {
-                        if let Err(e) = r {
-                            report_watch_error(&e);
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                    _ = tokio::time::sleep(poll) => {}
-                    _ = &mut stop => return 0,
-                }
-            }
-            None => {
-                tokio::select! {
-                    _ = tokio::time::sleep(free_poll) => {}
-                    _ = &mut stop => return 0,
-                }
-                free_poll = (free_poll * 2).min(OBSERVE_POLL_FREE.1);
-                continue;
+        tokio::select! {
+            _ = next_change(backend, holder.as_ref(), &mut free_poll) => {}
+            _ = &mut stop => return 0,
+        }
+    }
+}
+
+/// One read for `observe`: the holder, or `None` after an error (said on
+/// stderr, and waited out with a doubling backoff up to 5 s).
+async fn read_holder(
+    cli: &OpsCli,
+    backend: &dyn LeaseBackend,
+    backoff: &mut Duration,
+) -> Option<Option<Holder>> {
+    match tokio::time::timeout(cli.timeout, backend.read()).await {
+        Ok(Ok(h)) => {
+            *backoff = Duration::from_millis(100);
+            Some(h)
+        }
+        Ok(Err(e)) => {
+            eprintln!("error: {}; retrying in {backoff:?}", e.report());
+            tokio::time::sleep(*backoff).await;
+            *backoff = (*backoff * 2).min(Duration::from_secs(5));
+            None
+        }
+        Err(_) => {
+            eprintln!(
+                "error: {} did not answer within {}; retrying",
+                backend.name(),
+                humantime::format_duration(cli.timeout)
+            );
+            None
+        }
+    }
+}
+
+/// Wait until the term may have changed: the holder's watch fires, or its
+/// lease may have run out (at most [`OBSERVE_POLL`]); while nobody leads,
+/// a poll from every 10 ms, doubling to every 500 ms.
+async fn next_change(
+    backend: &dyn LeaseBackend,
+    holder: Option<&Holder>,
+    free_poll: &mut Duration,
+) {
+    let Some(h) = holder else {
+        tokio::time::sleep(*free_poll).await;
+        *free_poll = (*free_poll * 2).min(OBSERVE_POLL_FREE.1);
+        return;
+    };
+    *free_poll = OBSERVE_POLL_FREE.0;
+    let poll = h.expires_in.map_or(OBSERVE_POLL, |e| {
+        (e + Duration::from_millis(10)).min(OBSERVE_POLL)
+    });
+    tokio::select! {
+        r = backend.watch(h) => {
+            if let Err(e) = r {
+                report_watch_error(&e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+        _ = tokio::time::sleep(poll) => {}
     }
 }
 

@@ -1,13 +1,13 @@
 //! Serving a router on a TCP listener with the limits a port reachable by
-//! anything in the cluster needs (issue 13): a cap on concurrent connections,
+//! anything in the cluster needs: a cap on concurrent connections,
 //! a header-read timeout that also closes idle keep-alive connections, and a
 //! request-body inactivity timeout.
 //!
 //! Invariant: at most `max_connections` connections are served by the router
 //! at once. At the cap a new connection takes the slot of the longest-idle
 //! one (no request in flight: before its first request or between two),
-//! which is closed (issue 24: a flood of idle connections must not refuse a
-//! kubelet probe). When every served connection has a request in flight, new
+//! which is closed: a flood of idle connections must not refuse a kubelet
+//! probe. When every served connection has a request in flight, new
 //! ones are answered by a tiny fixed service (`/healthz` → 200 when the
 //! listener has one, anything else → 503 JSON, `Connection: close`, a short
 //! header timeout), at most [`OVERFLOW_CONNECTIONS`] of them at once, the

@@ -7,9 +7,9 @@
 //!
 //! Signals within the window are the same request, not a second one: GNU
 //! `timeout`, `tini -g` and shell wrappers send SIGTERM to the child and then
-//! to its process group, so one stop arrives twice a moment apart (issue 24:
-//! under `timeout` the second copy cut the release and the lease stayed held
-//! for its whole duration).
+//! to its process group, so one stop arrives twice a moment apart; taken for a
+//! second request, the copy would cut the release short and leave the lease
+//! held for its whole duration.
 
 use std::time::Duration;
 

@@ -212,34 +212,53 @@ pub async fn supervise(
                 restart_delay = Duration::from_millis(100);
             }
             Outcome::Exited(status) => {
-                let code = exit_code(status);
                 // Reap anything the child left in its group.
                 signal_group(&child, Signal::SIGKILL);
-                match opts.on_child_exit {
-                    OnChildExit::Restart => {
-                        warn!(code, delay = ?restart_delay, "the command exited; restarting it while leading");
-                        tokio::select! {
-                            _ = sleep(restart_delay) => {}
-                            _ = shutdown.cancelled() => {}
-                        }
-                        restart_delay = (restart_delay * 2).min(Duration::from_secs(10));
-                    }
-                    OnChildExit::Resign => {
-                        warn!(code, cooldown = ?opts.resign_cooldown, "the command exited; resigning");
-                        handle.resign(opts.resign_cooldown).await;
-                        handle.release().await;
-                    }
-                    OnChildExit::Exit => {
-                        info!(
-                            code,
-                            "the command exited; resigning and exiting with its code"
-                        );
-                        shutdown.cancel();
-                        handle.release().await;
-                        return Some(code);
-                    }
+                let code = exit_code(status);
+                if let Some(code) =
+                    after_exit(code, &opts, &handle, &shutdown, &mut restart_delay).await
+                {
+                    return Some(code);
                 }
             }
+        }
+    }
+}
+
+/// What `--on-child-exit` says to do once the command exited with `code`
+/// on its own: restart it (after a doubling delay), resign, or resign and
+/// end the run with its code (`Some(code)`).
+async fn after_exit(
+    code: i32,
+    opts: &RunOptions,
+    handle: &ElectorHandle,
+    shutdown: &CancellationToken,
+    restart_delay: &mut Duration,
+) -> Option<i32> {
+    match opts.on_child_exit {
+        OnChildExit::Restart => {
+            warn!(code, delay = ?restart_delay, "the command exited; restarting it while leading");
+            tokio::select! {
+                _ = sleep(*restart_delay) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            *restart_delay = (*restart_delay * 2).min(Duration::from_secs(10));
+            None
+        }
+        OnChildExit::Resign => {
+            warn!(code, cooldown = ?opts.resign_cooldown, "the command exited; resigning");
+            handle.resign(opts.resign_cooldown).await;
+            handle.release().await;
+            None
+        }
+        OnChildExit::Exit => {
+            info!(
+                code,
+                "the command exited; resigning and exiting with its code"
+            );
+            shutdown.cancel();
+            handle.release().await;
+            Some(code)
         }
     }
 }

@@ -265,9 +265,21 @@ async fn a_foreign_key_of_another_type_is_reported_as_wrongtype() {
     .await;
 }
 
+/// Run the sidecar with `args` and `env`, expect exit code 2, and return
+/// what it printed on stderr.
+fn exits_2(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    stderr
+}
+
 #[test]
 fn redis_configuration_errors_exit_2() {
-    let bin = env!("CARGO_BIN_EXE_leader-elector");
     let cases: &[(&[&str], &str)] = &[
         (
             &[
@@ -311,25 +323,17 @@ fn redis_configuration_errors_exit_2() {
         ),
     ];
     for (args, expected) in cases {
-        let out = std::process::Command::new(bin)
-            .args(*args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = exits_2(args, &[]);
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(
             !stderr.contains("hunter2"),
             "a password was printed: {stderr}"
         );
     }
-    let out = std::process::Command::new(bin)
-        .args(["--election", "x", "--redis-url", "redis://127.0.0.1:2"])
-        .env("LEADER_ELECTOR_REDIS_MIN_REPLICAS", "101")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = exits_2(
+        &["--election", "x", "--redis-url", "redis://127.0.0.1:2"],
+        &[("LEADER_ELECTOR_REDIS_MIN_REPLICAS", "101")],
+    );
     assert!(
         stderr.contains("--redis-min-replicas") && stderr.contains("to 100"),
         "{stderr}"
@@ -407,6 +411,37 @@ async fn elect(b: &RedisBackend, id: &str, ttl: Duration, limit: Duration) -> Te
     }
 }
 
+/// Campaign every 20 ms until elected, through errors; panics after `limit`.
+async fn first_elected(b: &RedisBackend, id: &str, ttl: Duration, limit: Duration) -> Term {
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(Campaign::Elected(t)) = campaign(b, id, ttl).await {
+            return t;
+        }
+        assert!(Instant::now() < end, "{id} never elected within {limit:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn del(server: &RedisServer, key: &str) {
+    let mut c = server.conn().await;
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("DEL by hand");
+}
+
+async fn exists(server: &RedisServer, key: &str) -> bool {
+    let mut c = server.conn().await;
+    let n: u32 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("EXISTS by hand");
+    n == 1
+}
+
 async fn set(server: &RedisServer, key: &str, value: &str) {
     let mut c = server.conn().await;
     let _: () = redis::cmd("SET")
@@ -424,6 +459,35 @@ async fn get(server: &RedisServer, key: &str) -> Option<String> {
         .query_async(&mut c)
         .await
         .expect("GET by hand")
+}
+
+/// A Redis term says what it granted and what is valid: the key's TTL is the
+/// TTL asked for, the term is valid for that less the Redlock drift, and a
+/// renewal sets the granted TTL again (never more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_carries_the_granted_ttl_and_a_renewal_sets_it_again() {
+    let redis = RedisServer::start().await;
+    let el = election("redis-granted-ttl");
+    let ttl = Duration::from_secs(2);
+    let a = backend_on(std::slice::from_ref(&redis.url), &el);
+    let term = elect(&a, "a", ttl, Duration::from_secs(10)).await;
+    assert_eq!(term.granted, ttl);
+    assert_eq!(term.ttl, ttl - leader_elector::backend::redis::drift(ttl));
+    let renewed = a.renew(&term).await.expect("renew");
+    assert!(
+        matches!(renewed, leader_elector::backend::Renewal::Renewed { ttl: t, .. } if t == term.ttl),
+        "{renewed:?}"
+    );
+    let mut c = redis.conn().await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(election_key(&el))
+        .query_async(&mut c)
+        .await
+        .expect("PTTL by hand");
+    assert!(
+        pttl > 1000 && pttl <= 2000,
+        "PTTL {pttl} ms after a renewal of 2 s"
+    );
 }
 
 /// A counter that went back (a lagging replica promoted, a restore from an old
@@ -626,14 +690,7 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
     )
     .await;
     replica_of(&replica, None).await;
-    {
-        let mut c = replica.conn().await;
-        let _: () = redis::cmd("DEL")
-            .arg(election_key(&el))
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    del(&replica, &election_key(&el)).await;
     // More terms on the primary: its counter moves on, the replica's does not.
     a.resign(&t1).await.unwrap();
     let t2 = elect(&b, "b", ttl, Duration::from_secs(2)).await;
@@ -647,18 +704,7 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
     // believes in t3 for up to a TTL.
     let promoted = Instant::now();
     proxy.redirect(support::proxy::addr_of(&replica.url)).await;
-    let mut first_elected = None;
-    while first_elected.is_none() {
-        if let Ok(Campaign::Elected(t)) = campaign(&b, "b", ttl).await {
-            first_elected = Some(t);
-        }
-        assert!(
-            promoted.elapsed() < Duration::from_secs(10),
-            "b never elected on the promoted replica"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    let t4 = first_elected.unwrap();
+    let t4 = first_elected(&b, "b", ttl, Duration::from_secs(10)).await;
     let took = promoted.elapsed();
     eprintln!(
         "tokens {} {} {} then {} on the promoted replica after {took:?}",
@@ -963,14 +1009,8 @@ async fn coordination_grants_count_only_when_a_replica_has_them() {
             error.contains("replicas") && error.contains("--redis-min-replicas"),
             "{path}: {body}"
         );
-        let mut c = primary.conn().await;
-        let exists: u32 = redis::cmd("EXISTS")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        assert_eq!(
-            exists, 0,
+        assert!(
+            !exists(&primary, key).await,
             "{path}: the unacknowledged grant was left in {key}"
         );
     }
@@ -981,14 +1021,8 @@ async fn coordination_grants_count_only_when_a_replica_has_them() {
             .await
             .expect("the control API answers");
         assert_eq!(status, 200, "{path}: {body}");
-        let mut c = replica.conn().await;
-        let exists: u32 = redis::cmd("EXISTS")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        assert_eq!(
-            exists, 1,
+        assert!(
+            exists(&replica, key).await,
             "{path}: granted, but the replica does not have {key}"
         );
     }

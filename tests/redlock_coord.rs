@@ -210,3 +210,38 @@ async fn a_semaphores_size_belongs_to_its_name_on_three_servers() {
         "a new size once no permit is live",
     );
 }
+
+/// One counter rule for every script: a counter of 16 digits (beyond what a
+/// Lua number holds exactly with its successor) is refused by a lock on a
+/// Redlock group as it is by the election, and nothing is kept; one of 15
+/// digits is counted past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_counter_of_sixteen_digits_is_refused_and_fifteen_are_counted_past() {
+    let servers = three().await;
+    let c = coord_on(&servers, "redlock-counter-digits");
+    let key = "leader-elector:{lock:D}";
+    let counter = "leader-elector:{lock:D}:fencing";
+    for s in &servers {
+        set_on(s, counter, Some("1000000000000000")).await;
+    }
+    let refused = within("lock", c.lock("D", "x", TTL)).await;
+    match &refused {
+        Err(CoordError::Corrupt { key: k, found }) => {
+            assert_eq!(k, counter);
+            assert!(found.contains("1000000000000000"), "{found}");
+        }
+        other => panic!("a 16-digit counter was not refused: {other:?}"),
+    }
+    for s in &servers {
+        let mut conn = s.conn().await;
+        let exists: u32 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0, "the lock was kept on a refusal");
+        set_on(s, counter, Some("999999999999990")).await;
+    }
+    let g = granted(within("lock", c.lock("D", "x", TTL)).await, "lock");
+    assert!(g.fencing_token > 999_999_999_999_990, "{}", g.fencing_token);
+}

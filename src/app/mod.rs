@@ -348,6 +348,7 @@ fn hook_rows(
 }
 
 /// Pod labelling (Kubernetes only): a task, or `None` when it is off.
+#[cfg(feature = "kubernetes")]
 async fn spawn_labeler(
     cfg: &Config,
     elector: &mut Elector,
@@ -384,6 +385,21 @@ async fn spawn_labeler(
         )
         .late("the Pod labeler did not finish in time"),
     )
+}
+
+/// Pod labelling needs the `kubernetes` feature: without it, say so once.
+#[cfg(not(feature = "kubernetes"))]
+async fn spawn_labeler(
+    cfg: &Config,
+    _: &mut Elector,
+    _: &tokio::sync::watch::Receiver<LeaderState>,
+    _: &Arc<Metrics>,
+    _: &CancellationToken,
+) -> Option<Task> {
+    if cfg.labeler.is_some() {
+        warn!("pod labelling is off: this build has no Kubernetes client (the kubernetes feature)");
+    }
+    None
 }
 
 /// The coordination service of the control API.

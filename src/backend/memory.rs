@@ -157,6 +157,7 @@ impl LeaseBackend for MemoryBackend {
         Ok(Campaign::Elected(Term {
             holder,
             ttl,
+            granted: ttl,
             servers: None,
         }))
     }

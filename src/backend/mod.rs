@@ -8,9 +8,12 @@
 //! every call in a timeout and applies the safety rule.
 
 pub mod coordination;
+#[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
 
@@ -42,9 +45,16 @@ pub struct Holder {
 pub struct Term {
     /// This candidate as the holder of the key; `holder.term_id` proves ownership.
     pub holder: Holder,
-    /// The lease TTL the backend actually granted (etcd raises small TTLs to
-    /// its minimum and counts in whole seconds; Redlock subtracts its drift).
+    /// How long the term is valid, counted from when the campaign request was
+    /// sent: the TTL the backend granted ([`Term::granted`]) less what the
+    /// backend's own rule takes off (Redis: the Redlock clock drift allowance,
+    /// [`redis::drift`]); at most `granted`. The Elector keeps its safety
+    /// margin within this, and reports it as the lease duration.
     pub ttl: Duration,
+    /// The TTL the backend set on the key, which each renewal asks for again
+    /// (etcd raises small TTLs to its minimum and counts in whole seconds;
+    /// Redis: the TTL asked for).
+    pub granted: Duration,
     /// Redlock: servers that granted the term, and servers in all. `None` for
     /// a single server.
     pub servers: Option<(usize, usize)>,

@@ -34,22 +34,28 @@ pub struct BackendArgs {
     pub backend: String,
 
     /// etcd connection.
+    #[cfg(feature = "etcd")]
     #[command(flatten)]
     pub etcd: super::etcd::flags::EtcdArgs,
 
     /// Redis connection.
+    #[cfg(feature = "redis")]
     #[command(flatten)]
     pub redis: super::redis::flags::RedisArgs,
 
     /// Kubernetes backend.
+    #[cfg(feature = "kubernetes")]
     #[command(flatten)]
     pub kubernetes: super::kubernetes::flags::KubeArgs,
 }
 
 /// The registered backends, in the order `--backend` lists them.
 pub const ROWS: &[Row] = &[
+    #[cfg(feature = "etcd")]
     super::etcd::flags::ROW,
+    #[cfg(feature = "redis")]
     super::redis::flags::ROW,
+    #[cfg(feature = "kubernetes")]
     super::kubernetes::flags::ROW,
 ];
 
@@ -242,5 +248,79 @@ fn count_word(n: usize) -> String {
         3 => "three".into(),
         4 => "four".into(),
         n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chart offers exactly the registered backends (and `auto`), and
+    /// its values document each: the chart's `backend` enum is a copy of
+    /// the registry, checked here.
+    #[test]
+    fn the_charts_backend_choice_is_the_registry() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/leader-elector");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("values.schema.json")).unwrap())
+                .unwrap();
+        let offered: Vec<&str> = schema["properties"]["backend"]["enum"]
+            .as_array()
+            .expect("values.schema.json: properties.backend.enum")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let registered: Vec<&str> = std::iter::once(AUTO)
+            .chain(ROWS.iter().map(|r| r.name))
+            .collect();
+        assert_eq!(offered, registered, "the chart's backend enum");
+        let values = std::fs::read_to_string(dir.join("values.yaml")).unwrap();
+        let doc = values
+            .lines()
+            .find(|l| l.starts_with("## @param backend "))
+            .expect("values.yaml documents backend");
+        for name in &registered {
+            assert!(doc.contains(&format!("`{name}`")), "{doc} names {name}");
+        }
+    }
+
+    #[test]
+    fn auto_refuses_two_backends_and_names_the_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            b: BackendArgs,
+        }
+        let f = Flags::parse_from([
+            "x",
+            "--etcd-endpoints=http://127.0.0.1:2379",
+            "--redis-url=redis://127.0.0.1:6379",
+        ]);
+        let common = Common {
+            election: "e".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: None,
+            call_timeout: Duration::from_secs(3),
+        };
+        let e = resolve(&f.b, &common).unwrap_err().to_string();
+        assert!(
+            e.starts_with("both --etcd-endpoints and --redis-url are given"),
+            "{e}"
+        );
+        assert!(e.contains("--backend etcd or --backend redis"), "{e}");
+        let f = Flags::parse_from(["x", "--etcd-endpoints=http://127.0.0.1:2379"]);
+        assert_eq!(resolve(&f.b, &common).unwrap().name(), "etcd");
+    }
+
+    #[test]
+    fn a_backend_without_coordination_names_those_with_it() {
+        let m = unserved_message("kubernetes");
+        assert!(m.contains("not served by the kubernetes backend"), "{m}");
+        assert!(m.contains("--backend etcd (locks, fair locks"), "{m}");
+        assert!(
+            m.contains("--backend redis (one server or a Redlock group"),
+            "{m}"
+        );
     }
 }

@@ -145,6 +145,42 @@ fn run_options(cli: &Cli, run_mode: bool, t: &Timing) -> Result<Option<RunOption
     }
 }
 
+/// The Elector's timing and identity. Run mode keeps the lease until the
+/// child is gone (a drain of at least the kill grace); otherwise a drain
+/// needs the control API, where the app says it is done.
+fn elector_config(
+    cli: &Cli,
+    timing: &Timing,
+    run: Option<&RunOptions>,
+    control_api: bool,
+) -> Result<ElectorConfig, ConfigError> {
+    let drain_timeout = match (run, cli.drain_timeout) {
+        (Some(r), d) => Some(
+            d.unwrap_or_default()
+                .max(r.kill_grace + Duration::from_secs(1)),
+        ),
+        (None, d) => d.filter(|d| !d.is_zero()),
+    };
+    if drain_timeout.is_some() && run.is_none() && !control_api {
+        return Err(config_error(
+            "--drain-timeout needs the control API (--control-addr) so the app can POST /release",
+        ));
+    }
+    let elector = ElectorConfig {
+        election: cli.election.clone(),
+        identity: identity(cli)?,
+        lease_duration: cli.lease_duration,
+        renew_interval: timing.renew_interval,
+        retry_period: cli.retry_period,
+        drift_margin: cli.drift_margin,
+        drain_timeout,
+        health_grace: timing.health_grace,
+        release_wait: run.map(|r| r.kill_grace + Duration::from_millis(100)),
+    };
+    elector.validate().map_err(config_error)?;
+    Ok(elector)
+}
+
 /// `--control-addr`: `None` when empty; a loopback address otherwise.
 fn control_addr(cli: &Cli) -> Result<Option<SocketAddr>, ConfigError> {
     match cli.control_addr.trim() {
@@ -179,37 +215,10 @@ impl Config {
     pub fn from_cli_mode(cli: Cli, run_mode: bool) -> Result<Config, ConfigError> {
         check_election(&cli.election)?;
         check_ranges(&cli)?;
-        let identity = identity(&cli)?;
         let timing = Timing::of(&cli)?;
         let run = run_options(&cli, run_mode, &timing)?;
-        // Run mode keeps the lease until the child is gone.
-        let drain_timeout = match (&run, cli.drain_timeout) {
-            (Some(r), d) => Some(
-                d.unwrap_or_default()
-                    .max(r.kill_grace + Duration::from_secs(1)),
-            ),
-            (None, d) => d.filter(|d| !d.is_zero()),
-        };
         let control_addr = control_addr(&cli)?;
-        if drain_timeout.is_some() && run.is_none() && control_addr.is_none() {
-            return Err(config_error(
-                "--drain-timeout needs the control API (--control-addr) so the app can POST /release",
-            ));
-        }
-        let elector = ElectorConfig {
-            election: cli.election.clone(),
-            identity,
-            lease_duration: cli.lease_duration,
-            renew_interval: timing.renew_interval,
-            retry_period: cli.retry_period,
-            drift_margin: cli.drift_margin,
-            drain_timeout,
-            health_grace: timing.health_grace,
-            release_wait: run
-                .as_ref()
-                .map(|r| r.kill_grace + Duration::from_millis(100)),
-        };
-        elector.validate().map_err(config_error)?;
+        let elector = elector_config(&cli, &timing, run.as_ref(), control_addr.is_some())?;
         let backend = registry::resolve(
             &cli.store,
             &Common {

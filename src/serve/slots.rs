@@ -1,7 +1,7 @@
 //! Connection slots of one tier of a listener (the router's, or the overflow
 //! answer's), with the longest-idle connection given up to admit a new one
-//! when the tier is full (issue 24: a kubelet probe must never be refused
-//! because idle connections hold every slot).
+//! when the tier is full: a kubelet probe must never be refused because
+//! idle connections hold every slot.
 //!
 //! Invariant: at most `cap` connections hold a slot at once. A connection is
 //! *idle* from its accept, and again from the end of each response, until the

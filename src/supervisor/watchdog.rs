@@ -1,8 +1,8 @@
 //! Run mode's watchdog: the small process between the sidecar and the
 //! command (`leader-elector __watchdog PARENT_PID -- COMMAND ARGS…`) that
-//! makes the command's whole process tree die with the sidecar (issue 24:
-//! a parent-death signal on the command alone left its own children running
-//! after a SIGKILL of the sidecar, reparented to PID 1).
+//! makes the command's whole process tree die with the sidecar: a
+//! parent-death signal on the command alone would leave the command's own
+//! children running after a SIGKILL of the sidecar, reparented to PID 1.
 //!
 //! How:
 //! - The sidecar starts the watchdog in a process group of its own, with one
@@ -81,19 +81,10 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("error: __watchdog needs PARENT_PID -- COMMAND [ARGS]...");
         return 2;
     };
-    // Before any thread starts, so every thread inherits the mask.
-    if let Err(e) = blocked().thread_block() {
-        eprintln!("error: the run-mode watchdog cannot block signals: {e}");
-        return 126;
-    }
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        eprintln!("error: the run-mode watchdog cannot become a child subreaper: {e}");
-        return 126;
-    }
-    let lifeline = match std::io::stdin().as_fd().try_clone_to_owned() {
-        Ok(fd) => UnixStream::from(fd),
+    let lifeline = match prepare() {
+        Ok(l) => l,
         Err(e) => {
-            eprintln!("error: the run-mode watchdog has no lifeline on stdin: {e}");
+            eprintln!("error: the run-mode watchdog {e}");
             return 126;
         }
     };
@@ -136,6 +127,25 @@ pub fn main(args: &[String]) -> i32 {
     let code = reap_until(command);
     kill_descendants_for(CLEANUP_LIMIT);
     code
+}
+
+/// Block the forwarded signals (before any thread starts, so every thread
+/// inherits the mask), become the subreaper of the command's tree, and take
+/// the lifeline from stdin.
+///
+/// # Errors
+/// What the watchdog cannot do, in words following "the run-mode watchdog".
+fn prepare() -> Result<UnixStream, String> {
+    blocked()
+        .thread_block()
+        .map_err(|e| format!("cannot block signals: {e}"))?;
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
+    std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(UnixStream::from)
+        .map_err(|e| format!("has no lifeline on stdin: {e}"))
 }
 
 /// Block until the lifeline closes (the sidecar is gone), then kill every

@@ -123,6 +123,11 @@ kubernetes, or auto with neither etcd endpoints nor a Redis URLs Secret.
 {{- if or (eq $v.backend "kubernetes") (and (eq $v.backend "auto") (not $v.etcd.endpoints) (not $v.redis.urlsSecret.name)) }}true{{ end }}
 {{- end }}
 
+{{/*
+What the sidecar asks of the API server in its namespace, as RBAC rules:
+the Role grants them and the FlowSchema (flowControl.enabled) matches them,
+both rendered from this one list.
+*/}}
 {{- define "leader-elector.rbacRules" -}}
 # Read and label its own Pod (JSON merge patch on metadata.labels).
 - apiGroups: [""]
@@ -155,4 +160,34 @@ values.schema.json restricts it to that) in milliseconds.
 {{- $total = add $total (mul $n (get $units $unit)) }}
 {{- end }}
 {{- $total }}
+{{- end }}
+
+{{/*
+Refuse a readiness probe that only the leader passes (/leader, /isLeader, /)
+where it deadlocks: followers are never ready, so a PodDisruptionBudget
+never allows an eviction (only the leader counts as healthy), and a rolling
+update ends with the old leader as the only available Pod, which it takes
+down only when maxUnavailable covers every replica; until then the new Pods
+stay unready (they follow the old leader), so the rollout never ends. Readiness is /readyz (followers
+are ready); leader-only routing is the leader label (service.yaml).
+*/}}
+{{- define "leader-elector.checkRollout" -}}
+{{- $v := .Values }}
+{{- $path := "" }}
+{{- with $v.readinessProbe }}{{ with .httpGet }}{{ $path = .path | default "" }}{{ end }}{{ end }}
+{{- if and $v.example.enabled (has $path (list "/leader" "/isLeader" "/")) }}
+{{- if $v.podDisruptionBudget.enabled }}
+{{- fail (printf "leader-elector: readinessProbe on %s with podDisruptionBudget.enabled: only the leader is ever ready, so the PodDisruptionBudget never allows an eviction and every drain hangs; use /readyz (followers are ready) and route to the leader with the leader label (service.enabled)" $path) }}
+{{- end }}
+{{- $strategy := $v.example.strategy | default dict }}
+{{- if ne ($strategy.type | default "RollingUpdate") "Recreate" }}
+{{- $rolling := $strategy.rollingUpdate | default dict }}
+{{- $max := toString (hasKey $rolling "maxUnavailable" | ternary $rolling.maxUnavailable "25%") }}
+{{- $n := int $v.example.replicas }}
+{{- $down := hasSuffix "%" $max | ternary (div (mul $n (atoi (trimSuffix "%" $max))) 100) (atoi $max) }}
+{{- if lt (int $down) $n }}
+{{- fail (printf "leader-elector: readinessProbe on %s with a rolling update (maxUnavailable %s of %d replicas): the old leader ends as the only available Pod, the new Pods stay unready while it leads, and a rolling update takes it down only when maxUnavailable covers every replica, so the rollout never ends; use /readyz (followers are ready) and route to the leader with the leader label, or example.strategy.type Recreate" $path $max $n) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}

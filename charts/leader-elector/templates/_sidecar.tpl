@@ -77,6 +77,7 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- fail (printf "leader-elector: renewInterval (%s) must be shorter than leaseDuration (%s): the lease would expire between renewals and the sidecar refuses to start" . $v.leaseDuration) }}
 {{- end }}
 {{- end }}
+{{- include "leader-elector.checkRollout" . }}
 {{- if and $etcd $redis }}
 {{- fail "leader-elector: both etcd.endpoints and redis.urlsSecret.name are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
 {{- end }}

@@ -13,7 +13,7 @@ use super::EtcdOptions;
 use super::coord::{DEFAULT_DEADLINE, EtcdCoord};
 use crate::backend::LeaseBackend;
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
-use crate::flags::{ConfigError, check_pem, config_error, read_file, read_secret, redact};
+use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
 
 /// The etcd backend's registry row.
 pub const ROW: Row = Row {
@@ -180,11 +180,7 @@ fn resolve(
     let ca_pem = e
         .etcd_ca_file
         .as_deref()
-        .map(|p| {
-            let pem = read_file("--etcd-ca-file", p)?;
-            check_pem("--etcd-ca-file", p, &pem, "CERTIFICATE")?;
-            Ok::<_, ConfigError>(pem)
-        })
+        .map(|p| read_pem("--etcd-ca-file", p, "CERTIFICATE"))
         .transpose()?;
     Ok(Arc::new(EtcdSettings {
         key: format!("{}{}", e.etcd_prefix, common.election),
@@ -213,10 +209,8 @@ fn etcd_client_cert(e: &EtcdArgs, tls: bool) -> Result<Option<CertAndKey>, Confi
                     "--etcd-cert-file needs --etcd-ca-file (client certificates are sent over TLS)",
                 ));
             }
-            let cert = read_file("--etcd-cert-file", c)?;
-            check_pem("--etcd-cert-file", c, &cert, "CERTIFICATE")?;
-            let key = read_file("--etcd-key-file", k)?;
-            check_pem("--etcd-key-file", k, &key, "PRIVATE KEY")?;
+            let cert = read_pem("--etcd-cert-file", c, "CERTIFICATE")?;
+            let key = read_pem("--etcd-key-file", k, "PRIVATE KEY")?;
             Ok(Some((cert, key)))
         }
         (Some(_), None) => Err(config_error(

@@ -297,6 +297,7 @@ impl LeaseBackend for EtcdBackend {
                 expires_in: None,
             },
             ttl: lease.ttl,
+            granted: lease.ttl,
             servers: None,
         }))
     }

@@ -12,7 +12,8 @@
 //! - **Redlock**: a term is granted only with a quorum, its TTL shortened by
 //!   [`drift`]; the Elector counts validity from the instant the first
 //!   request was sent. The fencing token is the largest counter in the
-//!   quorum, raised on a quorum before the term is claimed ([`Group::raise`]).
+//!   quorum, raised on a quorum before the term is claimed: the group's one
+//!   grant rule ([`Group::grant`]), which coordination follows too.
 //! - **`--redis-min-replicas`**: a server whose replicas did not acknowledge
 //!   its grant, raise or renewal does not count towards the quorum (one
 //!   server: the term is not won, or the renewal fails); the campaign gives
@@ -28,11 +29,12 @@ use redis::Value;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::group::{Group, drift, tally, unexpected};
+use super::group::{Acquisition, Granting, Group, drift, unexpected};
 use super::holders::{nobody, parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
 use super::released::Released;
 use super::server::{Server, text_of, uint_of};
+use super::verdict::Verdict;
 use super::{BACKEND, BadCounter, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated};
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
@@ -184,10 +186,19 @@ impl RedisBackend {
             .and_then(text_of)
             .ok_or_else(|| unexpected(&v))?;
         let hold_until = self.saw_run(i, server, run, ttl);
+        self.answer(server, &v, hold_until)
+    }
+
+    /// Read `server`'s campaign answer `v` (an array ending with its
+    /// `run_id`), given our hold-off on it.
+    fn answer(&self, server: &Server, v: &Value, hold_until: Option<Instant>) -> Result<Answer> {
+        let Value::Array(items) = v else {
+            return Err(unexpected(v));
+        };
         match items.as_slice() {
             [Value::Int(1), f, _] => uint_of(f)
                 .map(Answer::Acquired)
-                .ok_or_else(|| unexpected(&v)),
+                .ok_or_else(|| unexpected(v)),
             [Value::Int(0), Value::BulkString(value), Value::Int(pttl), _] => Ok(Answer::Held(
                 String::from_utf8_lossy(value).into_owned(),
                 *pttl,
@@ -217,7 +228,7 @@ impl RedisBackend {
                     value: String::from_utf8_lossy(value).into_owned(),
                 }),
             }),
-            _ => Err(unexpected(&v)),
+            _ => Err(unexpected(v)),
         }
     }
 
@@ -258,37 +269,30 @@ impl RedisBackend {
         found
     }
 
-    /// A quorum granted: raise the counters (Redlock), then claim the term,
-    /// or give it back when too few servers confirmed.
-    async fn win(&self, found: &Found, token: String, identity: &str, ttl: Duration) -> Campaign {
+    /// The grant rule's decision on a campaign round: the term, a wait when
+    /// too few servers confirmed its fencing token, or what the round found.
+    fn decide(&self, granting: Granting, found: Found, ask: &Acquisition<'_>) -> Result<Campaign> {
         let n = self.servers();
-        let fencing = found.acquired.iter().map(|(_, f)| *f).max().unwrap_or(0);
-        let value = Stored {
-            token,
-            fencing,
-            owner: identity.to_owned(),
-        };
-        if self.group.raise(&self.key, &self.counter_key, &value).await < self.quorum() {
-            self.group
-                .release_on(&found.taken(), &self.key, &value.token, &self.channel)
-                .await;
-            return Campaign::Waiting {
+        match granting {
+            Granting::Granted { fencing, by, .. } => Ok(Campaign::Elected(Term {
+                holder: Holder {
+                    identity: ask.owner.to_owned(),
+                    fencing_token: fencing,
+                    term_id: ask.token.to_owned(),
+                    revision: 0,
+                    expires_in: None,
+                },
+                ttl: ask.ttl.saturating_sub(drift(ask.ttl)),
+                granted: ask.ttl,
+                servers: (n > 1).then_some((by, n)),
+            })),
+            Granting::Unconfirmed { .. } => Ok(Campaign::Waiting {
                 previous: nobody(),
                 retry_after: random_retry(),
                 why: "the fencing counter could not be raised on a quorum of servers; retrying",
-            };
+            }),
+            Granting::Refused => self.lose(found),
         }
-        Campaign::Elected(Term {
-            holder: Holder {
-                identity: value.owner,
-                fencing_token: fencing,
-                term_id: value.token,
-                revision: 0,
-                expires_in: None,
-            },
-            ttl: ttl.saturating_sub(drift(ttl)),
-            servers: (n > 1).then_some((found.acquired.len(), n)),
-        })
     }
 
     /// No quorum: follow the holder seen on a quorum, or wait out a split.
@@ -354,14 +358,19 @@ impl LeaseBackend for RedisBackend {
         let start = Instant::now();
         let token = new_token();
         let found = self.ask_all(&token, identity, ttl).await;
-        if found.acquired.len() >= self.quorum() && !self.group.validity(ttl, start).is_zero() {
-            return Ok(self.win(&found, token, identity, ttl).await);
-        }
-        // No quorum: give back what we took, everywhere.
-        self.group
-            .release_on(&found.taken(), &self.key, &token, &self.channel)
+        let ask = Acquisition {
+            key: &self.key,
+            counter: &self.counter_key,
+            token: &token,
+            owner: identity,
+            ttl,
+            give_back: (Lua::Release, &[&token, &self.channel, ""]),
+        };
+        let granting = self
+            .group
+            .grant(&ask, &found.acquired, &found.taken(), start)
             .await;
-        self.lose(found)
+        self.decide(granting, found, &ask)
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -388,7 +397,7 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
-        let ttl_ms = ms(term_full_ttl(term));
+        let ttl_ms = ms(term.granted);
         // Redlock: the value to put back where a server lost the key.
         let recreate = if self.group.is_redlock() {
             Stored {
@@ -401,45 +410,16 @@ impl LeaseBackend for RedisBackend {
             String::new()
         };
         let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
-        let t = tally(
-            self.group
-                .eval_all(Lua::ElectionRenew, &[&self.key], &args)
-                .await,
-        );
-        let n = self.servers();
-        if t.ok >= self.quorum() {
-            return Ok(Renewal::Renewed {
-                ttl: term.ttl,
-                servers: (n > 1).then_some((t.ok, n)),
-            });
-        }
-        if t.gone + t.taken > n - self.quorum() {
-            return Ok(Renewal::Lost(if t.taken > t.gone {
-                LostReason::KeyOverwritten
-            } else {
-                LostReason::KeyDeleted
-            }));
-        }
-        Err(self.group.no_quorum(t.error, t.ok, "renewed"))
+        let verdict = self
+            .group
+            .renew(Lua::ElectionRenew, &[&self.key], &args)
+            .await;
+        renewal(verdict, term, self.servers())
     }
 
     async fn resign(&self, term: &Term) -> Result<()> {
-        let answers = self
-            .group
-            .eval_all(
-                Lua::Release,
-                &[&self.key],
-                &[&term.holder.term_id, &self.channel, ""],
-            )
-            .await;
-        let failed: Vec<BackendError> = answers.into_iter().filter_map(|r| r.err()).collect();
-        // Resigned when no quorum can still hold the key.
-        if failed.len() >= self.quorum()
-            && let Some(e) = failed.into_iter().next()
-        {
-            return Err(e);
-        }
-        Ok(())
+        let args = [term.holder.term_id.as_str(), &self.channel, ""];
+        resigned(self.group.release(Lua::Release, &[&self.key], &args).await)
     }
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
@@ -457,11 +437,32 @@ impl LeaseBackend for RedisBackend {
     }
 }
 
-/// The TTL to set on renewal: the term's TTL is already shortened by the
-/// drift, so add it back for the server's PEXPIRE.
-fn term_full_ttl(term: &Term) -> Duration {
-    // term.ttl = ttl - (ttl/100 + 2ms)  =>  ttl = (term.ttl + 2ms) * 100/99
-    (term.ttl + Duration::from_millis(2)).mul_f64(100.0 / 99.0)
+/// The election's answer to the renewal verdict `v` of `term` on `n` servers.
+///
+/// # Errors
+/// The verdict's error when a quorum may still hold the key.
+pub(crate) fn renewal(v: Verdict, term: &Term, n: usize) -> Result<Renewal> {
+    match v {
+        Verdict::Done { by } => Ok(Renewal::Renewed {
+            ttl: term.ttl,
+            servers: (n > 1).then_some((by, n)),
+        }),
+        Verdict::Gone => Ok(Renewal::Lost(LostReason::KeyDeleted)),
+        Verdict::Taken => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+        Verdict::Failed(e) => Err(e),
+    }
+}
+
+/// The election's answer to the release verdict `v`: resigned unless a
+/// quorum may still hold the key.
+///
+/// # Errors
+/// The verdict's error when a quorum may still hold the key.
+pub(crate) fn resigned(v: Verdict) -> Result<()> {
+    match v {
+        Verdict::Failed(e) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -471,15 +472,5 @@ mod tests {
     #[test]
     fn drift_follows_the_redlock_spec() {
         assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
-        let term = Term {
-            holder: parse_value("t|1|i", 0),
-            ttl: Duration::from_secs(10) - drift(Duration::from_secs(10)),
-            servers: None,
-        };
-        let back = term_full_ttl(&term);
-        assert!(
-            back >= Duration::from_millis(9999) && back <= Duration::from_millis(10001),
-            "{back:?}"
-        );
     }
 }

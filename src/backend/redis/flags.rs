@@ -11,7 +11,7 @@ use super::coord::RedisCoord;
 use super::{RedisBackend, RedisOptions, check_url};
 use crate::backend::LeaseBackend;
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
-use crate::flags::{ConfigError, check_pem, config_error, read_file, read_secret, redact};
+use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
 
 /// The Redis backend's registry row.
 pub const ROW: Row = Row {
@@ -153,11 +153,7 @@ fn resolve(
     let ca_pem = r
         .redis_ca_file
         .as_deref()
-        .map(|p| {
-            let pem = read_file("--redis-ca-file", p)?;
-            check_pem("--redis-ca-file", p, &pem, "CERTIFICATE")?;
-            Ok::<_, ConfigError>(pem)
-        })
+        .map(|p| read_pem("--redis-ca-file", p, "CERTIFICATE"))
         .transpose()?;
     if ca_pem.is_some() && !r.redis_url.iter().any(|u| u.starts_with("rediss://")) {
         return Err(config_error(

@@ -4,21 +4,23 @@
 //! One server is a group of one (quorum 1), so every caller speaks to a
 //! [`Group`] whatever the set-up.
 //!
-//! - A key is **granted** only when a quorum (N/2 + 1) of servers granted it
-//!   and the validity, TTL − elapsed − [`drift`], is still positive; a failed
-//!   acquisition is released on every server.
-//! - A **renew** succeeds only on a quorum; a **release** goes to all.
+//! - A key is **granted** ([`Group::grant`], the one grant rule of the
+//!   election and of the coordination API) only when a quorum (N/2 + 1) of
+//!   servers granted it and the validity, TTL − elapsed − [`drift`], is still
+//!   positive, and then a quorum confirms the fencing token (below); a failed
+//!   acquisition is given back on every server that took it.
+//! - A **renew** succeeds only on a quorum; a **release** goes to all; both
+//!   answer by one verdict of the servers' answers ([`super::verdict`]).
 //! - **Fencing tokens of successive grants of one name strictly grow**, even
 //!   when the granting quorums differ: per-server counters alone do not (with
 //!   counters 5, 5, 3, grant A from servers 1 and 2 gives 6, grant B from 2
 //!   and 3 gives 7, grant C from 1 and 3 gives 7 again). So a grant takes the
-//!   largest counter of its quorum, F, and a second round ([`Group::raise`])
+//!   largest counter of its quorum, F, and a second round ([`Lua::Raise`])
 //!   raises the counter on every server that answers to at least F before the
 //!   grant is handed out; unless a quorum confirms, the grant is released and
 //!   refused. Any later quorum shares a server with the confirming one, whose
 //!   counter is at least F, and `INCR` there gives more than F: tokens only
-//!   grow while servers keep their data. The election has done this since
-//!   issue 12.
+//!   grow while servers keep their data.
 //! - With `--redis-min-replicas`, a server's grant, renewal or raise counts
 //!   only once its replicas acknowledged it ([`Server::eval`]); a grant they
 //!   did not is an error of that server, and is given back with the rest of
@@ -46,22 +48,6 @@ pub struct Group {
     quorum: usize,
 }
 
-/// How the servers answered a verb that each answers 1 (done), 0 (gone) or
-/// -1 (someone else's), e.g. [`Lua::Renew`], [`Lua::Release`].
-#[derive(Debug, Default)]
-pub struct Tally {
-    /// Servers that answered 1.
-    pub ok: usize,
-    /// Servers that answered 0.
-    pub gone: usize,
-    /// Servers that answered -1.
-    pub taken: usize,
-    /// Servers that answered 2 (put back; election renew only).
-    pub restored: usize,
-    /// The first error, if any server failed.
-    pub error: Option<BackendError>,
-}
-
 /// What one server answered to an acquisition script (`{1, fencing}`, ...).
 #[derive(Debug)]
 pub enum Step {
@@ -69,6 +55,45 @@ pub enum Step {
     Granted(u64),
     /// Refused; the rest of the answer (held value, live count, ...).
     Refused(Vec<Value>),
+}
+
+/// One acquisition, as the grant rule ([`Group::grant`]) needs it.
+pub struct Acquisition<'a> {
+    /// The key to hold.
+    pub key: &'a str,
+    /// Its fencing counter (same hash tag).
+    pub counter: &'a str,
+    /// The grant's random token, which proves ownership.
+    pub token: &'a str,
+    /// The candidate's identity or the client's owner label.
+    pub owner: &'a str,
+    /// The TTL asked for (and set on the key).
+    pub ttl: Duration,
+    /// The script, and its arguments, that give the key back (`KEYS[1]` =
+    /// `key`) where a refused acquisition took it.
+    pub give_back: (Lua, &'a [&'a str]),
+}
+
+/// What the grant rule ([`Group::grant`]) decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Granting {
+    /// Granted on a quorum that confirmed the fencing token.
+    Granted {
+        /// The fencing token: the largest counter of the granting quorum.
+        fencing: u64,
+        /// Servers that granted.
+        by: usize,
+        /// What was left of the validity (TTL − elapsed − [`drift`]) when
+        /// the quorum had answered.
+        validity: Duration,
+    },
+    /// Fewer than a quorum granted, or the validity was used up; given back.
+    Refused,
+    /// A quorum granted, but fewer confirmed the raised fencing token; given back.
+    Unconfirmed {
+        /// Servers that confirmed.
+        confirmed: usize,
+    },
 }
 
 /// What a group answered to one acquisition round.
@@ -184,12 +209,53 @@ impl Group {
             .saturating_sub(start.elapsed())
     }
 
+    /// **The grant rule**, for every acquisition of the election and of the
+    /// coordination API, after a round in which the servers `granted` (with
+    /// their counters) and `taken` hold the key (see [`Round::taken`]), the
+    /// round started at `start`: a quorum granted and the validity is left
+    /// → raise the counter to the largest of the quorum → a quorum confirms;
+    /// at any step short of that, give back on `taken` and refuse.
+    pub async fn grant(
+        &self,
+        ask: &Acquisition<'_>,
+        granted: &[(usize, u64)],
+        taken: &[usize],
+        start: Instant,
+    ) -> Granting {
+        let validity = self.validity(ask.ttl, start);
+        if granted.len() < self.quorum || validity.is_zero() {
+            self.give_back(ask, taken).await;
+            return Granting::Refused;
+        }
+        let value = Stored {
+            token: ask.token.to_owned(),
+            fencing: granted.iter().map(|(_, f)| *f).max().unwrap_or(0),
+            owner: ask.owner.to_owned(),
+        };
+        let confirmed = self.raise(ask.key, ask.counter, &value).await;
+        if confirmed < self.quorum {
+            self.give_back(ask, taken).await;
+            return Granting::Unconfirmed { confirmed };
+        }
+        Granting::Granted {
+            fencing: value.fencing,
+            by: granted.len(),
+            validity,
+        }
+    }
+
+    /// Give back `ask`'s key on the servers with these indices, by its script.
+    async fn give_back(&self, ask: &Acquisition<'_>, servers: &[usize]) {
+        let (lua, args) = ask.give_back;
+        self.eval_on(servers, lua, &[ask.key], args).await;
+    }
+
     /// Redlock's second round after a quorum granted `key` to `value.token`:
     /// raise the counter `fkey` to at least `value.fencing` on every server
     /// and write `value` over our copies (see the module docs). Returns how
     /// many servers confirmed; a single server confirms without a round (its
     /// own `INCR` already counted past every earlier grant).
-    pub async fn raise(&self, key: &str, fkey: &str, value: &Stored) -> usize {
+    async fn raise(&self, key: &str, fkey: &str, value: &Stored) -> usize {
         if !self.is_redlock() {
             return 1;
         }
@@ -206,17 +272,8 @@ impl Group {
         .count()
     }
 
-    /// Release `key` of `token` on every server (in parallel), publishing
-    /// `message` (empty: the old value) on `channel`.
-    pub async fn release_all(&self, key: &str, token: &str, channel: &str, message: &str) -> Tally {
-        tally(
-            self.eval_all(Lua::Release, &[key], &[token, channel, message])
-                .await,
-        )
-    }
-
     /// Run `lua` on the servers with these indices, at once.
-    pub async fn eval_on(
+    async fn eval_on(
         &self,
         servers: &[usize],
         lua: Lua,
@@ -229,12 +286,6 @@ impl Group {
                 .map(|i| self.servers[*i].eval(lua, keys, args)),
         )
         .await
-    }
-
-    /// Release where a failed acquisition took `key` (server indices).
-    pub async fn release_on(&self, servers: &[usize], key: &str, token: &str, channel: &str) {
-        self.eval_on(servers, Lua::Release, &[key], &[token, channel, ""])
-            .await;
     }
 
     /// An error for too few answers: the first server error, else
@@ -251,26 +302,6 @@ impl Group {
             .into(),
         })
     }
-}
-
-/// Count 1 / 0 / -1 / 2 answers and keep the first error.
-pub fn tally(answers: Vec<Result<Value>>) -> Tally {
-    let mut t = Tally::default();
-    for a in answers {
-        match a {
-            Ok(Value::Int(1)) => t.ok += 1,
-            Ok(Value::Int(2)) => t.restored += 1,
-            Ok(Value::Int(0)) => t.gone += 1,
-            Ok(Value::Int(-1)) => t.taken += 1,
-            Ok(other) => {
-                t.error.get_or_insert(unexpected(&other));
-            }
-            Err(e) => {
-                t.error.get_or_insert(e);
-            }
-        }
-    }
-    t
 }
 
 /// Read one acquisition answer.
@@ -299,20 +330,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_are_tallied_with_the_first_error_kept() {
-        let t = tally(vec![
-            Ok(Value::Int(1)),
-            Ok(Value::Int(-1)),
-            Ok(Value::Int(0)),
-            Ok(Value::Int(2)),
-            Ok(Value::Nil),
-            Ok(Value::Int(1)),
-        ]);
-        assert_eq!((t.ok, t.taken, t.gone, t.restored), (2, 1, 1, 1));
-        assert!(matches!(t.error, Some(BackendError::Server { .. })));
-    }
-
-    #[test]
     fn a_grant_answer_carries_the_counter_and_a_refusal_its_payload() {
         let granted = step(Value::Array(vec![Value::Int(1), Value::Int(42)])).unwrap();
         assert!(matches!(granted, Step::Granted(42)));
@@ -321,15 +338,41 @@ mod tests {
         assert!(step(Value::Int(1)).is_err());
     }
 
+    fn ask(ttl: Duration) -> Acquisition<'static> {
+        Acquisition {
+            key: "k",
+            counter: "k:fencing",
+            token: "t",
+            owner: "o",
+            ttl,
+            give_back: (Lua::Release, &["t", "k", ""]),
+        }
+    }
+
+    /// The grant rule without a round trip: what nobody took needs no give
+    /// back, and one server confirms its own counter. Safety: fewer than a
+    /// quorum, or no validity left, grants nothing; liveness twin: a quorum
+    /// within the validity is granted the largest counter.
+    #[tokio::test]
+    async fn a_grant_needs_a_quorum_and_validity_and_carries_the_largest_counter() {
+        let ttl = Duration::from_secs(10);
+        let one = super::super::verdict::group_of(1);
+        let granted = one.grant(&ask(ttl), &[(0, 7)], &[], Instant::now()).await;
+        assert!(
+            matches!(granted, Granting::Granted { fencing: 7, by: 1, validity } if validity <= ttl - drift(ttl)),
+            "{granted:?}"
+        );
+        let late = Instant::now() - ttl;
+        let expired = one.grant(&ask(ttl), &[(0, 7)], &[], late).await;
+        assert_eq!(expired, Granting::Refused);
+        let three = super::super::verdict::group_of(3);
+        let minority = three.grant(&ask(ttl), &[(1, 9)], &[], Instant::now()).await;
+        assert_eq!(minority, Granting::Refused);
+    }
+
     #[test]
     fn the_quorum_is_a_strict_majority() {
-        let opts = super::super::RedisOptions::default();
-        let group = |n: usize| {
-            let servers = (0..n)
-                .map(|i| Server::open(&format!("redis://127.0.0.1:{}", 7000 + i), &opts).unwrap())
-                .collect();
-            Group::new(servers)
-        };
+        let group = super::super::verdict::group_of;
         assert_eq!(group(1).quorum(), 1);
         assert_eq!(group(3).quorum(), 2);
         assert_eq!(group(4).quorum(), 3);

@@ -4,29 +4,47 @@
 //!
 //! Scripts validate first and write last, so a refusal leaves no trace.
 //! Answers are documented per script; the Rust side reads them in
-//! [`super::election`] and [`crate::backend::redis::coord`].
+//! the election ([`super::RedisBackend`]) and [`super::coord`].
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-/// Shared prelude of the coordination scripts: `fence_ok(fkey)` refuses a
-/// fencing counter that is not a non-negative integer of at most 18 digits
-/// (returns `false, value`); `fence_next(fkey)` seeds a missing counter with
-/// the server's clock in milliseconds (so tokens keep growing across a restart
-/// without persistence) and `INCR`s it.
+/// Most digits a fencing counter may have, in every script. Redis runs Lua
+/// 5.1, whose numbers are doubles: integers are exact up to 2^53
+/// (9 007 199 254 740 992, 16 digits), so every integer of at most 15 digits
+/// and its successor are exact, and a script never rounds a counter it
+/// compares, raises or counts past. A counter of more digits (or not a
+/// non-negative integer) was written by someone else: refused, never wrapped
+/// or rounded. Counters start at the server's clock in milliseconds (13
+/// digits), so the limit is never reached by counting.
+pub const COUNTER_DIGITS: usize = 15;
+
+/// Shared prelude of every script (after `COUNTER_DIGITS`, set from the
+/// constant of that name): `now_ms()` is the server's clock in milliseconds;
+/// `counter_ok(c)` accepts a counter value that is absent (`false`) or a
+/// non-negative integer of at most `COUNTER_DIGITS` digits; `fence_ok(fkey)`
+/// answers `true` for a usable counter at `fkey`, else `false, value`;
+/// `fence_next(fkey)` seeds a missing counter with `now_ms()` (so tokens keep
+/// growing across a restart without persistence) and `INCR`s it; `mine(value,
+/// token)` is whether a stored value carries `token`.
 const FENCE: &str = r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function counter_ok(c)
+  return c == false or (string.match(c, '^%d+$') ~= nil and string.len(c) <= COUNTER_DIGITS)
+end
 local function fence_ok(fkey)
   local c = redis.call('GET', fkey)
-  if c == false then return true, nil end
-  if string.match(c, '^%d+$') and string.len(c) <= 18 then return true, nil end
+  if counter_ok(c) then return true, nil end
   return false, c
 end
 local function fence_next(fkey)
   if redis.call('EXISTS', fkey) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', fkey, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    redis.call('SET', fkey, now_ms())
   end
   return redis.call('INCR', fkey)
 end
@@ -74,18 +92,15 @@ if want > 0 then
   end
   if live < want then return {5, live, run} end
 end
--- The fencing counter must be a non-negative integer that a Lua number holds
--- exactly (at most 15 digits); anything else was written by someone else and
--- is refused, never wrapped or rounded.
+-- The fencing counter must be one a Lua number holds exactly (counter_ok).
 local c = redis.call('GET', KEYS[2])
-if c and (not string.match(c, '^%d+$') or string.len(c) > 15) then
+if not counter_ok(c) then
   return {4, c, run}
 end
 -- Tokens only grow: the next token is max(counter + 1, server clock in ms),
 -- so a counter that went back (a lagging replica promoted, a restart without
 -- persistence) does not hand out a token an earlier term had.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local fencing = math.max((tonumber(c) or 0) + 1, now)
 local f = string.format('%.0f', fencing)
 redis.call('SET', KEYS[2], f)
@@ -115,7 +130,7 @@ return 1
 /// keeping its TTL. Answers 1, or -1 for a counter that is not ours to raise.
 const RAISE: &str = r"
 local c = redis.call('GET', KEYS[2])
-if c and (not string.match(c, '^%d+$') or string.len(c) > 18) then return -1 end
+if not counter_ok(c) then return -1 end
 if tonumber(c or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[2], ARGV[1]) end
 if mine(redis.call('GET', KEYS[1]), ARGV[2]) then
   redis.call('SET', KEYS[1], ARGV[3], 'XX', 'KEEPTTL')
@@ -163,8 +178,7 @@ return 1
 
 /// Live permits of a semaphore (by the server's clock), read-only. KEYS: set.
 const SEM_LIVE: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 ";
 
@@ -175,8 +189,7 @@ return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 /// size key, like the counter, outlives the set; it binds only while a
 /// permit is live.
 const SEM_ACQUIRE: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ok, bad = fence_ok(KEYS[2])
 if not ok then return {-2, bad} end
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
@@ -193,8 +206,7 @@ return {1, f}
 
 /// Single-server permit renew. KEYS: set. ARGV: token, TTL in ms. Answers 1 or 0.
 const SEM_RENEW: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -208,8 +220,7 @@ return 1
 
 /// Single-server permit release. KEYS: set. ARGV: token. Answers 1 or 0.
 const SEM_RELEASE: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 if n == 1 then redis.call('PUBLISH', KEYS[1], 'released') end
@@ -288,33 +299,33 @@ return 0
 /// back to `EVAL` on a server that does not know it yet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lua {
-    /// [`CAMPAIGN`]
+    /// The election's campaign (`CAMPAIGN`).
     Campaign,
-    /// [`ELECTION_RENEW`]
+    /// The election's renewal, which puts a Redlock copy back (`ELECTION_RENEW`).
     ElectionRenew,
-    /// [`RAISE`]
+    /// Redlock's raise of the fencing counter after a grant (`RAISE`).
     Raise,
-    /// [`RELEASE`]
+    /// A check-and-delete release that publishes on a channel (`RELEASE`).
     Release,
-    /// [`LOCK`]
+    /// A lock, or a slot of a Redlock semaphore without its size (`LOCK`).
     Lock,
-    /// [`RENEW`]
+    /// The renewal of a lock, slot or claim (`RENEW`).
     Renew,
-    /// [`SEM_LIVE`]
+    /// The live permits of a one-server semaphore (`SEM_LIVE`).
     SemLive,
-    /// [`SEM_ACQUIRE`]
+    /// A permit of a one-server semaphore (`SEM_ACQUIRE`).
     SemAcquire,
-    /// [`SEM_RENEW`]
+    /// The renewal of a one-server permit (`SEM_RENEW`).
     SemRenew,
-    /// [`SEM_RELEASE`]
+    /// The release of a one-server permit (`SEM_RELEASE`).
     SemRelease,
-    /// [`SLOTS`]
+    /// The taken slots of a Redlock semaphore (`SLOTS`).
     Slots,
-    /// [`SLOT_LOCK`]
+    /// A slot of a Redlock semaphore (`SLOT_LOCK`).
     SlotLock,
-    /// [`CLAIM`]
+    /// A job claim (`CLAIM`).
     Claim,
-    /// [`COMPLETE`]
+    /// A job's completion (`COMPLETE`).
     Complete,
 }
 
@@ -388,10 +399,11 @@ impl Lua {
     /// The script's source (the shared prelude plus the body), for `EVAL`
     /// inside a pipeline.
     pub fn source(self) -> String {
+        let prelude = format!("local COUNTER_DIGITS = {COUNTER_DIGITS}\n{FENCE}");
         match self {
-            Lua::Claim => format!("{FENCE}{CLAIM}{LOCK}"),
-            Lua::Slots | Lua::SlotLock => format!("{FENCE}{SIZE}{}", self.body()),
-            _ => format!("{FENCE}{}", self.body()),
+            Lua::Claim => format!("{prelude}{CLAIM}{LOCK}"),
+            Lua::Slots | Lua::SlotLock => format!("{prelude}{SIZE}{}", self.body()),
+            _ => format!("{prelude}{}", self.body()),
         }
     }
 
@@ -459,6 +471,20 @@ mod tests {
         assert!(!Lua::Release.grants(&Value::Int(1)) && !Lua::Complete.grants(&Value::Int(1)));
         for s in ALL.iter().filter(|s| !s.may_grant()) {
             assert!(!s.grants(&granted) && !s.grants(&Value::Int(1)), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn one_counter_rule_holds_exactly_in_a_lua_number() {
+        // The largest accepted counter and its successor are exact doubles.
+        let largest = 10u64.pow(COUNTER_DIGITS as u32) - 1;
+        assert!(largest < 1 << 53);
+        assert_eq!((largest + 1) as f64 as u64, largest + 1);
+        for s in ALL {
+            let src = s.source();
+            assert!(src.starts_with(&format!("local COUNTER_DIGITS = {COUNTER_DIGITS}\n")));
+            // No script checks a counter's length on its own.
+            assert_eq!(src.matches("string.len(c)").count(), 1, "{s:?}");
         }
     }
 

@@ -6,9 +6,10 @@
 //! - [`lua`]: every script, by name, and the stored value's codec;
 //! - [`server`]: one server (connection, timeouts, error classification);
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
-//!   group of one), with the fencing rule that keeps tokens growing;
-//! - [`election`]: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
-//!   the coordination API ([`crate::backend::redis::coord`]) is the other client of
+//!   group of one), with the fencing rule that keeps tokens growing, and
+//!   [`verdict`]: the one renew and release verdict of a tally of answers;
+//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
+//!   the coordination API ([`coord`]) is the other client of
 //!   [`group`].
 //!
 //! With `--redis-min-replicas N` ([`RedisOptions::min_replicas`]) every
@@ -31,12 +32,15 @@ mod holders;
 pub mod lua;
 mod released;
 pub mod server;
+pub mod verdict;
 
 use std::time::Duration;
 
 use crate::backend::About;
 
 pub use election::RedisBackend;
+#[cfg(test)]
+pub(crate) use election::{renewal, resigned};
 pub use group::{Group, drift};
 
 /// The Redis backend's name and advice (see [`About`]).
@@ -174,10 +178,12 @@ pub fn is_unreplicated(e: &crate::backend::BackendError) -> bool {
     }
 }
 
-/// Refusal of a fencing counter that is not a non-negative integer.
+/// Refusal of a fencing counter that is not a non-negative integer of at
+/// most [`lua::COUNTER_DIGITS`] digits (the one counter rule of every script).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most 15 digits"
+    "the fencing counter {key} holds {value:?}, not a non-negative integer of at most {digits} digits",
+    digits = lua::COUNTER_DIGITS
 )]
 pub struct BadCounter {
     /// The counter key.

@@ -263,7 +263,7 @@ impl Server {
 
     /// Run script `lua` with `keys` and `args` under the per-server timeout.
     /// With `--redis-min-replicas`, a script that can grant runs on a
-    /// connection of its own ([`Exclusive`]), and an answer that grants
+    /// connection of its own (`Exclusive`), and an answer that grants
     /// ([`Lua::grants`]) counts only after `WAIT` on that connection saw
     /// enough replicas acknowledge it.
     ///

@@ -1,8 +1,8 @@
 //! One watch of a lock's queue per sidecar, shared by all its waiters on
-//! that lock. Each waiter used to open its own watch of the queue's prefix,
-//! so every release sent one event to every waiter over its own gRPC
-//! stream, and every acquisition opened and closed a stream: with 20
-//! waiters that was most of etcd's work per handoff. Now etcd sends each
+//! that lock. A watch of the queue's prefix per waiter would make every
+//! release send one event to every waiter over its own gRPC stream, and
+//! every acquisition open and close a stream: with 20 waiters, most of
+//! etcd's work per handoff. Shared, etcd sends each
 //! delete once per sidecar; whichever waiter holds the stream reads it and
 //! passes the deletes on in process ([`Hub::next`]). No task is spawned:
 //! the stream lives while a waiter holds the hub, and goes with the last.

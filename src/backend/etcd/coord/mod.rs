@@ -11,6 +11,7 @@
 //! the error classification are the election's: [`EtcdStore`].
 
 mod hub;
+mod jobs;
 mod pool;
 mod queue;
 mod sem;
@@ -121,6 +122,15 @@ impl EtcdCoord {
         }
     }
 
+    /// `result`, after giving `lease` up when it is an error
+    /// ([`EtcdCoord::abandon`]).
+    async fn or_abandon<T>(&self, client: &mut Client, lease: i64, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            self.abandon(client, lease, e).await;
+        }
+        result
+    }
+
     /// Run `txn`, a compare-and-put binding a key to `lease`
     /// ([`EtcdStore::put_under`]); when etcd does not answer in time, give
     /// the lease up off the answer path ([`EtcdCoord::abandon`]).
@@ -224,11 +234,6 @@ impl EtcdCoord {
         let r = self.call("get", client.get(prefix, Some(oldest()))).await?;
         Ok(r.kvs().first().map(|kv| owner_of(kv.value())))
     }
-
-    /// A job's done and claim keys, as two gets of one txn.
-    fn job_state(done: &str, claim: &str) -> [TxnOp; 2] {
-        [TxnOp::get(done, None), TxnOp::get(claim, None)]
-    }
 }
 
 /// Whether `error` says etcd did not answer (in time): what was asked may
@@ -246,21 +251,6 @@ fn oldest() -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1)
-}
-
-/// A job's state from the answers of [`EtcdCoord::job_state`]: `None` when
-/// it is neither completed nor claimed.
-fn job_claimed(ops: &[TxnOpResponse]) -> Option<Claim> {
-    if matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()) {
-        return Some(Claim::Completed);
-    }
-    match ops.get(1) {
-        Some(TxnOpResponse::Get(g)) => g
-            .kvs()
-            .first()
-            .map(|kv| Claim::ClaimedByOther(owner_of(kv.value()))),
-        _ => None,
-    }
 }
 
 /// The token's parts, when it is a version-1 token of a kind that serves `kind`.
@@ -398,38 +388,7 @@ impl Coordinator for EtcdCoord {
     }
 
     async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
-        let mut client = self.client().await?;
-        let claim = self.job_key(queue, job, "claim");
-        let done = self.job_key(queue, job, "done");
-        // Cheap look first: a claimed or completed job costs one read.
-        let peek = Txn::new().and_then(Self::job_state(&done, &claim));
-        let peek = self.call("txn", client.txn(peek)).await?;
-        if let Some(state) = job_claimed(peek.op_responses().as_slice()) {
-            return Ok(state);
-        }
-        let mut token = Token::new(TokenKind::Job, 0);
-        let txn = |lease| {
-            token = Token::new(TokenKind::Job, lease);
-            Txn::new()
-                .when([
-                    Compare::create_revision(done.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(claim.clone(), CompareOp::Equal, 0),
-                ])
-                .and_then([TxnOp::put(
-                    claim.clone(),
-                    format!("{token}|{owner}"),
-                    Some(PutOptions::new().with_lease(lease)),
-                )])
-                .or_else(Self::job_state(&done, &claim))
-        };
-        let created = self.create(&mut client, ttl, txn).await?;
-        if created.resp.succeeded() {
-            let rev = revision_of(created.resp.header());
-            let name = format!("{queue}/{job}");
-            return Ok(Claim::Claimed(grant(&name, &token, rev, created.lease.ttl)));
-        }
-        let state = job_claimed(created.resp.op_responses().as_slice());
-        Ok(state.unwrap_or_else(|| Claim::ClaimedByOther(String::new())))
+        self.claim_job(queue, job, owner, ttl).await
     }
 
     async fn complete(
@@ -439,49 +398,7 @@ impl Coordinator for EtcdCoord {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome> {
-        let Some(t) = Token::parse(token).filter(|t| t.kind == TokenKind::Job && t.lease > 0)
-        else {
-            return Ok(Outcome::Gone);
-        };
-        let mut client = self.client().await?;
-        let claim = self.job_key(queue, job, "claim");
-        let done = self.job_key(queue, job, "done");
-        let current = self.call("get", client.get(claim.clone(), None)).await?;
-        let Some(kv) = current.kvs().first() else {
-            // Completed by us already (a retry)? Then it is done.
-            let d = self.call("get", client.get(done.clone(), None)).await?;
-            return Ok(match d.kvs().first() {
-                Some(kv) if holds(kv.value(), token) => Outcome::Ok(None),
-                Some(_) => Outcome::NotYours,
-                None => Outcome::Gone,
-            });
-        };
-        if !holds(kv.value(), token) {
-            return Ok(Outcome::NotYours);
-        }
-        // The done key lives under a lease of the retention time.
-        let txn = |keep| {
-            Txn::new()
-                .when([Compare::mod_revision(
-                    claim.clone(),
-                    CompareOp::Equal,
-                    kv.mod_revision(),
-                )])
-                .and_then([
-                    TxnOp::put(
-                        done.clone(),
-                        kv.value().to_vec(),
-                        Some(PutOptions::new().with_lease(keep)),
-                    ),
-                    TxnOp::delete(claim.clone(), None),
-                ])
-        };
-        let created = self.create(&mut client, retention, txn).await?;
-        if !created.resp.succeeded() {
-            return Ok(Outcome::NotYours);
-        }
-        self.drop_lease(&mut client, t.lease).await;
-        Ok(Outcome::Ok(None))
+        self.complete_job(queue, job, token, retention).await
     }
 
     async fn close(&self) {

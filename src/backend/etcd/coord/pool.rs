@@ -1,6 +1,6 @@
 //! Leases of released locks, kept for the next waiter of this sidecar.
 //!
-//! Every acquisition used to grant a lease and every release to revoke it:
+//! Granting a lease per acquisition and revoking it per release would be
 //! two of the four Raft writes (each with its own fsync) of a lock's cycle,
 //! and in a busy queue the release that hands the lock on waits behind
 //! them. A lock's lease holds nothing once its key is deleted, so a release

@@ -156,28 +156,19 @@ impl EtcdCoord {
             self.hubs.of(&prefix).subscribe(self, &watcher)
         );
         let lease = lease?;
-        let deletes = match deletes {
-            Ok(w) => w,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
+        let deletes = self.or_abandon(&mut client, lease.id, deletes).await?;
         let token = Token::new(TokenKind::FairLock, lease.id);
-        // Join the queue and look ahead in one txn: the read runs before the
-        // put, so it sees exactly the keys created before ours.
-        let join = Txn::new().and_then([
-            TxnOp::get(prefix.clone(), Some(all_ahead())),
-            TxnOp::put(
-                self.key_of(Kind::Lock, name, &token),
+        let mine = self.key_of(Kind::Lock, name, &token);
+        let (my_rev, ahead) = self
+            .join(
+                &mut client,
+                lease,
+                &prefix,
+                &mine,
                 format!("{token}|{owner}"),
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
-        ]);
-        let joined = self.put_under(&mut client, lease, join).await?;
-        let my_rev = revision_of(joined.resp.header());
-        let ahead = self::joined(&joined.resp, my_rev);
-        let mine = self.key_of(Kind::Lock, name, &token).into_bytes();
+            )
+            .await?;
+        let mine = mine.into_bytes();
         let queue = async {
             if let Some(names) = ahead.names {
                 match self.all_deleted(deletes, names, &mine).await {
@@ -204,6 +195,27 @@ impl EtcdCoord {
             self.holding(lease, ttl);
         }
         answer
+    }
+
+    /// Join the queue under `prefix` as key `mine` (bound to `lease`) and
+    /// look ahead in one txn: the read runs before the put, so it sees
+    /// exactly the keys created before ours. Returns our key's revision and
+    /// what is ahead.
+    async fn join(
+        &self,
+        client: &mut etcd_client::Client,
+        lease: crate::backend::etcd::store::Lease,
+        prefix: &str,
+        mine: &str,
+        value: String,
+    ) -> Result<(i64, Joined)> {
+        let join = Txn::new().and_then([
+            TxnOp::get(prefix, Some(all_ahead())),
+            TxnOp::put(mine, value, Some(PutOptions::new().with_lease(lease.id))),
+        ]);
+        let joined = self.put_under(client, lease, join).await?;
+        let my_rev = revision_of(joined.resp.header());
+        Ok((my_rev, self::joined(&joined.resp, my_rev)))
     }
 
     /// The answer of a fair acquisition once its queueing ended.

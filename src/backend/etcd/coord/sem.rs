@@ -25,19 +25,9 @@ impl EtcdCoord {
         let token = Token::new(TokenKind::Permit, lease.id);
         let key = self.key_of(Kind::Semaphore, name, &token);
         let put = PutOptions::new().with_lease(lease.id);
-        let put = match self
-            .call(
-                "put",
-                client.put(key, permit_value(&token, owner, permits), Some(put)),
-            )
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
+        let value = permit_value(&token, owner, permits);
+        let put = self.call("put", client.put(key, value, Some(put))).await;
+        let put = self.or_abandon(&mut client, lease.id, put).await?;
         let my_rev = revision_of(put.header());
         // Live permits created before ours, oldest first: ours counts only if
         // fewer than N, and only if none was taken with another size. Every
@@ -51,16 +41,10 @@ impl EtcdCoord {
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(i64::from(permits))
             .with_max_create_revision(my_rev - 1);
-        let before = match self
+        let before = self
             .call("get", client.get(self.sem_prefix(name), Some(before)))
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                self.abandon(&mut client, lease.id, &e).await;
-                return Err(e);
-            }
-        };
+            .await;
+        let before = self.or_abandon(&mut client, lease.id, before).await?;
         let other = before
             .kvs()
             .iter()

@@ -170,6 +170,7 @@ impl LeaseView {
         Term {
             holder: holder_view(lease),
             ttl,
+            granted: ttl,
             servers: None,
         }
     }

@@ -19,7 +19,9 @@
 //! quorum within the validity (the grant's `ttl_ms` is the validity left),
 //! released everywhere on failure, fencing tokens raised on a quorum before a
 //! grant is handed out; an acquisition that split the servers with others
-//! retries twice after a random delay, as the spec advises. With
+//! retries twice after a random delay, as the spec advises. Renewals,
+//! releases and completions answer by the group's one verdict of the servers'
+//! answers ([`crate::backend::redis::verdict`]), the election's too. With
 //! `--redis-min-replicas` a server's grant or renewal counts only once its
 //! replicas acknowledged it; one they did not is given back, and a request
 //! that no quorum acknowledged answers 503 naming the replicas.
@@ -44,9 +46,10 @@ use crate::backend::coordination::{
     Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
 };
 use crate::backend::redis::RedisBackend;
-use crate::backend::redis::group::{Group, Round, Tally, tally, unexpected};
-use crate::backend::redis::lua::{Lua, Stored, ms};
+use crate::backend::redis::group::{Acquisition, Granting, Group, Round, unexpected};
+use crate::backend::redis::lua::{COUNTER_DIGITS, Lua, Stored, ms};
 use crate::backend::redis::server::text_of;
+use crate::backend::redis::verdict::{Tally, Verdict};
 
 pub use wait::{MAX_NAP, MAX_NAP_SUBSCRIBED};
 
@@ -94,80 +97,87 @@ impl RedisCoord {
     }
 
     /// The TTL a grant or renewal can promise: the whole TTL on one server,
-    /// the validity left on a Redlock group.
-    fn promise(&self, ttl: Duration, start: Instant) -> Duration {
+    /// the `validity` left on a Redlock group.
+    fn promise(&self, ttl: Duration, validity: Duration) -> Duration {
         if self.group.is_redlock() {
-            self.group.validity(ttl, start)
+            validity
         } else {
             ttl
         }
     }
 
-    /// One acquisition on the group (see [`Group`]): a quorum grants within
-    /// the validity and confirms the raised fencing token, or nothing is kept.
+    /// One acquisition on the group by its grant rule ([`Group::grant`]): a
+    /// quorum grants within the validity and confirms the raised fencing
+    /// token, or nothing is kept. A fencing counter refused by any server
+    /// refuses the acquisition.
     async fn try_once(&self, ask: &Ask<'_>) -> Result<Got> {
         let token = ask.token.to_string();
         let key = ask.keys[0].as_str();
-        let fkey = ask.keys[1].as_str();
         let keys: Vec<&str> = ask.keys.iter().map(String::as_str).collect();
         let mut args = vec![token.as_str(), ask.owner];
         args.extend(ask.args.iter().map(String::as_str));
-        let mut round = self.group.acquire_round(ask.lua, &keys, &args).await;
-        let granted = round.granted();
+        let round = self.group.acquire_round(ask.lua, &keys, &args).await;
         let bad = round.refusals().find_map(|r| match r.as_slice() {
-            [Value::Int(-2), x] => Some(corrupt_counter(x, fkey)),
+            [Value::Int(-2), x] => Some(corrupt_counter(x, &ask.keys[1])),
             _ => None,
         });
-        let validity = self.promise(ask.ttl, round.start);
-        let quorum = self.group.quorum();
-        if bad.is_none() && granted.len() >= quorum && !validity.is_zero() {
-            let value = Stored {
-                token: token.clone(),
-                fencing: granted.iter().map(|(_, f)| *f).max().unwrap_or(0),
-                owner: ask.owner.to_owned(),
-            };
-            let confirmed = self.group.raise(key, fkey, &value).await;
-            if confirmed >= quorum {
-                return Ok(Got::Granted(Grant {
-                    name: ask.name.to_owned(),
-                    token,
-                    fencing_token: value.fencing,
-                    ttl_ms: validity.as_millis() as u64,
-                }));
-            }
-            self.give_back(ask, &round.taken(), &token).await;
-            let e = self
-                .group
-                .no_quorum(None, confirmed, "recorded the fencing token");
-            return Err(CoordError::Backend(e));
+        let granted = if bad.is_some() {
+            Vec::new()
+        } else {
+            round.granted()
+        };
+        // Give back by a check-and-delete release, of the permit in the set
+        // for a one-server semaphore.
+        let give_back = if ask.lua == Lua::SemAcquire {
+            (Lua::SemRelease, &[token.as_str()][..])
+        } else {
+            (Lua::Release, &[token.as_str(), key, ""][..])
+        };
+        let rule = Acquisition {
+            key,
+            counter: &ask.keys[1],
+            token: &token,
+            owner: ask.owner,
+            ttl: ask.ttl,
+            give_back,
+        };
+        let taken = round.taken();
+        match self.group.grant(&rule, &granted, &taken, round.start).await {
+            Granting::Granted {
+                fencing, validity, ..
+            } => Ok(Got::Granted(Grant {
+                name: ask.name.to_owned(),
+                token,
+                fencing_token: fencing,
+                ttl_ms: self.promise(ask.ttl, validity).as_millis() as u64,
+            })),
+            Granting::Unconfirmed { confirmed } => Err(CoordError::Backend(self.group.no_quorum(
+                None,
+                confirmed,
+                "recorded the fencing token",
+            ))),
+            Granting::Refused => self.refused(round, bad, keys),
         }
-        self.give_back(ask, &round.taken(), &token).await;
+    }
+
+    /// A refused acquisition: the corrupt counter, else an error when fewer
+    /// than a quorum answered, else the refusals to read.
+    fn refused(&self, mut round: Round, bad: Option<CoordError>, keys: Vec<&str>) -> Result<Got> {
         if let Some(bad) = bad {
             return Err(bad);
         }
-        if round.answered() < quorum {
+        if round.answered() < self.group.quorum() {
             // Named as before: the counter last.
             let mut keys = keys;
             let counter = keys.remove(1);
             keys.push(counter);
             let e = round.first_error();
-            return Err(self.failed(self.group.no_quorum(e, round.answered(), "answered"), &keys));
+            return Err(failed(
+                self.group.no_quorum(e, round.answered(), "answered"),
+                &keys,
+            ));
         }
         Ok(Got::Refused(round))
-    }
-
-    /// Give back what a failed acquisition took on `servers` (granted, or
-    /// granted without the replicas' acknowledgement): a check-and-delete
-    /// release, of the permit in the set for a one-server semaphore.
-    async fn give_back(&self, ask: &Ask<'_>, servers: &[usize], token: &str) {
-        let key = ask.keys[0].as_str();
-        if ask.lua == Lua::SemAcquire {
-            self.group
-                .eval_on(servers, Lua::SemRelease, &[key], &[token])
-                .await;
-        } else {
-            self.group.release_on(servers, key, token, key).await;
-        }
     }
 
     /// [`RedisCoord::try_once`], again after a random delay while it split
@@ -184,53 +194,6 @@ impl RedisCoord {
             let pause = rand::rng().random_range(5..40);
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
-    }
-
-    /// A backend error, naming the coordination keys for `WRONGTYPE`.
-    fn failed(&self, err: BackendError, keys: &[&str]) -> CoordError {
-        if let BackendError::Rejected {
-            code: "wrongtype", ..
-        } = err
-        {
-            return CoordError::Corrupt {
-                key: keys.join(" or "),
-                found: "a value of another Redis type (WRONGTYPE)".into(),
-            };
-        }
-        CoordError::Backend(err)
-    }
-
-    /// Run `lua` on every server and count 1 / 0 / -1 answers.
-    async fn tally(&self, lua: Lua, keys: &[&str], args: &[&str]) -> Tally {
-        tally(self.group.eval_all(lua, keys, args).await)
-    }
-
-    /// A renew, release or completion by the group's rule: done on a quorum,
-    /// else an error when too few answered, else `NotYours` or `Gone` by the
-    /// majority of refusals. A release (`any`) is done when a quorum answered
-    /// and at least one server deleted the token: no quorum holds it any
-    /// more, so it can be neither renewed nor counted. A release that fewer
-    /// than a quorum answered is an error, since a quorum may still hold it.
-    fn verdict(
-        &self,
-        t: Tally,
-        keys: &[&str],
-        any: bool,
-        ttl: Option<Duration>,
-    ) -> Result<Outcome> {
-        let quorum = self.group.quorum();
-        let answered = t.ok + t.gone + t.taken + t.restored;
-        if t.ok >= quorum || (any && t.ok > 0 && answered >= quorum) {
-            return Ok(Outcome::Ok(ttl));
-        }
-        if answered < quorum {
-            return Err(self.failed(self.group.no_quorum(t.error, t.ok, "answered"), keys));
-        }
-        Ok(if t.taken > t.gone {
-            Outcome::NotYours
-        } else {
-            Outcome::Gone
-        })
     }
 
     /// The key of a semaphore's permit: the set on one server, the token's
@@ -253,18 +216,49 @@ impl RedisCoord {
     }
 }
 
+/// A backend error, naming the coordination keys for `WRONGTYPE`.
+fn failed(err: BackendError, keys: &[&str]) -> CoordError {
+    if let BackendError::Rejected {
+        code: "wrongtype", ..
+    } = err
+    {
+        return CoordError::Corrupt {
+            key: keys.join(" or "),
+            found: "a value of another Redis type (WRONGTYPE)".into(),
+        };
+    }
+    CoordError::Backend(err)
+}
+
+/// The coordination answer to the renew, release or completion verdict `v`
+/// (see [`crate::backend::redis::verdict`]) on `keys`; `ttl` is what a
+/// renewal promises.
+///
+/// # Errors
+/// The verdict's error when a quorum may still hold the key, as
+/// [`CoordError::Corrupt`] for a key of another type.
+pub(crate) fn outcome(v: Verdict, ttl: Option<Duration>, keys: &[&str]) -> Result<Outcome> {
+    match v {
+        Verdict::Done { .. } => Ok(Outcome::Ok(ttl)),
+        Verdict::Gone => Ok(Outcome::Gone),
+        Verdict::Taken => Ok(Outcome::NotYours),
+        Verdict::Failed(e) => Err(failed(e, keys)),
+    }
+}
+
 /// The owner label of a held value.
 fn owner_of(v: &Value) -> Option<String> {
     text_of(v).map(|t| Stored::parse(&t).owner)
 }
 
-/// The refusal of a script that found the fencing counter at `key` unusable.
+/// The refusal of a script that found the fencing counter at `key` unusable
+/// (see [`COUNTER_DIGITS`]).
 fn corrupt_counter(found: &Value, key: &str) -> CoordError {
     let found = text_of(found).unwrap_or_else(|| format!("{found:?}"));
     CoordError::Corrupt {
         key: key.to_owned(),
         found: format!(
-            "a fencing counter of {found:?}, not a non-negative integer (nothing was written)"
+            "a fencing counter of {found:?}, not a non-negative integer of at most {COUNTER_DIGITS} digits (nothing was written)"
         ),
     }
 }
@@ -291,7 +285,7 @@ impl Coordinator for RedisCoord {
     }
 
     /// Each server's request deadline: every call of a request is cut to
-    /// what is left of its budget ([`crate::budget`]).
+    /// what is left of its budget (`crate::budget`).
     fn deadline(&self) -> Option<Duration> {
         self.group.servers().iter().map(|s| s.timeout()).max()
     }
@@ -362,9 +356,9 @@ impl Coordinator for RedisCoord {
             Kind::Semaphore if self.group.is_redlock() => (Lua::Renew, self.permit_key(name, &t)),
             Kind::Semaphore => (Lua::SemRenew, self.key("sem", name)),
         };
-        let tally = self.tally(lua, &[&key], &[token, &ms(ttl)]).await;
-        let promise = self.promise(ttl, start);
-        self.verdict(tally, &[&key], false, Some(promise))
+        let verdict = self.group.renew(lua, &[&key], &[token, &ms(ttl)]).await;
+        let promise = self.promise(ttl, self.group.validity(ttl, start));
+        outcome(verdict, Some(promise), &[&key])
     }
 
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
@@ -375,13 +369,14 @@ impl Coordinator for RedisCoord {
             Kind::Lock => self.key("lock", name),
             Kind::Semaphore => self.permit_key(name, &t),
         };
-        let tally = if kind == Kind::Semaphore && !self.group.is_redlock() {
+        let verdict = if kind == Kind::Semaphore && !self.group.is_redlock() {
             // A permit that is gone cannot be told from one never held.
-            self.tally(Lua::SemRelease, &[&key], &[token]).await
+            self.group.release(Lua::SemRelease, &[&key], &[token]).await
         } else {
-            self.group.release_all(&key, token, &key, "released").await
+            let args = [token, key.as_str(), "released"];
+            self.group.release(Lua::Release, &[&key], &args).await
         };
-        self.verdict(tally, &[&key], true, None)
+        outcome(verdict, None, &[&key])
     }
 
     async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
@@ -445,9 +440,80 @@ impl Coordinator for RedisCoord {
         let base = self.key("job", &format!("{queue}/{job}"));
         let keys = [format!("{base}:claim"), format!("{base}:done")];
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let tally = self
-            .tally(Lua::Complete, &keys, &[token, &ms(retention)])
+        let answers = self
+            .group
+            .eval_all(Lua::Complete, &keys, &[token, &ms(retention)])
             .await;
-        self.verdict(tally, &keys, false, None)
+        let verdict = self.group.renew_verdict(Tally::of(answers), "completed");
+        outcome(verdict, None, &keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::verdict::{every_tally, group_of, tally_of};
+    use crate::backend::redis::{renewal, resigned};
+    use crate::backend::{Holder, LostReason, Renewal, Term};
+
+    fn term() -> Term {
+        Term {
+            holder: Holder {
+                identity: "a".into(),
+                fencing_token: 1,
+                term_id: "t".into(),
+                revision: 0,
+                expires_in: None,
+            },
+            ttl: Duration::from_secs(1),
+            granted: Duration::from_secs(1),
+            servers: None,
+        }
+    }
+
+    fn election_kind(r: crate::backend::Result<Renewal>) -> &'static str {
+        match r {
+            Ok(Renewal::Renewed { .. }) => "done",
+            Ok(Renewal::Lost(LostReason::KeyDeleted)) => "gone",
+            Ok(Renewal::Lost(LostReason::KeyOverwritten)) => "taken",
+            Ok(Renewal::Lost(LostReason::LeaseExpired)) => "expired",
+            Err(_) => "error",
+        }
+    }
+
+    fn coord_kind(r: Result<Outcome>) -> &'static str {
+        match r {
+            Ok(Outcome::Ok(_)) => "done",
+            Ok(Outcome::Gone) => "gone",
+            Ok(Outcome::NotYours) => "taken",
+            Ok(Outcome::AlreadyReleased) => "released before",
+            Err(_) => "error",
+        }
+    }
+
+    /// One rule, two users: every tally of answers on 1, 3 and 5 servers
+    /// gives the election and the coordination API the same verdict, for a
+    /// renewal (and a completion) and for a release.
+    #[test]
+    fn the_same_tally_gives_both_users_the_same_verdict() {
+        for n in [1, 3, 5] {
+            let group = group_of(n);
+            for counts in every_tally(n) {
+                let renew = |what| group.renew_verdict(tally_of(counts), what);
+                let election = election_kind(renewal(renew("renewed"), &term(), n));
+                let ttl = Some(Duration::from_secs(1));
+                let coord = coord_kind(outcome(renew("renewed"), ttl, &["k"]));
+                let complete = coord_kind(outcome(renew("completed"), None, &["k"]));
+                assert_eq!(election, coord, "renew, {n} servers, tally {counts:?}");
+                assert_eq!(complete, coord, "complete, {n} servers, tally {counts:?}");
+                let resign = resigned(group.release_verdict(tally_of(counts)));
+                let release = outcome(group.release_verdict(tally_of(counts)), None, &["k"]);
+                assert_eq!(
+                    resign.is_err(),
+                    release.is_err(),
+                    "release, {n} servers, tally {counts:?}"
+                );
+            }
+        }
     }
 }

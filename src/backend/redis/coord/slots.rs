@@ -105,7 +105,10 @@ impl RedisCoord {
             }
         }
         if answered < self.group.quorum() {
-            return Err(self.failed(self.group.no_quorum(error, answered, "answered"), &[key]));
+            return Err(super::failed(
+                self.group.no_quorum(error, answered, "answered"),
+                &[key],
+            ));
         }
         Ok(scan)
     }

@@ -3,6 +3,8 @@
 //! runs in our test environment.
 
 use std::sync::{Arc, Mutex};
+
+use super::super::check_label_key;
 use std::time::Duration;
 
 use serde_json::{Value, json};

@@ -1,0 +1,132 @@
+//! Job claims on etcd: a job is claimed by creating `…/jobs/<queue>/<job>/claim`
+//! bound to the claim's lease, and completed by replacing the claim with
+//! `…/done` under a lease of the retention time, in one txn that checks the
+//! claim is still the one the token names.
+
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::{EtcdCoord, grant, holds, owner_of};
+use crate::backend::coordination::{Claim, Outcome, Result, Token, TokenKind};
+use crate::backend::etcd::store::revision_of;
+
+impl EtcdCoord {
+    /// Claim a job ([`Coordinator::claim`](crate::backend::coordination::Coordinator::claim)):
+    /// one read when it is claimed or completed, else a create bound to a
+    /// lease of `ttl` unless a done or claim key exists.
+    pub(super) async fn claim_job(
+        &self,
+        queue: &str,
+        job: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Claim> {
+        let mut client = self.client().await?;
+        let claim = self.job_key(queue, job, "claim");
+        let done = self.job_key(queue, job, "done");
+        // Cheap look first: a claimed or completed job costs one read.
+        let peek = Txn::new().and_then(Self::job_state(&done, &claim));
+        let peek = self.call("txn", client.txn(peek)).await?;
+        if let Some(state) = job_claimed(peek.op_responses().as_slice()) {
+            return Ok(state);
+        }
+        let mut token = Token::new(TokenKind::Job, 0);
+        let txn = |lease| {
+            token = Token::new(TokenKind::Job, lease);
+            Txn::new()
+                .when([
+                    Compare::create_revision(done.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(claim.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([TxnOp::put(
+                    claim.clone(),
+                    format!("{token}|{owner}"),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else(Self::job_state(&done, &claim))
+        };
+        let created = self.create(&mut client, ttl, txn).await?;
+        if created.resp.succeeded() {
+            let rev = revision_of(created.resp.header());
+            let name = format!("{queue}/{job}");
+            return Ok(Claim::Claimed(grant(&name, &token, rev, created.lease.ttl)));
+        }
+        let state = job_claimed(created.resp.op_responses().as_slice());
+        Ok(state.unwrap_or_else(|| Claim::ClaimedByOther(String::new())))
+    }
+
+    /// Complete a claimed job ([`Coordinator::complete`](crate::backend::coordination::Coordinator::complete)):
+    /// its done key, under a lease of `retention`, replaces the claim.
+    pub(super) async fn complete_job(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        retention: Duration,
+    ) -> Result<Outcome> {
+        let Some(t) = Token::parse(token).filter(|t| t.kind == TokenKind::Job && t.lease > 0)
+        else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        let claim = self.job_key(queue, job, "claim");
+        let done = self.job_key(queue, job, "done");
+        let current = self.call("get", client.get(claim.clone(), None)).await?;
+        let Some(kv) = current.kvs().first() else {
+            // Completed by us already (a retry)? Then it is done.
+            let d = self.call("get", client.get(done.clone(), None)).await?;
+            return Ok(match d.kvs().first() {
+                Some(kv) if holds(kv.value(), token) => Outcome::Ok(None),
+                Some(_) => Outcome::NotYours,
+                None => Outcome::Gone,
+            });
+        };
+        if !holds(kv.value(), token) {
+            return Ok(Outcome::NotYours);
+        }
+        // The done key lives under a lease of the retention time.
+        let txn = |keep| {
+            Txn::new()
+                .when([Compare::mod_revision(
+                    claim.clone(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([
+                    TxnOp::put(
+                        done.clone(),
+                        kv.value().to_vec(),
+                        Some(PutOptions::new().with_lease(keep)),
+                    ),
+                    TxnOp::delete(claim.clone(), None),
+                ])
+        };
+        let created = self.create(&mut client, retention, txn).await?;
+        if !created.resp.succeeded() {
+            return Ok(Outcome::NotYours);
+        }
+        self.drop_lease(&mut client, t.lease).await;
+        Ok(Outcome::Ok(None))
+    }
+
+    /// A job's done and claim keys, as two gets of one txn.
+    fn job_state(done: &str, claim: &str) -> [TxnOp; 2] {
+        [TxnOp::get(done, None), TxnOp::get(claim, None)]
+    }
+}
+
+/// A job's state from the answers of [`EtcdCoord::job_state`]: `None` when
+/// it is neither completed nor claimed.
+fn job_claimed(ops: &[TxnOpResponse]) -> Option<Claim> {
+    if matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()) {
+        return Some(Claim::Completed);
+    }
+    match ops.get(1) {
+        Some(TxnOpResponse::Get(g)) => g
+            .kvs()
+            .first()
+            .map(|kv| Claim::ClaimedByOther(owner_of(kv.value()))),
+        _ => None,
+    }
+}
