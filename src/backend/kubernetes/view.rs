@@ -187,6 +187,8 @@ pub(super) struct WatchView {
 /// Everything this process knows of the Lease (see the module docs).
 #[derive(Debug, Default)]
 pub(super) struct LeaseView {
+    /// The last version read, written or delivered (and whether it was
+    /// deleted since); `None` before the first read.
     seen: Option<Seen>,
     /// Highest fencing token this process has observed or written.
     max_token: u64,
