@@ -21,7 +21,7 @@ impl KubeLeaseBackend {
             name: name.into(),
             options,
             conn: OnceCell::new(),
-            inner: Mutex::new(Inner::default()),
+            view: Mutex::new(LeaseView::default()),
         })
     }
 
@@ -46,7 +46,7 @@ impl KubeLeaseBackend {
                 ..KubeOptions::default()
             },
             conn: OnceCell::new_with(Some(conn)),
-            inner: Mutex::new(Inner::default()),
+            view: Mutex::new(LeaseView::default()),
         })
     }
 
@@ -101,69 +101,7 @@ impl KubeLeaseBackend {
         err: kube::Error,
     ) -> BackendError {
         match err {
-            kube::Error::Api(status) => {
-                let namespace = conn.namespace.clone();
-                match status.code {
-                    401 => BackendError::Auth {
-                        backend: ABOUT,
-                        source: Box::new(KubeLeaseError::Status {
-                            verb,
-                            namespace,
-                            name: self.name.clone(),
-                            code: status.code,
-                            reason: status.reason.clone(),
-                            message: status.message.clone(),
-                        }),
-                    },
-                    403 => BackendError::Auth {
-                        backend: ABOUT,
-                        source: Box::new(KubeLeaseError::Forbidden {
-                            verb,
-                            credentials: conn.credentials.clone(),
-                            namespace,
-                            message: status.message.clone(),
-                        }),
-                    },
-                    404 if verb == "create" => BackendError::Rejected {
-                        backend: ABOUT,
-                        code: "namespace_not_found",
-                        source: Box::new(KubeLeaseError::NamespaceNotFound {
-                            namespace,
-                            message: status.message.clone(),
-                        }),
-                    },
-                    410 => BackendError::WatchEnded {
-                        backend: ABOUT,
-                        reason: format!("410 Gone: {}", status.message),
-                    },
-                    code => {
-                        let source = Box::new(KubeLeaseError::Status {
-                            verb,
-                            namespace,
-                            name: self.name.clone(),
-                            code,
-                            reason: status.reason.clone(),
-                            message: status.message.clone(),
-                        });
-                        match code {
-                            429 => BackendError::Rejected {
-                                backend: ABOUT,
-                                code: "throttled",
-                                source,
-                            },
-                            400 | 422 => BackendError::Rejected {
-                                backend: ABOUT,
-                                code: "invalid",
-                                source,
-                            },
-                            _ => BackendError::Server {
-                                backend: ABOUT,
-                                source,
-                            },
-                        }
-                    }
-                }
-            }
+            kube::Error::Api(status) => self.classify_status(conn, verb, &status),
             other => BackendError::Unreachable {
                 backend: ABOUT,
                 endpoints: conn.server.clone(),
@@ -172,95 +110,84 @@ impl KubeLeaseBackend {
         }
     }
 
+    /// [`Self::classify`] of an API status.
+    fn classify_status(
+        &self,
+        conn: &Conn,
+        verb: &'static str,
+        status: &kube::core::Status,
+    ) -> BackendError {
+        let namespace = conn.namespace.clone();
+        let answered = || {
+            Box::new(KubeLeaseError::Status {
+                verb,
+                namespace: namespace.clone(),
+                name: self.name.clone(),
+                code: status.code,
+                reason: status.reason.clone(),
+                message: status.message.clone(),
+            })
+        };
+        let (backend, message) = (ABOUT, status.message.clone());
+        match status.code {
+            401 => BackendError::Auth {
+                backend,
+                source: answered(),
+            },
+            403 => BackendError::Auth {
+                backend,
+                source: Box::new(KubeLeaseError::Forbidden {
+                    verb,
+                    credentials: conn.credentials.clone(),
+                    namespace,
+                    message,
+                }),
+            },
+            404 if verb == "create" => BackendError::Rejected {
+                backend,
+                code: "namespace_not_found",
+                source: Box::new(KubeLeaseError::NamespaceNotFound { namespace, message }),
+            },
+            410 => BackendError::WatchEnded {
+                backend,
+                reason: format!("410 Gone: {message}"),
+            },
+            429 => BackendError::Rejected {
+                backend,
+                code: "throttled",
+                source: answered(),
+            },
+            400 | 422 => BackendError::Rejected {
+                backend,
+                code: "invalid",
+                source: answered(),
+            },
+            _ => BackendError::Server {
+                backend,
+                source: answered(),
+            },
+        }
+    }
+
     pub(super) fn is_conflict(err: &kube::Error) -> bool {
         matches!(err, kube::Error::Api(s) if s.code == 409)
     }
 
-    /// Record a Lease read or written now; a new `resourceVersion` restarts
-    /// the silence clock.
+    /// Apply one event (or ask one question) to the view of the Lease, at
+    /// the one lock of this backend.
+    pub(super) fn view<R>(&self, f: impl FnOnce(&mut LeaseView) -> R) -> R {
+        f(&mut self.view.lock().expect("lease view poisoned"))
+    }
+
+    /// Record a Lease read or written now.
     pub(super) fn observe(&self, lease: &Lease) {
-        let mut inner = self.inner.lock().expect("lease state poisoned");
-        Self::observe_locked(&mut inner, lease);
+        self.view(|v| v.observed(lease, Instant::now()));
     }
 
-    pub(super) fn observe_locked(inner: &mut Inner, lease: &Lease) {
-        let rv = rv_of(lease);
-        let changed = inner
-            .seen
-            .as_ref()
-            .is_none_or(|s| s.deleted || rv_of(&s.lease) != rv);
-        let changed_at = match &inner.seen {
-            Some(s) if !changed => s.changed_at,
-            _ => Instant::now(),
-        };
-        let fallback = inner.ttl.unwrap_or(Duration::from_secs(15));
-        let carry = match &inner.seen {
-            Some(s) if !changed => s.carry,
-            Some(s) if released_by_holder(lease, holder_of(&s.lease)) => None,
-            Some(s) => Self::silence_deadline(s, fallback),
-            None => None,
-        };
-        inner.max_token = inner.max_token.max(token_of(lease));
-        inner.resume_rv = Some(rv.to_owned());
-        inner.absent_rv = None;
-        if inner
-            .pending
-            .as_ref()
-            .is_some_and(|p| p.holder != holder_of(lease))
-        {
-            // Someone else wrote the Lease: our pending create is gone.
-            inner.pending = None;
-        }
-        inner.seen = Some(Seen {
-            lease: lease.clone(),
-            changed_at,
-            deleted: false,
-            absent_since: None,
-            carry,
-        });
-    }
-
-    /// Record that the Lease is gone: deleted at version `at` (a watch's
-    /// DELETED event, a LIST's version), else after the last version we had
-    /// a complete view of. The first absence point of a run of absent reads
-    /// is kept: a replay from it misses no term created since.
+    /// Record that the Lease is gone now, deleted at version `at` if known
+    /// ([`LeaseView::deleted`]).
     pub(super) fn observe_deleted(&self, at: Option<&str>) {
-        let mut inner = self.inner.lock().expect("lease state poisoned");
-        if let Some(s) = &mut inner.seen {
-            s.deleted = true;
-            s.absent_since.get_or_insert_with(Instant::now);
-        }
-        let resume = inner.resume_rv.take();
-        if inner.absent_rv.is_none() {
-            inner.absent_rv = at.map(str::to_owned).or(resume);
-        }
-    }
-
-    /// The Lease's own duration (never our local setting); `fallback` when
-    /// the field is missing or not positive.
-    pub(super) fn duration_of(lease: &Lease, fallback: Duration) -> Duration {
-        match lease.spec.as_ref().and_then(|s| s.lease_duration_seconds) {
-            Some(s) if s > 0 => Duration::from_secs(s as u64),
-            _ => fallback,
-        }
-    }
-
-    /// When the observed holder's term ends by silence (`None`: free, no
-    /// earlier promise). For a deleted Lease the silence counts from when we
-    /// found it gone. The duration counted is the Lease's, but never less
-    /// than our own `ttl` (a follower may not have seen the version its
-    /// holder wrote, only a hand edit of it: candidates of one election run
-    /// with one configuration), and never before an earlier version's
-    /// promise ([`Seen::carry`]). An empty holder is free only when its
-    /// holder released it ([`RELEASED_ANNOTATION`]); cleared by anyone else
-    /// (a hand edit, client-go's release) it counts as held.
-    pub(super) fn silence_deadline(seen: &Seen, ttl: Duration) -> Option<Instant> {
-        let since = seen.absent_since.unwrap_or(seen.changed_at);
-        let own = since + Self::duration_of(&seen.lease, ttl).max(ttl);
-        if holder_of(&seen.lease).is_empty() && has_release_mark(&seen.lease) {
-            return seen.carry;
-        }
-        Some(seen.carry.map_or(own, |c| c.max(own)))
+        self.view(|v| v.deleted(at, Instant::now()));
     }
 
     pub(super) fn new_spec(holder: &str, ttl: Duration, transitions: i32) -> LeaseSpec {
@@ -275,20 +202,9 @@ impl KubeLeaseBackend {
         }
     }
 
+    /// Our acquisition as `holder` was written as `lease`: the term is ours.
     pub(super) fn elected(&self, lease: &Lease, holder: String, ttl: Duration) -> Campaign {
-        self.observe(lease);
-        let mut inner = self.inner.lock().expect("lease state poisoned");
-        inner.own = Some(holder);
-        inner.own_ttl = Some(Duration::from_secs(lease_duration_secs(ttl) as u64));
-        inner.own_token = token_of(lease);
-        inner.pending = None;
-        drop(inner);
-        Campaign::Elected(Term {
-            holder: holder_view(lease),
-            ttl: Duration::from_secs(lease_duration_secs(ttl) as u64),
-            granted: Duration::from_secs(lease_duration_secs(ttl) as u64),
-            servers: None,
-        })
+        Campaign::Elected(self.view(|v| v.elected(lease, holder, ttl, Instant::now())))
     }
 
     /// Read the Lease; `None` when it does not exist. A GET; when it finds
@@ -298,10 +214,7 @@ impl KubeLeaseBackend {
     /// may start ([`Self::after_create`]).
     pub(super) async fn get(&self, conn: &Conn) -> Result<Option<Lease>> {
         let found = self.get_once(conn).await?;
-        let list = found.is_none() && {
-            let inner = self.inner.lock().expect("lease state poisoned");
-            inner.resume_rv.is_none() && inner.absent_rv.is_none() && !inner.no_list
-        };
+        let list = found.is_none() && self.view(|v| v.wants_list());
         if list {
             return self.list(conn).await;
         }
@@ -336,7 +249,7 @@ impl KubeLeaseBackend {
     /// resumes from the list's version (current, never compacted). Without
     /// `list` (RBAC): a GET, and no absence point (one warning).
     pub(super) async fn list(&self, conn: &Conn) -> Result<Option<Lease>> {
-        if self.inner.lock().expect("lease state poisoned").no_list {
+        if self.view(|v| v.may_not_list()) {
             return self.get_without_list(conn).await;
         }
         let params = ListParams::default().fields(&format!("metadata.name={}", self.name));
@@ -345,7 +258,7 @@ impl KubeLeaseBackend {
             Err(kube::Error::Api(s)) if s.code == 403 => {
                 warn!(namespace = %conn.namespace, credentials = %conn.credentials, message = %s.message,
                     "{} may not list leases.coordination.k8s.io; a Lease this sidecar creates is claimed only after one whole lease duration", conn.credentials);
-                self.inner.lock().expect("lease state poisoned").no_list = true;
+                self.view(|v| v.list_denied());
                 return self.get_without_list(conn).await;
             }
             Err(e) => return Err(self.classify(conn, "list", e)),
@@ -354,8 +267,8 @@ impl KubeLeaseBackend {
         Ok(match list.items.into_iter().next() {
             Some(l) => {
                 self.observe(&l);
-                if version.is_some() {
-                    self.inner.lock().expect("lease state poisoned").resume_rv = version;
+                if let Some(rv) = version {
+                    self.view(|v| v.resume_from(rv));
                 }
                 Some(l)
             }
@@ -365,27 +278,4 @@ impl KubeLeaseBackend {
             }
         })
     }
-}
-
-/// Whether `lease` carries a release mark (its holder released it; every
-/// acquisition removes the mark).
-fn has_release_mark(lease: &Lease) -> bool {
-    lease
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.get(RELEASED_ANNOTATION).is_some_and(|v| !v.is_empty()))
-}
-
-/// Whether `lease` is a release of `previous` written by its holder: the
-/// holder cleared, with [`RELEASED_ANNOTATION`] naming `previous`.
-fn released_by_holder(lease: &Lease, previous: &str) -> bool {
-    !previous.is_empty()
-        && holder_of(lease).is_empty()
-        && lease
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(RELEASED_ANNOTATION))
-            .is_some_and(|v| v == previous)
 }

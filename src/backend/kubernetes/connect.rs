@@ -54,7 +54,6 @@ impl KubeLeaseBackend {
                 }),
             });
         }
-        let mut inner = self.inner.lock().expect("lease state poisoned");
         for verb in missing {
             warn!(
                 verb,
@@ -68,10 +67,12 @@ impl KubeLeaseBackend {
                     "a Lease this sidecar creates is claimed only after one whole lease duration"
                 }
             );
-            match verb {
-                "watch" => inner.no_watch = true,
-                _ => inner.no_list = true,
-            }
+            self.view(|v| match verb {
+                "watch" => {
+                    v.watch_denied();
+                }
+                _ => v.list_denied(),
+            });
         }
         Ok(())
     }

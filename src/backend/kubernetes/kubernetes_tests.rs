@@ -9,6 +9,7 @@ use http::{Request, Response};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use super::*;
 use crate::backend::kubernetes::mock::{Seen, mock};

@@ -46,6 +46,14 @@
 //!   duration; a replay that cannot be had (410, an error, no absence point)
 //!   waits a whole duration. Found by the 30-minute fault soak
 //!   (tests/kubernetes_fault.rs, seed 1904014402476089950).
+//!
+//! The follower's and the leader's rules are one pure state, `view`: every
+//! read, watch event and write answer is applied to it as an event, and the
+//! verbs act on what it classifies the Lease as at an instant they pass in.
+//! It is the only state, behind the only lock, so the rules can be tested
+//! by event sequences without an API server; the verbs are the I/O around
+//! it, and every write of an existing Lease is one compare-and-swap
+//! (`KubeLeaseBackend::cas`).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -55,7 +63,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 use rand::Rng;
 use tokio::sync::OnceCell;
-use tokio::time::Instant;
 
 use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
 
@@ -94,7 +101,7 @@ pub const TOKEN_ANNOTATION: &str = "leader-elector/fencing-token";
 /// Annotation a releasing holder writes with the empty holder: the holder
 /// identity of the term it released. It proves the release came from the
 /// holder itself; a hand edit that clears the holder does not end the
-/// previous holder's promise for our followers (see [`Seen::carry`]).
+/// previous holder's promise for our followers (README "Writes by others").
 pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
 
 /// Server-side timeout of one watch request, in seconds; the watch is then
@@ -175,105 +182,6 @@ pub struct KubeOptions {
     pub poll_every: Option<Duration>,
 }
 
-/// What this process last observed of the Lease.
-#[derive(Clone, Debug)]
-struct Seen {
-    /// The Lease as read or written (its `resourceVersion` is the CAS version).
-    lease: Lease,
-    /// Monotonic instant at which this process first saw this version.
-    changed_at: Instant,
-    /// The Lease no longer exists (deleted after this version).
-    deleted: bool,
-    /// Monotonic instant at which this process first found the Lease gone.
-    /// The deleted holder's last renewal happened before the deletion, so
-    /// its term ends at most its duration after this instant, even when our
-    /// view of its renewals was stale (a broken watch).
-    absent_since: Option<Instant>,
-    /// The latest end of a term promised by an earlier version we saw
-    /// (its sight + its duration), unless that term's holder released it
-    /// itself ([`RELEASED_ANNOTATION`]). A write by someone else (a shorter
-    /// duration, another holder, a cleared holder) can lengthen a
-    /// follower's wait but never shorten it below what the holder was
-    /// promised, even when the holder's watch is down and it has not seen
-    /// the write.
-    carry: Option<Instant>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    seen: Option<Seen>,
-    /// Highest fencing token this process has observed or written.
-    max_token: u64,
-    /// Our holder identity (`<identity>_<term id>`) while we hold a term.
-    own: Option<String>,
-    /// Where a reopened watch resumes (a bookmark may move it past `seen`).
-    resume_rv: Option<String>,
-    /// Our configured TTL (from the last campaign): the silence to wait for
-    /// a Lease that carries no usable `leaseDurationSeconds`.
-    ttl: Option<Duration>,
-    /// Where a replay of the Lease's changes since this process last found
-    /// it absent starts: the deletion's `resourceVersion` (watch), the
-    /// version of our last complete view before a read found it gone, or
-    /// the version of a LIST that found it absent. `None` while it exists.
-    absent_rv: Option<String>,
-    /// A Lease we created but may not claim yet (see [`Pending`]).
-    pending: Option<Pending>,
-    /// Holder identities of acquisitions we sent whose answers never came
-    /// back to us (the Elector's deadline dropped the call). If the server
-    /// applied one, that term was granted but never claimed by anybody, so
-    /// it may be replaced at once (by CAS) instead of waiting out its
-    /// silence. The last few only.
-    unanswered: Vec<String>,
-    /// RBAC denies `watch` on leases: follow by polling.
-    no_watch: bool,
-    /// The duration of the term we hold, as we wrote it (whole seconds).
-    own_ttl: Option<Duration>,
-    /// The fencing token of the term we hold, as we wrote it.
-    own_token: u64,
-    /// RBAC denies `list` on leases: no absence point for a fresh process.
-    no_list: bool,
-}
-
-/// A Lease this process created whose term it may not claim before
-/// `not_before`: between the absence we observed and our create, another
-/// term was created (and deleted) that we never saw while it ran, and its
-/// holder claims until its last write plus its duration. Its last write was
-/// sent before our create was answered, so our create's answer plus that
-/// duration is safe. Nobody claims the pending Lease; at `not_before` the
-/// next campaign takes it by CAS like any unclaimed Lease.
-#[derive(Clone, Debug)]
-struct Pending {
-    /// Our holder identity written into the Lease.
-    holder: String,
-    /// The earliest instant at which we may claim it.
-    not_before: Instant,
-    /// The unseen term that may still run (reported as `Waiting.previous`).
-    previous: Holder,
-}
-
-/// How many unanswered acquisitions to remember.
-const UNANSWERED_KEPT: usize = 8;
-
-impl Inner {
-    fn send_acquisition(&mut self, holder: &str) {
-        if self.unanswered.len() >= UNANSWERED_KEPT {
-            self.unanswered.remove(0);
-        }
-        self.unanswered.push(holder.to_owned());
-    }
-    fn answered(&mut self, holder: &str) {
-        self.unanswered.retain(|h| h != holder);
-    }
-    /// An acquisition of ours that nobody claims: never answered, or
-    /// created and pending (whatever held it up still holds until
-    /// `pending.not_before`).
-    fn is_unclaimed_own(&self, holder: &str) -> bool {
-        !holder.is_empty()
-            && (self.unanswered.iter().any(|h| h == holder)
-                || self.pending.as_ref().is_some_and(|p| p.holder == holder))
-    }
-}
-
 struct Conn {
     api: Api<Lease>,
     client: kube::Client,
@@ -288,7 +196,9 @@ pub struct KubeLeaseBackend {
     name: String,
     options: KubeOptions,
     conn: OnceCell<Conn>,
-    inner: Mutex<Inner>,
+    /// Everything known of the Lease; the one lock of this backend, never
+    /// held across an await.
+    view: Mutex<LeaseView>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -371,7 +281,10 @@ pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, m
 pub(crate) mod mock;
 mod replay;
 mod verbs;
+mod view;
 mod watch;
+
+use view::{Hold, LeaseView, Standing, duration_of};
 
 #[cfg(test)]
 #[path = "kubernetes_tests.rs"]

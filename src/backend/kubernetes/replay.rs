@@ -1,6 +1,6 @@
 //! After a create: may the new term be claimed? The watch replays the
 //! Lease's changes from where this process last found it absent up to our
-//! create; a term we never saw may still run (see [`Pending`]).
+//! create; a term we never saw may still run (see the view's pending create).
 
 use std::time::Duration;
 
@@ -10,10 +10,11 @@ use kube::api::{WatchEvent, WatchParams};
 use tokio::time::{Instant, timeout};
 use tracing::{debug, info};
 
+use super::view::Created;
 use super::*;
 
 /// Why a created Lease is left unclaimed (`/leader`'s `waiting`).
-const UNSEEN_TERM: &str = "another term may have run unseen since the Lease was found absent (created and deleted while we waited, or no replay could be had): our created Lease stays unclaimed until that term is over";
+pub(super) const UNSEEN_TERM: &str = "another term may have run unseen since the Lease was found absent (created and deleted while we waited, or no replay could be had): our created Lease stays unclaimed until that term is over";
 
 /// What the replay from the absence point showed.
 enum Replay {
@@ -42,20 +43,7 @@ impl KubeLeaseBackend {
         let answered = Instant::now();
         // Safe defaults first: if this call is dropped (the Elector's
         // deadline) the Lease stays unclaimed for a whole duration.
-        let whole =
-            Self::duration_of(&created, ttl).max(self.seen_duration().unwrap_or(Duration::ZERO));
-        let floor = {
-            let mut inner = self.inner.lock().expect("lease state poisoned");
-            let floor = inner.pending.as_ref().map(|p| p.not_before);
-            inner.pending = Some(Pending {
-                holder: mine.clone(),
-                not_before: floor.unwrap_or(answered).max(answered + whole),
-                previous: holder_view(&created),
-            });
-            inner.answered(&mine);
-            floor
-        };
-        self.observe(&created);
+        let Created { floor, whole } = self.view(|v| v.created(&created, &mine, answered));
         let limit = (ttl / 3).max(Duration::from_secs(1));
         let replay = match timeout(
             limit,
@@ -85,37 +73,12 @@ impl KubeLeaseBackend {
         if now >= not_before {
             return self.elected(&created, mine, ttl);
         }
-        self.inner.lock().expect("lease state poisoned").pending = Some(Pending {
-            holder: mine,
-            not_before,
-            previous: previous.clone(),
-        });
+        self.view(|v| v.pending_until(mine, not_before, previous.clone()));
         Campaign::Waiting {
             previous: Some(previous),
             retry_after: not_before - now,
             why: UNSEEN_TERM,
         }
-    }
-
-    /// The Lease names our pending create that may not be claimed yet: wait.
-    pub(super) fn pending_wait(&self, holder: &str, now: Instant) -> Option<Campaign> {
-        let inner = self.inner.lock().expect("lease state poisoned");
-        let p = inner.pending.as_ref().filter(|p| p.holder == holder)?;
-        (now < p.not_before).then(|| Campaign::Waiting {
-            previous: Some(p.previous.clone()),
-            retry_after: p.not_before - now,
-            why: UNSEEN_TERM,
-        })
-    }
-
-    /// The duration of the Lease we last saw (deleted or not).
-    fn seen_duration(&self) -> Option<Duration> {
-        let inner = self.inner.lock().expect("lease state poisoned");
-        let fallback = inner.ttl.unwrap_or(Duration::from_secs(15));
-        inner
-            .seen
-            .as_ref()
-            .map(|s| Self::duration_of(&s.lease, fallback))
     }
 
     /// Replay the Lease's changes after `from` up to our own create (the
@@ -134,12 +97,7 @@ impl KubeLeaseBackend {
         };
         futures_util::pin_mut!(stream);
         let mut unseen: Option<(Holder, Duration)> = None;
-        let fallback = self
-            .inner
-            .lock()
-            .expect("lease state poisoned")
-            .ttl
-            .unwrap_or(Duration::from_secs(15));
+        let fallback = self.fallback_ttl();
         while let Some(ev) = stream.next().await {
             let lease = match ev {
                 Ok(WatchEvent::Added(l) | WatchEvent::Modified(l) | WatchEvent::Deleted(l)) => l,
@@ -157,17 +115,11 @@ impl KubeLeaseBackend {
                     Some((h, d)) => Replay::Unseen(h, d),
                 };
             }
-            let ours = self
-                .inner
-                .lock()
-                .expect("lease state poisoned")
-                .unanswered
-                .iter()
-                .any(|h| h == holder);
+            let ours = self.view(|v| v.is_unanswered(holder));
             if holder.is_empty() || holder == known || ours {
                 continue;
             }
-            let d = Self::duration_of(&lease, fallback);
+            let d = duration_of(&lease, fallback);
             if unseen.as_ref().is_none_or(|(_, longest)| d > *longest) {
                 unseen = Some((holder_view(&lease), d));
             }

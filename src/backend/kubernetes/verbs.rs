@@ -10,7 +10,7 @@ use kube::api::{PostParams, WatchParams};
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, warn};
 
-use super::watch::foreign_edit;
+use super::replay::UNSEEN_TERM;
 use super::*;
 
 #[async_trait]
@@ -26,7 +26,7 @@ impl LeaseBackend for KubeLeaseBackend {
         _previous: Option<&Holder>,
     ) -> Result<Campaign> {
         let conn = self.conn().await?;
-        self.inner.lock().expect("lease state poisoned").ttl = Some(ttl);
+        self.view(|v| v.campaigning(ttl));
         // Two rounds: a lost race (409) is answered by one fresh read.
         for round in 0..2 {
             let current = self.get(conn).await?;
@@ -48,43 +48,35 @@ impl LeaseBackend for KubeLeaseBackend {
         let conn = self.conn().await?;
         let ours = &term.holder.term_id;
         for _ in 0..CAS_TRIES {
-            let base = {
-                let inner = self.inner.lock().expect("lease state poisoned");
-                match &inner.seen {
-                    Some(s) if s.deleted => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
-                    Some(s) if holder_of(&s.lease) != ours => {
-                        return Ok(Renewal::Lost(LostReason::KeyOverwritten));
-                    }
-                    Some(s) => s.lease.clone(),
-                    None => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
+            let (standing, lease) =
+                self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
+            let base = match (standing, lease) {
+                (Standing::Ours { .. }, Some(lease)) => lease,
+                (Standing::Overwritten { edit }, _) => {
+                    // Someone changed what our term promises: followers
+                    // count from their sight of it, so the term ends here.
+                    warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term");
+                    return Ok(Renewal::Lost(LostReason::KeyOverwritten));
                 }
+                (_, None) => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
+                _ => return Ok(Renewal::Lost(LostReason::KeyOverwritten)),
             };
-            if let Some(edit) = foreign_edit(&base, term) {
-                // Someone changed what our term promises: followers count
-                // from their sight of it, so the term ends here.
-                warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term");
-                return Ok(Renewal::Lost(LostReason::KeyOverwritten));
-            }
             let mut next = base;
             let spec = next.spec.get_or_insert_with(Default::default);
             spec.renew_time = Some(now_micro());
-            let ttl = Self::duration_of(&next, term.ttl);
-            match conn.api.replace(&self.name, &post_params(), &next).await {
-                Ok(updated) => {
-                    self.observe(&updated);
-                    return Ok(Renewal::Renewed { ttl, servers: None });
-                }
-                Err(e) if Self::is_conflict(&e) => {
-                    // Someone else wrote: re-read and decide; never overwrite.
+            let ttl = duration_of(&next, term.ttl);
+            match self.cas(conn, &next).await? {
+                Cas::Written(_) => return Ok(Renewal::Renewed { ttl, servers: None }),
+                // Someone else wrote: re-read and decide; never overwrite.
+                Cas::Conflict => {
                     if self.get(conn).await?.is_none() {
                         return Ok(Renewal::Lost(LostReason::KeyDeleted));
                     }
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
+                Cas::Gone => {
                     self.observe_deleted(None);
                     return Ok(Renewal::Lost(LostReason::KeyDeleted));
                 }
-                Err(e) => return Err(self.classify(conn, "update", e)),
             }
         }
         Err(self.contended(conn))
@@ -94,45 +86,28 @@ impl LeaseBackend for KubeLeaseBackend {
         let conn = self.conn().await?;
         let ours = &term.holder.term_id;
         for _ in 0..CAS_TRIES {
-            let base = {
-                let inner = self.inner.lock().expect("lease state poisoned");
-                match &inner.seen {
-                    Some(s) if !s.deleted && holder_of(&s.lease) == ours => s.lease.clone(),
-                    // Gone or someone else's: nothing of ours to release.
-                    _ => {
-                        drop(inner);
-                        self.inner.lock().expect("poisoned").own = None;
-                        return Ok(());
-                    }
-                }
-            };
-            let mut next = base;
-            let spec = next.spec.get_or_insert_with(Default::default);
-            let now = now_micro();
-            spec.holder_identity = Some(String::new());
-            spec.lease_duration_seconds = Some(1);
-            spec.acquire_time = Some(now.clone());
-            spec.renew_time = Some(now);
-            // Proof that the holder itself released (a hand edit clearing
-            // the holder does not end its promise for our followers).
-            next.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(RELEASED_ANNOTATION.to_owned(), ours.clone());
-            match conn.api.replace(&self.name, &post_params(), &next).await {
-                Ok(updated) => {
-                    self.observe(&updated);
-                    self.inner.lock().expect("poisoned").own = None;
+            let (standing, lease) =
+                self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
+            let base = match (standing, lease) {
+                (Standing::Ours { .. } | Standing::Overwritten { .. }, Some(lease)) => lease,
+                // Gone or someone else's: nothing of ours to release.
+                _ => {
+                    self.view(|v| v.resigned());
                     return Ok(());
                 }
-                Err(e) if Self::is_conflict(&e) => {
+            };
+            match self.cas(conn, &released(base, ours)).await? {
+                Cas::Written(_) => {
+                    self.view(|v| v.resigned());
+                    return Ok(());
+                }
+                Cas::Conflict => {
                     self.get(conn).await?;
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
+                Cas::Gone => {
                     self.observe_deleted(None);
                     return Ok(());
                 }
-                Err(e) => return Err(self.classify(conn, "update", e)),
             }
         }
         Err(self.contended(conn))
@@ -162,7 +137,7 @@ impl LeaseBackend for KubeLeaseBackend {
         let renewed = spec
             .and_then(|s| s.renew_time.as_ref().or(s.acquire_time.as_ref()))
             .map(|t| t.0);
-        let duration = Self::duration_of(&lease, Duration::from_secs(15));
+        let duration = duration_of(&lease, Duration::from_secs(15));
         holder.expires_in = renewed.map(|at| {
             let age_ms = k8s_openapi::jiff::Timestamp::now()
                 .duration_since(at)
@@ -226,6 +201,25 @@ impl LeaseBackend for KubeLeaseBackend {
     }
 }
 
+/// `lease` released by the holder of term `ours`: holder cleared,
+/// `leaseDurationSeconds: 1`, and the release mark naming the term.
+fn released(mut lease: Lease, ours: &str) -> Lease {
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    let now = now_micro();
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    // Proof that the holder itself released (a hand edit clearing the
+    // holder does not end its promise for our followers).
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(RELEASED_ANNOTATION.to_owned(), ours.to_owned());
+    lease
+}
+
 /// Write parameters: our field manager on every write.
 fn post_params() -> PostParams {
     PostParams {
@@ -244,7 +238,32 @@ enum Round {
     Lost,
 }
 
+/// What a compare-and-swap of the Lease came to.
+pub(super) enum Cas {
+    /// Written: the answer (already observed).
+    Written(Box<Lease>),
+    /// 409: someone else wrote since the version read.
+    Conflict,
+    /// 404: the Lease is gone.
+    Gone,
+}
+
 impl KubeLeaseBackend {
+    /// Replace the Lease by `next`, on the condition that it is still at
+    /// `next`'s `resourceVersion` (the API server's optimistic concurrency:
+    /// a PUT carrying the version answers 409 when it moved on).
+    pub(super) async fn cas(&self, conn: &Conn, next: &Lease) -> Result<Cas> {
+        match conn.api.replace(&self.name, &post_params(), next).await {
+            Ok(written) => {
+                self.observe(&written);
+                Ok(Cas::Written(Box::new(written)))
+            }
+            Err(e) if Self::is_conflict(&e) => Ok(Cas::Conflict),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Cas::Gone),
+            Err(e) => Err(self.classify(conn, "update", e)),
+        }
+    }
+
     /// The Lease is absent. If we saw a holder whose term may still run (the
     /// Lease was deleted by hand), wait its duration from when we found the
     /// Lease gone; else create it as `mine` with a seeded fencing token, and
@@ -258,22 +277,10 @@ impl KubeLeaseBackend {
         ttl: Duration,
     ) -> Result<Round> {
         let now = Instant::now();
-        let (max_token, seen, from) = {
-            let inner = self.inner.lock().expect("lease state poisoned");
-            (inner.max_token, inner.seen.clone(), inner.absent_rv.clone())
-        };
-        if let Some(s) = &seen
-            && let Some(end) = Self::silence_deadline(s, ttl)
-            && now < end
-            && !self
-                .inner
-                .lock()
-                .expect("lease state poisoned")
-                .is_unclaimed_own(holder_of(&s.lease))
-        {
+        if let Standing::Held { holder, until, .. } = self.view(|v| v.classify(None, now)) {
             return Ok(Round::Done(Campaign::Waiting {
-                previous: Some(holder_view(&s.lease)),
-                retry_after: end - now,
+                previous: Some(holder),
+                retry_after: until - now,
                 why: "the Lease was deleted by hand while its holder's term may still run: waiting out its duration",
             }));
         }
@@ -281,6 +288,8 @@ impl KubeLeaseBackend {
             // Someone created it between our reads and we lost.
             return Ok(Round::Lost);
         }
+        let (max_token, from, known) =
+            self.view(|v| (v.max_token(), v.absent_from(), v.last_holder()));
         let token = (max_token + 1).max(unix_millis());
         let lease = Lease {
             metadata: ObjectMeta {
@@ -291,24 +300,17 @@ impl KubeLeaseBackend {
             },
             spec: Some(Self::new_spec(&mine, ttl, 0)),
         };
-        self.inner
-            .lock()
-            .expect("lease state poisoned")
-            .send_acquisition(&mine);
-        let r = conn.api.create(&post_params(), &lease).await;
-        match r {
+        self.view(|v| v.sent(&mine));
+        match conn.api.create(&post_params(), &lease).await {
             Ok(created) => {
-                let known = seen.as_ref().map(|s| holder_of(&s.lease).to_owned());
+                let known = known.map(|h| h.term_id);
                 let c = self
                     .after_create(conn, created, mine, ttl, from, known)
                     .await;
                 Ok(Round::Done(c))
             }
             Err(e) => {
-                self.inner
-                    .lock()
-                    .expect("lease state poisoned")
-                    .answered(&mine);
+                self.view(|v| v.answered(&mine));
                 if Self::is_conflict(&e) {
                     Ok(Round::Again)
                 } else {
@@ -330,46 +332,58 @@ impl KubeLeaseBackend {
         ttl: Duration,
     ) -> Result<Round> {
         let now = Instant::now();
-        let (max_token, seen) = {
-            let inner = self.inner.lock().expect("lease state poisoned");
-            (inner.max_token, inner.seen.clone())
+        let previous = match self.view(|v| v.classify(None, now)) {
+            Standing::Pending { previous, until } => {
+                return Ok(Round::Done(Campaign::Waiting {
+                    previous: Some(previous),
+                    retry_after: until - now,
+                    why: UNSEEN_TERM,
+                }));
+            }
+            Standing::Held {
+                holder,
+                until,
+                how: Hold::Cleared,
+            } => {
+                // Cleared by someone other than its holder: that holder's
+                // promise still runs.
+                return Ok(Round::Done(Campaign::Waiting {
+                    previous: Some(holder),
+                    retry_after: until - now,
+                    why: "the holder was cleared by someone other than the holder: waiting out what its term promised",
+                }));
+            }
+            Standing::Held {
+                holder,
+                how: Hold::Renewing,
+                ..
+            } => return Ok(Round::Done(Campaign::Following(holder))),
+            Standing::Free { previous } => previous,
+            // Deleted since our read (a watch told us): read again.
+            _ => return Ok(if round > 0 { Round::Lost } else { Round::Again }),
         };
-        let holder = holder_of(&lease);
-        let s = seen.expect("observed by get");
-        if let Some(wait) = self.pending_wait(holder, now) {
-            return Ok(Round::Done(wait));
-        }
-        let unclaimed = self
-            .inner
-            .lock()
-            .expect("lease state poisoned")
-            .is_unclaimed_own(holder);
-        let end = Self::silence_deadline(&s, ttl);
-        let expired = unclaimed || end.is_none_or(|end| now >= end);
-        if !expired && holder.is_empty() {
-            // Cleared by someone other than its holder: that holder's
-            // promise still runs.
-            return Ok(Round::Done(Campaign::Waiting {
-                previous: Some(holder_view(&lease)),
-                retry_after: end.map_or(Duration::ZERO, |end| end - now),
-                why: "the holder was cleared by someone other than the holder: waiting out what its term promised",
-            }));
-        }
-        if !expired {
-            return Ok(Round::Done(Campaign::Following(holder_view(&lease))));
-        }
         if round > 0 {
             return Ok(Round::Lost);
         }
-        debug!(
-            previous = holder,
-            "lease free or silent for its duration; taking it"
-        );
+        debug!(previous = %previous.term_id, "lease free or silent for its duration; taking it");
+        let next = self.acquisition(lease, &mine, ttl);
+        self.view(|v| v.sent(&mine));
+        let r = self.cas(conn, &next).await;
+        self.view(|v| v.answered(&mine));
+        Ok(match r? {
+            Cas::Written(updated) => Round::Done(self.elected(&updated, mine, ttl)),
+            Cas::Conflict | Cas::Gone => Round::Again,
+        })
+    }
+
+    /// `lease` taken over as `mine`: a new term with one more transition and
+    /// the next fencing token.
+    fn acquisition(&self, lease: Lease, mine: &str, ttl: Duration) -> Lease {
         let old = lease.spec.clone().unwrap_or_default();
         let transitions = old.lease_transitions.unwrap_or(0).saturating_add(1);
-        let token = (token_of(&lease).max(max_token)) + 1;
-        let mut next = lease.clone();
-        next.spec = Some(Self::new_spec(&mine, ttl, transitions));
+        let token = token_of(&lease).max(self.view(|v| v.max_token())) + 1;
+        let mut next = lease;
+        next.spec = Some(Self::new_spec(mine, ttl, transitions));
         let annotations = next
             .metadata
             .annotations
@@ -378,37 +392,16 @@ impl KubeLeaseBackend {
         // A new term: the previous release's mark goes (else a hand edit
         // clearing this term's holder would pass for its release).
         annotations.remove(RELEASED_ANNOTATION);
-        self.inner
-            .lock()
-            .expect("lease state poisoned")
-            .send_acquisition(&mine);
-        let r = conn.api.replace(&self.name, &post_params(), &next).await;
-        self.inner
-            .lock()
-            .expect("lease state poisoned")
-            .answered(&mine);
-        match r {
-            Ok(updated) => Ok(Round::Done(self.elected(&updated, mine, ttl))),
-            Err(e) if Self::is_conflict(&e) => Ok(Round::Again),
-            Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => Ok(Round::Again),
-            Err(e) => Err(self.classify(conn, "update", e)),
-        }
+        next
     }
 
     /// Lost a race: report what is there now.
     fn after_lost_race(&self) -> Campaign {
-        let inner = self.inner.lock().expect("lease state poisoned");
-        match &inner.seen {
-            Some(s) if !s.deleted && !holder_of(&s.lease).is_empty() => {
-                Campaign::Following(holder_view(&s.lease))
-            }
-            Some(s) => Campaign::Waiting {
-                previous: Some(holder_view(&s.lease)),
-                retry_after: Duration::from_millis(100),
-                why: "lost a race for the Lease; reading it again",
-            },
-            None => Campaign::Waiting {
-                previous: None,
+        let (exists, last) = self.view(|v| (v.lease().is_some(), v.last_holder()));
+        match last {
+            Some(h) if exists && !h.term_id.is_empty() => Campaign::Following(h),
+            previous => Campaign::Waiting {
+                previous,
                 retry_after: Duration::from_millis(100),
                 why: "lost a race for the Lease; reading it again",
             },

@@ -2,6 +2,7 @@
 //! leader's sight of writes by others (which end its term at once), a 410
 //! answered by a fresh read, and polling when RBAC denies `watch`.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -10,89 +11,27 @@ use kube::api::WatchEvent;
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, warn};
 
+use super::view::WatchView;
 use super::*;
-
-/// What a watch of the Lease starts from.
-pub(super) struct WatchView {
-    /// The version to resume from.
-    pub(super) rv: String,
-    /// When the followed holder's term ends by silence (followers only).
-    pub(super) deadline: Option<Instant>,
-    /// We hold the term being watched.
-    pub(super) leading: bool,
-    /// RBAC denies `watch`: poll instead.
-    pub(super) poll: bool,
-}
-
-/// How a foreign write changed our term's Lease, if it did: the holder's
-/// duration or the fencing token (what followers and fencing rely on).
-pub(super) fn foreign_edit(lease: &Lease, term: &Term) -> Option<String> {
-    let duration = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds);
-    let ours = lease_duration_secs(term.ttl);
-    if duration != Some(ours) {
-        return Some(format!(
-            "leaseDurationSeconds {ours} -> {}",
-            duration.map_or("(none)".to_owned(), |d| d.to_string())
-        ));
-    }
-    let token = token_of(lease);
-    (token != term.holder.fencing_token)
-        .then(|| format!("fencing token {} -> {token}", term.holder.fencing_token))
-}
 
 impl KubeLeaseBackend {
     /// Where a watch of `seen`'s term resumes, or `None` when what we know
     /// already differs from `seen` (the watch's answer is "changed").
     pub(super) fn watch_view(&self, seen: &Holder) -> Option<WatchView> {
-        let inner = self.inner.lock().expect("lease state poisoned");
-        let fallback = inner.ttl.unwrap_or(Duration::from_secs(15));
-        let s = inner.seen.as_ref()?;
-        if s.deleted || holder_of(&s.lease) != seen.term_id {
-            return None;
-        }
-        Some(WatchView {
-            rv: inner
-                .resume_rv
-                .clone()
-                .unwrap_or_else(|| rv_of(&s.lease).to_owned()),
-            deadline: Self::silence_deadline(s, fallback),
-            leading: inner.own.as_deref() == Some(seen.term_id.as_str()),
-            poll: inner.no_watch,
-        })
+        self.view(|v| v.watch_from(&seen.term_id))
     }
 
-    /// The term we hold, as the leader's watch compares it with what others
-    /// write: our holder, the duration and token of our last own view.
-    pub(super) fn own_term(&self, seen: &Holder) -> Option<Term> {
-        let inner = self.inner.lock().expect("lease state poisoned");
-        let ttl = inner.own_ttl?;
-        Some(Term {
-            holder: Holder {
-                fencing_token: inner.own_token,
-                ..seen.clone()
-            },
-            ttl,
-            granted: ttl,
-            servers: None,
-        })
-    }
-
-    /// A Lease of our holder that the leader's watch or read saw: `true`
-    /// when someone else changed what our term promises (the term ends).
-    pub(super) fn edited_by_others(&self, lease: &Lease, seen: &Holder) -> bool {
-        let Some(term) = self.own_term(seen) else {
-            return false;
-        };
-        match foreign_edit(lease, &term) {
-            Some(edit) => {
-                self.observe(lease);
+    /// Whether someone else changed what our term `seen` promises, as the
+    /// Lease last read shows it (the term then ends at once).
+    pub(super) fn overwritten(&self, seen: &Holder) -> bool {
+        match self.view(|v| v.classify(Some(&seen.term_id), Instant::now())) {
+            Standing::Overwritten { edit } => {
                 warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term at once");
                 true
             }
-            None => false,
+            _ => false,
         }
     }
-
     /// Deliver the events of one open watch. `Ok(Some(()))`: the followed
     /// term changed (or ended by silence); `Ok(None)`: reopen the watch.
     pub(super) async fn follow_stream<S>(
@@ -105,7 +44,6 @@ impl KubeLeaseBackend {
     where
         S: futures_util::Stream<Item = kube::Result<WatchEvent<Lease>>> + Unpin,
     {
-        let fallback = self.fallback_ttl();
         let mut deadline = view.deadline;
         loop {
             let wake = if view.leading { None } else { deadline };
@@ -119,25 +57,9 @@ impl KubeLeaseBackend {
             match ev {
                 None => return Ok(None), // server-side timeout: reopen from resume_rv
                 Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
-                    if holder_of(&l) != seen.term_id {
-                        self.observe(&l);
-                        return Ok(Some(()));
-                    }
-                    if view.leading {
-                        if self.edited_by_others(&l, seen) {
-                            return Ok(Some(()));
-                        }
-                        // Our own renewals: the update answers are the CAS
-                        // versions; only the resume point moves.
-                        self.inner.lock().expect("lease state poisoned").resume_rv =
-                            Some(rv_of(&l).to_owned());
-                    } else {
-                        let mut inner = self.inner.lock().expect("lease state poisoned");
-                        Self::observe_locked(&mut inner, &l);
-                        deadline = inner
-                            .seen
-                            .as_ref()
-                            .and_then(|s| Self::silence_deadline(s, fallback));
+                    match self.watched(&l, seen, view.leading) {
+                        ControlFlow::Break(()) => return Ok(Some(())),
+                        ControlFlow::Continue(next) => deadline = next,
                     }
                 }
                 Some(Ok(WatchEvent::Deleted(l))) => {
@@ -146,8 +68,7 @@ impl KubeLeaseBackend {
                     return Ok(Some(()));
                 }
                 Some(Ok(WatchEvent::Bookmark(b))) => {
-                    self.inner.lock().expect("lease state poisoned").resume_rv =
-                        Some(b.metadata.resource_version);
+                    self.view(|v| v.resume_from(b.metadata.resource_version));
                 }
                 Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
                     return Ok(self.relist(conn, seen, view.leading).await?.then_some(()));
@@ -164,13 +85,41 @@ impl KubeLeaseBackend {
         }
     }
 
+    /// A version of the Lease delivered by the watch of `seen`'s term:
+    /// `Break` when the term changed (another holder, or, for the leader, a
+    /// write of someone else's to what it promises); else the follower's
+    /// new silence deadline (the leader has none).
+    fn watched(
+        &self,
+        lease: &Lease,
+        seen: &Holder,
+        leading: bool,
+    ) -> ControlFlow<(), Option<Instant>> {
+        let now = Instant::now();
+        if holder_of(lease) != seen.term_id {
+            self.view(|v| v.observed(lease, now));
+            return ControlFlow::Break(());
+        }
+        if !leading {
+            return ControlFlow::Continue(self.view(|v| {
+                v.observed(lease, now);
+                v.silent_until()
+            }));
+        }
+        // Our own renewals only move the resume point (the update answers
+        // are the CAS versions).
+        match self.view(|v| v.observed_while_leading(lease, now)) {
+            Some(edit) => {
+                warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term at once");
+                ControlFlow::Break(())
+            }
+            None => ControlFlow::Continue(None),
+        }
+    }
+
     /// The configured TTL, or client-go's default 15 s before any campaign.
     pub(super) fn fallback_ttl(&self) -> Duration {
-        self.inner
-            .lock()
-            .expect("lease state poisoned")
-            .ttl
-            .unwrap_or(Duration::from_secs(15))
+        self.view(|v| v.fallback_ttl())
     }
 
     /// A watch answered 410 (its version was compacted): read the Lease
@@ -187,15 +136,13 @@ impl KubeLeaseBackend {
         if holder_of(&lease) != seen.term_id {
             return Ok(true);
         }
-        Ok(leading && self.edited_by_others(&lease, seen))
+        Ok(leading && self.overwritten(seen))
     }
 
     /// RBAC refused a watch that the permission check did not foresee: say
     /// so once and poll from now on.
     pub(super) fn watch_forbidden(&self, conn: &Conn, message: &str) {
-        let mut inner = self.inner.lock().expect("lease state poisoned");
-        if !inner.no_watch {
-            inner.no_watch = true;
+        if self.view(|v| v.watch_denied()) {
             warn!(namespace = %conn.namespace, credentials = %conn.credentials, %message,
                 "{} may not watch leases.coordination.k8s.io; following the Lease by polling at the renew interval", conn.credentials);
         }
@@ -213,12 +160,7 @@ impl KubeLeaseBackend {
             let deadline = if leading {
                 None
             } else {
-                let inner = self.inner.lock().expect("lease state poisoned");
-                let fallback = inner.ttl.unwrap_or(Duration::from_secs(15));
-                inner
-                    .seen
-                    .as_ref()
-                    .and_then(|s| Self::silence_deadline(s, fallback))
+                self.view(|v| v.silent_until())
             };
             let next = Instant::now() + every;
             match deadline {
@@ -230,7 +172,7 @@ impl KubeLeaseBackend {
             }
             match self.get(conn).await? {
                 Some(l) if holder_of(&l) == seen.term_id => {
-                    if leading && self.edited_by_others(&l, seen) {
+                    if leading && self.overwritten(seen) {
                         return Ok(());
                     }
                 }
