@@ -92,7 +92,7 @@ impl Report {
             backend,
             leader: holder.map(|h| h.identity.clone()),
             fencing_token: holder.map(|h| h.fencing_token),
-            term_id: holder.map(|h| h.term_id.clone()),
+            term_id: holder.map(|h| h.term_id.to_string()),
             lease_remaining_seconds: holder
                 .and_then(|h| h.expires_in)
                 .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
@@ -243,7 +243,7 @@ fn table(r: &Report) -> String {
 /// What identifies one term: a change of any of these is a change of leader
 /// (or a new term of the same leader).
 fn term_key(h: Option<&Holder>) -> Option<(String, u64, String)> {
-    h.map(|h| (h.identity.clone(), h.fencing_token, h.term_id.clone()))
+    h.map(|h| (h.identity.clone(), h.fencing_token, h.term_id.to_string()))
 }
 
 /// How often `observe` reads again when no change notice arrives (a crashed
@@ -408,7 +408,7 @@ mod tests {
         let h = Holder {
             identity: "pod-a".into(),
             fencing_token: 42,
-            term_id: "694d".into(),
+            term_id: crate::backend::TermId::new("694d"),
             revision: Some(7),
             expires_in: Some(Duration::from_millis(11_240)),
         };

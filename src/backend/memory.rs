@@ -28,7 +28,7 @@ pub const ABOUT: &About = &About {
 struct Inner {
     key: Option<(Holder, Instant)>,
     /// Lease expiry per term id, kept after the key is deleted by hand.
-    leases: Vec<(String, Instant)>,
+    leases: Vec<(super::TermId, Instant)>,
     revision: i64,
     next_lease: u64,
     unreachable: bool,
@@ -144,7 +144,7 @@ impl LeaseBackend for MemoryBackend {
         let holder = Holder {
             identity: identity.to_owned(),
             fencing_token: inner.revision as u64,
-            term_id: format!("{:x}", inner.next_lease),
+            term_id: super::TermId::new(format!("{:x}", inner.next_lease)),
             revision: Some(inner.revision),
             expires_in: None,
         };
@@ -218,9 +218,7 @@ impl LeaseBackend for MemoryBackend {
             let expiry = {
                 let inner = self.check()?;
                 let current = inner.key.as_ref().map(|(h, _)| h.term_id.clone());
-                if current.as_deref() != Some(seen.term_id.as_str())
-                    && Some(inner.revision) > seen.revision
-                {
+                if current.as_ref() != Some(&seen.term_id) && Some(inner.revision) > seen.revision {
                     return Ok(());
                 }
                 inner.key.as_ref().map(|(_, until)| *until)

@@ -21,6 +21,69 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+/// A backend's id of one term (etcd: its lease; Redis: the random token in
+/// the key; a Lease: its `holderIdentity`). Opaque to all but the backend
+/// that made it: others compare it and show it (`Display`, its text), and a
+/// backend whose id is a number keeps the number ([`TermId::number`]) rather
+/// than parsing its own text back.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TermId {
+    text: String,
+    number: Option<i64>,
+}
+
+impl TermId {
+    /// An id that is its text.
+    pub fn new(text: impl Into<String>) -> TermId {
+        TermId {
+            text: text.into(),
+            number: None,
+        }
+    }
+
+    /// An id that is a number (etcd: a lease id), shown as `text`.
+    pub fn numbered(number: i64, text: impl Into<String>) -> TermId {
+        TermId {
+            text: text.into(),
+            number: Some(number),
+        }
+    }
+
+    /// The id as text, for the wire, logs and `status`.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The number, for a backend whose ids are numbers.
+    pub fn number(&self) -> Option<i64> {
+        self.number
+    }
+}
+
+impl std::fmt::Display for TermId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl PartialEq<str> for TermId {
+    fn eq(&self, other: &str) -> bool {
+        self.text == other
+    }
+}
+
+impl PartialEq<&str> for TermId {
+    fn eq(&self, other: &&str) -> bool {
+        self.text == *other
+    }
+}
+
+impl serde::Serialize for TermId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
 /// The candidate that holds an election's key, as a backend last observed it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
@@ -28,9 +91,9 @@ pub struct Holder {
     pub identity: String,
     /// The fencing token of the holder's term (etcd: the key's `create_revision`).
     pub fencing_token: u64,
-    /// Opaque per-term id used to decide ownership and to follow the term
-    /// (etcd: the lease id in hex). Never compared with an identity.
-    pub term_id: String,
+    /// The backend's id of the term, used to decide ownership and to follow
+    /// the term. Never compared with an identity.
+    pub term_id: TermId,
     /// Backend position of this observation, where the backend has one that
     /// counts: a watch reports changes after it (etcd: the header revision
     /// of the read). `None` where it has none (Redis) or it is opaque (a

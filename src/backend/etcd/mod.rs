@@ -29,8 +29,10 @@ use etcd_client::{Client, Compare, CompareOp, EventType, Txn, TxnOp, TxnOpRespon
 use tokio::sync::Mutex;
 use tracing::debug;
 
-use self::store::{BACKEND, EtcdStore, Lease, lease_hex, lease_of, revision_of};
-use super::{BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term};
+use self::store::{BACKEND, EtcdStore, Lease, lease_hex, revision_of};
+use super::{
+    BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, TermId,
+};
 
 /// How to reach etcd. Secrets are held in memory only and never logged.
 #[derive(Clone, Default)]
@@ -118,7 +120,7 @@ impl EtcdBackend {
         Holder {
             identity: String::from_utf8_lossy(kv.value()).into_owned(),
             fencing_token: kv.create_revision().max(0) as u64,
-            term_id: lease_hex(kv.lease()),
+            term_id: TermId::numbered(kv.lease(), lease_hex(kv.lease())),
             revision: Some(revision),
             expires_in: None,
         }
@@ -144,7 +146,7 @@ impl EtcdBackend {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<(i64, Lease)> {
-        let prev_lease = previous.map_or(0, |p| lease_of(&p.term_id));
+        let prev_lease = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
         let mut granting = client.clone();
         let (left, lease) = tokio::join!(
             async {
@@ -286,7 +288,7 @@ impl LeaseBackend for EtcdBackend {
             holder: Holder {
                 identity: identity.to_owned(),
                 fencing_token: revision.max(0) as u64,
-                term_id: lease_hex(lease.id),
+                term_id: TermId::numbered(lease.id, lease_hex(lease.id)),
                 revision: Some(revision),
                 expires_in: None,
             },
@@ -305,7 +307,7 @@ impl LeaseBackend for EtcdBackend {
         let Some(mut holder) = self.read().await? else {
             return Ok(None);
         };
-        let lease = lease_of(&holder.term_id);
+        let lease = holder.term_id.number().unwrap_or(0);
         if lease != 0 {
             let client = self.client().await?;
             let left = self.store.time_to_live(&client, lease, None).await?;
@@ -317,7 +319,7 @@ impl LeaseBackend for EtcdBackend {
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let client = self.client().await?;
-        let lease = lease_of(&term.holder.term_id);
+        let lease = term.holder.term_id.number().unwrap_or(0);
         let mut guard = self.keep_alive.lock().await;
         let reuse = matches!(guard.as_ref(), Some(k) if k.lease == lease && !k.in_flight);
         if !reuse {
@@ -374,7 +376,7 @@ impl LeaseBackend for EtcdBackend {
 
     async fn resign(&self, term: &Term) -> Result<()> {
         let mut client = self.client().await?;
-        let lease = lease_of(&term.holder.term_id);
+        let lease = term.holder.term_id.number().unwrap_or(0);
         {
             let mut guard = self.keep_alive.lock().await;
             if matches!(guard.as_ref(), Some(k) if k.lease == lease) {
@@ -386,7 +388,7 @@ impl LeaseBackend for EtcdBackend {
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let mut client = self.client().await?;
-        let seen_lease = lease_of(&seen.term_id);
+        let seen_lease = seen.term_id.number().unwrap_or(0);
         let mut from = seen.revision.unwrap_or(0) + 1;
         loop {
             let Some(compacted) = self.watch_from(&mut client, from, seen_lease).await? else {
@@ -398,7 +400,9 @@ impl LeaseBackend for EtcdBackend {
             // Read it, and watch again from the revision of that read, which
             // etcd still has.
             match self.read_key(&mut client).await? {
-                (Some(h), revision) if seen_lease != 0 && lease_of(&h.term_id) == seen_lease => {
+                (Some(h), revision)
+                    if seen_lease != 0 && h.term_id.number().unwrap_or(0) == seen_lease =>
+                {
                     debug!(
                         compacted,
                         revision,

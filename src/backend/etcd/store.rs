@@ -73,12 +73,6 @@ pub struct EtcdStore {
     client: Mutex<Option<Client>>,
 }
 
-/// The lease id a term id or token carries (lowercase hex, as
-/// [`lease_hex`] writes it); 0 (no lease) when it is not hex.
-pub fn lease_of(hex: &str) -> i64 {
-    i64::from_str_radix(hex, 16).unwrap_or(0)
-}
-
 /// A lease id as the hex text of term ids and tokens.
 pub fn lease_hex(lease: i64) -> String {
     format!("{lease:x}")

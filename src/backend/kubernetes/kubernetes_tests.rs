@@ -158,7 +158,7 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
         "whole seconds, rounded up"
     );
     assert_eq!(term.holder.identity, "pod-0");
-    assert!(term.holder.term_id.starts_with("pod-0_"));
+    assert!(term.holder.term_id.as_str().starts_with("pod-0_"));
     check_created(&seen.lock().unwrap()[2].body, &term);
 
     let r = b.renew(&term).await.unwrap();

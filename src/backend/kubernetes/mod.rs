@@ -267,7 +267,7 @@ fn holder_view(lease: &Lease) -> Holder {
     Holder {
         identity: identity_of(full).to_owned(),
         fencing_token: token_of(lease),
-        term_id: full.to_owned(),
+        term_id: crate::backend::TermId::new(full),
         revision: None,
         expires_in: None,
     }

@@ -46,7 +46,7 @@ impl LeaseBackend for KubeLeaseBackend {
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         let conn = self.conn().await?;
-        let ours = &term.holder.term_id;
+        let ours = term.holder.term_id.as_str();
         for _ in 0..CAS_TRIES {
             let (standing, lease) =
                 self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
@@ -84,7 +84,7 @@ impl LeaseBackend for KubeLeaseBackend {
 
     async fn resign(&self, term: &Term) -> Result<()> {
         let conn = self.conn().await?;
-        let ours = &term.holder.term_id;
+        let ours = term.holder.term_id.as_str();
         for _ in 0..CAS_TRIES {
             let (standing, lease) =
                 self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
@@ -303,7 +303,7 @@ impl KubeLeaseBackend {
         self.view(|v| v.sent(&mine));
         match conn.api.create(&post_params(), &lease).await {
             Ok(created) => {
-                let known = known.map(|h| h.term_id);
+                let known = known.map(|h| h.term_id.to_string());
                 let c = self
                     .after_create(conn, created, mine, ttl, from, known)
                     .await;
@@ -399,7 +399,7 @@ impl KubeLeaseBackend {
     fn after_lost_race(&self) -> Campaign {
         let (exists, last) = self.view(|v| (v.lease().is_some(), v.last_holder()));
         match last {
-            Some(h) if exists && !h.term_id.is_empty() => Campaign::Following(h),
+            Some(h) if exists && !h.term_id.as_str().is_empty() => Campaign::Following(h),
             previous => Campaign::Waiting {
                 previous,
                 retry_after: Duration::from_millis(100),

@@ -18,13 +18,13 @@ impl KubeLeaseBackend {
     /// Where a watch of `seen`'s term resumes, or `None` when what we know
     /// already differs from `seen` (the watch's answer is "changed").
     pub(super) fn watch_view(&self, seen: &Holder) -> Option<WatchView> {
-        self.view(|v| v.watch_from(&seen.term_id))
+        self.view(|v| v.watch_from(seen.term_id.as_str()))
     }
 
     /// Whether someone else changed what our term `seen` promises, as the
     /// Lease last read shows it (the term then ends at once).
     pub(super) fn overwritten(&self, seen: &Holder) -> bool {
-        match self.view(|v| v.classify(Some(&seen.term_id), Instant::now())) {
+        match self.view(|v| v.classify(Some(seen.term_id.as_str()), Instant::now())) {
             Standing::Overwritten { edit } => {
                 warn!(lease = %self.name, %edit, "our Lease was edited by someone else; ending the term at once");
                 true
@@ -96,7 +96,7 @@ impl KubeLeaseBackend {
         leading: bool,
     ) -> ControlFlow<(), Option<Instant>> {
         let now = Instant::now();
-        if holder_of(lease) != seen.term_id {
+        if seen.term_id != holder_of(lease) {
             self.view(|v| v.observed(lease, now));
             return ControlFlow::Break(());
         }
@@ -133,7 +133,7 @@ impl KubeLeaseBackend {
         let Some(lease) = current else {
             return Ok(true);
         };
-        if holder_of(&lease) != seen.term_id {
+        if seen.term_id != holder_of(&lease) {
             return Ok(true);
         }
         Ok(leading && self.overwritten(seen))
@@ -171,7 +171,7 @@ impl KubeLeaseBackend {
                 _ => sleep_until(next).await,
             }
             match self.get(conn).await? {
-                Some(l) if holder_of(&l) == seen.term_id => {
+                Some(l) if seen.term_id == holder_of(&l) => {
                     if leading && self.overwritten(seen) {
                         return Ok(());
                     }

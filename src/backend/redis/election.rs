@@ -278,7 +278,7 @@ impl RedisBackend {
                 holder: Holder {
                     identity: ask.owner.to_owned(),
                     fencing_token: fencing,
-                    term_id: ask.token.to_owned(),
+                    term_id: crate::backend::TermId::new(ask.token),
                     revision: None,
                     expires_in: None,
                 },
@@ -401,7 +401,7 @@ impl LeaseBackend for RedisBackend {
         // Redlock: the value to put back where a server lost the key.
         let recreate = if self.group.is_redlock() {
             Stored {
-                token: term.holder.term_id.clone(),
+                token: term.holder.term_id.to_string(),
                 fencing: term.holder.fencing_token,
                 owner: term.holder.identity.clone(),
             }
@@ -424,7 +424,7 @@ impl LeaseBackend for RedisBackend {
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
         self.released.subscribe(&self.group, &self.channel).await;
-        if self.released.wait(&seen.term_id).await {
+        if self.released.wait(seen.term_id.as_str()).await {
             return Ok(());
         }
         // Every subscription is broken: report it; the Elector backs off and

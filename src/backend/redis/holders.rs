@@ -13,7 +13,7 @@ pub(super) fn parse_value(value: &str, pttl_ms: i64) -> Holder {
     Holder {
         identity: s.owner,
         fencing_token: s.fencing,
-        term_id: s.token,
+        term_id: crate::backend::TermId::new(s.token),
         revision: None,
         // PTTL -1: a key without expiry (written by someone else); -2: gone.
         // Neither says when to look again: the Elector caps this by its

@@ -461,7 +461,7 @@ mod tests {
             holder: Holder {
                 identity: "a".into(),
                 fencing_token: 1,
-                term_id: "t".into(),
+                term_id: crate::backend::TermId::new("t"),
                 revision: None,
                 expires_in: None,
             },
