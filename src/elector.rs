@@ -23,6 +23,7 @@
 //! step to an [`Observer`] (the metrics) without knowing about them;
 //! `config` and `state` hold the public types.
 
+mod builder;
 mod config;
 mod follow;
 mod gates;
@@ -31,6 +32,7 @@ mod observe;
 mod publish;
 mod state;
 pub(crate) mod suspend;
+mod transition;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,12 +43,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
-pub use config::ElectorConfig;
+pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
+pub use config::{ElectorConfig, ElectorConfigError};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
-pub use state::{Event, LeaderState, OwnTerm, Waiting};
+use publish::Publisher;
+pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
+use transition::Change;
 
 /// Requests to a running Elector (from the control listener or the run-mode supervisor).
 #[derive(Debug)]
@@ -93,8 +98,8 @@ impl ElectorHandle {
 pub struct Elector {
     cfg: ElectorConfig,
     backend: Arc<dyn LeaseBackend>,
-    state: watch::Sender<LeaderState>,
-    observer: Option<Arc<dyn Observer>>,
+    /// The one writer of the published state and events.
+    publisher: Publisher,
     backoff: Backoff,
     /// A term we stopped claiming but could not resign; resigned before the next campaign.
     abandoned: Option<Term>,
@@ -102,7 +107,6 @@ pub struct Elector {
     last_seen: Option<Holder>,
     commands_tx: mpsc::Sender<Command>,
     commands: mpsc::Receiver<Command>,
-    events: broadcast::Sender<Event>,
     /// Health gate, cooldown, drain, release wait, participants.
     gates: Gates,
     /// The term last shown alive by a backend answer (fencing token), and the
@@ -111,6 +115,15 @@ pub struct Elector {
     /// The host's suspended time when the last campaign was sent (a term it
     /// won is valid from then, suspends counted).
     suspended_at_campaign: Duration,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("cfg", &self.cfg)
+            .field("backend", &self.backend.name())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Elector {
@@ -122,23 +135,20 @@ impl Elector {
         backend: Arc<dyn LeaseBackend>,
         observer: Option<Arc<dyn Observer>>,
     ) -> (Self, watch::Receiver<LeaderState>) {
-        let (state, rx) = watch::channel(LeaderState::new(&cfg, backend.name()));
+        let (publisher, rx) = Publisher::new(LeaderState::new(&cfg, backend.name()), observer);
         let backoff = Backoff::new(Duration::from_millis(100), cfg.retry_period);
         let (commands_tx, commands) = mpsc::channel(8);
-        let (events, _) = broadcast::channel(64);
         let gates = Gates::new(&cfg);
         (
             Elector {
                 cfg,
                 backend,
-                state,
-                observer,
+                publisher,
                 backoff,
                 abandoned: None,
                 last_seen: None,
                 commands_tx,
                 commands,
-                events,
                 gates,
                 term_seen: None,
                 suspended_at_campaign: Duration::ZERO,
@@ -157,7 +167,7 @@ impl Elector {
     /// Transitions in order (a slow subscriber that falls more than 64 behind
     /// loses the oldest ones; see `tokio::sync::broadcast`).
     pub fn events(&self) -> broadcast::Receiver<Event> {
-        self.events.subscribe()
+        self.publisher.subscribe()
     }
 
     /// Campaign only while `gate` holds `true`; a leader whose gate stays
@@ -208,10 +218,7 @@ impl Elector {
                 }
             }
         }
-        self.state.send_modify(|s| {
-            s.stopping = true;
-            s.ready = false;
-        });
+        self.publish(Change::Stopping);
         if let Some(term) = self.abandoned.take() {
             let _ = self.call("resign", backend.resign(&term)).await;
         }

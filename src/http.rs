@@ -99,7 +99,7 @@ impl LeaderBody {
         if state.own_term.is_some() && !is_leader && !state.stopping && error.is_none() {
             error = Some("leadership validity expired before a renewal was acknowledged".into());
         }
-        if error.is_none() && !state.ready && !state.stopping {
+        if error.is_none() && !state.is_ready() && !state.stopping {
             error = Some("not ready: the backend has not answered yet".into());
         }
         LeaderBody {
@@ -285,7 +285,7 @@ async fn healthz() -> Response {
 async fn readyz(State(app): State<AppState>) -> Response {
     let (ready, stopping, error) = {
         let s = app.state.borrow();
-        (s.ready, s.stopping, s.error.clone())
+        (s.is_ready(), s.stopping, s.error.clone())
     };
     if ready {
         json_response(StatusCode::OK, json!({ "status": "ready" }))

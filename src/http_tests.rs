@@ -24,7 +24,6 @@ fn follower() -> LeaderState {
         lease_duration: Duration::from_secs(15),
         backend_healthy: true,
         error: None,
-        ready: true,
         stopping: false,
         transitions: 3,
         servers: None,
@@ -138,7 +137,6 @@ async fn compatibility_endpoints_always_answer_200() {
 #[tokio::test]
 async fn healthz_stays_up_and_readyz_follows_the_backend() {
     let mut s = follower();
-    s.ready = false;
     s.backend_healthy = false;
     s.error = Some("cannot reach etcd".into());
     let (_tx, rx) = watch::channel(s);
