@@ -21,7 +21,12 @@
 //! step-down (health gate, cooldown, drain, release wait, participants),
 //! called by the core at four documented points; `observe` reports each
 //! step to an [`Observer`] (the metrics) without knowing about them;
-//! `config` and `state` hold the public types.
+//! `config`, `builder` and `state` hold the public types, `transition` the
+//! one function that writes the state, `watching` the waits on it.
+//!
+//! What an embedding program needs is re-exported at the crate root; the
+//! rest of this module serves the sidecar binary and its tests and is not a
+//! stable API.
 
 mod builder;
 mod config;
@@ -33,6 +38,7 @@ mod publish;
 mod state;
 pub(crate) mod suspend;
 mod transition;
+mod watching;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +58,7 @@ pub use observe::{Observation, Observer};
 use publish::Publisher;
 pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
 use transition::Change;
+pub use watching::{LEADING_RECHECK, until_leading, until_not_leading};
 
 /// Requests to a running Elector (from the control listener or the run-mode supervisor).
 #[derive(Debug)]
@@ -93,8 +100,11 @@ impl ElectorHandle {
     }
 }
 
-/// Runs the campaign of one candidate. Create with [`Elector::new`], then
-/// drive [`Elector::run`] on a task; read the state from the receiver.
+/// Runs the campaign of one candidate. Create with [`Elector::builder`] (or
+/// [`Elector::new`]), then drive [`Elector::run`] on a task; read the state
+/// from the receiver (see [`until_leading`] and [`until_not_leading`]).
+/// Cancelling the token given to `run` stops claiming at once and releases
+/// a held term before `run` returns: await it before the process exits.
 pub struct Elector {
     cfg: ElectorConfig,
     backend: Arc<dyn LeaseBackend>,
@@ -127,9 +137,11 @@ impl std::fmt::Debug for Elector {
 }
 
 impl Elector {
-    /// A new Elector and the receiver of its state. `observer` (the
-    /// [`crate::metrics::Metrics`], usually) is told of every campaign,
-    /// renewal, backend error, transition and failover.
+    /// A new Elector and the receiver of its state, from a configuration
+    /// that [`ElectorConfig::validate`] accepts ([`Elector::builder`]
+    /// validates for you). `observer` (the sidecar's Prometheus metrics,
+    /// usually) is told of every campaign, renewal, backend error,
+    /// transition and failover.
     pub fn new(
         cfg: ElectorConfig,
         backend: Arc<dyn LeaseBackend>,

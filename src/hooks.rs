@@ -6,6 +6,9 @@
 //!
 //! Invariant: neither can delay or change an election decision; they only
 //! read the Elector's outputs (events) or write the gate it reads.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::time::Duration;
 

@@ -6,6 +6,9 @@
 //! is answered (`tokio::time::Instant::now()`), never from a cached boolean.
 //! Handlers never call the backend. [`router`] is a pure function of the state
 //! so handlers are tested with `tower::ServiceExt::oneshot`, without a socket.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -19,6 +19,9 @@
 //! HTTP/1.1 only: one request at a time per connection, so the connection
 //! cap is also a cap on concurrent requests (HTTP/2 would multiplex many
 //! long-polls over one connection).
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -10,6 +10,9 @@
 //! to its process group, so one stop arrives twice a moment apart (issue 24:
 //! under `timeout` the second copy cut the release and the lease stayed held
 //! for its whole duration).
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::time::Duration;
 

@@ -93,7 +93,7 @@ pub const TOKEN_ANNOTATION: &str = "leader-elector/fencing-token";
 /// Annotation a releasing holder writes with the empty holder: the holder
 /// identity of the term it released. It proves the release came from the
 /// holder itself; a hand edit that clears the holder does not end the
-/// previous holder's promise for our followers (see [`Seen::carry`]).
+/// previous holder's promise for our followers (see `Seen::carry`).
 pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
 
 /// Server-side timeout of one watch request, in seconds; the watch is then

@@ -13,6 +13,9 @@
 //!   is refused ([`CoordError::PermitsMismatch`]);
 //! - fencing tokens grow per name (etcd: the key's `create_revision`, a
 //!   global revision; Redis: a counter beside the key).
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 pub mod etcd;
 pub mod http;

@@ -4,7 +4,7 @@
 //!
 //! Scripts validate first and write last, so a refusal leaves no trace.
 //! Answers are documented per script; the Rust side reads them in
-//! [`super::election`] and [`crate::coord::redis`].
+//! the election (`super::election`) and [`crate::coord::redis`].
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -288,33 +288,33 @@ return 0
 /// back to `EVAL` on a server that does not know it yet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lua {
-    /// [`CAMPAIGN`]
+    /// The script `CAMPAIGN`.
     Campaign,
-    /// [`ELECTION_RENEW`]
+    /// The script `ELECTION_RENEW`.
     ElectionRenew,
-    /// [`RAISE`]
+    /// The script `RAISE`.
     Raise,
-    /// [`RELEASE`]
+    /// The script `RELEASE`.
     Release,
-    /// [`LOCK`]
+    /// The script `LOCK`.
     Lock,
-    /// [`RENEW`]
+    /// The script `RENEW`.
     Renew,
-    /// [`SEM_LIVE`]
+    /// The script `SEM_LIVE`.
     SemLive,
-    /// [`SEM_ACQUIRE`]
+    /// The script `SEM_ACQUIRE`.
     SemAcquire,
-    /// [`SEM_RENEW`]
+    /// The script `SEM_RENEW`.
     SemRenew,
-    /// [`SEM_RELEASE`]
+    /// The script `SEM_RELEASE`.
     SemRelease,
-    /// [`SLOTS`]
+    /// The script `SLOTS`.
     Slots,
-    /// [`SLOT_LOCK`]
+    /// The script `SLOT_LOCK`.
     SlotLock,
-    /// [`CLAIM`]
+    /// The script `CLAIM`.
     Claim,
-    /// [`COMPLETE`]
+    /// The script `COMPLETE`.
     Complete,
 }
 

@@ -7,7 +7,7 @@
 //! - [`server`]: one server (connection, timeouts, error classification);
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
 //!   group of one), with the fencing rule that keeps tokens growing;
-//! - [`election`]: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
+//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
 //!   the coordination API ([`crate::coord::redis`]) is the other client of
 //!   [`group`].
 //!
