@@ -49,3 +49,61 @@ pub async fn until_not_leading(state: &mut watch::Receiver<LeaderState>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::elector::{Elector, ElectorConfig, OwnTerm};
+
+    #[tokio::test(start_paused = true)]
+    async fn leading_begins_with_the_term_and_ends_with_a_resign() {
+        let backend = Arc::new(MemoryBackend::new());
+        let (elector, mut rx) = Elector::builder(backend)
+            .election("e")
+            .identity("me")
+            .lease_duration(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let handle = elector.handle();
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(elector.run(stop.clone()));
+        let token = until_leading(&mut rx).await.expect("leads");
+        assert_eq!(rx.borrow().own_term.map(|t| t.fencing_token), Some(token));
+        assert!(handle.resign(Duration::from_secs(60)).await);
+        until_not_leading(&mut rx).await;
+        assert!(!rx.borrow().is_leader_now());
+        stop.cancel();
+        run.await.unwrap();
+        assert_eq!(
+            until_leading(&mut rx).await,
+            None,
+            "the Elector has stopped"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leading_ends_at_valid_until_without_a_message() {
+        let mut state = LeaderState::new(
+            &ElectorConfig::new("e", "me", Duration::from_secs(3)),
+            "memory",
+        );
+        let valid_until = Instant::now() + Duration::from_secs(2);
+        state.own_term = Some(OwnTerm {
+            valid_until,
+            fencing_token: 1,
+            suspended_at_send: super::super::suspend::suspended(),
+        });
+        let (_tx, mut rx) = watch::channel(state);
+        until_not_leading(&mut rx).await;
+        let late = Instant::now().saturating_duration_since(valid_until);
+        assert!(
+            Instant::now() >= valid_until && late <= LEADING_RECHECK,
+            "{late:?}"
+        );
+    }
+}
