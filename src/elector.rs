@@ -287,11 +287,12 @@ impl Elector {
             }
             Err(e) => {
                 self.report(Observation::CampaignFailed { reason: e.reason() });
-                self.backend_failed(&e);
+                let retryable = e.is_retryable();
+                self.backend_failed(e);
                 // A refusal that retrying cannot fix (credentials, RBAC) is
                 // never retried faster than the renew interval.
                 let wait = self.backoff.next();
-                Some(if e.is_retryable() {
+                Some(if retryable {
                     wait
                 } else {
                     wait.max(self.cfg.renew_interval)
@@ -316,7 +317,7 @@ impl Elector {
                 None
             }
             Err(e) => {
-                self.backend_failed(&e);
+                self.backend_failed(e);
                 self.abandoned = Some(term);
                 Some(self.backoff.next())
             }

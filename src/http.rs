@@ -98,7 +98,7 @@ impl LeaderBody {
     /// The body for `state` at `now`.
     pub fn at(state: &LeaderState, now: Instant) -> Self {
         let is_leader = state.is_leader(now);
-        let mut error = state.error.clone();
+        let mut error = state.error.as_ref().map(|e| e.report());
         if state.own_term.is_some() && !is_leader && !state.stopping && error.is_none() {
             error = Some("leadership validity expired before a renewal was acknowledged".into());
         }
@@ -288,7 +288,11 @@ async fn healthz() -> Response {
 async fn readyz(State(app): State<AppState>) -> Response {
     let (ready, stopping, error) = {
         let s = app.state.borrow();
-        (s.is_ready(), s.stopping, s.error.clone())
+        (
+            s.is_ready(),
+            s.stopping,
+            s.error.as_ref().map(|e| e.report()),
+        )
     };
     if ready {
         json_response(StatusCode::OK, json!({ "status": "ready" }))

@@ -215,7 +215,7 @@ impl Elector {
             Ok(Renewal::Lost(reason)) => Renew::Lost(Loss::Renewal(reason)),
             Err(e) => {
                 self.report(Observation::RenewFailed { reason: e.reason() });
-                self.backend_failed(&e);
+                self.backend_failed(e);
                 held.next_renew = Instant::now() + held.retry.next();
                 Renew::Failed
             }

@@ -73,7 +73,7 @@ impl Publisher {
                 info!(election = %s.election, "backend reachable again")
             }
             Some(Note::BackendFailed) => {
-                let report = s.error.as_deref().unwrap_or("");
+                let report = s.error.as_ref().map(|e| e.report()).unwrap_or_default();
                 if config_problem {
                     tracing::error!(election = %s.election, error = %report, "backend call failed: configuration problem");
                 } else {
@@ -160,11 +160,11 @@ impl Elector {
     }
 
     /// The last backend call failed with `e`; a new error is logged once.
-    pub(super) fn backend_failed(&mut self, e: &BackendError) {
+    pub(super) fn backend_failed(&mut self, e: BackendError) {
         self.report(Observation::BackendUp(false));
-        let report = e.report();
+        let config_problem = !e.is_retryable();
         self.publisher
-            .apply(Change::BackendDown { report }, !e.is_retryable());
+            .apply(Change::BackendDown(Arc::new(e)), config_problem);
     }
 
     /// A backend answer sent at `sent` showed the term with fencing token

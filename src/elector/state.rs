@@ -7,11 +7,13 @@
 //! `transition.rs`), called only by the Elector's publisher. Nothing derived
 //! is stored: readiness and leadership are computed when asked.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
 use super::ElectorConfig;
+use crate::backend::BackendError;
 
 /// This candidate's own term, present only while it holds the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,8 +80,9 @@ pub struct LeaderState {
     pub lease_duration: Duration,
     /// Whether the last backend call succeeded.
     pub backend_healthy: bool,
-    /// The last backend error, as one line with its hint; `None` when healthy.
-    pub error: Option<String>,
+    /// The last backend error; `None` when healthy. `/leader` and `/readyz`
+    /// show its [`BackendError::report`] (one line with its hint).
+    pub error: Option<Arc<BackendError>>,
     /// Shutdown started: never claim again.
     pub stopping: bool,
     /// Count of leader changes this candidate observed, including to nobody;

@@ -15,22 +15,21 @@
 //! - readiness and leadership are not stored: [`LeaderState::is_ready`] and
 //!   [`LeaderState::is_leader`] derive them when asked.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
 use super::{EventKind, LeaderState, OwnTerm, Waiting};
+use crate::backend::BackendError;
 
 /// One change of the published state.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub(super) enum Change {
     /// The last backend call succeeded.
     BackendUp,
-    /// The last backend call failed.
-    BackendDown {
-        /// The error as one line with its hint.
-        report: String,
-    },
+    /// The last backend call failed with this error.
+    BackendDown(Arc<BackendError>),
     /// A backend answer vouches for the observed holder until this instant.
     Heard(Instant),
     /// What keeps this candidate from campaigning now (`None`: nothing).
@@ -117,7 +116,7 @@ impl LeaderState {
     pub(super) fn apply(&mut self, change: Change, wall: SystemTime) -> Applied {
         match change {
             Change::BackendUp => self.backend(None),
-            Change::BackendDown { report } => self.backend(Some(report)),
+            Change::BackendDown(e) => self.backend(Some(e)),
             Change::Heard(until) => {
                 // Read-time only: no reader needs waking for this.
                 self.heard_until = Some(until);
@@ -168,18 +167,19 @@ impl LeaderState {
         }
     }
 
-    /// Record a backend answer: healthy (`None`) or failed with `report`.
-    fn backend(&mut self, report: Option<String>) -> Applied {
-        let Some(report) = report else {
+    /// Record a backend answer: healthy (`None`) or failed with `error`.
+    /// An error is news when its report differs from the last one's.
+    fn backend(&mut self, error: Option<Arc<BackendError>>) -> Applied {
+        let Some(error) = error else {
             let note = self.error.take().map(|_| Note::BackendRecovered);
             let notify = !self.backend_healthy || note.is_some();
             self.backend_healthy = true;
             return Applied::noted(notify, note);
         };
-        let first = self.error.as_deref() != Some(report.as_str());
+        let first = self.error.as_ref().map(|e| e.report()) != Some(error.report());
         let notify = self.backend_healthy || first;
         self.backend_healthy = false;
-        self.error = Some(report);
+        self.error = Some(error);
         Applied::noted(notify, first.then_some(Note::BackendFailed))
     }
 
@@ -237,6 +237,14 @@ mod tests {
         }
     }
 
+    fn down(why: &'static str) -> Change {
+        Change::BackendDown(Arc::new(BackendError::Unreachable {
+            backend: crate::backend::memory::ABOUT,
+            endpoints: "memory".into(),
+            source: why.into(),
+        }))
+    }
+
     fn observed(leader: Option<&str>, token: Option<u64>) -> Change {
         Change::Observed {
             leader: leader.map(str::to_owned),
@@ -250,16 +258,10 @@ mod tests {
         assert!(!s.is_ready(), "ready before the backend answered");
         s.apply(Change::BackendUp, SystemTime::now());
         assert!(s.is_ready());
-        let a = s.apply(
-            Change::BackendDown { report: "x".into() },
-            SystemTime::now(),
-        );
+        let a = s.apply(down("x"), SystemTime::now());
         assert_eq!((a.notify, a.note), (true, Some(Note::BackendFailed)));
         assert!(!s.is_ready());
-        let a = s.apply(
-            Change::BackendDown { report: "x".into() },
-            SystemTime::now(),
-        );
+        let a = s.apply(down("x"), SystemTime::now());
         assert_eq!(
             (a.notify, a.note),
             (false, None),
