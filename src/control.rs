@@ -7,6 +7,9 @@
 //! listener was bound to another address by mistake; so are requests whose
 //! `Host` is not a loopback name or address (DNS rebinding) and requests with
 //! an `Origin` that is not loopback (a web page posting cross-site, CSRF).
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::net::SocketAddr;
 use std::time::Duration;

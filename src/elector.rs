@@ -21,8 +21,14 @@
 //! step-down (health gate, cooldown, drain, release wait, participants),
 //! called by the core at four documented points; `observe` reports each
 //! step to an [`Observer`] (the metrics) without knowing about them;
-//! `config` and `state` hold the public types.
+//! `config`, `builder` and `state` hold the public types, `transition` the
+//! one function that writes the state, `watching` the waits on it.
+//!
+//! What an embedding program needs is re-exported at the crate root; the
+//! rest of this module serves the sidecar binary and its tests and is not a
+//! stable API.
 
+mod builder;
 mod config;
 mod follow;
 mod gates;
@@ -31,6 +37,8 @@ mod observe;
 mod publish;
 mod state;
 pub(crate) mod suspend;
+mod transition;
+mod watching;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,12 +49,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
-pub use config::ElectorConfig;
+pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
+pub use config::{ElectorConfig, ElectorConfigError};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
-pub use state::{Event, LeaderState, OwnTerm, Waiting};
+use publish::Publisher;
+pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
+use transition::Change;
+pub use watching::{LEADING_RECHECK, until_leading, until_not_leading};
 
 /// Requests to a running Elector (from the control listener or the run-mode supervisor).
 #[derive(Debug)]
@@ -88,13 +100,16 @@ impl ElectorHandle {
     }
 }
 
-/// Runs the campaign of one candidate. Create with [`Elector::new`], then
-/// drive [`Elector::run`] on a task; read the state from the receiver.
+/// Runs the campaign of one candidate. Create with [`Elector::builder`] (or
+/// [`Elector::new`]), then drive [`Elector::run`] on a task; read the state
+/// from the receiver (see [`until_leading`] and [`until_not_leading`]).
+/// Cancelling the token given to `run` stops claiming at once and releases
+/// a held term before `run` returns: await it before the process exits.
 pub struct Elector {
     cfg: ElectorConfig,
     backend: Arc<dyn LeaseBackend>,
-    state: watch::Sender<LeaderState>,
-    observer: Option<Arc<dyn Observer>>,
+    /// The one writer of the published state and events.
+    publisher: Publisher,
     backoff: Backoff,
     /// A term we stopped claiming but could not resign; resigned before the next campaign.
     abandoned: Option<Term>,
@@ -102,7 +117,6 @@ pub struct Elector {
     last_seen: Option<Holder>,
     commands_tx: mpsc::Sender<Command>,
     commands: mpsc::Receiver<Command>,
-    events: broadcast::Sender<Event>,
     /// Health gate, cooldown, drain, release wait, participants.
     gates: Gates,
     /// The term last shown alive by a backend answer (fencing token), and the
@@ -113,32 +127,40 @@ pub struct Elector {
     suspended_at_campaign: Duration,
 }
 
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("cfg", &self.cfg)
+            .field("backend", &self.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Elector {
-    /// A new Elector and the receiver of its state. `observer` (the
-    /// [`crate::metrics::Metrics`], usually) is told of every campaign,
-    /// renewal, backend error, transition and failover.
+    /// A new Elector and the receiver of its state, from a configuration
+    /// that [`ElectorConfig::validate`] accepts ([`Elector::builder`]
+    /// validates for you). `observer` (the sidecar's Prometheus metrics,
+    /// usually) is told of every campaign, renewal, backend error,
+    /// transition and failover.
     pub fn new(
         cfg: ElectorConfig,
         backend: Arc<dyn LeaseBackend>,
         observer: Option<Arc<dyn Observer>>,
     ) -> (Self, watch::Receiver<LeaderState>) {
-        let (state, rx) = watch::channel(LeaderState::new(&cfg, backend.name()));
+        let (publisher, rx) = Publisher::new(LeaderState::new(&cfg, backend.name()), observer);
         let backoff = Backoff::new(Duration::from_millis(100), cfg.retry_period);
         let (commands_tx, commands) = mpsc::channel(8);
-        let (events, _) = broadcast::channel(64);
         let gates = Gates::new(&cfg);
         (
             Elector {
                 cfg,
                 backend,
-                state,
-                observer,
+                publisher,
                 backoff,
                 abandoned: None,
                 last_seen: None,
                 commands_tx,
                 commands,
-                events,
                 gates,
                 term_seen: None,
                 suspended_at_campaign: Duration::ZERO,
@@ -157,7 +179,7 @@ impl Elector {
     /// Transitions in order (a slow subscriber that falls more than 64 behind
     /// loses the oldest ones; see `tokio::sync::broadcast`).
     pub fn events(&self) -> broadcast::Receiver<Event> {
-        self.events.subscribe()
+        self.publisher.subscribe()
     }
 
     /// Campaign only while `gate` holds `true`; a leader whose gate stays
@@ -208,10 +230,7 @@ impl Elector {
                 }
             }
         }
-        self.state.send_modify(|s| {
-            s.stopping = true;
-            s.ready = false;
-        });
+        self.publish(Change::Stopping);
         if let Some(term) = self.abandoned.take() {
             let _ = self.call("resign", backend.resign(&term)).await;
         }
@@ -255,31 +274,43 @@ impl Elector {
                 previous,
                 retry_after,
                 why,
-            }) => {
-                self.backend_ok();
-                self.heard(None, sent);
-                self.observe(None);
-                self.set_waiting(Some((why, retry_after)));
-                let name = previous.as_ref().map_or("", |p| p.identity.as_str());
-                debug!(previous = %name, ?retry_after, "key is free but the previous term is still alive");
-                if previous.is_some() {
-                    self.last_seen = previous;
-                }
-                Some(retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20)))
-            }
+            }) => Some(self.wait_for_previous(previous, retry_after, why, sent)),
             Err(e) => {
                 self.report(Observation::CampaignFailed { reason: e.reason() });
-                self.backend_failed(&e);
+                let retryable = e.is_retryable();
+                self.backend_failed(e);
                 // A refusal that retrying cannot fix (credentials, RBAC) is
                 // never retried faster than the renew interval.
                 let wait = self.backoff.next();
-                Some(if e.is_retryable() {
+                Some(if retryable {
                     wait
                 } else {
                     wait.max(self.cfg.renew_interval)
                 })
             }
         }
+    }
+
+    /// The key is free but the previous term may still run: remember its
+    /// holder (when the backend saw one) and wait `retry_after` at most the
+    /// retry period.
+    fn wait_for_previous(
+        &mut self,
+        previous: Option<Holder>,
+        retry_after: Duration,
+        why: &'static str,
+        sent: Instant,
+    ) -> Duration {
+        self.backend_ok();
+        self.heard(None, sent);
+        self.observe(None);
+        self.set_waiting(Some((why, retry_after)));
+        let name = previous.as_ref().map_or("", |p| p.identity.as_str());
+        debug!(previous = %name, ?retry_after, "key is free but the previous term is still alive");
+        if previous.is_some() {
+            self.last_seen = previous;
+        }
+        retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20))
     }
 
     /// Our own abandoned term still holds the key (its release failed, e.g.
@@ -298,7 +329,7 @@ impl Elector {
                 None
             }
             Err(e) => {
-                self.backend_failed(&e);
+                self.backend_failed(e);
                 self.abandoned = Some(term);
                 Some(self.backoff.next())
             }

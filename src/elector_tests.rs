@@ -179,7 +179,7 @@ async fn three_candidates_elect_exactly_one_and_agree() {
     for c in &cs {
         let s = c.rx.borrow();
         assert_eq!(s.leader.as_deref(), Some(name.as_str()));
-        assert!(s.ready && s.backend_healthy);
+        assert!(s.is_ready() && s.backend_healthy);
         assert_eq!(s.fencing_token, cs[l].rx.borrow().fencing_token);
     }
 }
@@ -218,7 +218,7 @@ async fn a_cut_off_leader_steps_down_by_valid_until_and_nobody_overlaps() {
         cs[old].rx.borrow().own_term.is_none(),
         "the Elector stepped down on its own clock"
     );
-    assert!(!cs[old].rx.borrow().ready);
+    assert!(!cs[old].rx.borrow().is_ready());
     run_for(&cs, TTL).await;
     let new = leader_of(&cs);
     assert_ne!(new, old);
@@ -316,10 +316,59 @@ fn validation_names_both_flags() {
     let mut c = cfg("a");
     c.renew_interval = Duration::from_secs(3);
     let e = c.validate().unwrap_err();
+    let cli = e.cli_message();
     assert!(
-        e.contains("--renew-interval (3s) must be shorter than --lease-duration (3s)"),
+        cli.contains("--renew-interval (3s) must be shorter than --lease-duration (3s)"),
+        "{cli}"
+    );
+    assert_eq!(
+        String::from(e.clone()),
+        cli,
+        "the command line gets its flags"
+    );
+    assert_eq!(
+        e.to_string(),
+        "renew_interval (3s) must be shorter than lease_duration (3s)"
+    );
+    assert_eq!(e.field(), "renew_interval");
+}
+
+#[test]
+fn the_builder_fills_in_the_sidecars_defaults_and_names_the_field_at_fault() {
+    let b: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
+    let cfg = Elector::builder(b.clone())
+        .election("e")
+        .lease_duration(Duration::from_secs(9))
+        .config();
+    assert_eq!(cfg.renew_interval, Duration::from_secs(3));
+    assert_eq!(cfg.health_grace, Duration::from_secs(9));
+    assert_eq!(cfg.retry_period, Duration::from_secs(2));
+    let e = Elector::builder(b.clone())
+        .identity("me")
+        .build()
+        .unwrap_err();
+    assert_eq!(e, ElectorConfigError::EmptyElection);
+    let e = Elector::builder(b.clone())
+        .election("e")
+        .identity("me")
+        .lease_duration(Duration::from_secs(3))
+        .renew_interval(Duration::from_secs(2))
+        .drift_margin(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert_eq!(e.field(), "drift_margin");
+    assert!(
+        e.to_string()
+            .contains("drift_margin (1s) plus renew_interval (2s)"),
         "{e}"
     );
+    let (_elector, rx) = Elector::builder(b)
+        .election("e")
+        .identity("me")
+        .build()
+        .unwrap();
+    assert_eq!(rx.borrow().lease_duration, DEFAULT_LEASE_DURATION);
+    assert!(!rx.borrow().is_ready());
 }
 
 #[test]
@@ -489,7 +538,7 @@ async fn events_arrive_in_order() {
     run_for(&cs, Duration::from_millis(500)).await;
     let mut seen = Vec::new();
     while let Ok(e) = events.try_recv() {
-        seen.push((e.event, e.leader.clone(), e.transitions));
+        seen.push((e.event.as_str(), e.leader.clone(), e.transitions));
     }
     assert_eq!(seen[0].0, "became_leader");
     assert_eq!(seen[1].0, "stopped_leading");
@@ -520,7 +569,7 @@ async fn a_follower_of_a_silent_backend_stops_vouching_for_the_leader() {
     {
         let s = cs[f].rx.borrow();
         assert!(!s.backend_healthy, "still healthy one TTL into the silence");
-        assert!(!s.ready, "still ready one TTL into the silence");
+        assert!(!s.is_ready(), "still ready one TTL into the silence");
         assert!(s.error.is_some(), "no error one TTL into the silence");
     }
     let bound = cfg("x").silence_bound();
@@ -539,7 +588,7 @@ async fn a_follower_of_a_silent_backend_stops_vouching_for_the_leader() {
     cs[f].link.frozen.store(false, Ordering::SeqCst);
     run_for(&cs, Duration::from_secs(3)).await;
     let s = cs[f].rx.borrow();
-    assert!(s.backend_healthy && s.ready && s.error.is_none());
+    assert!(s.backend_healthy && s.is_ready() && s.error.is_none());
     assert_eq!(s.leader_at(Instant::now()), Some(leader.as_str()));
 }
 
@@ -609,7 +658,13 @@ async fn a_drain_announces_stopped_leading_when_it_begins() {
     c.drain_timeout = Some(Duration::from_secs(30));
     let (a, handle, mut events) = start_with(&b, c, None);
     run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
-    assert_eq!(events.try_recv().unwrap().event, "became_leader");
+    let became = events.try_recv().unwrap();
+    assert_eq!(became.event, EventKind::BecameLeader);
+    assert_eq!(
+        serde_json::to_value(&became).unwrap()["event"],
+        "became_leader",
+        "the notifier's JSON keeps the wire name"
+    );
     let index = a.rx.borrow().transitions;
     a.stop.cancel();
     run_for(std::slice::from_ref(&a), Duration::from_millis(10)).await;
@@ -617,7 +672,8 @@ async fn a_drain_announces_stopped_leading_when_it_begins() {
         events
             .try_recv()
             .expect("no event when the drain began")
-            .event,
+            .event
+            .as_str(),
         "stopped_leading"
     );
     assert!(

@@ -6,6 +6,9 @@
 //!
 //! Invariant: neither can delay or change an election decision; they only
 //! read the Elector's outputs (events) or write the gate it reads.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::time::Duration;
 
@@ -89,14 +92,14 @@ pub async fn notifier(url: String, mut events: broadcast::Receiver<Event>, timeo
             match client.post(&url).json(&event).send().await {
                 Ok(r) if r.status().is_success() => break,
                 Ok(r) => {
-                    warn!(url = %url, status = %r.status(), attempt, event = event.event, "notification refused")
+                    warn!(url = %url, status = %r.status(), attempt, event = event.event.as_str(), "notification refused")
                 }
                 Err(e) => {
-                    warn!(url = %url, error = %e, attempt, event = event.event, "notification failed")
+                    warn!(url = %url, error = %e, attempt, event = event.event.as_str(), "notification failed")
                 }
             }
             if attempt == NOTIFY_ATTEMPTS {
-                warn!(url = %url, event = event.event, transitions = event.transitions, "notification dropped after {NOTIFY_ATTEMPTS} attempts");
+                warn!(url = %url, event = event.event.as_str(), transitions = event.transitions, "notification dropped after {NOTIFY_ATTEMPTS} attempts");
             } else {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));

@@ -6,6 +6,9 @@
 //! is answered (`tokio::time::Instant::now()`), never from a cached boolean.
 //! Handlers never call the backend. [`router`] is a pure function of the state
 //! so handlers are tested with `tower::ServiceExt::oneshot`, without a socket.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -95,11 +98,11 @@ impl LeaderBody {
     /// The body for `state` at `now`.
     pub fn at(state: &LeaderState, now: Instant) -> Self {
         let is_leader = state.is_leader(now);
-        let mut error = state.error.clone();
+        let mut error = state.error.as_ref().map(|e| e.report());
         if state.own_term.is_some() && !is_leader && !state.stopping && error.is_none() {
             error = Some("leadership validity expired before a renewal was acknowledged".into());
         }
-        if error.is_none() && !state.ready && !state.stopping {
+        if error.is_none() && !state.is_ready() && !state.stopping {
             error = Some("not ready: the backend has not answered yet".into());
         }
         LeaderBody {
@@ -285,7 +288,11 @@ async fn healthz() -> Response {
 async fn readyz(State(app): State<AppState>) -> Response {
     let (ready, stopping, error) = {
         let s = app.state.borrow();
-        (s.ready, s.stopping, s.error.clone())
+        (
+            s.is_ready(),
+            s.stopping,
+            s.error.as_ref().map(|e| e.report()),
+        )
     };
     if ready {
         json_response(StatusCode::OK, json!({ "status": "ready" }))

@@ -24,7 +24,6 @@ fn follower() -> LeaderState {
         lease_duration: Duration::from_secs(15),
         backend_healthy: true,
         error: None,
-        ready: true,
         stopping: false,
         transitions: 3,
         servers: None,
@@ -138,17 +137,24 @@ async fn compatibility_endpoints_always_answer_200() {
 #[tokio::test]
 async fn healthz_stays_up_and_readyz_follows_the_backend() {
     let mut s = follower();
-    s.ready = false;
     s.backend_healthy = false;
-    s.error = Some("cannot reach etcd".into());
+    s.error = Some(std::sync::Arc::new(
+        crate::backend::BackendError::Unreachable {
+            backend: crate::backend::memory::ABOUT,
+            endpoints: "memory".into(),
+            source: "connection refused".into(),
+        },
+    ));
+    let report = s.error.as_ref().unwrap().report();
+    assert!(report.starts_with("cannot reach memory at memory: connection refused (hint: "));
     let (_tx, rx) = watch::channel(s);
     assert_eq!(get(rx.clone(), "/healthz").await.0, StatusCode::OK);
     let (status, _, body) = get(rx.clone(), "/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body["error"], "cannot reach etcd");
+    assert_eq!(body["error"], report.as_str());
     let (status, _, body) = get(rx, "/leader").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body["error"], "cannot reach etcd");
+    assert_eq!(body["error"], report.as_str());
     let (_tx, rx) = watch::channel(follower());
     assert_eq!(get(rx, "/readyz").await.0, StatusCode::OK);
 }

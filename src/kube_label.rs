@@ -13,6 +13,9 @@
 //!   Elector waits for it (briefly) before releasing, so on a graceful
 //!   handover the old Pod leaves the Service before the new one joins.
 //! - A label edited by hand is put back on the next transition or renewal.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::time::Duration;
 

@@ -1,9 +1,61 @@
-//! `leader-elector`: a sidecar that gives a singleton workload one active
-//! replica at a time, on etcd.
+//! `leader-elector`: one active replica at a time for a singleton workload,
+//! elected on a Kubernetes Lease, etcd or Redis (one server or Redlock),
+//! with fencing tokens. It ships as a sidecar binary and as this library.
 //!
-//! The library holds everything; the binary is a thin `main.rs` over
-//! [`app::run`]. The [`elector::Elector`] can be embedded in a Rust program
-//! with any [`backend::LeaseBackend`].
+//! # Embedding the Elector
+//!
+//! Make a backend for one election, build an [`Elector`] over it with
+//! [`Elector::builder`], run it on a task, and do leader-only work while
+//! the published [`LeaderState`] says this candidate leads:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leader_elector::{Elector, KubeLeaseBackend, KubeOptions, until_leading, until_not_leading};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // The Lease "my-operator" in the kubeconfig's (or the Pod's) namespace.
+//! let backend = KubeLeaseBackend::new("my-operator", KubeOptions::default());
+//! let (elector, mut state) = Elector::builder(backend)
+//!     .election("my-operator")
+//!     .lease_duration(Duration::from_secs(15))
+//!     .renew_interval(Duration::from_secs(5))
+//!     .build()?;
+//! let shutdown = CancellationToken::new();
+//! let running = tokio::spawn(elector.run(shutdown.clone()));
+//! if let Some(fencing_token) = until_leading(&mut state).await {
+//!     // Leader-only work here, carrying `fencing_token` to what it writes.
+//!     until_not_leading(&mut state).await; // stop the work when this returns
+//! }
+//! shutdown.cancel(); // stop claiming at once, then release the Lease
+//! running.await?;
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/operator.rs` is a kube-rs controller built this way.
+//!
+//! # The safety rule
+//!
+//! A candidate says it leads only while `now < valid_until`: the instant its
+//! last acknowledged renewal (or acquisition) was *sent*, plus the granted
+//! TTL, minus a drift margin, on the monotonic clock (host suspends
+//! counted). The backend keeps the key at least that long, so no other
+//! candidate takes over while this one still claims. [`LeaderState::is_leader`]
+//! is computed when asked, never stored. Fencing tokens grow with every new
+//! term: pass them to the systems you write to, so they can refuse a
+//! deposed leader's late writes.
+//!
+//! What the library does not do: it does not stop your work for you (watch
+//! the state), it does not retry inside a backend call (the Elector owns
+//! timing and backoff), and it spawns nothing but what you run.
+//!
+//! # Internals
+//!
+//! The modules not shown here (`app`, `config`, `ops`, `serve`, `http`,
+//! `control`, `coord`, `supervisor`, `hooks`, `kube_label`, `metrics`,
+//! `shutdown`, and the backends' inner modules) are the sidecar binary's
+//! internals. They are public for its integration tests only and are not a
+//! stable API.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -14,23 +66,54 @@
     allow(dead_code, unused_imports)
 )]
 
+#[doc(hidden)]
 pub mod app;
+#[doc(hidden)]
 pub mod backend;
 pub(crate) mod budget;
+#[doc(hidden)]
 pub mod cli;
+// The flags' doc comments are clap's `--help` text, not Markdown.
+#[doc(hidden)]
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 pub mod config;
+#[doc(hidden)]
 pub mod control;
+#[doc(hidden)]
 pub mod coord;
+#[doc(hidden)]
 pub mod elector;
+#[doc(hidden)]
 pub mod flags;
+#[doc(hidden)]
 pub mod hooks;
+#[doc(hidden)]
 pub mod http;
+#[doc(hidden)]
 pub mod kube_label;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod ops;
+#[doc(hidden)]
 pub mod serve;
+#[doc(hidden)]
 pub mod shutdown;
+#[doc(hidden)]
 pub mod supervisor;
 
-pub use backend::{Campaign, Holder, LeaseBackend, Term};
-pub use elector::{Elector, ElectorConfig, LeaderState};
+pub use elector::{
+    Elector, ElectorBuilder, ElectorConfig, ElectorConfigError, ElectorHandle, Event, EventKind,
+    LeaderState, Observation, Observer, OwnTerm, Waiting, until_leading, until_not_leading,
+};
+
+pub use backend::{
+    About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Term, TermId,
+};
+
+#[cfg(feature = "etcd")]
+pub use backend::etcd::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "kubernetes")]
+pub use backend::kubernetes::{KubeLeaseBackend, KubeOptions, build_client as build_kube_client};
+#[cfg(feature = "redis")]
+pub use backend::redis::{RedisBackend, RedisOptions};

@@ -9,6 +9,9 @@
 //! the gauges that depend on the clock
 //! (`master_status`, `valid_for_seconds`) are computed at scrape time by
 //! [`Metrics::refresh`], so they can never be staler than the answer of `/leader`.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::sync::Arc;
 

@@ -13,6 +13,9 @@
 //! 2 bad flags. `observe` exits 0 on
 //! SIGINT/SIGTERM (or when its output is closed), 2 on bad flags; backend
 //! errors are reported on stderr and retried.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::io::Write;
 use std::process::ExitCode;

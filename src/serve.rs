@@ -19,6 +19,9 @@
 //! HTTP/1.1 only: one request at a time per connection, so the connection
 //! cap is also a cap on concurrent requests (HTTP/2 would multiplex many
 //! long-polls over one connection).
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -115,8 +118,13 @@ pub async fn serve(l: Listener, stop: CancellationToken) {
         healthz,
         limits,
     } = l;
-    let served = Slots::new(limits.max_connections);
-    let overflow = Slots::new(OVERFLOW_CONNECTIONS);
+    let tiers = Tiers {
+        served: Slots::new(limits.max_connections),
+        overflow: Slots::new(OVERFLOW_CONNECTIONS),
+        router,
+        healthz,
+        limits,
+    };
     let graceful = GracefulShutdown::new();
     let mut warned_cap = false;
     loop {
@@ -132,29 +140,10 @@ pub async fn serve(l: Listener, stop: CancellationToken) {
             },
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(stream);
-        let admission = if let Some((slot, how)) = served.admit() {
-            if how == Admission::Free {
-                warned_cap = false;
-            }
-            tokio::spawn(serve_router(
-                io,
-                peer,
-                slot,
-                router.clone(),
-                limits,
-                &graceful,
-            ));
-            how
-        } else if let Some((slot, how)) = overflow.admit() {
-            tokio::spawn(serve_overflow(io, slot, healthz, limits));
-            how
-        } else {
-            // Unreachable in practice (overflow connections are answered at
-            // once); close rather than queue.
-            drop(io);
-            Admission::Evicted
-        };
+        let admission = tiers.admit(TokioIo::new(stream), peer, &graceful);
+        if admission == Admission::Free {
+            warned_cap = false;
+        }
         if admission == Admission::Evicted {
             if !warned_cap {
                 warned_cap = true;
@@ -171,6 +160,42 @@ pub async fn serve(l: Listener, stop: CancellationToken) {
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// The two tiers of a listener: the router's connections up to the cap, and
+/// the overflow answer's beyond it.
+struct Tiers {
+    served: Arc<Slots>,
+    overflow: Arc<Slots>,
+    router: Router,
+    healthz: bool,
+    limits: Limits,
+}
+
+impl Tiers {
+    /// Give the connection a slot of the router's tier (evicting the
+    /// longest-idle connection when full), else of the overflow tier, and
+    /// serve it on its own task; close it when neither has room.
+    fn admit(
+        &self,
+        io: TokioIo<TcpStream>,
+        peer: SocketAddr,
+        graceful: &GracefulShutdown,
+    ) -> Admission {
+        if let Some((slot, how)) = self.served.admit() {
+            let router = self.router.clone();
+            tokio::spawn(serve_router(io, peer, slot, router, self.limits, graceful));
+            how
+        } else if let Some((slot, how)) = self.overflow.admit() {
+            tokio::spawn(serve_overflow(io, slot, self.healthz, self.limits));
+            how
+        } else {
+            // Unreachable in practice (overflow connections are answered at
+            // once); close rather than queue.
+            drop(io);
+            Admission::Evicted
+        }
+    }
 }
 
 /// Serve one connection with the router until it ends or is evicted (only

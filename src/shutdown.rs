@@ -10,6 +10,9 @@
 //! to its process group, so one stop arrives twice a moment apart; taken for a
 //! second request, the copy would cut the release short and leave the lease
 //! held for its whole duration.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::time::Duration;
 

@@ -11,12 +11,15 @@
 //!   another candidate can lead. Only then does the supervisor tell the Elector
 //!   to release the key ([`ElectorHandle::release`]).
 //! - The command runs in its own process group under a tiny watchdog
-//!   process (`leader-elector __watchdog`, [`watchdog`]) that kills the
+//!   process (`leader-elector __watchdog`, see `watchdog`) that kills the
 //!   command's whole process tree, grandchildren included, when the sidecar
 //!   dies however it dies (SIGKILL, OOM) or when the command exits.
 //! - A paused sidecar (SIGSTOP) cannot stop its child; its lease then ends on
 //!   the backend. Freeze the whole container (cgroup freezer, which Kubernetes
 //!   uses) or rely on the fencing token in the child's environment.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};

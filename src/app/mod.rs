@@ -3,6 +3,9 @@
 //! spawned; [`App::run`] spawns every task into one table ([`tasks`]) and,
 //! at shutdown, stops them in the written order under one budget: unready →
 //! stop claiming → release → notify → drain HTTP → return.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 pub mod backends;
 pub mod tasks;

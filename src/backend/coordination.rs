@@ -144,7 +144,8 @@ pub enum CoordError {
 pub type Result<T, E = CoordError> = std::result::Result<T, E>;
 
 /// The coordination verbs of one backend. Each call is one attempt; waiting
-/// (`wait=`) is done by [`Service`] except for fair locks, which queue.
+/// (`wait=`) is done by the service (`crate::coord::Service`) except for
+/// fair locks, which queue.
 #[async_trait]
 pub trait Coordinator: Send + Sync {
     /// Backend name.

@@ -6,6 +6,10 @@
 //! Invariant: backends never sleep, never spawn tasks and never decide when to
 //! call themselves. The [`crate::elector::Elector`] owns all timing, wraps
 //! every call in a timeout and applies the safety rule.
+//!
+//! What an embedding program needs is re-exported at the crate root; the
+//! rest of this module serves the sidecar binary and its tests and is not a
+//! stable API.
 
 pub mod coordination;
 #[cfg(feature = "etcd")]

@@ -5,6 +5,9 @@
 //! Invariant: every value the rest of the program sees has been validated
 //! here; a bad value is reported with the flag's name, what is allowed, and a
 //! hint, and `main` exits with code 2.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 mod checks;
 mod cli;

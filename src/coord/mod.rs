@@ -5,6 +5,9 @@
 //! verbs are its [`Coordinator`] (the seam, `crate::backend::coordination`).
 //! A backend without coordination gets [`Unserved`], which answers every
 //! call with the backends that do serve it.
+//!
+//! The sidecar binary's internals: public for its integration tests only,
+//! hidden from the documentation, not a stable API.
 
 pub mod http;
 mod metrics;

@@ -1,13 +1,15 @@
 //! [`ElectorConfig`]: the timing and identity of one candidate, validated
-//! together (client-go's rules), and the backoff and jitter the loop uses
+//! together (client-go's rules) into a typed [`ElectorConfigError`], and the backoff and jitter the loop uses
 //! between attempts.
 
 use std::time::Duration;
 
 use rand::Rng;
 
-/// Timing and identity of one candidate. Durations are validated by
-/// [`crate::config`]; see [`ElectorConfig::validate`].
+/// Timing and identity of one candidate, checked by
+/// [`ElectorConfig::validate`]. Build one with [`Elector::builder`](super::Elector::builder)
+/// (which validates), or with [`ElectorConfig::new`] and
+/// [`Elector::new`](super::Elector::new).
 #[derive(Clone, Debug)]
 pub struct ElectorConfig {
     /// Election name (the key suffix).
@@ -24,15 +26,15 @@ pub struct ElectorConfig {
     /// Fixed drift margin; `None` means max(1% of TTL, 2 × renew round trip, 50 ms).
     pub drift_margin: Option<Duration>,
     /// On shutdown, keep the lease (while no longer claiming) until
-    /// [`ElectorHandle::release`] is called or this much time passes; `None`
+    /// [`ElectorHandle::release`](super::ElectorHandle::release) is called or this much time passes; `None`
     /// resigns at once.
     pub drain_timeout: Option<Duration>,
-    /// How long the candidacy gate (see [`Elector::with_candidacy`]) may stay
+    /// How long the candidacy gate (see [`Elector::with_candidacy`](super::Elector::with_candidacy)) may stay
     /// closed while leading before this candidate resigns.
     pub health_grace: Duration,
     /// After a step-down other than shutdown or the validity deadline, wait up
     /// to this long (and never past `valid_until`) for
-    /// [`ElectorHandle::release`] before releasing the key, so a supervised
+    /// [`ElectorHandle::release`](super::ElectorHandle::release) before releasing the key, so a supervised
     /// child is gone first (run mode). `None` releases at once.
     pub release_wait: Option<Duration>,
 }
@@ -65,30 +67,35 @@ impl ElectorConfig {
         self.renew_interval * 2 / 3
     }
 
-    /// Check the timing rules (client-go: RenewDeadline < LeaseDuration).
+    /// Check the identity and the timing rules (client-go's: the renew
+    /// deadline is shorter than the lease duration).
     ///
     /// # Errors
-    /// A message naming the flags involved and their values.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`ElectorConfigError`], naming the fields involved and their values.
+    pub fn validate(&self) -> Result<(), ElectorConfigError> {
         if self.election.is_empty() {
-            return Err("--election must not be empty".into());
+            return Err(ElectorConfigError::EmptyElection);
+        }
+        if self.identity.is_empty() {
+            return Err(ElectorConfigError::EmptyIdentity);
         }
         if self.renew_interval.is_zero() || self.renew_interval >= self.lease_duration {
-            return Err(format!(
-                "--renew-interval ({}) must be shorter than --lease-duration ({})\nhint: the default is a third of the lease duration",
-                humantime::format_duration(self.renew_interval),
-                humantime::format_duration(self.lease_duration)
-            ));
+            return Err(ElectorConfigError::RenewNotShorter {
+                renew_interval: self.renew_interval,
+                lease_duration: self.lease_duration,
+            });
         }
         if let Some(m) = self.drift_margin
             && m + self.renew_interval >= self.lease_duration
         {
-            return Err(format!(
-                "--drift-margin ({}) plus --renew-interval ({}) must be shorter than --lease-duration ({})",
-                humantime::format_duration(m),
-                humantime::format_duration(self.renew_interval),
-                humantime::format_duration(self.lease_duration)
-            ));
+            return Err(ElectorConfigError::DriftTooLarge {
+                drift_margin: m,
+                renew_interval: self.renew_interval,
+                lease_duration: self.lease_duration,
+            });
+        }
+        if self.retry_period.is_zero() {
+            return Err(ElectorConfigError::ZeroRetryPeriod);
         }
         Ok(())
     }
@@ -107,6 +114,85 @@ impl ElectorConfig {
     pub(super) fn margin(&self, ttl: Duration, rtt: Duration) -> Duration {
         self.drift_margin
             .unwrap_or_else(|| (ttl / 100).max(rtt * 2).max(Duration::from_millis(50)))
+    }
+}
+
+/// A rule of [`ElectorConfig::validate`] that a configuration breaks.
+/// `Display` names the fields ([`ElectorConfig`]'s, which are also the
+/// builder's methods); [`ElectorConfigError::cli_message`] names the
+/// command-line flags instead.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ElectorConfigError {
+    /// `election` is empty.
+    #[error("election must not be empty")]
+    EmptyElection,
+    /// `identity` is empty.
+    #[error("identity must not be empty")]
+    EmptyIdentity,
+    /// `renew_interval` is zero or not shorter than `lease_duration`.
+    #[error("renew_interval ({}) must be shorter than lease_duration ({})", fmt(*renew_interval), fmt(*lease_duration))]
+    RenewNotShorter {
+        /// The renew interval given.
+        renew_interval: Duration,
+        /// The lease duration given.
+        lease_duration: Duration,
+    },
+    /// `drift_margin` plus `renew_interval` is not shorter than `lease_duration`.
+    #[error("drift_margin ({}) plus renew_interval ({}) must be shorter than lease_duration ({})", fmt(*drift_margin), fmt(*renew_interval), fmt(*lease_duration))]
+    DriftTooLarge {
+        /// The drift margin given.
+        drift_margin: Duration,
+        /// The renew interval given.
+        renew_interval: Duration,
+        /// The lease duration given.
+        lease_duration: Duration,
+    },
+    /// `retry_period` is zero.
+    #[error("retry_period must be longer than zero")]
+    ZeroRetryPeriod,
+}
+
+fn fmt(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
+}
+
+impl ElectorConfigError {
+    /// The field at fault (the first one named in the message).
+    pub fn field(&self) -> &'static str {
+        match self {
+            ElectorConfigError::EmptyElection => "election",
+            ElectorConfigError::EmptyIdentity => "identity",
+            ElectorConfigError::RenewNotShorter { .. } => "renew_interval",
+            ElectorConfigError::DriftTooLarge { .. } => "drift_margin",
+            ElectorConfigError::ZeroRetryPeriod => "retry_period",
+        }
+    }
+
+    /// The message in the words of the command line: the flags instead of
+    /// the fields, with a hint where one helps.
+    pub fn cli_message(&self) -> String {
+        let message = self
+            .to_string()
+            .replace("lease_duration", "--lease-duration")
+            .replace("renew_interval", "--renew-interval")
+            .replace("drift_margin", "--drift-margin")
+            .replace("retry_period", "--retry-period");
+        match self {
+            ElectorConfigError::EmptyElection | ElectorConfigError::EmptyIdentity => {
+                format!("--{message}")
+            }
+            ElectorConfigError::RenewNotShorter { .. } => {
+                format!("{message}\nhint: the default is a third of the lease duration")
+            }
+            _ => message,
+        }
+    }
+}
+
+/// The command line's wording ([`ElectorConfigError::cli_message`]).
+impl From<ElectorConfigError> for String {
+    fn from(e: ElectorConfigError) -> String {
+        e.cli_message()
     }
 }
 

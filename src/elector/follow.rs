@@ -43,7 +43,7 @@ impl Elector {
                     h
                 }
                 Err(e) => {
-                    self.backend_failed(&e);
+                    self.backend_failed(e);
                     None
                 }
             };
@@ -115,7 +115,7 @@ impl Elector {
                         // The key changed and the watch did not say so: campaign.
                         Ok(_) => return,
                         Err(e) => {
-                            self.backend_failed(&e);
+                            self.backend_failed(e);
                             return;
                         }
                     }
@@ -132,7 +132,7 @@ impl Elector {
         match r {
             Ok(()) => debug!("the key changed; campaigning"),
             Err(e) => {
-                self.backend_failed(&e);
+                self.backend_failed(e);
                 let wait = self.backoff.next();
                 tokio::select! {
                     _ = shutdown.cancelled() => {}

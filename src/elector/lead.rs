@@ -11,17 +11,48 @@ use tracing::{debug, info, warn};
 
 use super::config::Backoff;
 use super::observe::Observation;
+use super::transition::Change;
 use super::{Command, Elector};
-use crate::backend::{BackendError, Renewal, Term};
+use crate::backend::{BackendError, LostReason, Renewal, Term};
 
 /// How a term ended, for logs and for which waits apply before the release.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum StepDown {
+    /// Shutdown (or the end of a drain).
     Shutdown,
+    /// `valid_until` passed without an acknowledged renewal.
     Deadline,
-    Lost(&'static str),
+    /// The term ended without our resigning.
+    Lost(Loss),
+    /// Resigned on request.
     Resigned,
+    /// The candidacy gate stayed closed past the health grace.
     Unhealthy,
+}
+
+/// Why a held term ended without our resigning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Loss {
+    /// A renewal's answer: the backend ended the term.
+    Renewal(LostReason),
+    /// The watch on our own key saw it deleted, overwritten or edited.
+    KeyChanged,
+}
+
+impl Loss {
+    /// The `reason` field of the step-down log line.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Loss::Renewal(r) => r.as_str(),
+            Loss::KeyChanged => "key deleted, overwritten or edited by someone else",
+        }
+    }
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The timing of the term being held.
@@ -39,7 +70,7 @@ struct Held {
 /// The outcome of one renewal.
 enum Renew {
     Renewed,
-    Lost(&'static str),
+    Lost(Loss),
     Failed,
 }
 
@@ -81,7 +112,7 @@ impl Elector {
                 },
                 _ = &mut unhealthy => break StepDown::Unhealthy,
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
-                    Ok(()) => break StepDown::Lost("key deleted, overwritten or edited by someone else"),
+                    Ok(()) => break StepDown::Lost(Loss::KeyChanged),
                     Err(e) => {
                         warn!(error = %e.report(), "watch on own key failed; reopening it");
                         watch = None;
@@ -109,7 +140,7 @@ impl Elector {
         let now = Instant::now();
         let ttl = term.ttl;
         let asked = self.cfg.lease_duration;
-        if ttl > asked && self.state.borrow().lease_duration == asked {
+        if ttl > asked && self.publisher.state().lease_duration == asked {
             // First grant that differs (etcd: at least 2 s, whole seconds).
             warn!(
                 election = %self.cfg.election,
@@ -119,11 +150,7 @@ impl Elector {
             );
         }
         let valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
-        self.state.send_modify(|s| {
-            s.lease_duration = ttl;
-            s.servers = term.servers;
-        });
-        self.set_own_term(term, valid_until);
+        self.elected(term, valid_until);
         self.last_seen = Some(term.holder.clone());
         Held {
             valid_until,
@@ -136,10 +163,7 @@ impl Elector {
     /// Stop claiming at once but keep the lease (and renew it) so no one else
     /// starts while the app finishes; returns the end of the drain.
     fn begin_drain(&mut self, d: Duration) -> Instant {
-        self.state.send_modify(|s| {
-            s.stopping = true;
-            s.ready = false;
-        });
+        self.publish(Change::Stopping);
         // Record the end of our claim now, not at release: long-polls return
         // and `stopped_leading` goes out.
         self.observe(None);
@@ -180,21 +204,18 @@ impl Elector {
                 self.report(Observation::Renewed { round_trip: rtt });
                 self.backend_ok();
                 self.heard(Some(term.holder.fencing_token), send);
-                let valid_until = held.valid_until;
-                self.state.send_modify(|s| {
-                    if let Some(t) = &mut s.own_term {
-                        t.valid_until = valid_until;
-                        t.suspended_at_send = suspended_at_send;
-                    }
-                    s.lease_duration = ttl;
-                    s.servers = servers;
+                self.publish(Change::Renewed {
+                    valid_until: held.valid_until,
+                    suspended_at_send,
+                    ttl,
+                    servers,
                 });
                 Renew::Renewed
             }
-            Ok(Renewal::Lost(reason)) => Renew::Lost(reason.as_str()),
+            Ok(Renewal::Lost(reason)) => Renew::Lost(Loss::Renewal(reason)),
             Err(e) => {
                 self.report(Observation::RenewFailed { reason: e.reason() });
-                self.backend_failed(&e);
+                self.backend_failed(e);
                 held.next_renew = Instant::now() + held.retry.next();
                 Renew::Failed
             }
@@ -206,10 +227,7 @@ impl Elector {
         // A drain already set `stopping` when it began; the transition is
         // recorded now.
         if matches!(why, StepDown::Shutdown) {
-            self.state.send_modify(|s| {
-                s.stopping = true;
-                s.ready = false;
-            });
+            self.publish(Change::Stopping);
         }
         self.observe(None);
         self.log_step_down(&term, &why);
@@ -243,7 +261,8 @@ impl Elector {
             StepDown::Deadline => {
                 warn!(%election, %identity, fencing_token, "stepped down: no renewal acknowledged before the validity deadline")
             }
-            StepDown::Lost(reason) => {
+            StepDown::Lost(loss) => {
+                let reason = loss.as_str();
                 warn!(%election, %identity, fencing_token, reason, "stepped down: term lost")
             }
         }

@@ -47,8 +47,9 @@ pub enum Observation {
     },
 }
 
-/// Receives the Elector's [`Observation`]s. Implemented by
-/// [`crate::metrics::Metrics`]; pass one to [`super::Elector::new`].
+/// Receives the Elector's [`Observation`]s. The sidecar's Prometheus
+/// metrics implement it; pass yours to
+/// [`ElectorBuilder::observer`](super::ElectorBuilder::observer).
 pub trait Observer: Send + Sync {
     /// Record one observation. Called on the Elector's task: must not block.
     fn observe(&self, observation: Observation);

@@ -1,23 +1,128 @@
-//! The one writer of [`LeaderState`]: backend health, the silence bound of a
-//! follower (`heard_until`), our own term and the single place where a change
-//! of leader is recorded, counted, logged and sent as an [`Event`]. Every
-//! step is also reported to the [`super::Observer`] (the metrics).
+//! The [`Publisher`], the one writer of [`LeaderState`]: it owns the `watch`
+//! sender, applies each [`Change`] through [`LeaderState::apply`], and is
+//! the single place where a change of leader is logged, counted and sent as
+//! an [`Event`]. Every step is also reported to the [`Observer`] (the
+//! metrics). The Elector's helpers below say in the loop's words what
+//! happened (a backend answer, a new term, a renewal) and hand the change
+//! to the publisher.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::{broadcast, watch};
 use tokio::time::{Instant, timeout};
 use tracing::{info, warn};
 
-use super::observe::Observation;
-use super::{Elector, Event, OwnTerm, Waiting};
+use super::observe::{Observation, Observer};
+use super::transition::{Applied, Change, Note};
+use super::{Elector, Event, LeaderState, OwnTerm, Waiting};
 use crate::backend::{BackendError, Holder, Term};
 
-impl Elector {
+/// Owns the published state and the event stream (see the module docs).
+pub(super) struct Publisher {
+    state: watch::Sender<LeaderState>,
+    events: broadcast::Sender<Event>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl Publisher {
+    /// A publisher of `initial` and the first reader of its state.
+    pub(super) fn new(
+        initial: LeaderState,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> (Self, watch::Receiver<LeaderState>) {
+        let (state, rx) = watch::channel(initial);
+        let (events, _) = broadcast::channel(64);
+        let publisher = Publisher {
+            state,
+            events,
+            observer,
+        };
+        (publisher, rx)
+    }
+
     /// Report `o` to the observer, if any.
     pub(super) fn report(&self, o: Observation) {
         if let Some(obs) = &self.observer {
             obs.observe(o);
         }
+    }
+
+    /// A new subscriber to the transitions.
+    pub(super) fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// The state as published now.
+    pub(super) fn state(&self) -> watch::Ref<'_, LeaderState> {
+        self.state.borrow()
+    }
+
+    /// Apply `change`, wake the readers if it matters to them, then log and
+    /// announce what happened. `config_problem` picks the level of a backend
+    /// error's log line.
+    pub(super) fn apply(&self, change: Change, config_problem: bool) {
+        let mut applied = Applied::default();
+        self.state.send_if_modified(|s| {
+            applied = s.apply(change, SystemTime::now());
+            applied.notify
+        });
+        let s = self.state.borrow();
+        match applied.note {
+            Some(Note::BackendRecovered) => {
+                info!(election = %s.election, "backend reachable again")
+            }
+            Some(Note::BackendFailed) => {
+                let report = s.error.as_ref().map(|e| e.report()).unwrap_or_default();
+                if config_problem {
+                    tracing::error!(election = %s.election, error = %report, "backend call failed: configuration problem");
+                } else {
+                    warn!(election = %s.election, error = %report, "backend call failed");
+                }
+            }
+            Some(Note::NewWait) => {
+                if let Some(w) = s.waiting {
+                    info!(election = %s.election, waiting_for = w.what, until = %humantime::format_rfc3339_millis(w.until), "not campaigning yet");
+                }
+            }
+            None => {}
+        }
+        let Some(kind) = applied.transition else {
+            return;
+        };
+        let event = Event {
+            event: kind,
+            election: s.election.clone(),
+            identity: s.identity.clone(),
+            leader: s.leader.clone(),
+            fencing_token: s.fencing_token,
+            transitions: s.transitions,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        };
+        drop(s);
+        info!(
+            election = %event.election,
+            identity = %event.identity,
+            leader = event.leader.as_deref().unwrap_or(""),
+            fencing_token = event.fencing_token.unwrap_or(0),
+            transitions = event.transitions,
+            "{}",
+            kind.words()
+        );
+        self.report(Observation::Transition);
+        let _ = self.events.send(event);
+    }
+}
+
+impl Elector {
+    /// Report `o` to the observer, if any.
+    pub(super) fn report(&self, o: Observation) {
+        self.publisher.report(o);
+    }
+
+    /// Publish `change` (never a backend error: see [`Elector::backend_failed`]).
+    pub(super) fn publish(&self, change: Change) {
+        self.publisher.apply(change, false);
     }
 
     /// Run one backend call under the call timeout.
@@ -40,54 +145,26 @@ impl Elector {
     /// Name the wait that keeps this candidate from campaigning (`None`:
     /// none), for `/leader`; a new kind of wait is logged once.
     pub(super) fn set_waiting(&mut self, wait: Option<(&'static str, Duration)>) {
-        let until = wait.map(|(what, left)| Waiting {
+        let wait = wait.map(|(what, left)| Waiting {
             what,
-            until: std::time::SystemTime::now() + left,
+            until: SystemTime::now() + left,
         });
-        self.state.send_if_modified(|s| {
-            let new_kind = until.map(|w| w.what) != s.waiting.map(|w| w.what);
-            if new_kind && let Some(w) = &until {
-                info!(election = %s.election, waiting_for = w.what, until = %humantime::format_rfc3339_millis(w.until), "not campaigning yet");
-            }
-            let changed = new_kind;
-            s.waiting = until;
-            changed
-        });
+        self.publish(Change::Waiting(wait));
     }
 
+    /// The last backend call succeeded.
     pub(super) fn backend_ok(&mut self) {
         self.backoff.reset();
         self.report(Observation::BackendUp(true));
-        self.state.send_if_modified(|s| {
-            let changed = !s.backend_healthy || !s.ready || s.error.is_some();
-            if s.error.is_some() {
-                info!(election = %s.election, "backend reachable again");
-            }
-            s.backend_healthy = true;
-            s.ready = !s.stopping;
-            s.error = None;
-            changed
-        });
+        self.publish(Change::BackendUp);
     }
 
-    pub(super) fn backend_failed(&mut self, e: &BackendError) {
+    /// The last backend call failed with `e`; a new error is logged once.
+    pub(super) fn backend_failed(&mut self, e: BackendError) {
         self.report(Observation::BackendUp(false));
-        let report = e.report();
-        self.state.send_if_modified(|s| {
-            let first = s.error.as_deref() != Some(report.as_str());
-            if first {
-                if e.is_retryable() {
-                    warn!(election = %s.election, error = %report, "backend call failed");
-                } else {
-                    tracing::error!(election = %s.election, error = %report, "backend call failed: configuration problem");
-                }
-            }
-            let changed = s.backend_healthy || s.ready || first;
-            s.backend_healthy = false;
-            s.ready = false;
-            s.error = Some(report.clone());
-            changed
-        });
+        let config_problem = !e.is_retryable();
+        self.publisher
+            .apply(Change::BackendDown(Arc::new(e)), config_problem);
     }
 
     /// A backend answer sent at `sent` showed the term with fencing token
@@ -95,12 +172,7 @@ impl Elector {
     /// may name the observed leader, and records the duration of a failover
     /// when the term differs from the one seen before.
     pub(super) fn heard(&mut self, token: Option<u64>, sent: Instant) {
-        let until = sent + self.cfg.silence_bound();
-        self.state.send_if_modified(|s| {
-            s.heard_until = Some(until);
-            // Read-time only: no reader needs waking for this.
-            false
-        });
+        self.publish(Change::Heard(sent + self.cfg.silence_bound()));
         let Some(token) = token else { return };
         if let Some((previous, at)) = self.term_seen
             && previous != token
@@ -115,78 +187,27 @@ impl Elector {
         self.term_seen = Some((token, sent));
     }
 
-    pub(super) fn set_own_term(&mut self, term: &Term, valid_until: Instant) {
+    /// Publish our new `term`, valid until `valid_until`.
+    pub(super) fn elected(&mut self, term: &Term, valid_until: Instant) {
         let own = OwnTerm {
             valid_until,
             fencing_token: term.holder.fencing_token,
             suspended_at_send: self.suspended_at_campaign,
         };
-        self.publish(
-            Some(term.holder.identity.clone()),
-            Some(term.holder.fencing_token),
-            Some(own),
-        );
+        self.publish(Change::Elected {
+            identity: term.holder.identity.clone(),
+            own,
+            ttl: term.ttl,
+            servers: term.servers,
+        });
     }
 
-    /// Record the holder observed as a follower (`None`: nobody holds the key).
+    /// Record the holder observed as a follower (`None`: nobody holds the
+    /// key); ends our own claim, if any.
     pub(super) fn observe(&mut self, holder: Option<&Holder>) {
-        self.publish(
-            holder.map(|h| h.identity.clone()),
-            holder.map(|h| h.fencing_token),
-            None,
-        );
-    }
-
-    /// The single place where a change of leader is recorded, counted and logged.
-    pub(super) fn publish(
-        &mut self,
-        leader: Option<String>,
-        token: Option<u64>,
-        own: Option<OwnTerm>,
-    ) {
-        let observer = self.observer.clone();
-        let events = self.events.clone();
-        self.state.send_if_modified(|s| {
-            let was_leading = s.own_term.is_some();
-            let leading = own.is_some();
-            let same = s.leader == leader && s.fencing_token == token && was_leading == leading;
-            s.own_term = own;
-            if !leading {
-                s.servers = None;
-            }
-            if same {
-                return false;
-            }
-            s.leader = leader;
-            s.fencing_token = token;
-            s.term_observed_at = s.leader.as_ref().map(|_| SystemTime::now());
-            s.transitions += 1;
-            if let Some(o) = &observer {
-                o.observe(Observation::Transition);
-            }
-            let (event, kind) = match (was_leading, leading) {
-                (false, true) => ("became leader", "became_leader"),
-                (true, false) => ("stopped leading", "stopped_leading"),
-                _ => ("leader changed", "leader_changed"),
-            };
-            let _ = events.send(Event {
-                event: kind,
-                election: s.election.clone(),
-                identity: s.identity.clone(),
-                leader: s.leader.clone(),
-                fencing_token: s.fencing_token,
-                transitions: s.transitions,
-                at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            });
-            info!(
-                election = %s.election,
-                identity = %s.identity,
-                leader = s.leader.as_deref().unwrap_or(""),
-                fencing_token = s.fencing_token.unwrap_or(0),
-                transitions = s.transitions,
-                "{event}"
-            );
-            true
+        self.publish(Change::Observed {
+            leader: holder.map(|h| h.identity.clone()),
+            fencing_token: holder.map(|h| h.fencing_token),
         });
     }
 }

@@ -1,23 +1,31 @@
 //! [`LeaderState`], what one candidate knows about its election (published
 //! on a `watch` channel, read with the clock at answer time), and [`Event`],
 //! a leadership transition as sent to subscribers.
+//!
+//! Readers get shared references only (`watch::Receiver::borrow`); the
+//! fields are written by one function, [`LeaderState::apply`] (see
+//! `transition.rs`), called only by the Elector's publisher. Nothing derived
+//! is stored: readiness and leadership are computed when asked.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
 use super::ElectorConfig;
+use crate::backend::BackendError;
 
 /// This candidate's own term, present only while it holds the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OwnTerm {
-    /// The instant (monotonic) after which this candidate must not claim to lead.
+    /// The instant (tokio's monotonic clock) after which this candidate must
+    /// not claim to lead.
     pub valid_until: Instant,
     /// The term's fencing token.
     pub fencing_token: u64,
-    /// The host's suspended time ([`super::suspend::suspended`]) when the
-    /// request behind `valid_until` was sent: a suspend since then counts
-    /// against `valid_until` (tokio's clock stops while suspended).
+    /// The host's suspended time (`CLOCK_BOOTTIME − CLOCK_MONOTONIC`) when
+    /// the request behind `valid_until` was sent: a suspend since then
+    /// counts against `valid_until` (tokio's clock stops while suspended).
     pub suspended_at_send: Duration,
 }
 
@@ -48,14 +56,16 @@ pub struct Waiting {
 
 /// What one candidate knows about its election. Published by the Elector on a
 /// `tokio::sync::watch` channel; readers call [`LeaderState::is_leader`] with
-/// the current instant each time they answer.
+/// the current instant each time they answer (or [`LeaderState::is_leader_now`]).
+///
+/// The fields are public to read; only the Elector writes them.
 #[derive(Clone, Debug)]
 pub struct LeaderState {
     /// Election name.
     pub election: String,
-    /// This candidate's identity.
+    /// This candidate's holder identity.
     pub identity: String,
-    /// Backend name (`etcd`, `redis`, `memory`).
+    /// Backend name (`etcd`, `redis`, `kubernetes`, `memory`).
     pub backend: &'static str,
     /// Identity of the holder this candidate last observed; `None` for nobody
     /// (or not yet known).
@@ -70,10 +80,9 @@ pub struct LeaderState {
     pub lease_duration: Duration,
     /// Whether the last backend call succeeded.
     pub backend_healthy: bool,
-    /// The last backend error, as one line with its hint; `None` when healthy.
-    pub error: Option<String>,
-    /// The candidate has reached the backend and knows the leader (or that there is none).
-    pub ready: bool,
+    /// The last backend error; `None` when healthy. `/leader` and `/readyz`
+    /// show its [`BackendError::report`] (one line with its hint).
+    pub error: Option<Arc<BackendError>>,
     /// Shutdown started: never claim again.
     pub stopping: bool,
     /// Count of leader changes this candidate observed, including to nobody;
@@ -105,7 +114,6 @@ impl LeaderState {
             lease_duration: cfg.lease_duration,
             backend_healthy: false,
             error: None,
-            ready: false,
             stopping: false,
             transitions: 0,
             servers: None,
@@ -114,11 +122,23 @@ impl LeaderState {
         }
     }
 
+    /// Whether this candidate is ready (`/readyz`): its last backend call
+    /// succeeded, so it knows the leader (or that there is none), and
+    /// shutdown has not started.
+    pub fn is_ready(&self) -> bool {
+        self.backend_healthy && !self.stopping
+    }
+
     /// Whether this candidate leads at `now`: it holds a term whose
     /// `valid_until` lies after `now` plus any time the host was suspended
     /// since that deadline's request was sent, and shutdown has not started.
     pub fn is_leader(&self, now: Instant) -> bool {
         !self.stopping && self.own_term.is_some_and(|t| t.valid_at(now))
+    }
+
+    /// [`LeaderState::is_leader`] at this instant (`tokio::time::Instant::now()`).
+    pub fn is_leader_now(&self) -> bool {
+        self.is_leader(Instant::now())
     }
 
     /// How long this candidate may still claim to lead at `now` (zero when it does not lead).
@@ -145,12 +165,52 @@ impl LeaderState {
     }
 }
 
-/// A leadership transition, as sent to [`Elector::events`] subscribers (the
-/// `--notify-url` notifier), in the order they happened.
+/// The kind of a leadership transition ([`Event::event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// This candidate started leading (`became_leader`).
+    BecameLeader,
+    /// This candidate stopped claiming to lead (`stopped_leading`).
+    StoppedLeading,
+    /// Another holder, or nobody, was observed (`leader_changed`).
+    LeaderChanged,
+}
+
+impl EventKind {
+    /// The wire name (`became_leader`, `stopped_leading`, `leader_changed`),
+    /// as serialized in [`Event`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::BecameLeader => "became_leader",
+            EventKind::StoppedLeading => "stopped_leading",
+            EventKind::LeaderChanged => "leader_changed",
+        }
+    }
+
+    /// The log message (`became leader`, `stopped leading`, `leader changed`).
+    pub fn words(self) -> &'static str {
+        match self {
+            EventKind::BecameLeader => "became leader",
+            EventKind::StoppedLeading => "stopped leading",
+            EventKind::LeaderChanged => "leader changed",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A leadership transition, as sent to [`Elector::events`](super::Elector::events)
+/// subscribers (the `--notify-url` notifier), in the order they happened.
+/// Serializes to the notifier's JSON body.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Event {
-    /// `became_leader`, `stopped_leading` or `leader_changed`.
-    pub event: &'static str,
+    /// What happened.
+    pub event: EventKind,
     /// Election name.
     pub election: String,
     /// This candidate's identity.

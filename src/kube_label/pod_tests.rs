@@ -81,7 +81,6 @@ fn state(leading: bool, token: u64) -> LeaderState {
         lease_duration: Duration::from_secs(15),
         backend_healthy: true,
         error: None,
-        ready: true,
         stopping: false,
         transitions: 0,
         servers: None,

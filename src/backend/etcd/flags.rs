@@ -2,6 +2,9 @@
 //! they resolve to: the election key `<prefix><election>`, the coordination
 //! keys under `<prefix>_coord/`, and how to reach etcd.
 
+// The flags' doc comments are clap's `--help` text, not Markdown.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -25,7 +25,18 @@ impl KubeLeaseBackend {
         })
     }
 
-    /// A backend over an existing client (tests: kube-rs's mock service).
+    /// A backend for the Lease `name` in `namespace` over your own client,
+    /// used as is (no configuration is read).
+    ///
+    /// The Elector owns retries and deadlines (each call gets two thirds
+    /// of the renew interval, then the Elector's backoff), so the client
+    /// must not retry by itself: build it with
+    /// [`build_client`] from your `kube::Config` (no
+    /// retry layer, `TCP_NODELAY`, this crate's `User-Agent`), or set
+    /// `config.default_retry = false` before `kube::Client::try_from`.
+    /// kube-rs's default client retries 429, 503 and 504 answers itself,
+    /// which spends the call's deadline and hides the refusals from the
+    /// Elector's backoff and from `/leader`'s error.
     pub fn with_client(
         client: Client,
         namespace: impl Into<String>,

@@ -2,6 +2,9 @@
 //! names), their checks, and the settings they resolve to: the Lease named
 //! after the election, in the election namespace.
 
+// The flags' doc comments are clap's `--help` text, not Markdown.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use std::path::Path;
 use std::sync::Arc;
 

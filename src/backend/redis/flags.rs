@@ -1,6 +1,9 @@
 //! The Redis backend's flags (`--redis-*`), their checks, and the settings
 //! they resolve to: one server, or a Redlock group of three or more.
 
+// The flags' doc comments are clap's `--help` text, not Markdown.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -74,7 +74,7 @@ pub(crate) const BACKEND: &About = &About {
 };
 
 /// How to reach the Redis servers. Secrets are held in memory only; logs and
-/// errors use [`redact`]ed URLs.
+/// errors show the URLs with their passwords replaced by `***`.
 #[derive(Clone, Default)]
 pub struct RedisOptions {
     /// `redis://` or `rediss://` URLs, one per independent server (1 = single

@@ -3,7 +3,7 @@
 //! release is one delete) and its value is `<token>|<owner>`. Renew = one
 //! keep-alive of that lease plus a read proving the key is still ours (an
 //! expired lease answers TTL 0 and is never re-created). Fair locks follow
-//! etcd's own lock recipe ([`queue`]): each waiter writes a key under the
+//! etcd's own lock recipe (`queue`): each waiter writes a key under the
 //! lock's prefix and watches only the key with the next lower
 //! `create_revision` (no thundering herd).
 //!
