@@ -6,21 +6,19 @@
 //! `valid_until`, fencing tokens that grow, recovery within the bounds below.
 //!
 //! 20 s by default (CI); `KFAULT_MINUTES=30` for a soak; `KFAULT_SEED`
-//! replays a schedule. Kept apart from tests/fault.rs (etcd and Redis), which
-//! another change edits.
-
-mod support;
+//! replays a schedule; `KFAULT_LOGDIR=DIR` keeps every stopped sidecar's
+//! log. The etcd and Redis schedule is the `fault` module's.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kube_api::{Endpoint, Fault as ApiFault, KubeApi};
+use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::*;
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use support::kube_api::{Endpoint, Fault as ApiFault, KubeApi};
-use support::recorder::{Expect, Fault, Recorder};
-use support::*;
 use tokio::time::{Instant, sleep, timeout};
 
 const TTL: Duration = Duration::from_secs(2);

@@ -9,18 +9,16 @@
 //! checks are lower bounds that safety requires (nobody takes over before
 //! the Lease's own duration of silence).
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kube_api::{Endpoint, Fault, KubeApi};
+use crate::support::*;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
-use support::kube_api::{Endpoint, Fault, KubeApi};
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const NS: &str = "team-a";

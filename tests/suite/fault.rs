@@ -18,19 +18,19 @@
 //! seed first (`FAULT_SEED` replays it) and takes `FAULT_BACKEND=etcd|redis`
 //! (and `FAULT_ONLY=Kind,Kind` to draw only some kinds of fault).
 
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::io::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::recorder::{Answer, Expect, Fault, Recorder, Report, Sample, check};
+use crate::support::*;
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::proxy::{Mode, Proxy};
-use support::recorder::{Answer, Expect, Fault, Recorder, Report, Sample, check};
-use support::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::{Instant, sleep, timeout};
 

@@ -2,12 +2,10 @@
 //! pauses, outages, keys deleted by hand, restarts under the same identity,
 //! TLS and auth, and bad flags.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(2);

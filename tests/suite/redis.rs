@@ -2,12 +2,12 @@
 //! Redlock (3 and 5 servers), handover, failover, pauses, outages, a
 //! write-denied ACL user, and configuration errors.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -602,7 +602,7 @@ async fn replica_of(server: &RedisServer, port: Option<u16>) {
 /// elected at once, with a token the old server had already handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token() {
-    use support::proxy::Proxy;
+    use crate::support::proxy::Proxy;
     let primary = RedisServer::start().await;
     let replica = RedisServer::start().await;
     let el = election("redis-promoted");
@@ -724,7 +724,7 @@ async fn the_restart_hold_off_of_a_fresh_redis_is_named_on_leader() {
 // of the server acknowledged them (`WAIT`); a grant they do not acknowledge
 // is given back and the attempt fails saying so.
 
-use support::proxy::{Mode, Proxy};
+use crate::support::proxy::{Mode, Proxy};
 
 /// [`FAST`] plus `--redis-min-replicas 1`.
 fn min1() -> Vec<&'static str> {
