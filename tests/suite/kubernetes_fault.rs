@@ -89,10 +89,6 @@ impl Group {
     }
 }
 
-fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
-    Duration::from_millis(rng.random_range(lo..=hi))
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Chaos {
     KillLeader,
@@ -117,19 +113,13 @@ enum Chaos {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_randomized() {
-    let minutes: f64 = std::env::var("KFAULT_MINUTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
+    let minutes: f64 = env_or("KFAULT_MINUTES", 0.0);
     let duration = if minutes > 0.0 {
         Duration::from_secs_f64(minutes * 60.0)
     } else {
         Duration::from_secs(20)
     };
-    let seed: u64 = std::env::var("KFAULT_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
+    let seed: u64 = env_or("KFAULT_SEED", rand::rng().random());
     eprintln!("== kubernetes randomized: KFAULT_SEED={seed} for {duration:?}");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut g = Group {

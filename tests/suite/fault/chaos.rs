@@ -5,13 +5,6 @@ use super::*;
 
 // ---------------------------------------------------------- randomized mode
 
-pub(super) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized() {
     let long = std::env::var("FAULT_LONG").is_ok_and(|v| v == "1");
@@ -196,10 +189,6 @@ pub(super) enum Chaos {
     AmnesiaWhileCutOff,
     /// Redis: a lagging replica of one server promoted in its place.
     ReplicaPromoted,
-}
-
-pub(super) fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
-    Duration::from_millis(rng.random_range(lo..=hi))
 }
 
 pub(super) async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {

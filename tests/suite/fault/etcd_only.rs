@@ -111,14 +111,7 @@ pub(super) async fn compact(servers: &Servers) {
     let Servers::Cluster(c) = servers else {
         unreachable!("compaction is an etcd fault")
     };
-    let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
-    let mut cl = within(
-        Duration::from_secs(5),
-        "connecting to the etcd cluster",
-        etcd_client::Client::connect(c.urls(), Some(opts)),
-    )
-    .await
-    .expect("connect to the etcd cluster");
+    let mut cl = cluster_client(c).await;
     let mut rev = 0;
     for i in 0..20 {
         rev = within(

@@ -118,6 +118,18 @@ async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) ->
     }
 }
 
+/// A client of every member of `c` (2 s per request), for edits by hand.
+async fn cluster_client(c: &EtcdCluster) -> etcd_client::Client {
+    let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
+    within(
+        Duration::from_secs(5),
+        "connecting to the etcd cluster",
+        etcd_client::Client::connect(c.urls(), Some(opts)),
+    )
+    .await
+    .expect("connect to the etcd cluster")
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Etcd,

@@ -205,14 +205,7 @@ pub(super) async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
             }
         }
         Servers::Cluster(c) => {
-            let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
-            let mut cl = within(
-                Duration::from_secs(5),
-                "connecting to the etcd cluster",
-                etcd_client::Client::connect(c.urls(), Some(opts)),
-            )
-            .await
-            .expect("connect to the etcd cluster");
+            let mut cl = cluster_client(c).await;
             let r = match value {
                 None => within(Duration::from_secs(5), "etcd delete", cl.delete(key, None))
                     .await
