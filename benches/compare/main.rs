@@ -41,7 +41,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,7 +48,8 @@ use futures_util::future::join_all;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{Etcd, RedisServer, Sidecar, http_get, redis_sidecar, require};
+use support::procfs::{cpu_seconds, loadavg, pss_kib, rss_kib};
+use support::{Etcd, RedisServer, Sidecar, env_or, http_get, redis_sidecar, require};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
@@ -83,13 +83,6 @@ struct Cfg {
     python: PathBuf,
     frag_dir: PathBuf,
     out: PathBuf,
-}
-
-fn env_or<T: FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 impl Cfg {

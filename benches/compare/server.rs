@@ -86,47 +86,16 @@ impl Server {
     /// Requests served so far, by method: etcd's `grpc_server_msg_received_total`,
     /// Redis's `INFO commandstats` calls (less our own INFO).
     pub(super) async fn counts(&self) -> BTreeMap<String, f64> {
-        let mut out = BTreeMap::new();
         match self.kind {
-            Kind::Etcd => {
-                let (_, text) = http_get(self.port, "/metrics")
-                    .await
-                    .expect("etcd /metrics");
-                for line in text.lines() {
-                    if let Some(rest) =
-                        line.strip_prefix("grpc_server_msg_received_total{grpc_method=\"")
-                    {
-                        let method = rest.split('"').next().unwrap().to_owned();
-                        let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap_or(0.0);
-                        *out.entry(method).or_default() += v;
-                    }
-                }
-            }
+            Kind::Etcd => support::etcd_messages(self.port).await,
             Kind::Redis => {
                 let mut c = self.redis.clone().unwrap();
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query_async(&mut c)
-                    .await
-                    .expect("INFO commandstats");
-                for line in info.lines() {
-                    if let Some((name, stats)) = line
-                        .strip_prefix("cmdstat_")
-                        .and_then(|r| r.split_once(':'))
-                    {
-                        let calls: f64 = stats
-                            .split(',')
-                            .find_map(|kv| kv.strip_prefix("calls="))
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0.0);
-                        if name != "info" && name != "monitor" {
-                            out.insert(name.to_owned(), calls);
-                        }
-                    }
-                }
+                let mut out = support::redis_calls(&mut c).await;
+                out.remove("info");
+                out.remove("monitor");
+                out
             }
         }
-        out
     }
 }
 
@@ -141,32 +110,11 @@ pub(super) fn delta(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>) -> BTr
 
 /// RSS (MiB), PSS (MiB) and CPU seconds (user + system) of a process.
 pub(super) fn proc_stat(pid: u32) -> (f64, f64, f64) {
-    let kib = |text: &str, key: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     (
-        kib(&status, "VmRSS:") / 1024.0,
-        kib(&rollup, "Pss:") / 1024.0,
-        ticks / 100.0,
+        rss_kib(pid) as f64 / 1024.0,
+        pss_kib(pid) as f64 / 1024.0,
+        cpu_seconds(pid),
     )
-}
-
-pub(super) fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0.0)
 }
 
 /// GET with a caller-chosen timeout (long-polls outlive `support::http_get`'s 3 s).
