@@ -19,16 +19,6 @@ fn three(url: &str, election: &str) -> Vec<Sidecar> {
         .collect()
 }
 
-/// Watch every sidecar until `limit` passes, failing if two ever answer 200 at once.
-async fn watch_no_overlap(sidecars: &[Sidecar], limit: Duration) {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let l = leaders(sidecars).await;
-        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
-        sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_candidates_elect_one_and_hand_over_on_sigterm_and_sigkill() {
     let etcd = Etcd::start().await;

@@ -20,15 +20,6 @@ fn three(urls: &[&str], election: &str) -> Vec<Sidecar> {
         .collect()
 }
 
-async fn watch_no_overlap(sidecars: &[Sidecar], limit: Duration) {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let l = leaders(sidecars).await;
-        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
-        sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Wait for a leader other than `old`, asserting no overlap meanwhile.
 async fn next_leader(cs: &[Sidecar], old: usize, limit: Duration) -> (usize, Duration) {
     let start = Instant::now();

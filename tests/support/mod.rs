@@ -42,7 +42,10 @@ pub use etcd::{Etcd, EtcdCluster, etcd_messages};
 pub use http::{HTTP_LIMIT, http_get, http_get_within, http_json, http_request};
 pub use ports::{RefusedPort, server_port};
 pub use redis_server::{RedisServer, parent_of, redis_calls, redis_is_ours};
-pub use sidecar::{CONTROL, FAST, Sidecar, election, leaders, one_leader, redis_sidecar, token_of};
+pub use sidecar::{
+    CONTROL, FAST, Sidecar, election, leaders, one_leader, redis_sidecar, token_of,
+    watch_no_overlap,
+};
 pub use waits::{block, port_open, wait_for};
 
 /// The path of `bin` on `PATH`; panics naming the Debian package when missing.
