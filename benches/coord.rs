@@ -157,18 +157,9 @@ where
 /// etcd's count of requests received, from its /metrics: every unary call
 /// and every message on a stream (a lease keep-alive, a watch request), so
 /// keep-alives on a stream opened earlier count too.
-async fn etcd_requests(url: &str) -> f64 {
-    let what = format!("GET {url}/metrics");
-    let r = client().get(format!("{url}/metrics")).send().await;
-    let r = r.unwrap_or_else(|e| panic!("{}", failed(&what, &e)));
-    let text = r
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("{}", failed(&what, &e)));
-    text.lines()
-        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// etcd's gRPC messages received so far, every method.
+async fn etcd_requests(etcd: &Etcd) -> f64 {
+    etcd_messages(etcd.port()).await.values().sum()
 }
 
 /// Redis's count of commands processed.
@@ -192,9 +183,8 @@ async fn etcd_only(each: usize, waiters: usize) {
     let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
     let hot = contended(pe, each).await;
     println!("etcd contended (20 clients x {each}): {hot:.0} acquisitions/s");
-    let url = etcd.url.clone();
     let window = Duration::from_secs(10);
-    let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&url)).await;
+    let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&etcd)).await;
     println!(
         "{waiters} clients waiting on a held lock: etcd {per:.3} requests/s per waiting client (at rest with nobody waiting: {idle:.1}/s)"
     );
@@ -236,8 +226,7 @@ async fn main() {
         println!("| {name} | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
     }
     let window = Duration::from_secs(10);
-    let url = etcd.url.clone();
-    let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&url)).await;
+    let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&etcd)).await;
     println!(
         "\n{waiters} clients waiting on a held lock: etcd {per:.3} requests/s per waiting client (at rest with nobody waiting: {idle:.1}/s)"
     );

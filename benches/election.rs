@@ -45,57 +45,12 @@ async fn first_leader(cs: &[Sidecar], candidates: &[usize], limit: Duration) -> 
     }
 }
 
+/// RSS (MiB) and CPU seconds (user + system) of a process.
 fn proc_stat(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kib: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    (rss_kib / 1024.0, ticks / 100.0)
-}
-
-async fn etcd_messages(url: &str) -> BTreeMap<String, f64> {
-    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
-    let (_, text) = http_get(port, "/metrics").await.expect("etcd metrics");
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{grpc_method=\"") {
-            let method = rest.split('"').next().unwrap().to_owned();
-            let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap_or(0.0);
-            *out.entry(method).or_default() += v;
-        }
-    }
-    out
-}
-
-/// Redis `INFO commandstats` call counts per command.
-async fn redis_commands(server: &RedisServer) -> BTreeMap<String, f64> {
-    let mut c = server.conn().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let mut out = BTreeMap::new();
-    for line in info.lines() {
-        if let Some(rest) = line.strip_prefix("cmdstat_") {
-            let (name, stats) = rest.split_once(':').unwrap();
-            let calls: f64 = stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
-            out.insert(name.to_owned(), calls);
-        }
-    }
-    out
+    (
+        procfs::rss_kib(pid) as f64 / 1024.0,
+        procfs::cpu_seconds(pid),
+    )
 }
 
 enum Server {
@@ -106,9 +61,9 @@ enum Server {
 impl Server {
     async fn counts(&self) -> BTreeMap<String, f64> {
         match self {
-            Server::Etcd(e) => etcd_messages(&e.url).await,
+            Server::Etcd(e) => etcd_messages(e.port()).await,
             Server::Redis(r) => {
-                let mut m = redis_commands(r).await;
+                let mut m = redis_calls(&mut r.conn().await).await;
                 // Our own INFO calls are not the group's load.
                 m.remove("info");
                 m

@@ -16,26 +16,9 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use rand::Rng;
 use support::kube_api::{Endpoint, KubeApi};
-use support::{Sidecar, http_get};
+use support::procfs::rss_kib;
+use support::{Sidecar, env_or, http_get};
 use tokio::time::{Instant, sleep};
-
-fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 async fn leads(port: u16) -> bool {
     matches!(http_get(port, "/leader").await, Ok((200, _)))

@@ -13,23 +13,10 @@ mod support;
 
 use std::time::Duration;
 
+use support::procfs::{open_fds, rss_kib};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS in /proc/PID/status")
-}
-
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
 
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
@@ -107,12 +94,12 @@ async fn main() {
         let (held, refused) = open_polls(port, n, index).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let during = rss_kib(pid);
-        let fds_during = fds(pid);
+        let fds_during = open_fds(pid);
         let held_n = held.len();
         drop(held);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after1 = rss_kib(pid);
-        let fds_after = fds(pid);
+        let fds_after = open_fds(pid);
         tokio::time::sleep(Duration::from_secs(4)).await;
         let after5 = rss_kib(pid);
         println!(

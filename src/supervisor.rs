@@ -30,7 +30,7 @@ use std::time::Duration;
 /// signal and the child's exit take a moment more. Aiming at `valid_until`
 /// itself let a child that ignores SIGTERM write one more line up to a
 /// millisecond after the term's validity ended (seen by
-/// `tests/cooperate.rs`, a_child_that_ignores_sigterm_is_killed_before_valid_until).
+/// `tests/suite/cooperate.rs`, a_child_that_ignores_sigterm_is_killed_before_valid_until).
 const KILL_SLACK: Duration = Duration::from_millis(20);
 
 use nix::sys::signal::{Signal, killpg};

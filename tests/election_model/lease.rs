@@ -149,6 +149,38 @@ pub struct Liveness {
     pub horizon: u8,
 }
 
+impl Liveness {
+    /// The liveness verdict at a quiet instant (nobody claims, no move is
+    /// urgent) at `clock`, `since_crash` ticks after a leader's crash (if
+    /// one crashed): a violation when a leader was due by then.
+    pub fn verdict(&self, clock: u8, since_crash: Option<u8>) -> Option<String> {
+        match since_crash {
+            None if clock >= self.elect_within => Some(format!("no leader at t={clock}")),
+            Some(k) if k >= self.failover_within => {
+                Some(format!("no leader {k} ticks after the crash"))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The safety verdict of every model: two or more of the candidates
+/// `claiming` answer `is_leader=true` at one instant (named with their
+/// fencing tokens, `token(c)`).
+pub fn overlap(claiming: &[usize], token: impl Fn(usize) -> u8) -> Option<String> {
+    if claiming.len() < 2 {
+        return None;
+    }
+    let who: Vec<String> = claiming
+        .iter()
+        .map(|&c| format!("{} (token {})", name(c), token(c)))
+        .collect();
+    Some(format!(
+        "{} answer is_leader=true at the same instant",
+        who.join(" and ")
+    ))
+}
+
 /// One configuration of the model.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -513,21 +545,8 @@ impl Model for LeaseModel {
         let claiming: Vec<usize> = (0..s.cands.len())
             .filter(|&c| claims(&s.cands[c]))
             .collect();
-        if claiming.len() > 1 {
-            let who: Vec<String> = claiming
-                .iter()
-                .map(|&c| {
-                    format!(
-                        "{} (token {})",
-                        name(c),
-                        s.cands[c].lead.map_or(0, |l| l.token)
-                    )
-                })
-                .collect();
-            return Some(format!(
-                "{} answer is_leader=true at the same instant",
-                who.join(" and ")
-            ));
+        if let Some(v) = overlap(&claiming, |c| s.cands[c].lead.map_or(0, |l| l.token)) {
+            return Some(v);
         }
         let live = self.0.liveness?;
         let mut urgent = Vec::new();
@@ -535,13 +554,7 @@ impl Model for LeaseModel {
         if !urgent.is_empty() || !claiming.is_empty() {
             return None;
         }
-        match s.since_crash {
-            None if s.clock >= live.elect_within => Some(format!("no leader at t={}", s.clock)),
-            Some(k) if k >= live.failover_within => {
-                Some(format!("no leader {k} ticks after the crash"))
-            }
-            _ => None,
-        }
+        live.verdict(s.clock, s.since_crash)
     }
 
     fn describe(&self, s: &St) -> String {

@@ -34,7 +34,7 @@ use std::fmt;
 use std::hash::Hash;
 
 use super::explorer::Model;
-use super::lease::{Liveness, Observe, name};
+use super::lease::{Liveness, Observe, name, overlap};
 
 /// Which backend.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -313,21 +313,10 @@ impl Model for TtlModel {
         let claiming: Vec<usize> = (0..self.0.candidates)
             .filter(|&c| claims(&s.cands[c]))
             .collect();
-        if self.0.exclusion && claiming.len() > 1 {
-            let who: Vec<String> = claiming
-                .iter()
-                .map(|&c| {
-                    format!(
-                        "{} (token {})",
-                        name(c),
-                        s.cands[c].lead.map_or(0, |l| l.token)
-                    )
-                })
-                .collect();
-            return Some(format!(
-                "{} answer is_leader=true at the same instant",
-                who.join(" and ")
-            ));
+        if self.0.exclusion
+            && let Some(v) = overlap(&claiming, |c| s.cands[c].lead.map_or(0, |l| l.token))
+        {
+            return Some(v);
         }
         let live = self.0.liveness?;
         let mut urgent = Vec::new();
@@ -335,13 +324,7 @@ impl Model for TtlModel {
         if !urgent.is_empty() || !claiming.is_empty() {
             return None;
         }
-        match s.since_crash {
-            None if s.clock >= live.elect_within => Some(format!("no leader at t={}", s.clock)),
-            Some(k) if k >= live.failover_within => {
-                Some(format!("no leader {k} ticks after the crash"))
-            }
-            _ => None,
-        }
+        live.verdict(s.clock, s.since_crash)
     }
 
     fn describe(&self, s: &TSt) -> String {

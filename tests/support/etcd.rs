@@ -444,3 +444,25 @@ impl Drop for EtcdCluster {
         }
     }
 }
+
+/// etcd's `grpc_server_msg_received_total` of the member serving metrics on
+/// `port` (its client port), summed per gRPC method: the requests it has
+/// received so far (every message, stream messages included).
+pub async fn etcd_messages(port: u16) -> std::collections::BTreeMap<String, f64> {
+    let (_, text) = super::http_get(port, "/metrics")
+        .await
+        .expect("etcd metrics");
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{grpc_method=\"") {
+            let method = rest.split('"').next().unwrap_or_default().to_owned();
+            let v: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            *out.entry(method).or_insert(0.0) += v;
+        }
+    }
+    out
+}

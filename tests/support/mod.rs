@@ -9,7 +9,8 @@
 //!   `EtcdCluster`, `RedisServer`, `Sidecar`); the sidecar binds port 0 and
 //!   reports its addresses in its log.
 //! - [`http`]: one HTTP/1.1 client, always with a time limit.
-//! - [`stats`]: percentiles and means for tests and benches.
+//! - [`stats`]: percentiles and means for tests and benches; [`procfs`]: a
+//!   process's memory, CPU time and open files.
 //! - [`waits`]: polling with a limit.
 //! - [`certs`]: TLS certificates.
 //! - [`kube_api`], [`proxy`]: in-process stand-ins (bind port 0);
@@ -25,6 +26,7 @@ pub mod etcd;
 pub mod http;
 pub mod kube_api;
 pub mod ports;
+pub mod procfs;
 pub mod proxy;
 pub mod recorder;
 pub mod redis_server;
@@ -33,13 +35,17 @@ pub mod stats;
 pub mod waits;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub use certs::Certs;
-pub use etcd::{Etcd, EtcdCluster};
+pub use etcd::{Etcd, EtcdCluster, etcd_messages};
 pub use http::{HTTP_LIMIT, http_get, http_get_within, http_json, http_request};
 pub use ports::{RefusedPort, server_port};
-pub use redis_server::{RedisServer, parent_of, redis_is_ours};
-pub use sidecar::{CONTROL, FAST, Sidecar, election, leaders, one_leader, redis_sidecar, token_of};
+pub use redis_server::{RedisServer, parent_of, redis_calls, redis_is_ours};
+pub use sidecar::{
+    CONTROL, FAST, Sidecar, election, leaders, one_leader, redis_sidecar, token_of,
+    watch_no_overlap,
+};
 pub use waits::{block, port_open, wait_for};
 
 /// The path of `bin` on `PATH`; panics naming the Debian package when missing.
@@ -53,5 +59,30 @@ pub fn require(bin: &str, package: &str) -> PathBuf {
     }
     panic!(
         "`{bin}` is not installed: this test needs a real {bin}. Install the Debian package `{package}` (sudo apt-get install -y {package}), or run scripts/test, which installs it."
+    );
+}
+
+/// The environment variable `name` parsed as a `T`, or `default` when it is
+/// unset or does not parse (the knobs of soaks and benches).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A duration between `lo` and `hi` milliseconds (both included), drawn
+/// from `rng` (a seeded schedule replays it).
+pub fn ms_between(rng: &mut impl rand::Rng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo..=hi))
+}
+
+/// Panics unless fencing token `later` is above `earlier`: a later term's
+/// token is larger than every earlier term's (the fencing rule); `what` names
+/// the later term.
+pub fn assert_token_grew(earlier: u64, later: u64, what: &str) {
+    assert!(
+        later > earlier,
+        "{what}: fencing token {later} after {earlier}, not larger (reused or gone back)"
     );
 }

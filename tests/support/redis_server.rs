@@ -259,3 +259,27 @@ pub async fn redis_is_ours(server: &RedisServer) -> bool {
         .flatten()
         .unwrap_or(false)
 }
+
+/// Redis's `INFO commandstats` over `conn`: calls so far per command (lower
+/// case; commands run inside scripts count too). The INFO call itself is
+/// counted after the reading.
+pub async fn redis_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::BTreeMap<String, f64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, stats)| {
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            (name.to_owned(), calls)
+        })
+        .collect()
+}

@@ -246,6 +246,17 @@ pub async fn leaders(sidecars: &[Sidecar]) -> Vec<usize> {
         .collect()
 }
 
+/// Ask every sidecar's `/leader` every 5 ms until `limit` passes; panics as
+/// soon as [`leaders`] finds two leading at once.
+pub async fn watch_no_overlap(sidecars: &[Sidecar], limit: Duration) {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let l = leaders(sidecars).await;
+        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The fencing token of a sidecar whose `/leader` answers 200 (0 when the
 /// answer carries none); `None` when it does not lead or does not answer.
 async fn claim(s: &Sidecar) -> Option<u64> {

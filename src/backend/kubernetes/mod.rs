@@ -45,7 +45,7 @@
 //!   left unclaimed ([`Campaign::Waiting`]) until the create's answer + that
 //!   duration; a replay that cannot be had (410, an error, no absence point)
 //!   waits a whole duration. Found by the 30-minute fault soak
-//!   (tests/kubernetes_fault.rs, seed 1904014402476089950).
+//!   (tests/suite/kubernetes_fault.rs, seed 1904014402476089950).
 //!
 //! The follower's and the leader's rules are one pure state, `view`: every
 //! read, watch event and write answer is applied to it as an event, and the

@@ -2,12 +2,12 @@
 //! Redlock (3 and 5 servers), handover, failover, pauses, outages, a
 //! write-denied ACL user, and configuration errors.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -18,15 +18,6 @@ fn three(urls: &[&str], election: &str) -> Vec<Sidecar> {
         .iter()
         .map(|id| redis_sidecar(urls, election, id, FAST))
         .collect()
-}
-
-async fn watch_no_overlap(sidecars: &[Sidecar], limit: Duration) {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let l = leaders(sidecars).await;
-        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
-        sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Wait for a leader other than `old`, asserting no overlap meanwhile.
@@ -506,11 +497,10 @@ async fn tokens_keep_growing_when_the_counter_goes_back() {
     set(&redis, &counter_key(&el), "5").await;
     let b = backend_on(std::slice::from_ref(&redis.url), &el);
     let second = elect(&b, "b", ttl, Duration::from_secs(5)).await;
-    assert!(
-        second.holder.fencing_token > first.holder.fencing_token,
-        "token {} after token {}: a counter that went back reused tokens",
+    assert_token_grew(
+        first.holder.fencing_token,
         second.holder.fencing_token,
-        first.holder.fencing_token
+        "a term after the counter went back",
     );
 }
 
@@ -666,7 +656,7 @@ async fn replica_of(server: &RedisServer, port: Option<u16>) {
 /// elected at once, with a token the old server had already handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token() {
-    use support::proxy::Proxy;
+    use crate::support::proxy::Proxy;
     let primary = RedisServer::start().await;
     let replica = RedisServer::start().await;
     let el = election("redis-promoted");
@@ -717,11 +707,10 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
         took >= ttl,
         "elected on the promoted replica {took:?} after the failover, while the old term could still run"
     );
-    assert!(
-        t4.holder.fencing_token > t3.holder.fencing_token,
-        "token {} on the promoted replica after {}: reused",
+    assert_token_grew(
+        t3.holder.fencing_token,
         t4.holder.fencing_token,
-        t3.holder.fencing_token
+        "the term on the promoted replica",
     );
 }
 
@@ -770,7 +759,7 @@ async fn the_restart_hold_off_of_a_fresh_redis_is_named_on_leader() {
 // of the server acknowledged them (`WAIT`); a grant they do not acknowledge
 // is given back and the attempt fails saying so.
 
-use support::proxy::{Mode, Proxy};
+use crate::support::proxy::{Mode, Proxy};
 
 /// [`FAST`] plus `--redis-min-replicas 1`.
 fn min1() -> Vec<&'static str> {

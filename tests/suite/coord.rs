@@ -1,16 +1,16 @@
 //! The coordination API (locks, fair locks, semaphores, job claims) through
 //! a real sidecar's control listener, on real etcd and real Redis.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::support::*;
 use rand::Rng;
 use serde_json::Value;
-use support::*;
 use tokio::time::{Instant, sleep};
 
 /// How long a control call may take: `wait`s of these tests are shorter.

@@ -6,21 +6,19 @@
 //! The example is built with `cargo build --example operator` (examples
 //! have no `CARGO_BIN_EXE_*`). The handover is printed, never asserted.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::kube_api::{Endpoint, KubeApi};
+use crate::support::wait_for;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
-use support::kube_api::{Endpoint, KubeApi};
-use support::wait_for;
 use tokio::time::Instant;
 
 const NS: &str = "team-a";

@@ -2,14 +2,12 @@
 //! processes: run mode, drain before release, resign with cooldown,
 //! health-gated candidacy and notifications.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{Instant, sleep};
 

@@ -9,18 +9,16 @@
 //! checks are lower bounds that safety requires (nobody takes over before
 //! the Lease's own duration of silence).
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kube_api::{Endpoint, Fault, KubeApi};
+use crate::support::*;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
-use support::kube_api::{Endpoint, Fault, KubeApi};
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const NS: &str = "team-a";
@@ -623,17 +621,16 @@ async fn a_term_created_and_deleted_while_a_candidate_waited_is_waited_out() {
         after >= x_ttl,
         "b claimed {after:?} after x was elected, while x's {x_ttl:?} term may still run"
     );
-    assert!(
-        tb.holder.fencing_token > tx.holder.fencing_token,
-        "tokens grow: {} then {}",
+    assert_token_grew(
         tx.holder.fencing_token,
-        tb.holder.fencing_token
+        tb.holder.fencing_token,
+        "b after x",
     );
 }
 
 /// The stand-in served standalone for scripts (`scripts/check-image`): run
-/// with `cargo test --test kubernetes -- --ignored --exact stand_in_server
-/// --nocapture`. Prints one line `STAND_IN url=https://127.0.0.1:PORT
+/// with `cargo test --test suite -- --ignored --exact
+/// kubernetes::stand_in_server --nocapture`. Prints one line `STAND_IN url=https://127.0.0.1:PORT
 /// ca=PATH token=PATH namespace=NS dir=PATH` (`dir` holds `token`, `ca.crt`
 /// and `namespace`, as a Pod's service-account mount does) and serves until
 /// its standard input closes or it is killed.

@@ -2,12 +2,11 @@
 //! pauses, outages, keys deleted by hand, restarts under the same identity,
 //! TLS and auth, and bad flags.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::procfs::{open_fds, rss_kib};
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -18,16 +17,6 @@ fn three(url: &str, election: &str) -> Vec<Sidecar> {
         .iter()
         .map(|id| Sidecar::start(url, election, id, FAST))
         .collect()
-}
-
-/// Watch every sidecar until `limit` passes, failing if two ever answer 200 at once.
-async fn watch_no_overlap(sidecars: &[Sidecar], limit: Duration) {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let l = leaders(sidecars).await;
-        assert!(l.len() <= 1, "two sidecars claim to lead at once: {l:?}");
-        sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,16 +229,21 @@ async fn elects_over_mutual_tls_and_reports_a_wrong_ca_as_tls() {
     let certs = Certs::generate();
     let etcd = Etcd::start_tls(&certs).await;
     let name = election("tls");
-    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-    let mut good_args: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
-    good_args.extend([
-        "--etcd-ca-file".into(),
-        path(&certs.ca),
-        "--etcd-cert-file".into(),
-        path(&certs.client_cert),
-        "--etcd-key-file".into(),
-        path(&certs.client_key),
-    ]);
+    // FAST plus the TLS flags, trusting `ca`.
+    let tls_args = |ca: &std::path::Path| -> Vec<String> {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let mut args: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
+        args.extend([
+            "--etcd-ca-file".into(),
+            path(ca),
+            "--etcd-cert-file".into(),
+            path(&certs.client_cert),
+            "--etcd-key-file".into(),
+            path(&certs.client_key),
+        ]);
+        args
+    };
+    let good_args = tls_args(&certs.ca);
     let refs: Vec<&str> = good_args.iter().map(String::as_str).collect();
     let good = Sidecar::start(&etcd.url, &name, "good", &refs);
     wait_for(Duration::from_secs(15), "the TLS sidecar to lead", || {
@@ -257,15 +251,7 @@ async fn elects_over_mutual_tls_and_reports_a_wrong_ca_as_tls() {
     })
     .await;
 
-    let mut bad_args: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
-    bad_args.extend([
-        "--etcd-ca-file".into(),
-        path(&certs.other_ca),
-        "--etcd-cert-file".into(),
-        path(&certs.client_cert),
-        "--etcd-key-file".into(),
-        path(&certs.client_key),
-    ]);
+    let bad_args = tls_args(&certs.other_ca);
     let refs: Vec<&str> = bad_args.iter().map(String::as_str).collect();
     let bad = Sidecar::start(&etcd.url, &name, "bad", &refs);
     wait_for(
@@ -480,21 +466,6 @@ fn bad_flags_exit_2_naming_the_flag() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--lease-duration"));
 }
 
-/// Sum of etcd's `grpc_server_msg_received_total` per method.
-async fn etcd_messages(etcd: &Etcd) -> std::collections::BTreeMap<String, f64> {
-    let port: u16 = etcd.url.rsplit(':').next().unwrap().parse().unwrap();
-    let (_, text) = http_get(port, "/metrics").await.expect("etcd metrics");
-    let mut out = std::collections::BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{grpc_method=\"") {
-            let method = rest.split('"').next().unwrap().to_owned();
-            let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap_or(0.0);
-            *out.entry(method).or_insert(0.0) += v;
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_at_rest_send_nothing_and_their_watch_survives() {
     // Regression: HTTP/2 pings more often than etcd's grpc-keepalive-min-time
@@ -504,9 +475,9 @@ async fn followers_at_rest_send_nothing_and_their_watch_survives() {
     let cs = three(&etcd.url, &election("rest"));
     let leader = one_leader(&cs, Duration::from_secs(10)).await;
     sleep(Duration::from_millis(500)).await;
-    let before = etcd_messages(&etcd).await;
+    let before = etcd_messages(etcd.port()).await;
     sleep(Duration::from_secs(5)).await;
-    let after = etcd_messages(&etcd).await;
+    let after = etcd_messages(etcd.port()).await;
     for (method, v) in &after {
         let d = v - before.get(method).copied().unwrap_or(0.0);
         // Only the leader renews: LeaseKeepAlive and the ownership read (Range).
@@ -659,23 +630,6 @@ async fn two_sigterms_a_millisecond_apart_are_one_request_and_release_the_term()
         "the key outlived two quick SIGTERMs:\n{}",
         s.log()
     );
-}
-
-/// Open file descriptors of process `pid`.
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-/// Resident memory of process `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Issue 24 item 3, end to end: idle connections far beyond the cap

@@ -4,15 +4,13 @@
 //! not, and fencing tokens of successive grants grow even when successive
 //! majorities differ.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use leader_elector::backend::redis::coord::RedisCoord;
 use leader_elector::backend::redis::{RedisBackend, RedisOptions};
 use leader_elector::coord::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Try};
-use support::*;
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(5);

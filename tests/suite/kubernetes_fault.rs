@@ -6,21 +6,19 @@
 //! `valid_until`, fencing tokens that grow, recovery within the bounds below.
 //!
 //! 20 s by default (CI); `KFAULT_MINUTES=30` for a soak; `KFAULT_SEED`
-//! replays a schedule. Kept apart from tests/fault.rs (etcd and Redis), which
-//! another change edits.
-
-mod support;
+//! replays a schedule; `KFAULT_LOGDIR=DIR` keeps every stopped sidecar's
+//! log. The etcd and Redis schedule is the `fault` module's.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kube_api::{Endpoint, Fault as ApiFault, KubeApi};
+use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::*;
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use support::kube_api::{Endpoint, Fault as ApiFault, KubeApi};
-use support::recorder::{Expect, Fault, Recorder};
-use support::*;
 use tokio::time::{Instant, sleep, timeout};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -91,10 +89,6 @@ impl Group {
     }
 }
 
-fn ms_between(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
-    Duration::from_millis(rng.random_range(lo..=hi))
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Chaos {
     KillLeader,
@@ -119,19 +113,13 @@ enum Chaos {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_randomized() {
-    let minutes: f64 = std::env::var("KFAULT_MINUTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
+    let minutes: f64 = env_or("KFAULT_MINUTES", 0.0);
     let duration = if minutes > 0.0 {
         Duration::from_secs_f64(minutes * 60.0)
     } else {
         Duration::from_secs(20)
     };
-    let seed: u64 = std::env::var("KFAULT_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
+    let seed: u64 = env_or("KFAULT_SEED", rand::rng().random());
     eprintln!("== kubernetes randomized: KFAULT_SEED={seed} for {duration:?}");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut g = Group {

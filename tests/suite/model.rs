@@ -34,17 +34,15 @@
 //!
 //! Reports the ops checked per second and the violations found.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use support::proxy::{Mode, Proxy};
-use support::*;
 use tokio::time::{Instant, sleep};
 
 const CLIENTS: u64 = 10;

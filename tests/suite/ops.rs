@@ -2,15 +2,13 @@
 //! observe` against real etcd and redis-server processes: who leads, the
 //! fencing token, exit codes, JSON, and one line per leadership change.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::support::*;
 use nix::sys::signal::Signal;
-use support::*;
 
 fn ops(sub: &str, election: &str, backend: &[&str], extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_leader-elector"));

@@ -1,0 +1,25 @@
+//! The integration suite: the sidecar as real processes against real etcd
+//! and Redis servers and the in-process Kubernetes API stand-in, one test
+//! binary so the kit (`tests/support/`) and the crate are compiled and
+//! linked once. Tests that start servers take their ports from the kit
+//! (port 0, or ports below the kernel's ephemeral range) and their own
+//! temporary directories, so any of them may run side by side.
+//!
+//! Run one area with a filter on its module: `cargo test --test suite
+//! kubernetes::` (the first segment is the module below). The election
+//! model (`tests/election_model/`, no servers) is a binary of its own.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cooperate;
+mod coord;
+mod etcd;
+mod example_operator;
+mod fault;
+mod kubernetes;
+mod kubernetes_fault;
+mod model;
+mod ops;
+mod redis;
+mod redlock_coord;
