@@ -22,7 +22,7 @@ fn explain(err: &kube::Error, cfg: &LabelerConfig, verb: &str) -> (String, &'sta
     match err {
         kube::Error::Api(status) if status.code == 403 => (
             format!(
-                "forbidden: these credentials may not {verb} pods in namespace {ns} ({msg}); add a Role with get, list, patch on pods (and create on events) bound to them (the Helm chart and manifests/ ship one)",
+                "forbidden: these credentials may not {verb} pods in namespace {ns} ({msg}); add a Role with list, patch on pods (and create on events) bound to them (the Helm chart and manifests/ ship one)",
                 ns = cfg.namespace,
                 msg = status.message,
             ),
@@ -133,16 +133,12 @@ pub async fn client() -> Result<Client, String> {
 }
 
 /// Ask once (SelfSubjectAccessReview) whether the labeler may do what it
-/// does: get, patch and list Pods, and create Events (when it records
+/// does: patch and list Pods, and create Events (when it records
 /// them), in the Pod's namespace. Each missing verb is one warning naming
 /// it; labelling never changes who leads, so nothing stops. A review that
 /// cannot be made checks nothing (debug).
 pub async fn check_permissions(client: &Client, cfg: &LabelerConfig) {
-    let mut wanted = vec![
-        ("", "pods", "get"),
-        ("", "pods", "patch"),
-        ("", "pods", "list"),
-    ];
+    let mut wanted = vec![("", "pods", "patch"), ("", "pods", "list")];
     if cfg.events {
         wanted.push(("", "events", "create"));
     }
@@ -158,7 +154,7 @@ pub async fn check_permissions(client: &Client, cfg: &LabelerConfig) {
                 cfg.namespace,
                 match resource {
                     "events" => "transitions are not recorded as Events; add create on events to the Role",
-                    _ => "the leader label cannot be kept; add get, list and patch on pods to the Role",
+                    _ => "the leader label cannot be kept; add list and patch on pods to the Role",
                 }
             ),
             Ok(Err(e)) => {

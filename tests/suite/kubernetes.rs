@@ -873,6 +873,53 @@ async fn permissions_missing_one_verb_at_a_time() {
     }
 }
 
+/// Every request the sidecars make in a run (election, renewals, the Pod
+/// labeler and its Events, a handover) is one of the list the chart's Role
+/// grants and its FlowSchema matches (`charts/leader-elector/ci/
+/// sidecar-requests.txt`, checked against the chart by scripts/check-k8s),
+/// and every request on that list is made: the list is what the sidecar
+/// does, no more, no less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecars_requests_are_the_charts_list() {
+    let mut g = group("k-requests", &["a", "b"], true).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    // A few renewals and label checks.
+    sleep(Duration::from_secs(2)).await;
+    g.cs[first].signal(Signal::SIGTERM);
+    g.cs[first].wait_exit(Duration::from_secs(5)).await;
+    let other = 1 - first;
+    wait_for(
+        Duration::from_secs(10),
+        "the other to take over",
+        || async { leaders(&g.cs).await == vec![other] },
+    )
+    .await;
+    sleep(Duration::from_secs(1)).await;
+    let made: std::collections::BTreeSet<(String, String)> = g
+        .eps
+        .iter()
+        .flat_map(|ep| ep.log())
+        .map(|l| (l.verb.to_owned(), l.resource))
+        .collect();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/leader-elector/ci/sidecar-requests.txt"
+    );
+    let listed: std::collections::BTreeSet<(String, String)> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (verb, resource) = l.split_once(' ').expect("`verb resource`");
+            (verb.to_owned(), resource.trim().to_owned())
+        })
+        .collect();
+    assert_eq!(
+        made, listed,
+        "the sidecars' requests (left) against {path} (right)"
+    );
+}
+
 /// Every request names the sidecar (`User-Agent: leader-elector/<version>`)
 /// and every write its field manager.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

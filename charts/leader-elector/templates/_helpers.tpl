@@ -129,10 +129,12 @@ the Role grants them and the FlowSchema (flowControl.enabled) matches them,
 both rendered from this one list.
 */}}
 {{- define "leader-elector.rbacRules" -}}
-# Read and label its own Pod (JSON merge patch on metadata.labels).
+# Label its own Pod (JSON merge patch on metadata.labels), and find the
+# Pods labelled leader to clear a dead leader's label. No get: it never
+# reads one Pod.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "patch"]
+  verbs: ["list", "patch"]
 # Record leadership transitions as Events on its Pod.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
