@@ -19,9 +19,9 @@ impl KubeLeaseBackend {
     pub fn new(name: impl Into<String>, options: KubeOptions) -> std::sync::Arc<Self> {
         std::sync::Arc::new(KubeLeaseBackend {
             name: name.into(),
+            view: Mutex::new(LeaseView::with_max_clock_skew(options.max_clock_skew)),
             options,
             conn: OnceCell::new(),
-            view: Mutex::new(LeaseView::default()),
         })
     }
 
@@ -190,9 +190,11 @@ impl KubeLeaseBackend {
         f(&mut self.view.lock().expect("lease view poisoned"))
     }
 
-    /// Record a Lease read or written now.
+    /// Record a Lease read or written now (with the wall clock, for the
+    /// cold-start rule of `--max-clock-skew`).
     pub(super) fn observe(&self, lease: &Lease) {
-        self.view(|v| v.observed(lease, Instant::now()));
+        let wall = k8s_openapi::jiff::Timestamp::now();
+        self.view(|v| v.observed_with_wall(lease, Instant::now(), wall));
     }
 
     /// Record that the Lease is gone now, deleted at version `at` if known

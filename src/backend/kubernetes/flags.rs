@@ -7,12 +7,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
 
 use super::{ABOUT, KubeLeaseBackend, KubeOptions};
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
-use crate::flags::{ConfigError, config_error};
+use crate::flags::{ConfigError, config_error, parse_duration};
 
 /// The Kubernetes Lease backend's registry row.
 pub const ROW: Row = Row {
@@ -48,6 +49,15 @@ pub struct KubeArgs {
     /// Accepted for compatibility with the old leader-elector image and ignored: the in-cluster config is used when present, else KUBECONFIG.
     #[arg(long, env = "LEADER_ELECTOR_USE_CLUSTER_CREDENTIALS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub use_cluster_credentials: Option<bool>,
+
+    /// The most any two candidates' wall clocks (and the API server's) may differ (--backend kubernetes): a Lease whose renewTime + duration + this has already passed when this process first reads it is taken at once, not after a lease duration of silence. A clock off by more can make two leaders [default: off; at most --lease-duration].
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_MAX_CLOCK_SKEW",
+        value_parser = parse_duration,
+        value_name = "DURATION"
+    )]
+    pub max_clock_skew: Option<Duration>,
 }
 
 /// The Kubernetes Lease backend's checked settings.
@@ -143,11 +153,34 @@ fn resolve(
             "--election-namespace ({ns}) is not a namespace name: at most 63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
         )));
     }
+    let max_clock_skew = check_max_clock_skew(args.kubernetes.max_clock_skew, common)?;
     Ok(Arc::new(KubeSettings {
         name: common.election.clone(),
         options: KubeOptions {
             namespace,
             poll_every: common.renew_interval.or(Some(common.lease_duration / 3)),
+            max_clock_skew,
         },
     }))
 }
+
+/// `--max-clock-skew`, if given: positive and at most `--lease-duration`
+/// (clocks further apart than a lease duration make the wall-clock
+/// comparison of the cold-start rule meaningless).
+fn check_max_clock_skew(
+    skew: Option<Duration>,
+    common: &Common,
+) -> Result<Option<Duration>, ConfigError> {
+    match skew {
+        Some(d) if d.is_zero() || d > common.lease_duration => Err(config_error(format!(
+            "--max-clock-skew ({}) must be more than 0s and at most --lease-duration ({})\nhint: give the most the candidates' wall clocks may differ (NTP keeps them within milliseconds), e.g. 2s, or leave it out",
+            humantime::format_duration(d),
+            humantime::format_duration(common.lease_duration)
+        ))),
+        _ => Ok(skew),
+    }
+}
+
+#[cfg(test)]
+#[path = "flags_tests.rs"]
+mod tests;

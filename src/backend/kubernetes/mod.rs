@@ -180,6 +180,12 @@ pub struct KubeOptions {
     /// How often to read the Lease when this sidecar may not watch it (the
     /// renew interval); `None`: a third of the lease duration.
     pub poll_every: Option<Duration>,
+    /// `--max-clock-skew`: the most any two candidates' wall clocks (and
+    /// the API server's) may differ. With it, a Lease whose `renewTime` +
+    /// duration + this skew has already passed when this process first
+    /// reads it is taken at once instead of after a duration of silence;
+    /// `None` (the default): never.
+    pub max_clock_skew: Option<Duration>,
 }
 
 struct Conn {

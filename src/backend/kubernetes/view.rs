@@ -22,6 +22,25 @@
 //! - A deleted Lease's last holder may run until the first absent read +
 //!   its duration (its last renewal came before the deletion).
 //!
+//! - Cold start (`--max-clock-skew D`, off by default): on the first
+//!   version this process sees at all, whose holder is set and whose
+//!   `renewTime` + duration (as above, never less than our TTL) + D had
+//!   passed by this machine's wall clock when we read it, the term ended
+//!   already: it is free at once instead of after a duration of silence.
+//!   Why it is safe: a holder claims only until its send instant +
+//!   duration − drift margin on its own monotonic clock, and it writes
+//!   `renewTime` from its wall clock after it took that send instant, so
+//!   its claim ends no later than `renewTime` + duration on its wall clock. If our
+//!   wall clock already reads more than that + D, the claim ended unless
+//!   the two wall clocks differ by more than D; and any renewal the holder
+//!   sent before that makes a newer version, which our compare-and-swap on
+//!   the version read cannot overwrite. It is a trade: a wall clock off by
+//!   more than D (or a stepped one) can make two leaders. A Lease without
+//!   `renewTime` never counts as expired early (client-go#448), nor does an
+//!   empty holder (the release mark rules it), and every later version
+//!   counts its silence as before: a version can be a hand edit, and only
+//!   the first sight has no earlier observation to count from.
+//!
 //! Instants are tokio's monotonic clock. It stops while the host is
 //! suspended, which only lengthens a follower's wait (the leader's side of
 //! the suspend rule is the Elector's).
@@ -29,6 +48,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::{Holder, RELEASED_ANNOTATION, holder_of, lease_duration_secs, token_of};
@@ -61,6 +81,10 @@ pub(super) struct Seen {
     /// follower's wait but never shorten it below what the holder was
     /// promised, even when the holder's watch is down.
     carry: Option<Instant>,
+    /// On the first version this process saw of the Lease, if it came with
+    /// our wall clock: how long before that wall-clock instant its holder
+    /// last renewed it (`renewTime`). `None` on any later version.
+    renewed_before_sight: Option<Duration>,
 }
 
 impl Seen {
@@ -69,10 +93,18 @@ impl Seen {
     /// found it gone. The duration is the Lease's, never less than `ttl`,
     /// and the end never before [`Seen::carry`]. An empty holder is free
     /// only with the release mark; cleared by anyone else (a hand edit,
-    /// client-go's release) it counts as held.
-    fn silent_until(&self, ttl: Duration) -> Option<Instant> {
+    /// client-go's release) it counts as held. With `skew`, a first sight
+    /// whose `renewTime` + duration + `skew` had passed ended the term at
+    /// that sight (the cold-start rule of the module docs).
+    fn silent_until(&self, ttl: Duration, skew: Option<Duration>) -> Option<Instant> {
         let since = self.absent_since.unwrap_or(self.changed_at);
-        let own = since + duration_of(&self.lease, ttl).max(ttl);
+        let duration = duration_of(&self.lease, ttl).max(ttl);
+        if let (Some(age), Some(skew)) = (self.renewed_before_sight, skew)
+            && age > duration + skew
+        {
+            return Some(self.changed_at);
+        }
+        let own = since + duration;
         if holder_of(&self.lease).is_empty() && has_release_mark(&self.lease) {
             return self.carry;
         }
@@ -216,6 +248,33 @@ pub(super) struct LeaseView {
     no_watch: bool,
     /// RBAC denies `list` on leases: no absence point for a fresh process.
     no_list: bool,
+    /// `--max-clock-skew`: the most any two candidates' wall clocks (and
+    /// the API server's) may differ; `None`: no cold-start rule.
+    max_skew: Option<Duration>,
+}
+
+impl LeaseView {
+    /// An empty view whose cold-start rule allows wall clocks to differ by
+    /// at most `skew` (`--max-clock-skew`; `None`: the rule is off).
+    pub(super) fn with_max_clock_skew(skew: Option<Duration>) -> LeaseView {
+        LeaseView {
+            max_skew: skew,
+            ..LeaseView::default()
+        }
+    }
+}
+
+/// How long before `wall` the holder of `lease` last renewed it, by its
+/// `renewTime`: `None` without a holder or a `renewTime`, or when the
+/// `renewTime` is not before `wall`. An absent `renewTime` never makes a
+/// Lease look old (client-go#448: a Lease written without it is not
+/// expired).
+fn renewed_before(lease: &Lease, wall: Timestamp) -> Option<Duration> {
+    let renewed = lease.spec.as_ref()?.renew_time.as_ref()?.0;
+    if holder_of(lease).is_empty() {
+        return None;
+    }
+    Duration::try_from(wall.duration_since(renewed)).ok()
 }
 
 /// The Lease's own duration (never our local setting); `fallback` when the
@@ -271,3 +330,7 @@ pub(super) use apply::Created;
 #[cfg(test)]
 #[path = "view_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "view_cold_tests.rs"]
+mod cold_tests;

@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::{
     DEFAULT_TTL, Hold, LeaseView, Own, Pending, Seen, Standing, UNANSWERED_KEPT, WatchView,
-    duration_of, edit_of, released_by_holder,
+    duration_of, edit_of, released_by_holder, renewed_before,
 };
 use crate::backend::kubernetes::{Holder, Term, holder_of, holder_view, lease_duration_secs};
 use crate::backend::kubernetes::{rv_of, token_of};
@@ -33,17 +34,36 @@ impl LeaseView {
         self.ttl = Some(ttl);
     }
 
+    /// The Lease was read at `now`, when this machine's wall clock said
+    /// `wall`. As [`LeaseView::observed`]; on the first sight of the Lease in
+    /// this process it also records how long before `wall` its holder last
+    /// renewed it (`renewTime`), for the cold-start rule of the module docs.
+    pub(in crate::backend::kubernetes) fn observed_with_wall(
+        &mut self,
+        lease: &Lease,
+        now: Instant,
+        wall: Timestamp,
+    ) {
+        let first = self.seen.is_none();
+        self.observed(lease, now);
+        if let Some(s) = self.seen.as_mut().filter(|_| first) {
+            s.renewed_before_sight = renewed_before(lease, wall);
+        }
+    }
+
     /// The Lease was read, written or delivered by a watch at `now`. A new
     /// `resourceVersion` restarts the silence clock and carries the end of
     /// the previous version's promise (unless its holder released it).
     pub(in crate::backend::kubernetes) fn observed(&mut self, lease: &Lease, now: Instant) {
         let rv = rv_of(lease);
-        let fallback = self.fallback_ttl();
-        let (changed_at, carry) = match &self.seen {
-            Some(s) if !s.deleted && rv_of(&s.lease) == rv => (s.changed_at, s.carry),
-            Some(s) if released_by_holder(lease, holder_of(&s.lease)) => (now, None),
-            Some(s) => (now, s.silent_until(fallback)),
-            None => (now, None),
+        let (fallback, skew) = (self.fallback_ttl(), self.max_skew);
+        let (changed_at, carry, renewed_before_sight) = match &self.seen {
+            Some(s) if !s.deleted && rv_of(&s.lease) == rv => {
+                (s.changed_at, s.carry, s.renewed_before_sight)
+            }
+            Some(s) if released_by_holder(lease, holder_of(&s.lease)) => (now, None, None),
+            Some(s) => (now, s.silent_until(fallback, skew), None),
+            None => (now, None, None),
         };
         self.max_token = self.max_token.max(token_of(lease));
         self.resume_rv = Some(rv.to_owned());
@@ -62,6 +82,7 @@ impl LeaseView {
             deleted: false,
             absent_since: None,
             carry,
+            renewed_before_sight,
         });
     }
 
@@ -216,7 +237,7 @@ impl LeaseView {
             return Standing::Absent { since: None };
         };
         let holder = holder_of(&s.lease);
-        let end = s.silent_until(self.fallback_ttl());
+        let end = self.end_of(s);
         if s.deleted {
             return match end {
                 Some(until) if now < until && !self.is_unclaimed_own(holder) => Standing::Held {
@@ -286,7 +307,7 @@ impl LeaseView {
                 .resume_rv
                 .clone()
                 .unwrap_or_else(|| rv_of(&s.lease).to_owned()),
-            deadline: s.silent_until(self.fallback_ttl()),
+            deadline: self.end_of(s),
             leading: self.own.as_ref().is_some_and(|o| o.holder == term_id),
             poll: self.no_watch,
         })
@@ -294,9 +315,7 @@ impl LeaseView {
 
     /// When the last seen term ends by silence (`None`: free, or nothing seen).
     pub(in crate::backend::kubernetes) fn silent_until(&self) -> Option<Instant> {
-        self.seen
-            .as_ref()
-            .and_then(|s| s.silent_until(self.fallback_ttl()))
+        self.seen.as_ref().and_then(|s| self.end_of(s))
     }
 
     /// The Lease as last seen, unless it was deleted since.
@@ -307,6 +326,12 @@ impl LeaseView {
     /// The last seen Lease's holder (also of a deleted one).
     pub(in crate::backend::kubernetes) fn last_holder(&self) -> Option<Holder> {
         self.seen.as_ref().map(|s| holder_view(&s.lease))
+    }
+
+    /// When the term of `s` ends by silence (or ended, by the cold-start
+    /// rule), with our TTL and allowed clock skew.
+    fn end_of(&self, s: &Seen) -> Option<Instant> {
+        s.silent_until(self.fallback_ttl(), self.max_skew)
     }
 
     /// The configured TTL, or client-go's default 15 s before any campaign.

@@ -1,0 +1,45 @@
+//! `--max-clock-skew` as parsed and checked from the command line.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::{KUBE_PRESENT, KubeSettings};
+use crate::config::{Cli, Config};
+
+fn skew(args: &[&str]) -> Result<Option<Duration>, String> {
+    KUBE_PRESENT.with(|c| c.set(Some(true)));
+    let mut full = vec!["leader-elector", "--election=a", "--id=me"];
+    full.extend_from_slice(args);
+    let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+    let c = Config::from_cli(cli).map_err(|e| e.to_string())?;
+    let any: &dyn std::any::Any = c.backend.as_ref();
+    let kube: &KubeSettings = any.downcast_ref().expect("the Kubernetes backend");
+    Ok(kube.options.max_clock_skew)
+}
+
+#[test]
+fn max_clock_skew_is_off_by_default_and_parsed_when_given() {
+    assert_eq!(skew(&[]).unwrap(), None);
+    assert_eq!(
+        skew(&["--max-clock-skew=2s"]).unwrap(),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(
+        skew(&["--max-clock-skew=15s"]).unwrap(),
+        Some(Duration::from_secs(15))
+    );
+}
+
+#[test]
+fn max_clock_skew_must_be_positive_and_at_most_the_lease_duration() {
+    for bad in ["--max-clock-skew=0s", "--max-clock-skew=16s"] {
+        let e = skew(&[bad]).unwrap_err();
+        assert!(e.contains("--max-clock-skew ("), "{e}");
+        assert!(e.contains("at most --lease-duration (15s)"), "{e}");
+    }
+    let e = skew(&["--max-clock-skew=10s", "--lease-duration=5s"]).unwrap_err();
+    assert!(e.contains("--max-clock-skew (10s)"), "{e}");
+    let e = skew(&["--max-clock-skew=soon"]).unwrap_err();
+    assert!(e.contains("--max-clock-skew"), "{e}");
+}
