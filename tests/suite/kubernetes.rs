@@ -1256,3 +1256,122 @@ async fn auto_never_picks_the_home_kubeconfig() {
     let _ = explicit.kill();
     let _ = explicit.wait();
 }
+
+/// Lease 6 s, renew 2 s: the hand-made Leases below say 15 s, so the
+/// silence rule waits 15 s for them.
+const COLD: &[&str] = &[
+    "--lease-duration",
+    "6s",
+    "--renew-interval",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
+
+/// [`COLD`] with `--max-clock-skew 2s`.
+const COLD_SKEW: &[&str] = &[
+    "--lease-duration",
+    "6s",
+    "--renew-interval",
+    "2s",
+    "--retry-period",
+    "500ms",
+    "--max-clock-skew",
+    "2s",
+];
+
+/// A Lease made by hand for `election`, as a holder `dead_x` that ran with
+/// a 15 s duration and last renewed it `renewed_ago` before now (wall clock).
+async fn hand_made_lease(api: &KubeApi, election: &str, renewed_ago: Duration) {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let renewed = Timestamp::now() - SignedDuration::try_from(renewed_ago).unwrap();
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(election.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("dead_x".into()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(MicroTime(renewed)),
+            renew_time: Some(MicroTime(renewed)),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    };
+    let leases: Api<Lease> = Api::namespaced(client_on(api, "hand").await, NS);
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+}
+
+/// Sidecars `ids` for `election`, all with `flags`.
+async fn cold_candidates(
+    api: &KubeApi,
+    election: &str,
+    ids: &[&str],
+    flags: &[&str],
+) -> Vec<Sidecar> {
+    let mut cs = Vec::new();
+    for id in ids {
+        cs.push(candidate(api, election, id, flags, false).await.1);
+    }
+    cs
+}
+
+/// How long after `start` one of `cs` led (never two at once).
+async fn led_after(cs: &[Sidecar], start: Instant, what: &str) -> Duration {
+    until_no_overlap(cs, Duration::from_secs(40), what, |l| !l.is_empty()).await;
+    start.elapsed()
+}
+
+/// A Lease whose holder last renewed it an hour ago: candidates with
+/// `--max-clock-skew 2s` take it at once (liveness; two of them, never both
+/// leading), while a candidate without the flag waits out the Lease's 15 s
+/// of silence from its first sight as before (the twin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_dead_for_an_hour_is_taken_at_once_only_with_max_clock_skew() {
+    let api = KubeApi::start(NS);
+    let (skew_el, plain_el) = (election("k-cold-skew"), election("k-cold-plain"));
+    hand_made_lease(&api, &skew_el, Duration::from_secs(3600)).await;
+    hand_made_lease(&api, &plain_el, Duration::from_secs(3600)).await;
+    let start = Instant::now();
+    let skew = cold_candidates(&api, &skew_el, &["a", "b"], COLD_SKEW).await;
+    let plain = cold_candidates(&api, &plain_el, &["c"], COLD).await;
+    let (skew_at, plain_at) = tokio::join!(
+        async {
+            let at = led_after(&skew, start, "a candidate with the skew to lead").await;
+            watch_no_overlap(&skew, Duration::from_secs(3)).await;
+            at
+        },
+        led_after(&plain, start, "the candidate without the skew to lead"),
+    );
+    println!("with --max-clock-skew: led {skew_at:?} after start; without: {plain_at:?}");
+    assert!(
+        skew_at < Duration::from_secs(10),
+        "the dead Lease was taken only {skew_at:?} after start"
+    );
+    assert!(
+        plain_at >= Duration::from_secs(15),
+        "without the flag the Lease was taken {plain_at:?} after start, before 15 s of silence"
+    );
+    assert_ne!(holder(&api, &skew_el), "dead_x");
+}
+
+/// A Lease renewed a second ago is not taken early with `--max-clock-skew`:
+/// its holder may still run, so the candidate waits out its 15 s of silence
+/// from its first sight, and then takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recently_renewed_lease_is_not_taken_early_with_max_clock_skew() {
+    let api = KubeApi::start(NS);
+    let el = election("k-cold-recent");
+    hand_made_lease(&api, &el, Duration::from_secs(1)).await;
+    let start = Instant::now();
+    let cs = cold_candidates(&api, &el, &["a", "b"], COLD_SKEW).await;
+    let at = led_after(&cs, start, "a candidate to lead").await;
+    println!("a Lease renewed 1 s before start was taken {at:?} after start");
+    assert!(
+        at >= Duration::from_secs(15),
+        "a Lease renewed a second ago was taken {at:?} after start"
+    );
+}
