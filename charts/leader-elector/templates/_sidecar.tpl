@@ -156,6 +156,10 @@ The sidecar container, as one item of a Pod's `containers` list.
     - name: LEADER_ELECTOR_RENEW_INTERVAL
       value: {{ . | quote }}
     {{- end }}
+    {{- with $v.maxClockSkew }}
+    - name: LEADER_ELECTOR_MAX_CLOCK_SKEW
+      value: {{ . | quote }}
+    {{- end }}
     - name: LEADER_ELECTOR_HTTP_ADDR
       value: {{ printf "0.0.0.0:%d" (int $v.httpPort) | quote }}
     - name: LEADER_ELECTOR_LOG_FORMAT
