@@ -194,7 +194,14 @@ impl KubeLeaseBackend {
     /// cold-start rule of `--max-clock-skew`).
     pub(super) fn observe(&self, lease: &Lease) {
         let wall = k8s_openapi::jiff::Timestamp::now();
-        self.view(|v| v.observed_with_wall(lease, Instant::now(), wall));
+        if let Some(ago) = self.view(|v| v.observed_with_wall(lease, Instant::now(), wall)) {
+            info!(
+                lease = %self.name,
+                holder = holder_of(lease),
+                renewed_ago = %humantime::format_duration(Duration::from_secs(ago.as_secs())),
+                "the Lease was last renewed longer ago than its duration + --max-clock-skew: its holder's term has ended, so it may be taken without waiting"
+            );
+        }
     }
 
     /// Record that the Lease is gone now, deleted at version `at` if known

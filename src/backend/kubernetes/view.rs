@@ -97,18 +97,27 @@ impl Seen {
     /// whose `renewTime` + duration + `skew` had passed ended the term at
     /// that sight (the cold-start rule of the module docs).
     fn silent_until(&self, ttl: Duration, skew: Option<Duration>) -> Option<Instant> {
-        let since = self.absent_since.unwrap_or(self.changed_at);
-        let duration = duration_of(&self.lease, ttl).max(ttl);
-        if let (Some(age), Some(skew)) = (self.renewed_before_sight, skew)
-            && age > duration + skew
-        {
+        if self.ended_before_sight(ttl, skew) {
             return Some(self.changed_at);
         }
-        let own = since + duration;
+        let since = self.absent_since.unwrap_or(self.changed_at);
+        let own = since + duration_of(&self.lease, ttl).max(ttl);
         if holder_of(&self.lease).is_empty() && has_release_mark(&self.lease) {
             return self.carry;
         }
         Some(self.carry.map_or(own, |c| c.max(own)))
+    }
+
+    /// Whether, by the cold-start rule of the module docs, the holder's term
+    /// had ended when we first saw this version: its `renewTime` lay more
+    /// than its duration (never less than `ttl`) + `skew` before our wall
+    /// clock. Never without `skew`.
+    fn ended_before_sight(&self, ttl: Duration, skew: Option<Duration>) -> bool {
+        let duration = duration_of(&self.lease, ttl).max(ttl);
+        matches!(
+            (self.renewed_before_sight, skew),
+            (Some(age), Some(skew)) if age > duration + skew
+        )
     }
 }
 

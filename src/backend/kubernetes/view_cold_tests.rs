@@ -59,12 +59,15 @@ fn held_until(v: &LeaseView, now: Instant) -> Option<Instant> {
 fn a_lease_dead_for_an_hour_at_first_sight_is_free_at_once_with_the_skew() {
     let (t0, wall) = (Instant::now(), Timestamp::now());
     let mut v = view(Some(SKEW));
-    v.observed_with_wall(&lease("dead_x", 1, 15, Some(ago(wall, 3600))), t0, wall);
+    let dead = lease("dead_x", 1, 15, Some(ago(wall, 3600)));
+    let said = v.observed_with_wall(&dead, t0, wall);
+    assert_eq!(said, Some(Duration::from_secs(3600)));
     assert_eq!(held_until(&v, t0), None);
     assert_eq!(v.silent_until(), Some(t0));
-    // Reading the same version again keeps the verdict.
-    v.observed_with_wall(&lease("dead_x", 1, 15, Some(ago(wall, 3600))), t0, wall);
-    assert_eq!(held_until(&v, t0), None);
+    // Reading the same version again keeps the verdict (said once).
+    let later = t0 + Duration::from_secs(1);
+    assert_eq!(v.observed_with_wall(&dead, later, wall), None);
+    assert_eq!(held_until(&v, later), None);
 }
 
 #[test]

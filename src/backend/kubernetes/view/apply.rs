@@ -38,17 +38,21 @@ impl LeaseView {
     /// `wall`. As [`LeaseView::observed`]; on the first sight of the Lease in
     /// this process it also records how long before `wall` its holder last
     /// renewed it (`renewTime`), for the cold-start rule of the module docs.
+    /// Returns that time when this sight found the holder's term ended by
+    /// that rule (for the log).
     pub(in crate::backend::kubernetes) fn observed_with_wall(
         &mut self,
         lease: &Lease,
         now: Instant,
         wall: Timestamp,
-    ) {
+    ) -> Option<Duration> {
         let first = self.seen.is_none();
         self.observed(lease, now);
-        if let Some(s) = self.seen.as_mut().filter(|_| first) {
-            s.renewed_before_sight = renewed_before(lease, wall);
-        }
+        let (ttl, skew) = (self.fallback_ttl(), self.max_skew);
+        let s = self.seen.as_mut().filter(|_| first)?;
+        s.renewed_before_sight = renewed_before(lease, wall);
+        s.renewed_before_sight
+            .filter(|_| s.ended_before_sight(ttl, skew))
     }
 
     /// The Lease was read, written or delivered by a watch at `now`. A new
