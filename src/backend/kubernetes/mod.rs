@@ -15,8 +15,10 @@
 //!   the Lease's own `leaseDurationSeconds`, measured on the monotonic clock
 //!   from the moment it observed the last change (client-go's
 //!   `observedTime`). `renewTime` is written for humans and tools and never
-//!   compared with the local clock. The leader's side of the rule (claim only
-//!   until send instant + duration − drift margin) is the Elector's.
+//!   compared with the local clock, except by the opt-in cold-start rule
+//!   (`--max-clock-skew`, see `view`) on the first sight of the Lease. The
+//!   leader's side of the rule (claim only until send instant + duration −
+//!   drift margin) is the Elector's.
 //! - Because the API server never ends a term by itself, [`LeaseBackend::watch`]
 //!   of a follower also resolves when that silence has lasted the Lease's
 //!   duration: it is this backend's analogue of etcd deleting an expired key.
