@@ -21,7 +21,6 @@
 //!   or to its holder, ends our term at once ([`Standing::Overwritten`]).
 //! - A deleted Lease's last holder may run until the first absent read +
 //!   its duration (its last renewal came before the deletion).
-//!
 //! - Cold start (`--max-clock-skew D`, off by default): on the first
 //!   version this process sees at all, whose holder is set and whose
 //!   `renewTime` + duration (as above, never less than our TTL) + D had
@@ -30,16 +29,17 @@
 //!   Why it is safe: a holder claims only until its send instant +
 //!   duration − drift margin on its own monotonic clock, and it writes
 //!   `renewTime` from its wall clock after it took that send instant, so
-//!   its claim ends no later than `renewTime` + duration on its wall clock. If our
-//!   wall clock already reads more than that + D, the claim ended unless
-//!   the two wall clocks differ by more than D; and any renewal the holder
-//!   sent before that makes a newer version, which our compare-and-swap on
-//!   the version read cannot overwrite. It is a trade: a wall clock off by
-//!   more than D (or a stepped one) can make two leaders. A Lease without
-//!   `renewTime` never counts as expired early (client-go#448), nor does an
-//!   empty holder (the release mark rules it), and every later version
-//!   counts its silence as before: a version can be a hand edit, and only
-//!   the first sight has no earlier observation to count from.
+//!   its claim ends no later than `renewTime` + duration on its wall
+//!   clock. If our wall clock already reads more than that + D, the claim
+//!   ended unless the two wall clocks differ by more than D; and any
+//!   renewal the holder sent before that makes a newer version, which our
+//!   compare-and-swap on the version read cannot overwrite. It is a
+//!   trade: a wall clock off by more than D (or a stepped one) can make
+//!   two leaders. A Lease without `renewTime` never counts as expired
+//!   early (client-go#448), nor does an empty holder (the release mark
+//!   rules it), and every later version counts its silence as before: a
+//!   version can be a hand edit, and only the first sight has no earlier
+//!   observation to count from.
 //!
 //! Instants are tokio's monotonic clock. It stops while the host is
 //! suspended, which only lengthens a follower's wait (the leader's side of
