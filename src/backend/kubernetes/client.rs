@@ -37,7 +37,11 @@ impl KubeLeaseBackend {
     /// `config.default_retry = false` before `kube::Client::try_from`.
     /// kube-rs's default client retries 429, 503 and 504 answers itself,
     /// which spends the call's deadline and hides the refusals from the
-    /// Elector's backoff and from `/leader`'s error.
+    /// Elector's backoff and from `/leader`'s error. A client of
+    /// [`build_client`]'s also holds requests back until a 429's
+    /// `Retry-After` has passed; without it, a 429 waits its
+    /// `details.retryAfterSeconds`, else 1 s, and may be sent again sooner
+    /// from another path (a watch beside a renewal).
     pub fn with_client(
         client: Client,
         namespace: impl Into<String>,
@@ -142,7 +146,7 @@ impl KubeLeaseBackend {
                 namespace: namespace.clone(),
                 name: self.name.clone(),
                 code: status.code,
-                reason: status.reason.clone(),
+                reason: reason_of(status),
                 message: status.message.clone(),
             })
         };
@@ -311,5 +315,16 @@ impl KubeLeaseBackend {
                 None
             }
         })
+    }
+}
+
+/// The `reason` of an API status. API Priority and Fairness answers a 429
+/// in plain text, which kube-rs reports as "Failed to parse error data":
+/// that one is `TooManyRequests`.
+fn reason_of(status: &kube::core::Status) -> String {
+    if status.code == 429 {
+        "TooManyRequests".to_owned()
+    } else {
+        status.reason.clone()
     }
 }
