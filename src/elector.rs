@@ -278,10 +278,10 @@ impl Elector {
             Err(e) => {
                 self.report(Observation::CampaignFailed { reason: e.reason() });
                 let retryable = e.is_retryable();
+                let wait = self.retry_wait(&e, Self::next_backoff);
                 self.backend_failed(e);
                 // A refusal that retrying cannot fix (credentials, RBAC) is
                 // never retried faster than the renew interval.
-                let wait = self.backoff.next();
                 Some(if retryable {
                     wait
                 } else {
@@ -329,10 +329,33 @@ impl Elector {
                 None
             }
             Err(e) => {
+                let wait = self.retry_wait(&e, Self::next_backoff);
                 self.backend_failed(e);
                 self.abandoned = Some(term);
-                Some(self.backoff.next())
+                Some(wait)
             }
+        }
+    }
+
+    fn next_backoff(&mut self) -> Duration {
+        self.backoff.next()
+    }
+
+    /// The wait after the failed call that answered `e`: the backend's own
+    /// when it is throttling us (its `Retry-After`, at most one renew
+    /// interval, plus up to a tenth of it so that candidates told the same
+    /// do not return in step), else `backoff`'s next step.
+    fn retry_wait(
+        &mut self,
+        e: &BackendError,
+        backoff: impl FnOnce(&mut Self) -> Duration,
+    ) -> Duration {
+        match e.retry_after() {
+            Some(d) => {
+                let d = d.min(self.cfg.renew_interval);
+                d + jitter(d / 10)
+            }
+            None => backoff(self),
         }
     }
 }

@@ -23,7 +23,14 @@ struct Link {
     frozen: AtomicBool,
     /// Fail this many resigns (a release sent while the backend is starting).
     fail_resigns: AtomicUsize,
+    /// Answer every call "throttled, retry after [`RETRY_AFTER`]" (a 429).
+    throttled: AtomicBool,
+    /// Calls answered so far while throttled.
+    throttled_calls: AtomicUsize,
 }
+
+/// The `Retry-After` of a throttled [`Link`].
+const RETRY_AFTER: Duration = Duration::from_millis(400);
 
 impl Link {
     fn new(inner: &MemoryBackend) -> Arc<Link> {
@@ -32,6 +39,8 @@ impl Link {
             cut: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
             fail_resigns: AtomicUsize::new(0),
+            throttled: AtomicBool::new(false),
+            throttled_calls: AtomicUsize::new(0),
         })
     }
 
@@ -43,6 +52,14 @@ impl Link {
     }
 
     fn check(&self) -> Result<(), BackendError> {
+        if self.throttled.load(Ordering::SeqCst) {
+            self.throttled_calls.fetch_add(1, Ordering::SeqCst);
+            return Err(BackendError::Throttled {
+                backend: crate::backend::memory::ABOUT,
+                retry_after: RETRY_AFTER,
+                source: "429 from the test".into(),
+            });
+        }
         if self.cut.load(Ordering::SeqCst) {
             Err(BackendError::Unreachable {
                 backend: crate::backend::memory::ABOUT,
@@ -714,4 +731,26 @@ async fn a_suspend_past_valid_until_answers_not_leader_at_once() {
         "the suspend counts against valid_until"
     );
     assert_eq!(cs[0].rx.borrow().valid_for(now), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_leader_retries_after_retry_after_and_keeps_its_term_inside_the_deadline() {
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b"].iter().map(|id| start(&b, id)).collect();
+    run_for(&cs, Duration::from_secs(2)).await;
+    let old = leader_of(&cs);
+    let token = cs[old].rx.borrow().fencing_token;
+    // 1.6 s of 429s: shorter than the 3 s lease less one renew interval.
+    cs[old].link.throttled.store(true, Ordering::SeqCst);
+    run_for(&cs, Duration::from_millis(1600)).await;
+    cs[old].link.throttled.store(false, Ordering::SeqCst);
+    let calls = cs[old].link.throttled_calls.load(Ordering::SeqCst);
+    assert!(
+        calls <= 4,
+        "one renewal per Retry-After (400 ms) at most: {calls} in 1.6 s"
+    );
+    assert!(calls >= 1, "the renewal was tried during the window");
+    run_for(&cs, Duration::from_secs(2)).await;
+    assert_eq!(leader_of(&cs), old, "no transition");
+    assert_eq!(cs[old].rx.borrow().fencing_token, token, "the same term");
 }

@@ -35,6 +35,7 @@ impl Elector {
             // Who leads meanwhile? Read it, then watch it (and read again
             // every renew interval, so a silent backend is noticed).
             let sent = Instant::now();
+            let mut look_again = self.cfg.retry_period.min(Duration::from_millis(200));
             let seen = match self.call("read", backend.read()).await {
                 Ok(h) => {
                     self.backend_ok();
@@ -43,6 +44,7 @@ impl Elector {
                     h
                 }
                 Err(e) => {
+                    look_again = self.retry_wait(&e, |_| look_again);
                     self.backend_failed(e);
                     None
                 }
@@ -55,7 +57,7 @@ impl Elector {
                     // Nobody leads (yet: right after our resign a follower
                     // is about to take over), or the backend failed: look
                     // again shortly.
-                    None => sleep(self.cfg.retry_period.min(Duration::from_millis(200))).await,
+                    None => sleep(look_again).await,
                 }
             };
             tokio::select! {
@@ -114,6 +116,11 @@ impl Elector {
                         }
                         // The key changed and the watch did not say so: campaign.
                         Ok(_) => return,
+                        // Throttled: wait as asked before the campaign.
+                        Err(e) if e.retry_after().is_some() => {
+                            self.after_watch(Err(e), shutdown).await;
+                            return;
+                        }
                         Err(e) => {
                             self.backend_failed(e);
                             return;
@@ -128,12 +135,14 @@ impl Elector {
         }
     }
 
+    /// After the watch (or, throttled, a read) ended with `r`: back off
+    /// (the backend's `Retry-After` when it throttles) before the campaign.
     async fn after_watch(&mut self, r: Result<(), BackendError>, shutdown: &CancellationToken) {
         match r {
             Ok(()) => debug!("the key changed; campaigning"),
             Err(e) => {
+                let wait = self.retry_wait(&e, Self::next_backoff);
                 self.backend_failed(e);
-                let wait = self.backoff.next();
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = sleep(wait) => {}

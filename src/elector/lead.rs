@@ -116,7 +116,8 @@ impl Elector {
                     Err(e) => {
                         warn!(error = %e.report(), "watch on own key failed; reopening it");
                         watch = None;
-                        rewatch = Some(Instant::now() + rewatch_backoff.next());
+                        let wait = self.retry_wait(&e, |_| rewatch_backoff.next());
+                        rewatch = Some(Instant::now() + wait);
                     }
                 },
                 _ = sleep_until(rewatch.unwrap_or_else(Instant::now)), if rewatch.is_some() => {
@@ -215,8 +216,11 @@ impl Elector {
             Ok(Renewal::Lost(reason)) => Renew::Lost(Loss::Renewal(reason)),
             Err(e) => {
                 self.report(Observation::RenewFailed { reason: e.reason() });
+                // Throttled: again after the Retry-After; `valid_until`
+                // still ends the term if that is too late.
+                let wait = self.retry_wait(&e, |_| held.retry.next());
                 self.backend_failed(e);
-                held.next_renew = Instant::now() + held.retry.next();
+                held.next_renew = Instant::now() + wait;
                 Renew::Failed
             }
         }

@@ -1375,3 +1375,145 @@ async fn a_recently_renewed_lease_is_not_taken_early_with_max_clock_skew() {
         "a Lease renewed a second ago was taken {at:?} after start"
     );
 }
+
+/// Lease 10 s, renew 2 s: a 5 s storm of 429s is shorter than what the
+/// lease allows after any renewal (2 s + 5 s + one Retry-After < 10 s).
+const THROTTLE: &[&str] = &[
+    "--lease-duration",
+    "10s",
+    "--renew-interval",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
+
+/// Lease requests one client sent so far (every verb, watches included).
+fn lease_requests(ep: &Endpoint) -> u64 {
+    ep.counts()
+        .iter()
+        .filter(|(k, _)| k.ends_with(" lease"))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Throttle `ep` with `Retry-After: 1` for `storm`, checking every 5 ms
+/// that nobody but `leader` leads (when given) and never two; returns the
+/// Lease requests `ep` sent meanwhile, printed with their rate.
+async fn storm_on(g: &Group, ep: usize, storm: Duration, leader: Option<usize>, what: &str) -> u64 {
+    let before = lease_requests(&g.eps[ep]);
+    g.eps[ep].set_fault(Fault::throttled(1));
+    let end = Instant::now() + storm;
+    while Instant::now() < end {
+        let l = leaders(&g.cs).await;
+        assert!(l.len() <= 1, "two leaders during the 429 storm: {l:?}");
+        if let Some(first) = leader {
+            assert_eq!(l, vec![first], "a transition during a short 429 storm");
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    g.eps[ep].set_fault(Fault::default());
+    let sent = lease_requests(&g.eps[ep]) - before;
+    println!(
+        "429 storm (Retry-After: 1) on the {what} for {storm:?}: {sent} Lease requests, {:.2}/s",
+        sent as f64 / storm.as_secs_f64()
+    );
+    sent
+}
+
+/// A 429 storm shorter than the renew deadline on the leader: it keeps
+/// leading (the same term), retrying once per `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_429_storm_on_the_leader_changes_nothing() {
+    let g = group_with("k-429-leader", &["a", "b"], THROTTLE, false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let token = token_of(&g.cs[first]).await;
+    let storm = Duration::from_secs(5);
+    let sent = storm_on(&g, first, storm, Some(first), "leader").await;
+    assert!(
+        sent <= 7,
+        "at most one Lease request per Retry-After (5 in 5 s, with slack): {sent}"
+    );
+    // The next renewal goes through: still the same term.
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(leaders(&g.cs).await, vec![first]);
+    assert_eq!(token_of(&g.cs[first]).await, token, "no transition");
+}
+
+/// The same storm on a follower: it reads or campaigns once per
+/// `Retry-After` at most, and the leader leads on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_on_a_follower_waits_its_retry_after() {
+    let g = group_with("k-429-follower", &["a", "b"], THROTTLE, false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let follower = 1 - first;
+    let storm = Duration::from_secs(5);
+    let sent = storm_on(&g, follower, storm, Some(first), "follower").await;
+    assert!(
+        sent <= 7,
+        "at most one read or campaign per Retry-After (5 in 5 s, with slack): {sent}"
+    );
+    let name = g.cs[first].identity.clone();
+    wait_for(
+        Duration::from_secs(10),
+        "the follower to name the leader again",
+        || async {
+            g.cs[follower]
+                .leader()
+                .await
+                .is_some_and(|(_, b)| b["leader"].as_str() == Some(name.as_str()))
+        },
+    )
+    .await;
+    assert_eq!(leaders(&g.cs).await, vec![first]);
+}
+
+/// A storm longer than the lease on the leader: it steps down on its own
+/// clock before the other candidate takes the Lease (never a late claim),
+/// and the other one leads after the storm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_longer_than_the_lease_ends_in_a_step_down_first() {
+    let g = group_with("k-429-long", &["a", "b"], WIDE, false).await;
+    let first = one_leader(&g.cs, Duration::from_secs(20)).await;
+    let start = Instant::now();
+    let (mut down, mut up) = (None, None);
+    let sent = {
+        let watch = async {
+            while up.is_none() || start.elapsed() < Duration::from_secs(10) {
+                let l = leaders(&g.cs).await;
+                assert!(l.len() <= 1, "two leaders during the 429 storm: {l:?}");
+                if down.is_none() && !l.contains(&first) {
+                    down = Some(start.elapsed());
+                }
+                if up.is_none() && l.len() == 1 && l[0] != first {
+                    up = Some(start.elapsed());
+                }
+                sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let before = lease_requests(&g.eps[first]);
+        g.eps[first].set_fault(Fault::throttled(1));
+        tokio::time::timeout(Duration::from_secs(30), watch)
+            .await
+            .expect("the other candidate to take over during the storm");
+        g.eps[first].set_fault(Fault::default());
+        lease_requests(&g.eps[first]) - before
+    };
+    let (down, up) = (down.unwrap(), up.unwrap());
+    let storm = start.elapsed();
+    println!(
+        "429 storm (Retry-After: 1) on the leader for {storm:?} (lease 6 s): stepped down after {down:?}, the other led after {up:?}; {sent} Lease requests, {:.2}/s",
+        sent as f64 / storm.as_secs_f64()
+    );
+    assert!(down <= up, "stepped down before anyone else led");
+    assert!(
+        sent as f64 <= storm.as_secs_f64() + 3.0,
+        "at most one Lease request per Retry-After: {sent} in {storm:?}"
+    );
+    let after = until_no_overlap(&g.cs, Duration::from_secs(10), "one leader", |l| {
+        l.len() == 1
+    })
+    .await;
+    assert_ne!(after[0], first, "the other candidate leads after the storm");
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(leaders(&g.cs).await, after, "and stays the leader");
+}

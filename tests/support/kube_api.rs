@@ -69,6 +69,24 @@ pub struct Fault {
     /// Delay before each watch event reaches this client (a slow watch
     /// cache or a congested connection).
     pub event_latency: Duration,
+    /// The `Retry-After` header of an injected 429, in seconds; `None`:
+    /// no header.
+    pub retry_after: Option<u32>,
+}
+
+impl Fault {
+    /// Every request refused as API Priority and Fairness refuses one when
+    /// its priority level is full: 429, `Retry-After: secs`, and the
+    /// plain-text body of Go's `http.Error` (the real server's
+    /// `tooManyRequests` in `apiserver/pkg/server/filters`; not a
+    /// `Status`).
+    pub fn throttled(secs: u32) -> Fault {
+        Fault {
+            status: Some(429),
+            retry_after: Some(secs),
+            ..Fault::default()
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -492,6 +510,11 @@ impl Endpoint {
             },
             hang: own.hang || all.hang,
             event_latency: own.event_latency.max(all.event_latency),
+            retry_after: if own.status.is_some() {
+                own.retry_after
+            } else {
+                all.retry_after
+            },
         }
     }
 
@@ -721,21 +744,32 @@ impl ApiRequest {
     }
 
     /// The answer of an injected error status, if `fault` has one for this
-    /// request (429 with `Retry-After`, 403 worded like RBAC's).
+    /// request (429 as API Priority and Fairness answers it, see
+    /// [`Fault::throttled`]; 403 worded like RBAC's).
     fn injected(&self, fault: &Fault, kind: &str) -> Option<Response> {
         let write = !matches!(self.method, Method::GET);
         let code = fault.status.filter(|_| write || !fault.writes_only)?;
+        if code == 429 {
+            let mut r = (
+                StatusCode::TOO_MANY_REQUESTS,
+                [
+                    (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                ],
+                "Too many requests, please try again later.\n",
+            )
+                .into_response();
+            if let Some(secs) = fault.retry_after {
+                r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+            }
+            return Some(r);
+        }
         let msg = if code == 403 {
             self.forbidden(kind, "system:serviceaccount:ns:leader-elector")
         } else {
             format!("injected {code}")
         };
-        let mut r = status(code, reason_of(code), &msg);
-        if code == 429 {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, "1".parse().unwrap());
-        }
-        Some(r)
+        Some(status(code, reason_of(code), &msg))
     }
 
     /// The Kubernetes verb of this request (RBAC's word for it).

@@ -10,6 +10,7 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::throttle::{DEFAULT_MAX_WAIT, DEFAULT_RETRY_AFTER};
 use super::*;
 
 impl KubeLeaseBackend {
@@ -36,7 +37,11 @@ impl KubeLeaseBackend {
     /// `config.default_retry = false` before `kube::Client::try_from`.
     /// kube-rs's default client retries 429, 503 and 504 answers itself,
     /// which spends the call's deadline and hides the refusals from the
-    /// Elector's backoff and from `/leader`'s error.
+    /// Elector's backoff and from `/leader`'s error. A client of
+    /// [`build_client`]'s also holds requests back until a 429's
+    /// `Retry-After` has passed; without it, a 429 waits its
+    /// `details.retryAfterSeconds`, else 1 s, and may be sent again sooner
+    /// from another path (a watch beside a renewal).
     pub fn with_client(
         client: Client,
         namespace: impl Into<String>,
@@ -49,6 +54,7 @@ impl KubeLeaseBackend {
             namespace: namespace.clone(),
             server: "(client)".into(),
             credentials: "the client's credentials".into(),
+            throttle: Throttle::default(),
         };
         std::sync::Arc::new(KubeLeaseBackend {
             name: name.into(),
@@ -82,7 +88,11 @@ impl KubeLeaseBackend {
                     namespace: connected.namespace,
                     server: connected.server,
                     credentials: connected.credentials,
+                    throttle: connected.throttle,
                 };
+                // A throttled client waits at most one renew interval.
+                conn.throttle
+                    .set_max_wait(self.options.poll_every.unwrap_or(DEFAULT_MAX_WAIT));
                 info!(namespace = %conn.namespace, server = %conn.server, credentials = %conn.credentials, lease = %self.name, "electing through a Lease on this API server");
                 self.check_permissions(&conn).await?;
                 Ok(conn)
@@ -90,8 +100,6 @@ impl KubeLeaseBackend {
             .await
     }
 
-    /// Classify a kube-rs error once (team rule: 403 names verb, resource and
-    /// the Role; 404 on create names the namespace; 429 and 5xx retryable).
     /// The error of a write that lost its compare-and-swap [`CAS_TRIES`]
     /// times in a row while the Lease still named this term.
     pub(super) fn contended(&self, conn: &Conn) -> BackendError {
@@ -105,6 +113,9 @@ impl KubeLeaseBackend {
         }
     }
 
+    /// Classify a kube-rs error once (team rule: 403 names verb, resource and
+    /// the Role; 404 on create names the namespace; 429 throttled, to retry
+    /// after its `Retry-After`; 5xx retryable).
     pub(super) fn classify(
         &self,
         conn: &Conn,
@@ -135,7 +146,7 @@ impl KubeLeaseBackend {
                 namespace: namespace.clone(),
                 name: self.name.clone(),
                 code: status.code,
-                reason: status.reason.clone(),
+                reason: reason_of(status),
                 message: status.message.clone(),
             })
         };
@@ -163,9 +174,9 @@ impl KubeLeaseBackend {
                 backend,
                 reason: format!("410 Gone: {message}"),
             },
-            429 => BackendError::Rejected {
+            429 => BackendError::Throttled {
                 backend,
-                code: "throttled",
+                retry_after: Self::retry_after(conn, status),
                 source: answered(),
             },
             400 | 422 => BackendError::Rejected {
@@ -178,6 +189,22 @@ impl KubeLeaseBackend {
                 source: answered(),
             },
         }
+    }
+
+    /// How long a 429 asks to wait: what is left of the client's
+    /// `Retry-After` ([`Throttle`]), else the answer's
+    /// `details.retryAfterSeconds` (a client without the layer), else 1 s.
+    fn retry_after(conn: &Conn, status: &kube::core::Status) -> Duration {
+        let details = status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|s| *s > 0)
+            .map(|s| Duration::from_secs(s.into()));
+        conn.throttle
+            .left()
+            .or(details)
+            .unwrap_or(DEFAULT_RETRY_AFTER)
     }
 
     pub(super) fn is_conflict(err: &kube::Error) -> bool {
@@ -297,5 +324,16 @@ impl KubeLeaseBackend {
                 None
             }
         })
+    }
+}
+
+/// The `reason` of an API status. API Priority and Fairness answers a 429
+/// in plain text, which kube-rs reports as "Failed to parse error data":
+/// that one is `TooManyRequests`.
+fn reason_of(status: &kube::core::Status) -> String {
+    if status.code == 429 {
+        "TooManyRequests".to_owned()
+    } else {
+        status.reason.clone()
     }
 }

@@ -6,6 +6,8 @@ use kube::Client;
 use kube::api::Api;
 use tracing::warn;
 
+use super::throttle::Throttle;
+
 use super::*;
 
 impl KubeLeaseBackend {
@@ -96,6 +98,8 @@ pub struct Connected {
     /// Whose credentials these are, for messages: "the Pod's
     /// ServiceAccount (in-cluster)" or "kubeconfig user U (context C)".
     pub credentials: String,
+    /// When the client may send again after a 429 (its `Retry-After`).
+    pub throttle: Throttle,
 }
 
 /// Connect with the in-cluster configuration or `KUBECONFIG` (kube-rs's
@@ -111,12 +115,14 @@ pub async fn connect(namespace: Option<String>) -> Result<Connected, KubeLeaseEr
     let credentials = credentials_of(&config);
     let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
     let server = config.cluster_url.to_string();
-    let client = build_client(config).map_err(KubeLeaseError::Client)?;
+    let throttle = Throttle::default();
+    let client = throttled_client(config, &throttle).map_err(KubeLeaseError::Client)?;
     Ok(Connected {
         client,
         namespace,
         server,
         credentials,
+        throttle,
     })
 }
 
@@ -147,11 +153,18 @@ fn credentials_of(config: &kube::Config) -> String {
 /// (without it the first request on a new TLS connection waits ~40 ms for a
 /// delayed ACK), our [`USER_AGENT`], and neither kube-rs's retry layer (the
 /// Elector owns retries and deadlines) nor its trace layer (which logs its
-/// own ERROR line for every failed connect beside ours).
+/// own ERROR line for every failed connect beside ours). A 429's
+/// `Retry-After` is honoured by the client itself (see [`Throttle`]): until
+/// it has passed, requests are answered 429 without being sent.
 ///
 /// # Errors
 /// The TLS or authentication configuration cannot be used.
-pub fn build_client(mut config: kube::Config) -> Result<Client, kube::Error> {
+pub fn build_client(config: kube::Config) -> Result<Client, kube::Error> {
+    throttled_client(config, &Throttle::default())
+}
+
+/// [`build_client`] behind `throttle`.
+fn throttled_client(mut config: kube::Config, throttle: &Throttle) -> Result<Client, kube::Error> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use kube::client::ConfigExt;
     config.headers.push((
@@ -170,6 +183,7 @@ pub fn build_client(mut config: kube::Config) -> Result<Client, kube::Error> {
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        .layer(throttle.layer())
         .map_err(tower::BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))

@@ -82,10 +82,6 @@ pub const ABOUT: &crate::backend::About = &crate::backend::About {
             "create the namespace, or fix --election-namespace (default: $POD_NAMESPACE, else the kubeconfig's namespace)",
         ),
         (
-            "throttled",
-            "the API server is throttling (429, API Priority and Fairness); retrying with backoff",
-        ),
-        (
             "invalid",
             "the API server rejected the Lease: the election name must be a lowercase DNS subdomain name (letters, digits, '-', '.')",
         ),
@@ -197,6 +193,9 @@ struct Conn {
     server: String,
     /// Whose credentials, for messages.
     credentials: String,
+    /// The client's memory of the last 429 (never fed for a client of
+    /// [`KubeLeaseBackend::with_client`]'s, which has no such layer).
+    throttle: Throttle,
 }
 
 /// The Lease backend for one election. Cheap to share behind an `Arc`.
@@ -288,10 +287,12 @@ pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, m
 #[cfg(test)]
 pub(crate) mod mock;
 mod replay;
+pub mod throttle;
 mod verbs;
 mod view;
 mod watch;
 
+use throttle::Throttle;
 use view::{Hold, LeaseView, Standing, duration_of};
 
 #[cfg(test)]
