@@ -562,7 +562,7 @@ async fn events_arrive_in_order() {
     assert_eq!(seen[2], ("leader_changed", Some("b".to_owned()), 3));
 }
 
-/// Issue 12, item 1: a follower whose backend goes silent (a frozen etcd, a
+/// A follower whose backend goes silent (a frozen etcd, a
 /// member without quorum: no answer, no error, the watch just quiet) reports
 /// `error`, `backend_healthy: false` and not ready within one lease duration,
 /// and stops naming the leader after [`ElectorConfig::silence_bound`]. On the
@@ -609,7 +609,7 @@ async fn a_follower_of_a_silent_backend_stops_vouching_for_the_leader() {
     assert_eq!(s.leader_at(Instant::now()), Some(leader.as_str()));
 }
 
-/// Issue 12, item 3: when releasing a term we stopped claiming fails (and so
+/// When releasing a term we stopped claiming fails (and so
 /// does the retry before the next campaign), the candidate that then finds
 /// its own old term holding the key releases it instead of following it until
 /// its lease runs out. On the original code it followed itself for ~one TTL.
@@ -630,7 +630,7 @@ async fn a_candidate_releases_its_own_abandoned_term_instead_of_following_it() {
     );
 }
 
-/// Issue 12, item 4: the last failover's duration is recorded, from the last
+/// The last failover's duration is recorded, from the last
 /// backend answer that showed the previous term to the observation of the next.
 #[tokio::test(start_paused = true)]
 async fn the_last_failover_duration_is_recorded() {
@@ -665,7 +665,7 @@ async fn the_last_failover_duration_is_recorded() {
     );
 }
 
-/// Issue 13: the moment a draining leader stops claiming, the transition is
+/// The moment a draining leader stops claiming, the transition is
 /// recorded (long-polls on the index return) and `stopped_leading` goes out,
 /// while the key is still held until the app releases.
 #[tokio::test(start_paused = true)]

@@ -253,7 +253,7 @@ async fn probe(addr: SocketAddr) -> String {
     .unwrap_or_else(|_| "no answer within 1 s".into())
 }
 
-/// Issue 24 item 3: with the cap and the overflow allowance full of idle
+/// With the cap and the overflow allowance full of idle
 /// connections (and more arriving), a probe is never refused: the longest-idle
 /// connection is closed to admit it. The open connections stay bounded.
 #[tokio::test]
@@ -277,7 +277,7 @@ async fn probes_are_answered_under_a_flood_of_idle_connections() {
     );
 }
 
-/// Issue 24 item 3: with every served connection busy (long-polls) and the
+/// With every served connection busy (long-polls) and the
 /// overflow allowance full of idle connections, a probe still gets its 200
 /// (the longest-idle overflow connection makes room); the busy ones are kept.
 #[tokio::test]

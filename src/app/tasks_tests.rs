@@ -4,7 +4,7 @@ fn pending_task(name: &'static str, stop: Stop, limit: Duration) -> Task {
     Task::spawn(name, stop, limit, Span::none(), std::future::pending())
 }
 
-/// The race of issue 13: the Elector ends cleanly right as shutdown is
+/// A race: the Elector ends cleanly right as shutdown is
 /// requested. Before the fix, an unbiased `select!` picked the Elector's
 /// branch about half the time and logged an ERROR.
 #[tokio::test]

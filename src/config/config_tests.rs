@@ -207,7 +207,7 @@ fn kubernetes_names_are_checked() {
     assert!(e.contains("--election-namespace (Bad_NS)"), "{e}");
 }
 
-/// Issue 13: every setting that cannot work stops start-up, naming the flag.
+/// Every setting that cannot work stops start-up, naming the flag.
 #[test]
 fn unworkable_values_are_refused_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
