@@ -1,5 +1,4 @@
-//! A model of the election's safety rule, checked exhaustively (issue 24,
-//! item 1).
+//! A model of the election's safety rule, checked exhaustively.
 //!
 //! This models the *rule*, not the code: candidates with their own clocks,
 //! a backend, a network that delays and loses, processes that pause, crash
@@ -12,7 +11,7 @@
 //! one. The first violation found is a shortest one, printed as a trace.
 //!
 //! - [`lease`], [`lease_rules`], [`canon`]: the Kubernetes Lease backend
-//!   under the rule on main before issue 24 ([`lease::Rule::Old`]), the
+//!   under the old rule ([`lease::Rule::Old`]), the
 //!   fixed rule ([`lease::Rule::Fixed`]) and a stronger variant
 //!   ([`lease::Rule::FixedFloor`]).
 //! - [`ttl`], [`ttl_rules`]: etcd (a key bound to a lease with a server-side

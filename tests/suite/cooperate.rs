@@ -157,7 +157,7 @@ async fn sigterm_stops_cleanly(s: &mut Sidecar) {
         Some(0)
     );
     // No drain was configured: run mode stops the child, it does not "drain"
-    // (issue 13), and a clean SIGTERM logs no ERROR.
+    // and a clean SIGTERM logs no ERROR.
     let log = s.log();
     assert!(!log.contains("draining"), "{log}");
     assert!(!log.contains("ERROR"), "{log}");
@@ -325,7 +325,7 @@ async fn drain_holds_the_lease_until_release_then_hands_over() {
         b.leader().await.is_some_and(|(_, j)| j["leader"] == "a")
     })
     .await;
-    // The app follows a's long-poll (issue 13): it must return at SIGTERM.
+    // The app follows a's long-poll: it must return at SIGTERM.
     let (_, now) = a.leader().await.unwrap();
     let index = now["transitions"].as_u64().unwrap();
     let port = a.port;
@@ -641,7 +641,7 @@ async fn grandchildren(pids: &std::path::Path) -> Vec<u32> {
     out
 }
 
-/// Issue 24 item 7: a SIGKILL of the sidecar (or an OOM kill) takes the
+/// A SIGKILL of the sidecar (or an OOM kill) takes the
 /// command's whole process tree with it, grandchildren included (one in the
 /// command's process group, one that left it with `setsid`), within ~1 s:
 /// another candidate may start its own copy after the TTL.
@@ -680,7 +680,7 @@ async fn a_sigkilled_sidecar_takes_the_commands_grandchildren_with_it() {
     );
 }
 
-/// Issue 24 item 7: a clean stop (SIGTERM) also ends the command's
+/// A clean stop (SIGTERM) also ends the command's
 /// grandchildren, the one that left its process group included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_command_leaves_no_grandchildren() {

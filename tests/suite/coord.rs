@@ -565,7 +565,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
     );
 }
 
-// ---- Issue 11: regression tests, one per defect ----
+// ---- Regression tests, one per defect found by the model check ----
 
 /// A JSON body carrying `token`.
 fn token_body(g: &Value) -> String {
@@ -604,7 +604,7 @@ async fn n_permits_are_granted_to_n_sequential_acquirers_on_redis() {
     n_permits_are_granted_to_n_sequential_acquirers("redis").await;
 }
 
-/// Issue 24 item 10: one name is one semaphore. With 3 live permits taken at
+/// One name is one semaphore. With 3 live permits taken at
 /// `permits=3`, a request with another size (larger or smaller) answers 409
 /// naming the established size instead of a grant (4 live permits) or a
 /// count; once no permit is live, the name may take another size.
@@ -760,7 +760,7 @@ async fn a_bad_redis_fencing_counter_is_refused_and_nothing_is_written() {
     );
 }
 
-/// Issue 24 item 4: with etcd blackholed, an acquisition with `wait=1s`
+/// With etcd blackholed, an acquisition with `wait=1s`
 /// answers 503 within its wait plus one deadline (2 s: the election's call
 /// timeout is shorter here, and the coordination deadline is at least 2 s):
 /// one deadline per request, not one per call inside it. A lock released
@@ -1054,7 +1054,7 @@ async fn lock_keys(etcd: &Etcd, lock: &str) -> Vec<String> {
         .collect()
 }
 
-/// Issue 24 item 5 (etcd-io/etcd#21128): an acquisition that fails part-way
+/// (etcd-io/etcd#21128) an acquisition that fails part-way
 /// leaves no key behind that blocks the queue. etcd answers 1.5 s late:
 /// the lease grant and the watch fit in the request's budget (2 s), the
 /// join's transaction does not: it is applied, but its answer comes after
@@ -1086,7 +1086,7 @@ async fn an_acquisition_that_fails_part_way_leaves_no_key_in_the_queue() {
     );
 }
 
-/// Issue 24 item 5 (etcd-io/etcd#19597): a fair waiter whose own lease ends
+/// (etcd-io/etcd#19597) a fair waiter whose own lease ends
 /// while it waits (revoked here; expired after a partition alike) stops
 /// waiting and answers at once, and is never granted the lock on its dead
 /// lease when the holder then leaves.
@@ -1140,7 +1140,7 @@ async fn a_waiter_whose_lease_ended_stops_waiting_and_is_never_granted() {
     assert_eq!(st, 200, "{g}");
 }
 
-/// Issue 24 item 5 (etcd-io/etcd#22123): a release retried after a network
+/// (etcd-io/etcd#22123) a release retried after a network
 /// error is idempotent and never deletes a successor's key. The first
 /// release reaches etcd but its answer comes too late (503); a successor
 /// takes the lock; the retried release answers 409 and the successor still

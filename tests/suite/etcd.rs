@@ -498,7 +498,7 @@ async fn followers_at_rest_send_nothing_and_their_watch_survives() {
     }
 }
 
-/// Issue 12, item 2: a watch opened from a revision etcd has since compacted
+/// A watch opened from a revision etcd has since compacted
 /// (the leader's watch on its own key, reopened from the revision at which a
 /// long term was won) comes back from a revision etcd still has, and still
 /// reports a change of the key at once. On the original code every reopen
@@ -559,7 +559,7 @@ async fn a_watch_from_a_compacted_revision_still_reports_the_change() {
     );
 }
 
-/// Issue 13: a 1 s lease is granted as 2 s by etcd: the sidecar says so at
+/// A 1 s lease is granted as 2 s by etcd: the sidecar says so at
 /// start-up with the granted value; and a clean SIGTERM logs no ERROR.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_longer_granted_ttl_is_warned_and_a_clean_sigterm_logs_no_error() {
@@ -598,7 +598,7 @@ async fn a_longer_granted_ttl_is_warned_and_a_clean_sigterm_logs_no_error() {
     );
 }
 
-/// Issue 24 item 8: GNU `timeout`, `tini -g` and shell wrappers signal the
+/// GNU `timeout`, `tini -g` and shell wrappers signal the
 /// child and then its group, so one stop request arrives as two SIGTERMs a
 /// moment apart. The second one within the repeat window is the same
 /// request: the sidecar still releases its term (the key is gone at once,
@@ -632,7 +632,7 @@ async fn two_sigterms_a_millisecond_apart_are_one_request_and_release_the_term()
     );
 }
 
-/// Issue 24 item 3, end to end: idle connections far beyond the cap
+/// End to end: idle connections far beyond the cap
 /// (`--max-connections 8` stands in for the default 256, so the flood is a
 /// few hundred sockets rather than 6,000) never make a kubelet probe fail:
 /// 3 of 3 `GET /healthz` answer 200 within 1 s (the kubelet's default probe

@@ -181,7 +181,7 @@ async fn followers_only_watch_at_rest(g: &Group, first: usize) {
         let after = g.eps[*i].counts();
         for (key, n) in &after {
             let was = before[k].get(key).copied().unwrap_or(0);
-            // Followers never write at rest. (Since issue 12 the Elector
+            // Followers never write at rest. (The Elector
             // also reads the key every renew interval while following, on
             // every backend, so GETs are counted and printed, not refused.)
             if key.ends_with("lease") && !key.starts_with("GET") && !key.starts_with("WATCH") {

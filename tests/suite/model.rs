@@ -1,4 +1,4 @@
-//! Randomized, seeded model check of the coordination API (issue 11).
+//! Randomized, seeded model check of the coordination API.
 //!
 //! Several concurrent clients drive two real sidecars on one real etcd, one
 //! real Redis, or a Redlock group of three real Redis servers, with random

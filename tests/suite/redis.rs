@@ -351,7 +351,7 @@ async fn an_even_number_of_redlock_servers_warns_about_the_quorum() {
 
 // ------------------------------------------------ the backend at its edges
 //
-// Issue 12: the Redis guards at the edges of their clocks, and one token per
+// The Redis guards at the edges of their clocks, and one token per
 // Redlock term. These drive the library's backend directly, so each step is
 // one campaign whose answer can be checked.
 
@@ -504,7 +504,7 @@ async fn tokens_keep_growing_when_the_counter_goes_back() {
     );
 }
 
-/// Issue 11 defect 5, election side: a fencing counter that is not a
+/// Election side of a coordination defect: a fencing counter that is not a
 /// non-negative integer is refused and reported (reason `fencing_counter`),
 /// nothing is taken, and it is never wrapped from signed to unsigned. On the
 /// original code `-10` gave a term with token 18446744073709551607.
@@ -754,7 +754,7 @@ async fn the_restart_hold_off_of_a_fresh_redis_is_named_on_leader() {
 
 // ------------------------------------------ grants a replica has seen
 //
-// Issue 24 item 6: with `--redis-min-replicas N` a term, a renewal, a
+// With `--redis-min-replicas N` a term, a renewal, a
 // fencing-counter raise and a coordination grant count only once N replicas
 // of the server acknowledged them (`WAIT`); a grant they do not acknowledge
 // is given back and the attempt fails saying so.

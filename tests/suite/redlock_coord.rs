@@ -177,7 +177,7 @@ async fn fencing_tokens_grow_across_different_majorities() {
     }
 }
 
-/// Issue 24 item 10 on Redlock: with 3 live permits taken at size 3, a
+/// On Redlock: with 3 live permits taken at size 3, a
 /// request with another size is refused naming the established size (not
 /// granted a 4th slot, not told "full"); once no permit is live the name
 /// may take another size.

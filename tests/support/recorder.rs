@@ -131,7 +131,7 @@ pub struct Fault {
     /// The backend is silent to every sidecar (frozen, or without quorum)
     /// from `start` until `end`. Every answer to a request sent at
     /// `start + d` or later and received before `end` must name no leader,
-    /// and report `backend_healthy: false` with an `error` (issue 12: a
+    /// and report `backend_healthy: false` with an `error` (a
     /// follower never vouches for a leader it cannot see).
     pub silent_after: Option<Duration>,
     /// When the silence ended (before the servers were thawed or restarted),

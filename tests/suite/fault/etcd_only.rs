@@ -68,7 +68,7 @@ async fn etcd_cluster_raft_leader_killed() {
 async fn etcd_cluster_quorum_lost_and_restored() {
     let (mut servers, g) = cluster_group("cluster-quorum").await;
     let (l, tok) = g.leader("first election on the cluster").await;
-    // Issue 12: the remaining member still answers pings, but nothing
+    // The remaining member still answers pings, but nothing
     // trustworthy: every sidecar reports it within the silence bound.
     let f = g.rec.fault(Fault {
         ends_term: Some((l, tok)),
@@ -152,7 +152,7 @@ pub(super) async fn just_after_a_renewal(s: &Sidecar) {
     .await;
 }
 
-/// Issue 12, item 2: etcd compacts its history during a long term, then the
+/// Etcd compacts its history during a long term, then the
 /// leader's watch breaks (a reset of its connections shorter than the safety
 /// margin). The watch must come back from a revision etcd still has, so a key
 /// deleted by hand afterwards is noticed by the watch, not by the next

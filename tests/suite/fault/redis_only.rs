@@ -18,7 +18,7 @@ pub(super) async fn until_wall_fraction(frac: f64) {
     .await;
 }
 
-/// Issue 12, item 5: the leader is cut off (a partition), and Redis restarts
+/// The leader is cut off (a partition), and Redis restarts
 /// empty late in a wall-clock second, when `uptime_in_seconds` runs up to a
 /// second ahead of real uptime. Nobody may be elected on the emptied server
 /// before the cut-off leader's term has run out on its own clock. On the

@@ -383,7 +383,7 @@ impl Servers {
     }
 }
 
-/// Issue 12, item 1: the backend freezes (SIGSTOP: TCP stays open, nothing
+/// The backend freezes (SIGSTOP: TCP stays open, nothing
 /// answers). The leader steps down by its `valid_until`; every follower must
 /// report `error`, `backend_healthy: false` and stop naming the leader within
 /// the silence bound. On the original code followers kept vouching for the
