@@ -1,4 +1,4 @@
-//! Memory of the sidecar under 5,000 open long-polls (issue 13): RSS of the
+//! Memory of the sidecar under 5,000 open long-polls: RSS of the
 //! real binary (read from /proc/PID/status) at idle, while the long-polls
 //! are open, and after they close. Loopback only, bounded.
 //!

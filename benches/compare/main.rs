@@ -1,5 +1,5 @@
 //! Side-by-side benchmark of leader-elector and the tools users would pick
-//! instead (issue 6): `etcdctl elect` on etcd, a seed-style Redis polling loop
+//! instead: `etcdctl elect` on etcd, a seed-style Redis polling loop
 //! (`bench/seed_loop.py`) and redis-py's `Lock` (`bench/redispy_lock.py`) on
 //! Redis. Three candidates and TTL 5 s unless a section says otherwise.
 //!
