@@ -231,6 +231,14 @@ async fn one_operator_reconciles_and_sigterm_hands_over_to_the_other() {
         "the new leader began before the old one stopped"
     );
     assert!(last_reconcile < leading, "both reconciled at once");
+    // The widget is written before the new leader's line is read from its
+    // output: wait for the line too.
+    wait_for(
+        Duration::from_secs(5),
+        "the new leader's reconcile line",
+        || async { new.first("reconciled").is_some() },
+    )
+    .await;
     eprintln!(
         "handover: SIGTERM → old process exited {:.1} ms, → new leader {:.1} ms, → widget reconciled by it {:.1} ms",
         ms(exited - sigterm),
