@@ -260,6 +260,9 @@ pub(super) struct LeaseView {
     /// `--max-clock-skew`: the most any two candidates' wall clocks (and
     /// the API server's) may differ; `None`: no cold-start rule.
     max_skew: Option<Duration>,
+    /// The holder and arrival instant of the last version our watch
+    /// delivered that this process had not seen before (a renewal heard).
+    watched: Option<(String, Instant)>,
 }
 
 impl LeaseView {
