@@ -27,6 +27,12 @@ struct Link {
     throttled: AtomicBool,
     /// Calls answered so far while throttled.
     throttled_calls: AtomicUsize,
+    /// Reads sent so far.
+    reads: AtomicUsize,
+    /// What `heard_at` answers (a watch that delivers renewals).
+    heard: std::sync::Mutex<Option<Instant>>,
+    /// Tell no expiry (as etcd and a Lease): followers then check the term.
+    no_expiry: AtomicBool,
 }
 
 /// The `Retry-After` of a throttled [`Link`].
@@ -41,7 +47,18 @@ impl Link {
             fail_resigns: AtomicUsize::new(0),
             throttled: AtomicBool::new(false),
             throttled_calls: AtomicUsize::new(0),
+            reads: AtomicUsize::new(0),
+            heard: std::sync::Mutex::new(None),
+            no_expiry: AtomicBool::new(false),
         })
+    }
+
+    /// `h` with its expiry hint, unless told to hide it.
+    fn hint(&self, mut h: Holder) -> Holder {
+        if self.no_expiry.load(Ordering::SeqCst) {
+            h.expires_in = None;
+        }
+        h
     }
 
     /// Pend while frozen.
@@ -85,7 +102,10 @@ impl LeaseBackend for Link {
     ) -> Result<Campaign, BackendError> {
         self.thaw().await;
         self.check()?;
-        self.inner.campaign(identity, ttl, previous).await
+        match self.inner.campaign(identity, ttl, previous).await? {
+            Campaign::Following(h) => Ok(Campaign::Following(self.hint(h))),
+            c => Ok(c),
+        }
     }
     async fn renew(&self, term: &Term) -> Result<Renewal, BackendError> {
         self.thaw().await;
@@ -109,9 +129,13 @@ impl LeaseBackend for Link {
         self.inner.resign(term).await
     }
     async fn read(&self) -> Result<Option<Holder>, BackendError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.thaw().await;
         self.check()?;
-        self.inner.read().await
+        Ok(self.inner.read().await?.map(|h| self.hint(h)))
+    }
+    fn heard_at(&self, _: &Holder) -> Option<Instant> {
+        *self.heard.lock().unwrap()
     }
     async fn watch(&self, seen: &Holder) -> Result<(), BackendError> {
         self.thaw().await;
@@ -753,4 +777,46 @@ async fn a_throttled_leader_retries_after_retry_after_and_keeps_its_term_inside_
     run_for(&cs, Duration::from_secs(2)).await;
     assert_eq!(leader_of(&cs), old, "no transition");
     assert_eq!(cs[old].rx.borrow().fencing_token, token, "the same term");
+}
+
+/// Reads of every follower in `cs` (all but `l`).
+fn follower_reads(cs: &[Candidate], l: usize) -> usize {
+    let others = cs.iter().enumerate().filter(|(i, _)| *i != l);
+    others
+        .map(|(_, c)| c.link.reads.load(Ordering::SeqCst))
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn followers_read_only_while_their_watch_hears_no_renewals() {
+    let b = MemoryBackend::new();
+    let cs: Vec<_> = ["a", "b", "c"].iter().map(|id| start(&b, id)).collect();
+    for c in &cs {
+        c.link.no_expiry.store(true, Ordering::SeqCst);
+    }
+    run_for(&cs, Duration::from_secs(5)).await;
+    let l = leader_of(&cs);
+    // Renewals heard on the watch every renew interval: no reads.
+    let before = follower_reads(&cs, l);
+    for _ in 0..10 {
+        for c in &cs {
+            *c.link.heard.lock().unwrap() = Some(Instant::now());
+        }
+        run_for(&cs, Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        follower_reads(&cs, l),
+        before,
+        "followers read while hearing renewals"
+    );
+    let name = cs[l].rx.borrow().identity.clone();
+    for c in &cs {
+        assert_eq!(c.rx.borrow().leader.as_deref(), Some(name.as_str()));
+    }
+    // The twin: the watch falls silent, the followers read again (about
+    // once per renew interval) and still name the leader.
+    run_for(&cs, Duration::from_secs(5)).await;
+    let reads = follower_reads(&cs, l) - before;
+    assert!((6..=12).contains(&reads), "{reads} follower reads in 5 s");
+    assert_eq!(leaders(&cs), vec![name]);
 }

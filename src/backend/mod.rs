@@ -25,6 +25,7 @@ pub mod registry;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 pub use error::BackendError;
 pub(crate) use error::is_tls_error;
@@ -301,6 +302,22 @@ pub trait LeaseBackend: Send + Sync {
     /// [`BackendError::WatchEnded`] when the server cancels the watch, or a
     /// transport error; the caller reads the key again.
     async fn watch(&self, seen: &Holder) -> Result<()>;
+
+    /// The instant (monotonic, tokio's clock) at which this backend's own
+    /// watch last delivered a version of `holder`'s term that it had not
+    /// seen before: evidence that the holder wrote its key since the
+    /// previous version. A version seen again (a re-read, a reopened
+    /// watch, a relist) never counts, nor does a version first seen by a
+    /// read. `None` when the watch delivered none, when the key now names
+    /// another term, or when the backend's watch does not see renewals
+    /// (the default: an etcd keep-alive and a Redis `PEXPIRE` write no new
+    /// version). A follower reads the key in its place; a backend whose
+    /// renewals are writes (a Kubernetes Lease) spares that read while
+    /// its watch keeps delivering them.
+    fn heard_at(&self, holder: &Holder) -> Option<Instant> {
+        let _ = holder;
+        None
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! wait out the gates (cooldown, candidacy) as a read-only follower that still
 //! answers who leads.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
@@ -96,41 +97,80 @@ impl Elector {
         // campaigning) until it is healthy again.
         let closes = self.gates.candidacy_closes();
         tokio::pin!(closes);
-        // A backend with a watch (etcd) is silent while nothing changes, and
-        // a frozen server or a member without quorum stays silent too: read
-        // the key every renew interval (a linearizable read needs the quorum),
-        // so silence is noticed within one renew interval plus a call timeout.
+        // A backend with a watch is silent while nothing changes, and a
+        // frozen server or a member without quorum stays silent too: check
+        // the term every renew interval (see `check_term`).
         let mut next_check = recheck
             .is_none()
             .then(|| Instant::now() + self.cfg.renew_interval);
+        let mut last = Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = sleep_until(next_check.unwrap_or_else(Instant::now)), if next_check.is_some() => {
-                    let sent = Instant::now();
-                    match self.call("read", backend.read()).await {
-                        Ok(Some(h)) if h.term_id == holder.term_id => {
-                            self.backend_ok();
-                            self.heard(Some(h.fencing_token), sent);
-                            next_check = Some(sent + self.cfg.renew_interval);
-                        }
-                        // The key changed and the watch did not say so: campaign.
-                        Ok(_) => return,
-                        // Throttled: wait as asked before the campaign.
-                        Err(e) if e.retry_after().is_some() => {
-                            self.after_watch(Err(e), shutdown).await;
-                            return;
-                        }
-                        Err(e) => {
-                            self.backend_failed(e);
-                            return;
-                        }
+                    match self.check_term(holder, &mut last, shutdown).await {
+                        ControlFlow::Continue(next) => next_check = Some(next),
+                        ControlFlow::Break(()) => return,
                     }
                 }
                 cmd = self.commands.recv() => self.handle_idle_command(cmd),
                 _ = &mut closes => return,
                 r = &mut watch => { self.after_watch(r, shutdown).await; return; }
                 _ = sleep(recheck.unwrap_or(Duration::MAX)), if recheck.is_some() => return,
+            }
+        }
+    }
+
+    /// How much longer than a renew interval a follower lets its backend's
+    /// watch stay silent before it reads the key: half a call timeout (a
+    /// third of the renew interval), for the leader's write latency and the
+    /// watch's delivery.
+    fn watch_slack(&self) -> Duration {
+        self.cfg.call_timeout() / 2
+    }
+
+    /// Whether `holder`'s term is still alive, checked once by a follower.
+    /// A renewal the backend's own watch delivered after `last` (the
+    /// instant the term was last heard) and within the last renew interval
+    /// plus [`Elector::watch_slack`] counts as heard at its arrival, and the
+    /// next check waits for the next renewal. Otherwise the key is read (a
+    /// linearizable read needs the quorum), so a frozen server or a member
+    /// without quorum is noticed within a renew interval plus the slack plus
+    /// one call timeout. `Continue(next)`: alive, check again at `next`;
+    /// `Break`: the term changed or the backend failed (campaign).
+    async fn check_term(
+        &mut self,
+        holder: &Holder,
+        last: &mut Instant,
+        shutdown: &CancellationToken,
+    ) -> ControlFlow<(), Instant> {
+        let backend = self.backend.clone();
+        let quiet = self.cfg.renew_interval + self.watch_slack();
+        let heard = backend.heard_at(holder);
+        if let Some(at) = heard.filter(|at| *at > *last && at.elapsed() < quiet) {
+            self.backend_ok();
+            self.heard(Some(holder.fencing_token), at);
+            *last = at;
+            return ControlFlow::Continue(at + quiet);
+        }
+        let sent = Instant::now();
+        match self.call("read", backend.read()).await {
+            Ok(Some(h)) if h.term_id == holder.term_id => {
+                self.backend_ok();
+                self.heard(Some(h.fencing_token), sent);
+                *last = sent;
+                ControlFlow::Continue(sent + self.cfg.renew_interval)
+            }
+            // The key changed and the watch did not say so: campaign.
+            Ok(_) => ControlFlow::Break(()),
+            // Throttled: wait as asked before the campaign.
+            Err(e) if e.retry_after().is_some() => {
+                self.after_watch(Err(e), shutdown).await;
+                ControlFlow::Break(())
+            }
+            Err(e) => {
+                self.backend_failed(e);
+                ControlFlow::Break(())
             }
         }
     }

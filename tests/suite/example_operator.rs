@@ -216,7 +216,15 @@ async fn one_operator_reconciles_and_sigterm_hands_over_to_the_other() {
     let (_, new_token) = reconciled(&api).unwrap();
     assert!(new_token > token, "fencing token {new_token} after {token}");
 
-    let (old, new) = (&ops[leader], &ops[follower]);
+    handed_over_in_order(&ops[leader], &ops[follower], sigterm, exited).await;
+    ops[follower].signal(Signal::SIGTERM);
+    let status = ops[follower].wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "the second leader exited with {status}");
+}
+
+/// The old leader stopped and released before the new one began, and
+/// reconciled last before it; the handover times are printed.
+async fn handed_over_in_order(old: &Operator, new: &Operator, sigterm: Instant, exited: Instant) {
     let stopped = old
         .first("stopped reconciling")
         .expect("no 'stopped reconciling'");
@@ -245,9 +253,6 @@ async fn one_operator_reconciles_and_sigterm_hands_over_to_the_other() {
         ms(leading - sigterm),
         ms(new.first("reconciled").unwrap() - sigterm),
     );
-    ops[follower].signal(Signal::SIGTERM);
-    let status = ops[follower].wait_exit(Duration::from_secs(20)).await;
-    assert!(status.success(), "the second leader exited with {status}");
 }
 
 fn ms(d: Duration) -> f64 {

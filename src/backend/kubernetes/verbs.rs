@@ -148,6 +148,13 @@ impl LeaseBackend for KubeLeaseBackend {
         Ok(Some(holder))
     }
 
+    /// Every renewal is a write, so a watch delivers each as a new
+    /// `resourceVersion`: the arrival of the last new version of `holder`'s
+    /// term (never a re-read, a relist or a poll).
+    fn heard_at(&self, holder: &Holder) -> Option<Instant> {
+        self.view(|v| v.heard_at(holder.term_id.as_str()))
+    }
+
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let conn = self.conn().await?;
         let mut broken = false;

@@ -15,6 +15,10 @@
 //!   configuration; the version we see may be a hand edit of the one its
 //!   holder wrote), and never ends before what an earlier version promised
 //!   ([`Seen::carry`]), unless that term's holder released it itself.
+//! - A renewal heard ([`LeaseView::heard_at`], which spares a follower its
+//!   periodic read) is a `resourceVersion` first delivered by the watch,
+//!   at its arrival: the same rule as the silence clock, and a version
+//!   first seen by a read does not count (the read itself was the check).
 //! - An empty holder is free only with the release mark
 //!   ([`RELEASED_ANNOTATION`]) that its holder writes when it releases.
 //! - A write we did not make to our own term's duration or fencing token,
@@ -260,6 +264,9 @@ pub(super) struct LeaseView {
     /// `--max-clock-skew`: the most any two candidates' wall clocks (and
     /// the API server's) may differ; `None`: no cold-start rule.
     max_skew: Option<Duration>,
+    /// The holder and arrival instant of the last version our watch
+    /// delivered that this process had not seen before (a renewal heard).
+    watched: Option<(String, Instant)>,
 }
 
 impl LeaseView {

@@ -398,3 +398,26 @@ fn random_writes_by_others_end_the_leaders_term_at_once() {
         }
     }
 }
+
+#[test]
+fn only_a_new_version_on_the_watch_is_a_renewal_heard() {
+    let t0 = Instant::now();
+    let mut v = follower();
+    v.observed(&lease("a", 1, 1, 6), t0);
+    assert_eq!(v.heard_at("a"), None, "a read is not the watch");
+    v.watched(&lease("a", 2, 1, 6), secs(t0, 1.0));
+    assert_eq!(v.heard_at("a"), Some(secs(t0, 1.0)));
+    // The same version again (a reopened watch, a relist, a read): no move.
+    v.watched(&lease("a", 2, 1, 6), secs(t0, 2.0));
+    v.observed(&lease("a", 2, 1, 6), secs(t0, 2.5));
+    assert_eq!(v.heard_at("a"), Some(secs(t0, 1.0)));
+    // A newer version first seen by a read does not count either.
+    v.observed(&lease("a", 3, 1, 6), secs(t0, 3.0));
+    assert_eq!(v.heard_at("a"), Some(secs(t0, 1.0)));
+    v.watched(&lease("a", 4, 1, 6), secs(t0, 4.0));
+    assert_eq!(v.heard_at("a"), Some(secs(t0, 4.0)));
+    // Another holder's term: nothing heard of either.
+    v.watched(&lease("b", 5, 2, 6), secs(t0, 5.0));
+    assert_eq!(v.heard_at("a"), None);
+    assert_eq!(v.heard_at("b"), Some(secs(t0, 5.0)));
+}

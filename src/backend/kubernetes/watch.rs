@@ -102,7 +102,7 @@ impl KubeLeaseBackend {
         }
         if !leading {
             return ControlFlow::Continue(self.view(|v| {
-                v.observed(lease, now);
+                v.watched(lease, now);
                 v.silent_until()
             }));
         }

@@ -90,6 +90,29 @@ impl LeaseView {
         });
     }
 
+    /// A version of the Lease delivered at `now` by a follower's watch:
+    /// applied as [`LeaseView::observed`]; a version not seen before is
+    /// remembered as its holder's last renewal heard (for
+    /// [`LeaseView::heard_at`]).
+    pub(in crate::backend::kubernetes) fn watched(&mut self, lease: &Lease, now: Instant) {
+        let new = self
+            .seen
+            .as_ref()
+            .is_none_or(|s| s.deleted || rv_of(&s.lease) != rv_of(lease));
+        self.observed(lease, now);
+        if new {
+            self.watched = Some((holder_of(lease).to_owned(), now));
+        }
+    }
+
+    /// When our watch last delivered a new version of `holder`'s term,
+    /// while the Lease as last seen still names that holder.
+    pub(in crate::backend::kubernetes) fn heard_at(&self, holder: &str) -> Option<Instant> {
+        let (h, at) = self.watched.as_ref()?;
+        let current = self.lease().is_some_and(|l| holder_of(l) == holder);
+        (h == holder && current).then_some(*at)
+    }
+
     /// The Lease was found gone at `now`: deleted at version `at` (a
     /// watch's DELETED event, a LIST's version), else after the last
     /// version we had a complete view of. The first absence point of a run
