@@ -20,7 +20,7 @@ pub type Backends = (Arc<dyn LeaseBackend>, Box<dyn Coordinator>);
 /// [`RunError::Backend`] when the backend settings cannot be used.
 pub fn connect(settings: &dyn Settings) -> Result<Backends, RunError> {
     let connected = settings.connect().map_err(RunError::Backend)?;
-    let name = connected.about.name;
+    let name = connected.election.name();
     let coordination = connected
         .coordination
         .unwrap_or_else(|| Box::new(Unserved::new(name, unserved_message(name))));

@@ -21,8 +21,8 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::{PossibleValue, PossibleValuesParser};
 
+use super::LeaseBackend;
 use super::coordination::Coordinator;
-use super::{About, LeaseBackend};
 use crate::flags::{ConfigError, config_error};
 
 /// The backend choice and every backend's connection flags: one group,
@@ -142,8 +142,6 @@ pub struct Connected {
     /// The coordination API over the same connection; `None` when the
     /// backend serves none.
     pub coordination: Option<Box<dyn Coordinator>>,
-    /// The backend's name and advice for its errors.
-    pub about: &'static About,
 }
 
 fn backend_names() -> PossibleValuesParser {

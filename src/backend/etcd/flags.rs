@@ -14,7 +14,6 @@ use clap::Args;
 use super::EtcdBackend;
 use super::EtcdOptions;
 use super::coord::{DEFAULT_DEADLINE, EtcdCoord};
-use crate::backend::LeaseBackend;
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
 use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
 
@@ -139,11 +138,9 @@ impl Settings for EtcdSettings {
         // election's call timeout, but at least the coordination default.
         let coord = EtcdCoord::new(backend.clone(), &self.prefix)
             .with_deadline(self.options.connect_timeout.max(DEFAULT_DEADLINE));
-        let about = backend.about();
         Ok(Connected {
             election: backend,
             coordination: Some(Box::new(coord)),
-            about,
         })
     }
 }

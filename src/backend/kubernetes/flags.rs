@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{ABOUT, KubeLeaseBackend, KubeOptions};
+use super::{KubeLeaseBackend, KubeOptions};
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
 use crate::flags::{ConfigError, config_error, parse_duration};
 
@@ -78,7 +78,6 @@ impl Settings for KubeSettings {
         Ok(Connected {
             election: KubeLeaseBackend::new(self.name.clone(), self.options.clone()),
             coordination: None,
-            about: ABOUT,
         })
     }
 }

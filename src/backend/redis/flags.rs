@@ -12,7 +12,6 @@ use clap::Args;
 
 use super::coord::RedisCoord;
 use super::{RedisBackend, RedisOptions, check_url};
-use crate::backend::LeaseBackend;
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
 use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
 
@@ -124,11 +123,9 @@ impl Settings for RedisSettings {
         }
         let backend = RedisBackend::new(&self.prefix, &self.election, self.options.clone())?;
         let coord = RedisCoord::new(backend.clone());
-        let about = backend.about();
         Ok(Connected {
             election: backend,
             coordination: Some(Box::new(coord)),
-            about,
         })
     }
 }
