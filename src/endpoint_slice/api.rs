@@ -262,7 +262,6 @@ pub async fn run_slice_writer(
         }
     }
     if (w.named_for.is_some() || w.unsure)
-       
         && let Err(f) = w.hide().await
     {
         warn!(error = %f.why, "could not take our address out of the EndpointSlice at shutdown");
@@ -283,7 +282,7 @@ async fn step(
             w.show(token).await?;
             info!(slice = %w.cfg.slice_name(), address = %w.cfg.pod_ip, "the EndpointSlice names this Pod");
         }
-    } else if (w.named_for.is_some() || w.unsure) {
+    } else if w.named_for.is_some() || w.unsure {
         w.hide().await?;
         info!(slice = %w.cfg.slice_name(), "took this Pod out of the EndpointSlice");
     }

@@ -158,7 +158,7 @@ impl Sampler {
 /// leader, never names another, and names each new leader within 100 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slice_names_only_the_leader_through_graceful_handovers() {
-    let (api, _eps, mut cs) = slice_group("k-slice", 3, true).await;
+    let (api, eps, mut cs) = slice_group("k-slice", 3, true).await;
     let first = one_leader(&cs, Duration::from_secs(20)).await;
     let mut s = Sampler::new();
     s.run(&api, &cs, Duration::from_millis(1500)).await;
@@ -195,6 +195,25 @@ async fn the_slice_names_only_the_leader_through_graceful_handovers() {
         named(&api).is_empty(),
         "the last leader left its address behind"
     );
+    // Exactly the requests the chart's Role grants with endpointSlice.enabled
+    // (scripts/check-k8s): the slice read, created, replaced; the Service read.
+    let made: std::collections::BTreeSet<(String, String)> = eps
+        .iter()
+        .flat_map(|e| e.log())
+        .filter(|l| l.resource == "endpointslices" || l.resource == "services")
+        .map(|l| (l.verb.to_owned(), l.resource.clone()))
+        .collect();
+    let granted = [
+        ("create", "endpointslices"),
+        ("get", "endpointslices"),
+        ("get", "services"),
+        ("update", "endpointslices"),
+    ];
+    let granted = granted
+        .iter()
+        .map(|(v, r)| (v.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(made, granted);
 }
 
 /// A leader killed with SIGKILL cannot take itself out: its address stays
