@@ -170,6 +170,13 @@ fn assemble(cfg: &Cfg, ran: &[String]) {
     if !run.is_empty() {
         let _ = write!(out, "## Run\n\n{run}");
     }
+    // The sections other benches write (`scripts/bench-coord`, the
+    // Kubernetes bench) are carried over as they are.
+    let old = std::fs::read_to_string(&cfg.out).unwrap_or_default();
+    for block in support::bench_md::blocks(&old) {
+        out.push('\n');
+        out.push_str(&block);
+    }
     std::fs::write(&cfg.out, out).expect("write BENCHMARKS.md");
     eprintln!("wrote {}", cfg.out.display());
 }

@@ -1014,6 +1014,43 @@ async fn a_kept_lease_revoked_by_hand_is_replaced_by_a_fresh_one_on_etcd() {
     }
 }
 
+/// A fair lock granted under a kept lease lasts the whole TTL its answer
+/// tells, from the answer: the kept lease is refreshed before it is used
+/// (it was last refreshed 800 ms earlier, at its release). Liveness twin:
+/// unrenewed, the lock is free again within the TTL plus etcd's expiry
+/// slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lock_under_a_kept_lease_lasts_its_whole_ttl_on_etcd() {
+    let (_b, _s, port) = sidecar("etcd", "kept-fair").await;
+    let (st, m) = call(port, "POST", "/locks/m?ttl=2s", None).await;
+    assert_eq!(st, 200, "{m}");
+    let (st, r) = call(port, "DELETE", "/locks/m", Some(&token_body(&m))).await;
+    assert_eq!(st, 200, "{r}");
+    sleep(Duration::from_millis(800)).await;
+    let (st, g) = call(port, "POST", "/locks/l?ttl=2s&fair=true&wait=1s", None).await;
+    let granted = Instant::now();
+    assert_eq!(st, 200, "{g}");
+    assert_eq!(
+        lease_of(&g),
+        lease_of(&m),
+        "the kept lease serves the fair lock"
+    );
+    loop {
+        let (st, r) = call(port, "POST", "/locks/l?ttl=2s", None).await;
+        if st == 200 {
+            let after = granted.elapsed();
+            assert!(
+                after >= Duration::from_secs(2),
+                "the lock was free {after:?} after a grant that told 2 s"
+            );
+            break;
+        }
+        assert_eq!(st, 409, "{r}");
+        assert!(granted.elapsed() < Duration::from_secs(4), "never expired");
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Many waiters of one sidecar share one watch of the queue: each is served
 /// in turn as the holder releases, and when the shared watch breaks (etcd
 /// restarted under them) the next waiters open a new one and are served.

@@ -21,6 +21,7 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod bench_md;
 pub mod certs;
 pub mod etcd;
 pub mod http;

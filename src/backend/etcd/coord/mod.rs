@@ -213,6 +213,9 @@ impl EtcdCoord {
 
     /// One keep-alive of `lease`: the TTL it now has, 0 when it is gone.
     async fn keep_alive_once(&self, client: &Client, lease: i64) -> Result<i64> {
+        // etcd-client's opening of the stream sends a first request and
+        // reads its answer without giving us its TTL: this second one is
+        // the one read (renewals report the TTL left).
         let once = async {
             let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
             keeper.keep_alive().await?;

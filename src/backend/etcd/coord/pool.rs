@@ -23,7 +23,7 @@ use etcd_client::Client;
 use tokio::time::Instant;
 
 use super::EtcdCoord;
-use crate::backend::coordination::{CoordError, Result, Token, TokenKind, Try};
+use crate::backend::coordination::{Result, Token, TokenKind, Try};
 use crate::backend::etcd::store::{Lease, revision_of, ttl_secs};
 
 /// Most leases kept per TTL; the rest are revoked.
@@ -116,14 +116,9 @@ impl EtcdCoord {
     /// As [`EtcdStore::grant`].
     pub(super) async fn lock_lease(&self, client: &mut Client, ttl: Duration) -> Result<Lease> {
         if let Some((id, ttl)) = self.pool.take(asked(ttl)) {
-            // Opening the keep-alive stream refreshes the lease once and
-            // fails when etcd says it is gone.
-            let mut leases = client.lease_client();
-            if self
-                .call("lease keep-alive", leases.keep_alive(id))
-                .await
-                .is_ok()
-            {
+            // Opening the keep-alive stream refreshes the lease once (its
+            // first request and answer) and fails when etcd says it is gone.
+            if self.refresh(client, id).await.is_ok() {
                 return Ok(Lease { id, ttl });
             }
         }
@@ -166,7 +161,7 @@ impl EtcdCoord {
                 other => other.map(Some),
             }
         });
-        let (alive, put) = tokio::join!(self.keep_alive_once(client, id), put);
+        let (alive, put) = tokio::join!(self.refresh(client, id), put);
         let resp = match put {
             Ok(Some(resp)) => resp,
             Ok(None) => return Ok(None),
@@ -176,21 +171,14 @@ impl EtcdCoord {
                 return Err(e);
             }
         };
-        let left = match alive {
-            Ok(left) if left > 0 => Duration::from_secs(left as u64).min(granted),
-            other => {
-                self.revoke_later(client.clone(), id);
-                if !resp.succeeded() {
-                    return Ok(Some(Try::Held(super::held_by(&resp))));
-                }
-                return Err(other.err().unwrap_or_else(|| {
-                    CoordError::Backend(crate::backend::BackendError::WatchEnded {
-                        backend: crate::backend::etcd::store::BACKEND,
-                        reason: "the lock's lease expired while it was taken".into(),
-                    })
-                }));
+        if let Err(e) = alive {
+            self.revoke_later(client.clone(), id);
+            if !resp.succeeded() {
+                return Ok(Some(Try::Held(super::held_by(&resp))));
             }
-        };
+            return Err(e);
+        }
+        let left = granted;
         if !resp.succeeded() {
             self.pool.put_back(id, asked(ttl), left);
             return Ok(Some(Try::Held(super::held_by(&resp))));
@@ -198,6 +186,20 @@ impl EtcdCoord {
         self.pool.holding(id, asked(ttl), left);
         let rev = revision_of(resp.header());
         Ok(Some(Try::Acquired(super::grant(name, &token, rev, left))))
+    }
+
+    /// Refresh `lease` with one keep-alive: etcd-client's opening of the
+    /// keep-alive stream sends one request and reads its answer, failing
+    /// when the lease is gone (TTL 0); the lease then lasts its granted TTL
+    /// from etcd's handling of it.
+    ///
+    /// # Errors
+    /// The keep-alive's classified error (a gone lease included).
+    async fn refresh(&self, client: &Client, lease: i64) -> Result<()> {
+        let mut leases = client.lease_client();
+        self.call("lease keep-alive", leases.keep_alive(lease))
+            .await
+            .map(|_| ())
     }
 
     /// Note that `lease`, asked with `ttl`, holds a lock now, so that its
