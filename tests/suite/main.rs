@@ -23,3 +23,4 @@ mod model;
 mod ops;
 mod redis;
 mod redlock_coord;
+mod rwlock;
