@@ -240,10 +240,33 @@ async fn rw_client(
     }
 }
 
+/// Prints the median of 30 uncontended acquire + release rounds per mode
+/// (one client, nothing else held).
+async fn uncontended(kind: &str, port: u16) {
+    for mode in ["read", "write"] {
+        let mut ms = Vec::new();
+        for _ in 0..30 {
+            let t = Instant::now();
+            let path = format!("/rwlocks/alone?mode={mode}&ttl=10s");
+            let (st, g) = call(port, "POST", &path, None).await;
+            assert_eq!(st, 200, "{g}");
+            let (st, r) = call(port, "DELETE", "/rwlocks/alone", Some(&token_body(&g))).await;
+            assert_eq!(st, 200, "{r}");
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        ms.sort_by(f64::total_cmp);
+        eprintln!(
+            "{kind}: uncontended {mode} acquire + release: median {:.2} ms, p90 {:.2} ms",
+            ms[15], ms[27]
+        );
+    }
+}
+
 /// 12 clients x 15 rounds: no writer ever beside anyone, readers do share,
 /// every request is granted within its wait; prints grant latencies.
 async fn no_writer_beside_anyone(kind: &str) {
     let (_b, _s, port) = sidecar(kind, &format!("rw-stress-{kind}")).await;
+    uncontended(kind, port).await;
     let inside = Arc::new(Inside::default());
     let grants = Arc::new(std::sync::Mutex::new(Vec::new()));
     let started = Instant::now();

@@ -5,6 +5,9 @@
 //! - a waiting writer's intent is the one key `intent`, value `<id>|<owner>`,
 //!   bound to a lease of the intent's TTL.
 //!
+//! Leases of released holds go to the pool of released lock leases
+//! (`super::pool`) for the next acquisition of the same TTL.
+//!
 //! A reader is put only if no writer key and no intent exist; the writer
 //! only if no reader key, no writer key exist and the intent is as the
 //! writer read it (absent, or its own), and its put deletes the intent in
@@ -113,14 +116,16 @@ impl EtcdCoord {
             RwMode::Read => TokenKind::Reader,
             RwMode::Write => TokenKind::Writer,
         };
-        let mut token = Token::new(kind, 0);
+        // A lease of a released lock or read-write hold is reused, as for
+        // locks ([`super::pool`]): every verb of its old token names its
+        // old, deleted key.
+        let lease = self.lock_lease(&mut client, ttl).await?;
+        let token = Token::new(kind, lease.id);
         let intent_rev = seen.intent.as_ref().map_or(0, |i| i.2);
-        let txn = |lease| {
-            token = Token::new(kind, lease);
-            self.rw_txn(name, mode, &token, owner, lease, intent_rev)
-        };
-        let created = self.create(&mut client, ttl, txn).await?;
+        let txn = self.rw_txn(name, mode, &token, owner, lease.id, intent_rev);
+        let created = self.put_under(&mut client, lease, txn).await?;
         if created.resp.succeeded() {
+            self.holding(lease, ttl);
             if ours(&seen)
                 && let Some((.., lease)) = seen.intent
             {
@@ -296,7 +301,11 @@ impl EtcdCoord {
         if deleted.deleted() == 0 {
             return Ok(Outcome::Gone);
         }
-        self.revoke_later(client, t.lease);
+        // The lease holds no key any more: keep it for the next
+        // acquisition, or revoke it off the answer path.
+        if !self.pool.released(t.lease) {
+            self.revoke_later(client, t.lease);
+        }
         Ok(Outcome::Ok(None))
     }
 

@@ -56,7 +56,17 @@ impl RedisCoord {
             ttl,
         };
         match self.acquire(ask).await? {
-            Got::Granted(g) => Ok(Try::Acquired(g)),
+            Got::Granted(g) => {
+                if let Some(i) = intent
+                    && self.group.is_redlock()
+                {
+                    // A server that refused this writer may have recorded
+                    // its intent (the grant removed it only where it
+                    // granted): remove it there too.
+                    self.rw_drop_intent(name, &i.id).await;
+                }
+                Ok(Try::Acquired(g))
+            }
             Got::Refused(round) => Ok(Try::Held(held_by(&round).unwrap_or_default())),
         }
     }
