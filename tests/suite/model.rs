@@ -835,8 +835,21 @@ async fn proxies_to(server: &Server) -> (Vec<Proxy>, String) {
 /// Enough grants to mean anything, and readers that shared a read-write
 /// lock at least once (certainly held at once).
 fn meaningful(history: &[Op], shared: usize, kind: &str, seed: u64) {
+    let count = |f: &dyn Fn(&Op) -> bool| history.iter().filter(|o| f(o)).count();
+    let rw = |write: bool, status: u16| {
+        count(&|o| {
+            o.what == What::Rw && o.verb == "acquire" && o.write == write && o.status == status
+        })
+    };
+    let jobs = |verb: &str| count(&|o| o.what == What::Job && o.verb == verb && o.status == 200);
     eprintln!(
-        "model check on {kind}: {shared} pairs of readers certainly held a read-write lock at once"
+        "model check on {kind}: read-write locks: reads {} granted / {} refused, writes {} granted / {} refused, {shared} pairs of readers certainly held at once; job claims renewed {}, given back {}",
+        rw(false, 200),
+        rw(false, 409),
+        rw(true, 200),
+        rw(true, 409),
+        jobs("renew"),
+        jobs("release")
     );
     let grants = history
         .iter()
