@@ -118,13 +118,24 @@ async fn readers_share_and_a_writer_waits_its_turn_on_redis() {
 /// A writer that gives up at its wait lets held-back readers in at once
 /// (its intent goes with it), and renew/release answer like a lock's.
 async fn a_writer_that_gives_up_lets_readers_in(kind: &str) {
-    let (_b, _s, port) = sidecar(kind, &format!("rw-give-up-{kind}")).await;
+    let (_b, side, port) = sidecar(kind, &format!("rw-give-up-{kind}")).await;
     let (st, a) = call(port, "POST", "/rwlocks/f?mode=read&ttl=30s", None).await;
     assert_eq!(st, 200, "{a}");
     let (st, w) = call(port, "POST", "/rwlocks/f?mode=write&wait=1s&owner=w", None).await;
     assert_eq!(st, 409, "{w}");
     let (st, b) = call(port, "POST", "/rwlocks/f?mode=read&owner=rb", None).await;
     assert_eq!(st, 200, "a reader after the writer gave up: {b}");
+    // Counted like locks, under the lock's name.
+    let (_, metrics) = crate::support::http_get(side.port, "/metrics")
+        .await
+        .unwrap();
+    for line in [
+        r#"dist_lock_acquisitions_total{lock_name="f",result="acquired"} 2"#,
+        r#"dist_lock_acquisitions_total{lock_name="f",result="busy"} 1"#,
+        r#"dist_locks_active{lock_name="f"} 2"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing: {metrics}");
+    }
     // Renew answers: a reader renews; a released token is 410 on renew and
     // 409 on release; an unknown token is 409 on release.
     let renew = format!("/rwlocks/f/renew?ttl=30s&token={}", tok(&a));
