@@ -1,5 +1,5 @@
 //! Benchmark of the Kubernetes Lease backend against the API stand-in
-//! (tests/support/kube_api.rs): graceful handover, crash failover, API
+//! (tests/support/kube_api/): graceful handover, crash failover, API
 //! requests per candidate at rest, and RSS. Three candidates, TTL 5 s (the
 //! other backends' setting in BENCHMARKS.md), release build.
 //!

@@ -1,5 +1,5 @@
 //! `examples/operator.rs` as two real processes against the Kubernetes API
-//! stand-in (tests/support/kube_api.rs): exactly one reconciles; SIGTERM to
+//! stand-in (tests/support/kube_api/): exactly one reconciles; SIGTERM to
 //! it stops its controller, releases the election Lease and exits 0; the
 //! other then leads and reconciles; never both at once.
 //!

@@ -1,5 +1,5 @@
 //! The sidecar on the Kubernetes Lease backend, as real processes against the
-//! API stand-in (tests/support/kube_api.rs; no API server can run here):
+//! API stand-in (tests/support/kube_api/; no API server can run here):
 //! one leader of three, graceful handover, crash failover, SIGSTOP past the
 //! deadline, the API blackholed for the leader only, a Lease edited or
 //! deleted by hand, a same-name restart, followers configured with a shorter
@@ -555,7 +555,7 @@ async fn backend_on(
 }
 
 /// A kube-rs client on its own stand-in endpoint, through its KUBECONFIG.
-async fn client_on(api: &KubeApi, name: &str) -> kube::Client {
+pub(crate) async fn client_on(api: &KubeApi, name: &str) -> kube::Client {
     let ep = api.endpoint(name).await;
     let kc = kube::config::Kubeconfig::read_from(ep.kubeconfig()).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())

@@ -1,7 +1,7 @@
 //! The Lease backend against kube-rs's mock service (`tower_test::mock`): the
 //! exact requests it sends (method, path, query, body) and how it reads the
 //! answers. No API server runs in our test environment; tests/suite/kubernetes.rs
-//! drives real sidecars against the stand-in in tests/support/kube_api.rs.
+//! drives real sidecars against the stand-in in tests/support/kube_api/.
 
 use std::sync::{Arc, Mutex};
 

@@ -1,22 +1,33 @@
 //! A Kubernetes API stand-in for tests: an HTTPS server on loopback (a CA
 //! and a server certificate generated per stand-in, bearer-token
-//! authentication) that serves what the sidecar uses — Leases (get, list, create, update, delete,
-//! watch), Pods (get, list, merge patch) and Events (create) — with the API
-//! server's documented semantics where the sidecar depends on them
-//! (https://kubernetes.io/docs/reference/using-api/api-concepts/):
+//! authentication) that serves the namespaced resources the sidecar and
+//! its tests use — Leases, Pods, Events, Services, Endpoints and
+//! EndpointSlices ([`store::RESOURCES`]) — with the API server's documented
+//! semantics where the sidecar depends on them
+//! (https://kubernetes.io/docs/reference/using-api/api-concepts/), the same
+//! for every resource (the real server's generic registry store):
 //! - one global `resourceVersion` counter that changes on every write (like
 //!   etcd's revision behind a real API server);
-//! - `PUT` with a `metadata.resourceVersion` that is not the current one →
-//!   409 `Conflict`; `PUT` without one is an unconditional update (kubectl
-//!   replace/edit); `POST` of an existing name → 409 `AlreadyExists`; `POST`
-//!   into an unknown namespace → 404; `PUT`/`DELETE` of a missing object → 404;
+//! - `PUT` or merge `PATCH` with a `metadata.resourceVersion` that is not
+//!   the current one → 409 `Conflict` (none: unconditional, like kubectl
+//!   replace/edit); another object's `metadata.uid` → 409; `DELETE` with
+//!   `preconditions` (`uid`, `resourceVersion`) not met → 409; `POST` of an
+//!   existing name → 409 `AlreadyExists`, with `generateName` a fresh name;
+//!   `POST` into an unknown namespace → 404; `PUT`/`PATCH`/`DELETE` of a
+//!   missing object → 404; invalid names (RFC 1123 subdomains) and the
+//!   per-kind checks in [`store::validate`] → 422;
+//! - list and watch take `fieldSelector` (`metadata.name`,
+//!   `metadata.namespace`; another field → 400 as on the real server) and
+//!   `labelSelector` (equality and set-based terms);
 //! - watch: `?watch=true&resourceVersion=N` replays every change after N,
 //!   then streams live ones as newline-delimited `{"type","object"}` JSON;
 //!   without a version it starts with synthetic `ADDED` events of the current
 //!   state; a version older than the kept history → an `ERROR` event with a
 //!   410 `Expired` Status; `allowWatchBookmarks=true` adds `BOOKMARK` events
 //!   (every [`KubeApi::set_bookmark_every`]); `timeoutSeconds` ends the
-//!   stream; `fieldSelector=metadata.name=X` filters.
+//!   stream;
+//! - every answer about v1 Endpoints carries the deprecation `Warning`
+//!   header of v1.33+ servers;
 //!
 //! - TLS with a generated CA (`certificate-authority` in the KUBECONFIG, or
 //!   `ca.crt` for the in-cluster path) and a bearer token: a request without
@@ -54,6 +65,12 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::sync::broadcast;
 
+mod store;
+mod watch;
+
+use store::{Change, Selector, Store, by_plural};
+pub use store::{RESOURCES, Resource};
+
 /// Faults of one endpoint (or of all, see [`KubeApi::set_fault_all`]).
 #[derive(Clone, Debug, Default)]
 pub struct Fault {
@@ -89,28 +106,9 @@ impl Fault {
     }
 }
 
-#[derive(Debug)]
-struct Change {
-    rv: u64,
-    kind: &'static str,
-    object: Value,
-}
-
-#[derive(Debug, Default)]
-struct Store {
-    rv: u64,
-    leases: BTreeMap<(String, String), Value>,
-    pods: BTreeMap<(String, String), Value>,
-    events: Vec<Value>,
-    history: Vec<Change>,
-    /// Changes at or below this version are forgotten (compaction).
-    compacted: u64,
-    namespaces: Vec<String>,
-}
-
 struct Shared {
     store: Mutex<Store>,
-    changes: broadcast::Sender<(u64, &'static str, Value)>,
+    changes: broadcast::Sender<Change>,
     global: Mutex<Fault>,
     bookmark_every: Mutex<Duration>,
     /// `(verb, resource)` pairs RBAC denies (`("update", "leases")`).
@@ -237,12 +235,6 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `metadata.name=X` from a field selector.
-fn name_selector(q: &HashMap<String, String>) -> Option<String> {
-    q.get("fieldSelector")
-        .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_owned))
-}
-
 fn merge_patch(target: &mut Value, patch: &Value) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
@@ -255,27 +247,6 @@ fn merge_patch(target: &mut Value, patch: &Value) {
             }
         }
         (t, p) => *t = p.clone(),
-    }
-}
-
-impl Store {
-    fn bump(&mut self) -> u64 {
-        self.rv += 1;
-        self.rv
-    }
-    fn record(
-        &mut self,
-        shared_tx: &broadcast::Sender<(u64, &'static str, Value)>,
-        kind: &'static str,
-        object: Value,
-    ) {
-        let rv = self.rv;
-        self.history.push(Change {
-            rv,
-            kind,
-            object: object.clone(),
-        });
-        let _ = shared_tx.send((rv, kind, object));
     }
 }
 
@@ -390,81 +361,112 @@ impl KubeApi {
         s.history.clear();
     }
 
-    /// The Lease as stored.
-    pub fn lease(&self, name: &str) -> Option<Value> {
+    /// The object `name` of `plural` (`leases`, `services`…) in the test
+    /// namespace, as stored.
+    pub fn object(&self, plural: &str, name: &str) -> Option<Value> {
         let s = self.shared.store.lock().unwrap();
-        s.leases
-            .get(&(self.namespace.clone(), name.to_owned()))
-            .cloned()
+        s.get(by_plural(plural), &self.namespace, name).cloned()
     }
 
-    /// Edit a Lease by hand (an unconditional update, like `kubectl edit`
+    /// Every object of `plural` in the test namespace.
+    pub fn objects(&self, plural: &str) -> Vec<Value> {
+        let s = self.shared.store.lock().unwrap();
+        let r = by_plural(plural);
+        s.objects
+            .iter()
+            .filter(|((p, ns, _), _)| *p == r.plural && *ns == self.namespace)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Create or replace an object by hand (`kubectl apply`): `obj` needs
+    /// `metadata.name`; the kind, version and namespace are filled in.
+    pub fn put(&self, plural: &str, mut obj: Value) -> Value {
+        let r = by_plural(plural);
+        let mut s = self.shared.store.lock().unwrap();
+        obj["apiVersion"] = json!(r.api_version());
+        obj["kind"] = json!(r.kind);
+        obj["metadata"]["namespace"] = json!(self.namespace);
+        let name = obj["metadata"]["name"].as_str().expect("a name").to_owned();
+        let kind = match s.get(r, &self.namespace, &name) {
+            Some(cur) => {
+                obj["metadata"]["uid"] = cur["metadata"]["uid"].clone();
+                "MODIFIED"
+            }
+            None => {
+                if obj["metadata"]["uid"].is_null() {
+                    obj["metadata"]["uid"] = json!(format!("uid-{}-{name}", r.key));
+                }
+                "ADDED"
+            }
+        };
+        s.write(&self.shared.changes, r, kind, obj)
+    }
+
+    /// Edit an object by hand (an unconditional update, like `kubectl edit`
     /// after a fresh read): `f` changes the stored object.
-    pub fn edit_lease(&self, name: &str, f: impl FnOnce(&mut Value)) -> bool {
-        let shared = self.shared.clone();
-        let mut s = shared.store.lock().unwrap();
-        let key = (self.namespace.clone(), name.to_owned());
-        let Some(mut l) = s.leases.get(&key).cloned() else {
+    pub fn edit(&self, plural: &str, name: &str, f: impl FnOnce(&mut Value)) -> bool {
+        let r = by_plural(plural);
+        let mut s = self.shared.store.lock().unwrap();
+        let Some(mut obj) = s.get(r, &self.namespace, name).cloned() else {
             return false;
         };
-        f(&mut l);
-        let rv = s.bump();
-        l["metadata"]["resourceVersion"] = json!(rv.to_string());
-        s.leases.insert(key, l.clone());
-        s.record(&shared.changes, "MODIFIED", l);
+        f(&mut obj);
+        s.write(&self.shared.changes, r, "MODIFIED", obj);
         true
+    }
+
+    /// Delete an object by hand (`kubectl delete`).
+    pub fn delete(&self, plural: &str, name: &str) -> bool {
+        let r = by_plural(plural);
+        let mut s = self.shared.store.lock().unwrap();
+        let Some(obj) = s.get(r, &self.namespace, name).cloned() else {
+            return false;
+        };
+        s.write(&self.shared.changes, r, "DELETED", obj);
+        true
+    }
+
+    /// The Lease as stored.
+    pub fn lease(&self, name: &str) -> Option<Value> {
+        self.object("leases", name)
+    }
+
+    /// Edit a Lease by hand (see [`KubeApi::edit`]).
+    pub fn edit_lease(&self, name: &str, f: impl FnOnce(&mut Value)) -> bool {
+        self.edit("leases", name, f)
     }
 
     /// Delete a Lease by hand (`kubectl delete lease`).
     pub fn delete_lease(&self, name: &str) -> bool {
-        let shared = self.shared.clone();
-        let mut s = shared.store.lock().unwrap();
-        let key = (self.namespace.clone(), name.to_owned());
-        let Some(mut l) = s.leases.remove(&key) else {
-            return false;
-        };
-        let rv = s.bump();
-        l["metadata"]["resourceVersion"] = json!(rv.to_string());
-        s.record(&shared.changes, "DELETED", l);
-        true
+        self.delete("leases", name)
     }
 
     /// Add a Pod (for the labeler).
     pub fn add_pod(&self, name: &str) {
-        let mut s = self.shared.store.lock().unwrap();
-        let rv = s.bump();
-        let ns = self.namespace.clone();
-        s.pods.insert(
-            (ns.clone(), name.to_owned()),
-            json!({"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
-                                "resourceVersion": rv.to_string(), "labels": {}}}),
+        self.put(
+            "pods",
+            json!({"metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {}}}),
         );
     }
 
     /// A Pod's label value.
     pub fn pod_label(&self, pod: &str, key: &str) -> Option<String> {
-        let s = self.shared.store.lock().unwrap();
-        s.pods
-            .get(&(self.namespace.clone(), pod.to_owned()))
+        self.object("pods", pod)
             .and_then(|p| p["metadata"]["labels"][key].as_str().map(str::to_owned))
     }
 
     /// Set a Pod's label by hand (`kubectl label --overwrite`).
     pub fn set_pod_label(&self, pod: &str, key: &str, value: &str) {
-        let mut s = self.shared.store.lock().unwrap();
-        let rv = s.bump();
-        let p = s
-            .pods
-            .get_mut(&(self.namespace.clone(), pod.to_owned()))
-            .expect("no such Pod");
-        p["metadata"]["labels"][key] = json!(value);
-        p["metadata"]["resourceVersion"] = json!(rv.to_string());
+        assert!(
+            self.edit("pods", pod, |p| p["metadata"]["labels"][key] = json!(value)),
+            "no such Pod"
+        );
     }
 
     /// Events created so far.
     pub fn events(&self) -> Vec<Value> {
-        self.shared.store.lock().unwrap().events.clone()
+        self.objects("events")
     }
 }
 
@@ -604,7 +606,7 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
     let r = ApiRequest::read(req).await;
     let kind = r.kind();
     ep.count(format!("{} {kind}", r.verb()));
-    let response = handle_request(&ep, &r, kind, authorized).await;
+    let response = handle_request(&ep, &r, authorized).await;
     ep.log.lock().unwrap().push(Logged {
         verb: r.k8s_verb(),
         resource: r.resource().to_owned(),
@@ -616,12 +618,7 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
 }
 
 /// Authentication, faults, RBAC, then the route's answer.
-async fn handle_request(
-    ep: &Arc<Endpoint>,
-    r: &ApiRequest,
-    kind: &str,
-    authorized: bool,
-) -> Response {
+async fn handle_request(ep: &Arc<Endpoint>, r: &ApiRequest, authorized: bool) -> Response {
     if !authorized {
         return status(401, "Unauthorized", "Unauthorized");
     }
@@ -633,7 +630,7 @@ async fn handle_request(
     if fault.hang {
         std::future::pending::<()>().await;
     }
-    if let Some(injected) = r.injected(&fault, kind) {
+    if let Some(injected) = r.injected(&fault) {
         return injected;
     }
     if r.resource() == "selfsubjectaccessreviews" {
@@ -646,7 +643,7 @@ async fn handle_request(
         .unwrap()
         .contains(&(r.k8s_verb().to_owned(), r.resource().to_owned()));
     if denied {
-        return status(403, "Forbidden", &r.forbidden(kind, &ep.shared.user));
+        return status(403, "Forbidden", &r.forbidden(&ep.shared.user));
     }
     r.answer(ep).await
 }
@@ -682,11 +679,18 @@ struct ApiRequest {
 
 /// What a request's path names (by its segments).
 enum Route<'a> {
-    Leases { ns: &'a str },
-    Lease { ns: &'a str, name: &'a str },
-    Pods { ns: &'a str },
-    Pod { ns: &'a str, name: &'a str },
-    Events,
+    /// `/api/v1/namespaces/NS/PLURAL` or `/apis/GROUP/V/namespaces/NS/PLURAL`.
+    Collection {
+        r: Resource,
+        ns: &'a str,
+    },
+    /// The same with `/NAME`.
+    Object {
+        r: Resource,
+        ns: &'a str,
+        name: &'a str,
+    },
+    Review,
     Other,
 }
 
@@ -718,18 +722,8 @@ impl ApiRequest {
     /// The kind of object the path is about, for the counters and the 403
     /// message (any path under a collection counts, even a 404).
     fn kind(&self) -> &'static str {
-        match self.seg().as_slice() {
-            [
-                "apis",
-                "coordination.k8s.io",
-                "v1",
-                "namespaces",
-                _,
-                "leases",
-                ..,
-            ] => "lease",
-            ["api", "v1", "namespaces", _, "pods", ..] => "pod",
-            ["api", "v1", "namespaces", _, "events", ..] => "event",
+        match self.route() {
+            Route::Collection { r, .. } | Route::Object { r, .. } => r.key,
             _ => "other",
         }
     }
@@ -746,7 +740,7 @@ impl ApiRequest {
     /// The answer of an injected error status, if `fault` has one for this
     /// request (429 as API Priority and Fairness answers it, see
     /// [`Fault::throttled`]; 403 worded like RBAC's).
-    fn injected(&self, fault: &Fault, kind: &str) -> Option<Response> {
+    fn injected(&self, fault: &Fault) -> Option<Response> {
         let write = !matches!(self.method, Method::GET);
         let code = fault.status.filter(|_| write || !fault.writes_only)?;
         if code == 429 {
@@ -765,7 +759,7 @@ impl ApiRequest {
             return Some(r);
         }
         let msg = if code == 403 {
-            self.forbidden(kind, "system:serviceaccount:ns:leader-elector")
+            self.forbidden("system:serviceaccount:ns:leader-elector")
         } else {
             format!("injected {code}")
         };
@@ -774,7 +768,7 @@ impl ApiRequest {
 
     /// The Kubernetes verb of this request (RBAC's word for it).
     fn k8s_verb(&self) -> &'static str {
-        let named = matches!(self.route(), Route::Lease { .. } | Route::Pod { .. });
+        let named = matches!(self.route(), Route::Object { .. });
         match (&self.method, self.watching) {
             (_, true) => "watch",
             (&Method::POST, _) => "create",
@@ -788,46 +782,27 @@ impl ApiRequest {
     }
 
     /// The resource the path names (plural, as RBAC has it).
-    fn resource(&self) -> &str {
-        match self.seg().as_slice() {
-            [
-                "apis",
-                "authorization.k8s.io",
-                "v1",
-                "selfsubjectaccessreviews",
-            ] => "selfsubjectaccessreviews",
-            _ => match self.kind() {
-                "lease" => "leases",
-                "pod" => "pods",
-                "event" => "events",
-                _ => "other",
-            },
+    fn resource(&self) -> &'static str {
+        match self.route() {
+            Route::Review => "selfsubjectaccessreviews",
+            Route::Collection { r, .. } | Route::Object { r, .. } => r.plural,
+            Route::Other => "other",
         }
     }
 
     /// The message of an RBAC refusal of this request, worded as the real
     /// server words it.
-    fn forbidden(&self, kind: &str, user: &str) -> String {
-        let group = if kind == "lease" {
-            "coordination.k8s.io"
-        } else {
-            ""
-        };
-        let what = match self.route() {
-            Route::Lease { name, .. } | Route::Pod { name, .. } => {
-                format!(
-                    "{kind}s{dot}{group} \"{name}\"",
-                    dot = if group.is_empty() { "" } else { "." }
-                )
-            }
-            _ => format!(
-                "{kind}s{dot}{group}",
-                dot = if group.is_empty() { "" } else { "." }
-            ),
+    fn forbidden(&self, user: &str) -> String {
+        let (r, what) = match self.route() {
+            Route::Object { r, name, .. } => (Some(r), format!("{} \"{name}\"", r.qualified())),
+            Route::Collection { r, .. } => (Some(r), r.qualified()),
+            _ => (None, self.resource().to_owned()),
         };
         format!(
-            "{what} is forbidden: User \"{user}\" cannot {verb} resource \"{kind}s\" in API group \"{group}\" in the namespace \"{ns}\"",
+            "{what} is forbidden: User \"{user}\" cannot {verb} resource \"{plural}\" in API group \"{group}\" in the namespace \"{ns}\"",
             verb = self.k8s_verb(),
+            plural = self.resource(),
+            group = r.map_or("", |r| r.group),
             ns = self
                 .seg()
                 .windows(2)
@@ -838,432 +813,72 @@ impl ApiRequest {
 
     /// Which object or collection the path names.
     fn route(&self) -> Route<'_> {
-        match self.seg().as_slice() {
+        let seg = self.seg();
+        let (group, version, rest) = match seg.as_slice() {
             [
                 "apis",
-                "coordination.k8s.io",
+                "authorization.k8s.io",
                 "v1",
-                "namespaces",
-                ns,
-                "leases",
-            ] => Route::Leases { ns },
-            [
-                "apis",
-                "coordination.k8s.io",
-                "v1",
-                "namespaces",
-                ns,
-                "leases",
-                name,
-            ] => Route::Lease { ns, name },
-            ["api", "v1", "namespaces", ns, "pods"] => Route::Pods { ns },
-            ["api", "v1", "namespaces", ns, "pods", name] => Route::Pod { ns, name },
-            ["api", "v1", "namespaces", _ns, "events"] => Route::Events,
-            _ => Route::Other,
+                "selfsubjectaccessreviews",
+            ] => {
+                return Route::Review;
+            }
+            ["api", v, rest @ ..] => ("", *v, rest),
+            ["apis", g, v, rest @ ..] => (*g, *v, rest),
+            _ => return Route::Other,
+        };
+        let (ns, plural, name) = match rest {
+            ["namespaces", ns, plural] => (*ns, *plural, None),
+            ["namespaces", ns, plural, name] => (*ns, *plural, Some(*name)),
+            _ => return Route::Other,
+        };
+        let Some(r) = store::resource(group, version, plural) else {
+            return Route::Other;
+        };
+        match name {
+            Some(name) => Route::Object { r, ns, name },
+            None => Route::Collection { r, ns },
         }
     }
 
     /// The answer of the route the request names (no fault applied).
     async fn answer(&self, ep: &Arc<Endpoint>) -> Response {
         let shared = &ep.shared;
-        match (self.route(), &self.method) {
-            (Route::Leases { ns }, &Method::GET) if self.watching => {
-                watch(ep.clone(), ns.to_string(), self.q.clone()).await
+        let tx = &shared.changes;
+        let mut response = match (self.route(), &self.method) {
+            (Route::Collection { r, ns }, &Method::GET) => {
+                let sel = match Selector::parse(r, ns, &self.q) {
+                    Ok(sel) => sel,
+                    Err(message) => return status(400, "BadRequest", &message),
+                };
+                if self.watching {
+                    watch::watch(ep.clone(), r, sel, self.q.clone()).await
+                } else {
+                    store::list(&shared.store.lock().unwrap(), &sel, r)
+                }
             }
-            (Route::Leases { ns }, &Method::GET) => list_leases(shared, ns, &self.q),
-            (Route::Leases { ns }, &Method::POST) => create_lease(shared, ns, &self.body),
-            (Route::Lease { ns, name }, m) => lease(shared, ns, name, m, &self.body),
-            (Route::Pods { ns }, &Method::GET) => list_pods(shared, ns, &self.q),
-            (Route::Pod { ns, name }, m) => pod(shared, ns, name, m, &self.body),
-            (Route::Events, &Method::POST) => {
+            (Route::Collection { r, ns }, &Method::POST) => {
+                store::create(&mut shared.store.lock().unwrap(), tx, r, ns, &self.body)
+            }
+            (Route::Object { r, ns, name }, m) => {
                 let mut s = shared.store.lock().unwrap();
-                let rv = s.bump();
-                let mut e = self.body.clone();
-                e["metadata"]["resourceVersion"] = json!(rv.to_string());
-                s.events.push(e.clone());
-                json_ok(201, &e)
+                store::object(&mut s, tx, r, (ns, name), m, &self.body)
             }
             _ => status(
                 404,
                 "NotFound",
                 &format!("the server could not find {}", self.path),
             ),
+        };
+        if self.resource() == "endpoints" {
+            // As v1.33+ servers answer every request for Endpoints.
+            response.headers_mut().insert(
+                "warning",
+                header::HeaderValue::from_static(
+                    "299 - \"v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice\"",
+                ),
+            );
         }
+        response
     }
-}
-
-/// GET of the Leases of `ns` (a `fieldSelector` on the name filters).
-fn list_leases(shared: &Shared, ns: &str, q: &HashMap<String, String>) -> Response {
-    let s = shared.store.lock().unwrap();
-    let want = name_selector(q);
-    let items: Vec<Value> = s
-        .leases
-        .iter()
-        .filter(|((n, name), _)| n == ns && want.as_ref().is_none_or(|w| w == name))
-        .map(|(_, v)| v.clone())
-        .collect();
-    json_ok(
-        200,
-        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
-                "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
-    )
-}
-
-/// POST of a Lease into `ns`: 404 for an unknown namespace, 400 with a
-/// version, 422 when invalid, 409 when the name exists.
-fn create_lease(shared: &Shared, ns: &str, body: &Value) -> Response {
-    let mut s = shared.store.lock().unwrap();
-    if !s.namespaces.iter().any(|n| n == ns) {
-        return status(404, "NotFound", &format!("namespaces \"{ns}\" not found"));
-    }
-    let Some(name) = body["metadata"]["name"].as_str().map(str::to_owned) else {
-        return status(422, "Invalid", "metadata.name: Required value");
-    };
-    if body["metadata"]
-        .get("resourceVersion")
-        .is_some_and(|v| !v.is_null())
-    {
-        return status(
-            400,
-            "BadRequest",
-            "resourceVersion should not be set on objects to be created",
-        );
-    }
-    if let Some(e) = validate_lease(body) {
-        return status(422, "Invalid", &e);
-    }
-    let key = (ns.to_string(), name.clone());
-    if s.leases.contains_key(&key) {
-        return status(
-            409,
-            "AlreadyExists",
-            &format!("leases.coordination.k8s.io \"{name}\" already exists"),
-        );
-    }
-    let rv = s.bump();
-    let mut l = body.clone();
-    l["apiVersion"] = json!("coordination.k8s.io/v1");
-    l["kind"] = json!("Lease");
-    l["metadata"]["namespace"] = json!(ns);
-    l["metadata"]["resourceVersion"] = json!(rv.to_string());
-    l["metadata"]["uid"] = json!(format!("uid-{rv}"));
-    s.leases.insert(key, l.clone());
-    s.record(&shared.changes, "ADDED", l.clone());
-    json_ok(201, &l)
-}
-
-/// GET, PUT or DELETE of the Lease `name` in `ns`.
-fn lease(shared: &Shared, ns: &str, name: &str, m: &Method, body: &Value) -> Response {
-    let key = (ns.to_string(), name.to_string());
-    let mut s = shared.store.lock().unwrap();
-    let not_found = || {
-        status(
-            404,
-            "NotFound",
-            &format!("leases.coordination.k8s.io \"{name}\" not found"),
-        )
-    };
-    match *m {
-        Method::GET => match s.leases.get(&key) {
-            Some(l) => json_ok(200, l),
-            None => not_found(),
-        },
-        Method::PUT => match s.leases.get(&key) {
-            Some(cur) => {
-                let uid = cur["metadata"]["uid"].clone();
-                if let Some(refusal) = refuse_replace(cur, name, body) {
-                    return refusal;
-                }
-                let rv = s.bump();
-                let mut l = body.clone();
-                l["apiVersion"] = json!("coordination.k8s.io/v1");
-                l["kind"] = json!("Lease");
-                l["metadata"]["namespace"] = json!(ns);
-                l["metadata"]["uid"] = uid;
-                l["metadata"]["resourceVersion"] = json!(rv.to_string());
-                s.leases.insert(key, l.clone());
-                s.record(&shared.changes, "MODIFIED", l.clone());
-                json_ok(200, &l)
-            }
-            None => not_found(),
-        },
-        Method::DELETE => match s.leases.remove(&key) {
-            Some(mut l) => {
-                let rv = s.bump();
-                l["metadata"]["resourceVersion"] = json!(rv.to_string());
-                s.record(&shared.changes, "DELETED", l.clone());
-                json_ok(200, &l)
-            }
-            None => not_found(),
-        },
-        _ => status(405, "MethodNotAllowed", "method not allowed"),
-    }
-}
-
-/// Why a PUT of `body` over the stored Lease `cur` is refused, if it is: 409
-/// for a version that is not the current one (none sent: unconditional),
-/// 422 when invalid.
-fn refuse_replace(cur: &Value, name: &str, body: &Value) -> Option<Response> {
-    let sent_rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
-    if !sent_rv.is_empty() && cur["metadata"]["resourceVersion"] != json!(sent_rv) {
-        return Some(status(
-            409,
-            "Conflict",
-            &format!(
-                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-            ),
-        ));
-    }
-    validate_lease(body).map(|e| status(422, "Invalid", &e))
-}
-
-/// GET of the Pods of `ns` (a `labelSelector` of `k=v` and `k` terms filters).
-fn list_pods(shared: &Shared, ns: &str, q: &HashMap<String, String>) -> Response {
-    let s = shared.store.lock().unwrap();
-    let sel = q.get("labelSelector").cloned().unwrap_or_default();
-    let items: Vec<Value> = s
-        .pods
-        .iter()
-        .filter(|((n, _), _)| n == ns)
-        .filter(|(_, p)| {
-            sel.split(',')
-                .filter(|c| !c.is_empty())
-                .all(|c| match c.split_once('=') {
-                    Some((k, v)) => p["metadata"]["labels"][k.trim_end_matches('=')] == json!(v),
-                    None => !p["metadata"]["labels"][c].is_null(),
-                })
-        })
-        .map(|(_, v)| v.clone())
-        .collect();
-    json_ok(
-        200,
-        &json!({"apiVersion": "v1", "kind": "PodList",
-                "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
-    )
-}
-
-/// GET or merge PATCH of the Pod `name` in `ns`.
-fn pod(shared: &Shared, ns: &str, name: &str, m: &Method, body: &Value) -> Response {
-    let key = (ns.to_string(), name.to_string());
-    let mut s = shared.store.lock().unwrap();
-    if !s.pods.contains_key(&key) {
-        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
-    }
-    match *m {
-        Method::GET => json_ok(200, &s.pods[&key]),
-        Method::PATCH => {
-            let rv = s.bump();
-            let p = s.pods.get_mut(&key).unwrap();
-            merge_patch(p, body);
-            p["metadata"]["resourceVersion"] = json!(rv.to_string());
-            let p = p.clone();
-            json_ok(200, &p)
-        }
-        _ => status(405, "MethodNotAllowed", "method not allowed"),
-    }
-}
-
-/// What the API server's validation rejects in a Lease that we might send.
-fn validate_lease(l: &Value) -> Option<String> {
-    let d = &l["spec"]["leaseDurationSeconds"];
-    if let Some(n) = d.as_i64()
-        && n <= 0
-    {
-        return Some("spec.leaseDurationSeconds: Invalid value: must be greater than 0".into());
-    }
-    let name = l["metadata"]["name"].as_str().unwrap_or("");
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-    {
-        return Some(format!("metadata.name: Invalid value: \"{name}\""));
-    }
-    None
-}
-
-async fn watch(ep: Arc<Endpoint>, ns: String, q: HashMap<String, String>) -> Response {
-    let shared = ep.shared.clone();
-    let sel = Selector {
-        ns,
-        want: name_selector(&q),
-    };
-    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let timeout = q
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(Duration::from_secs(1800));
-    let from: Option<u64> = q
-        .get("resourceVersion")
-        .filter(|v| !v.is_empty() && *v != "0")
-        .and_then(|v| v.parse().ok());
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(256);
-    // Under the lock: replay and subscribe, so no change falls in between.
-    let (initial, live, start_rv) = {
-        let s = shared.store.lock().unwrap();
-        let live = shared.changes.subscribe();
-        (replay(&s, from, &sel), live, s.rv)
-    };
-    let every = *shared.bookmark_every.lock().unwrap();
-    let resets = ep.resets.subscribe();
-    let feed = WatchFeed {
-        resets,
-        ep,
-        tx,
-        live,
-        sel,
-        last_rv: start_rv,
-        bookmarks,
-        every,
-        timeout,
-    };
-    tokio::spawn(feed.run(initial));
-    let stream = tokio_stream_from(rx);
-    Response::builder()
-        .status(200)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(stream))
-        .unwrap()
-}
-
-/// The events a watch from version `from` starts with: an `ERROR` 410 when
-/// `from` is older than the kept history, the changes after it, or (no
-/// version) synthetic `ADDED` events of the current state.
-fn replay(s: &Store, from: Option<u64>, sel: &Selector) -> Vec<Value> {
-    let mut initial = Vec::new();
-    match from {
-        Some(v) if v < s.compacted => {
-            initial.push(json!({"type": "ERROR", "object": {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": format!("too old resource version: {v} ({})", s.compacted + 1),
-                "reason": "Expired", "code": 410}}));
-        }
-        Some(v) => {
-            for c in s
-                .history
-                .iter()
-                .filter(|c| c.rv > v && sel.matches(&c.object))
-            {
-                initial.push(json!({"type": c.kind, "object": c.object}));
-            }
-        }
-        None => {
-            for l in s.leases.values().filter(|l| sel.matches(l)) {
-                initial.push(json!({"type": "ADDED", "object": l}));
-            }
-        }
-    }
-    initial
-}
-
-/// Which objects a watch delivers: those of its namespace, and of one name
-/// with a `fieldSelector`.
-struct Selector {
-    ns: String,
-    want: Option<String>,
-}
-
-impl Selector {
-    /// Whether the watch delivers changes of `obj`.
-    fn matches(&self, obj: &Value) -> bool {
-        obj["metadata"]["namespace"] == json!(self.ns)
-            && self
-                .want
-                .as_ref()
-                .is_none_or(|w| obj["metadata"]["name"] == json!(w))
-    }
-}
-
-/// The task that feeds one open watch's stream.
-struct WatchFeed {
-    ep: Arc<Endpoint>,
-    /// Changes when the test resets this client's watches.
-    resets: tokio::sync::watch::Receiver<u64>,
-    tx: tokio::sync::mpsc::Sender<Result<String, std::io::Error>>,
-    live: broadcast::Receiver<(u64, &'static str, Value)>,
-    sel: Selector,
-    /// The newest version seen (what a BOOKMARK carries).
-    last_rv: u64,
-    bookmarks: bool,
-    every: Duration,
-    timeout: Duration,
-}
-
-impl WatchFeed {
-    /// Send the `initial` events, then live changes and bookmarks until the
-    /// timeout, the client's leaving, or a lag (the client then re-watches).
-    async fn run(mut self, initial: Vec<Value>) {
-        let expired = initial.first().is_some_and(|e| e["type"] == json!("ERROR"));
-        for e in initial {
-            if self.tx.send(Ok(format!("{e}\n"))).await.is_err() {
-                return;
-            }
-        }
-        if expired {
-            return;
-        }
-        let end = tokio::time::Instant::now() + self.timeout;
-        let mut tick = tokio::time::interval(self.every);
-        tick.tick().await;
-        loop {
-            let delivered = tokio::select! {
-                _ = tokio::time::sleep_until(end) => return,
-                _ = self.tx.closed() => return,
-                _ = self.resets.changed() => {
-                    // An error in the body aborts the connection mid-stream.
-                    let _ = self.tx.send(Err(std::io::Error::other("connection reset"))).await;
-                    return;
-                }
-                _ = tick.tick(), if self.bookmarks => self.bookmark().await,
-                c = self.live.recv() => match c {
-                    Ok((rv, kind, obj)) => self.deliver(rv, kind, obj).await,
-                    Err(broadcast::error::RecvError::Lagged(_)) => return,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            };
-            if !delivered {
-                return;
-            }
-        }
-    }
-
-    /// Send a BOOKMARK at the newest version seen (none while the client is
-    /// blackholed); false when the client has gone.
-    async fn bookmark(&self) -> bool {
-        if self.ep.effective().hang {
-            return true;
-        }
-        let b = json!({"type": "BOOKMARK", "object": {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
-            "metadata": {"resourceVersion": self.last_rv.to_string()}}});
-        self.tx.send(Ok(format!("{b}\n"))).await.is_ok()
-    }
-
-    /// Send one change if the watch selects it; false when the client has
-    /// gone.
-    async fn deliver(&mut self, rv: u64, kind: &'static str, obj: Value) -> bool {
-        self.last_rv = self.last_rv.max(rv);
-        if !self.sel.matches(&obj) {
-            return true;
-        }
-        let lag = self.ep.effective().event_latency;
-        if !lag.is_zero() {
-            tokio::time::sleep(lag).await;
-        }
-        // A blackholed client gets nothing until it heals.
-        while self.ep.effective().hang {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if self.tx.is_closed() {
-                return false;
-            }
-        }
-        let e = json!({"type": kind, "object": obj});
-        self.tx.send(Ok(format!("{e}\n"))).await.is_ok()
-    }
-}
-
-fn tokio_stream_from(
-    mut rx: tokio::sync::mpsc::Receiver<Result<String, std::io::Error>>,
-) -> impl futures_util::Stream<Item = Result<String, std::io::Error>> {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
