@@ -1,8 +1,8 @@
 //! The coordination seam: the [`Coordinator`] trait every backend that serves
 //! named locks, fair locks, semaphores and job claims implements, and the
 //! values it exchanges ([`Grant`], [`Try`], [`Claim`], [`Outcome`],
-//! [`Token`], [`CoordError`], [`RwMode`], [`WriteIntent`]). The service, its HTTP handlers and metrics are
-//! in `crate::coord`.
+//! [`Token`], [`CoordError`], [`RwMode`], [`WriteIntent`]). The service, its
+//! HTTP handlers and metrics are in `crate::coord`.
 //!
 //! Safety rules kept by every backend implementation (the bugs hand-rolled
 //! Redis code has):
@@ -96,16 +96,6 @@ pub enum RwMode {
     Read,
     /// Exclusive: no reader and no other writer.
     Write,
-}
-
-impl RwMode {
-    /// `read` or `write`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RwMode::Read => "read",
-            RwMode::Write => "write",
-        }
-    }
 }
 
 /// A waiting writer's claim on the next turn of a read-write lock: while it
