@@ -373,3 +373,62 @@ async fn claims_renew_and_give_back_on_etcd() {
 async fn claims_renew_and_give_back_on_redis() {
     claims_renew_and_give_back("redis").await;
 }
+
+/// Scripts run by a Redis server so far (`INFO commandstats`).
+async fn scripts_run(server: &crate::support::RedisServer) -> u64 {
+    let mut conn = server.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A writer waiting behind a reader, beside a reader that expired without
+/// a release, looks again when the holder leaves or expires, not every
+/// millisecond: the expired reader's entry is dropped by the first look
+/// rather than read as a change due at once. Liveness twin: it is granted
+/// once the live reader releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_waiting_beside_an_expired_reader_does_not_spin_on_redis() {
+    let (b, _s, port) = sidecar("redis", "rw-no-spin").await;
+    let crate::coord::Backend::Redis(server) = &b else {
+        unreachable!("a Redis sidecar")
+    };
+    let (st, r) = call(port, "POST", "/rwlocks/s?mode=read&ttl=1s", None).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, live) = call(port, "POST", "/rwlocks/s?mode=read&ttl=30s&owner=x", None).await;
+    assert_eq!(st, 200, "{live}");
+    sleep(Duration::from_millis(1300)).await;
+    let before = scripts_run(server).await;
+    let waiter = tokio::spawn(async move {
+        call(
+            port,
+            "POST",
+            "/rwlocks/s?mode=write&ttl=30s&wait=20s&owner=w",
+            None,
+        )
+        .await
+    });
+    sleep(Duration::from_millis(1500)).await;
+    let looks = scripts_run(server).await - before;
+    assert!(
+        looks < 20,
+        "the waiting writer ran {looks} scripts in 1.5 s"
+    );
+    let (st, r) = call(port, "DELETE", "/rwlocks/s", Some(&token_body(&live))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, w) = waiter.await.unwrap();
+    assert_eq!(st, 200, "granted once the reader left: {w}");
+}

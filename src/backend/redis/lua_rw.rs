@@ -7,7 +7,9 @@
 //! waiting writer's `<id>|0|<owner>` with its TTL. Releases publish on
 //! `KEYS[1]`.
 
-/// Shared prelude: `rw_prune(base, now)` drops expired readers;
+/// Shared prelude: `rw_prune(base, now)` drops expired readers (every
+/// acquisition does first, so a waiter's next look never sees one and
+/// never wakes for one);
 /// `rw_reader(base, now)` is a live reader's value or `false`;
 /// `rw_keep(key, ttl)` makes `key` live at least `ttl` ms.
 pub(super) const RW: &str = r"
@@ -35,12 +37,12 @@ end
 pub(super) const RW_READ: &str = r"
 local ok, bad = fence_ok(KEYS[2])
 if not ok then return {-2, bad} end
+local now = now_ms()
+rw_prune(KEYS[1], now)
 local w = redis.call('GET', KEYS[1])
 if w then return {0, w} end
 local i = redis.call('GET', KEYS[1] .. ':intent')
 if i then return {0, i} end
-local now = now_ms()
-rw_prune(KEYS[1], now)
 local f = fence_next(KEYS[2])
 local rkey, okey = KEYS[1] .. ':readers', KEYS[1] .. ':owners'
 redis.call('ZADD', rkey, now + tonumber(ARGV[3]), ARGV[1])
@@ -57,6 +59,8 @@ return {1, f}
 pub(super) const RW_WRITE: &str = r"
 local ok, bad = fence_ok(KEYS[2])
 if not ok then return {-2, bad} end
+local now = now_ms()
+rw_prune(KEYS[1], now)
 local ikey = KEYS[1] .. ':intent'
 local i = redis.call('GET', ikey)
 local ours = i and ARGV[4] ~= '' and string.sub(i, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. '|'
@@ -69,10 +73,8 @@ end
 local w = redis.call('GET', KEYS[1])
 if w then return kept_out(w) end
 if i and not ours then return {0, i} end
-local now = now_ms()
 local r = rw_reader(KEYS[1], now)
 if r then return kept_out(r) end
-rw_prune(KEYS[1], now)
 local f = fence_next(KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
 if ours then redis.call('DEL', ikey) end
