@@ -1,8 +1,8 @@
 //! The coordination seam: the [`Coordinator`] trait every backend that serves
 //! named locks, fair locks, semaphores and job claims implements, and the
 //! values it exchanges ([`Grant`], [`Try`], [`Claim`], [`Outcome`],
-//! [`Token`], [`CoordError`]). The service, its HTTP handlers and metrics are
-//! in `crate::coord`.
+//! [`Token`], [`CoordError`], [`RwMode`], [`WriteIntent`]). The service, its
+//! HTTP handlers and metrics are in `crate::coord`.
 //!
 //! Safety rules kept by every backend implementation (the bugs hand-rolled
 //! Redis code has):
@@ -13,7 +13,12 @@
 //!   belongs to its name: while permits are live, a request of another size
 //!   is refused ([`CoordError::PermitsMismatch`]);
 //! - fencing tokens grow per name (etcd: the key's `create_revision`, a
-//!   global revision; Redis: a counter beside the key).
+//!   global revision; Redis: a counter beside the key);
+//! - a read-write lock has any number of readers or one writer, never both;
+//!   readers take a fencing token too, so a writer's is greater than every
+//!   earlier grant's of that name. A writer that waits leaves a
+//!   [`WriteIntent`] that keeps new readers out until it is granted, gives
+//!   up, or the intent's TTL ends (no writer starvation).
 
 mod token;
 
@@ -82,6 +87,29 @@ pub enum Kind {
     Lock,
     /// A semaphore permit.
     Semaphore,
+}
+
+/// The mode of a read-write lock request (`mode=read|write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RwMode {
+    /// Shared with other readers; excluded by a writer or a writer's intent.
+    Read,
+    /// Exclusive: no reader and no other writer.
+    Write,
+}
+
+/// A waiting writer's claim on the next turn of a read-write lock: while it
+/// lives, new readers are refused (as if the lock were held) and other
+/// writers may not take the lock first. One per lock at a time; the first
+/// refused writer that waits sets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteIntent {
+    /// Random per writer request (32 hex digits).
+    pub id: String,
+    /// How long the intent lives unless the writer removes it: what is left
+    /// of the writer's `wait` plus one second (it outlives no request by
+    /// more, even when the sidecar dies).
+    pub ttl: Duration,
 }
 
 /// Errors of the coordination API.
@@ -190,6 +218,67 @@ pub trait Coordinator: Send + Sync {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome>;
+    /// Try once to take read-write lock `name` in `mode` for `ttl`. A writer
+    /// refused while it waits passes `intent`, which the backend records when
+    /// no other writer's is live ([`WriteIntent`]); granted, its intent goes.
+    /// Answers [`Try::Held`] with the writer's owner, a reader's, or the
+    /// waiting writer's. Default: [`CoordError::Unsupported`].
+    async fn rwlock(
+        &self,
+        _name: &str,
+        _owner: &str,
+        _mode: RwMode,
+        _ttl: Duration,
+        _intent: Option<&WriteIntent>,
+    ) -> Result<Try> {
+        Err(self.unserved("read-write locks"))
+    }
+    /// Remove the writer intent `id` of read-write lock `name` when it is
+    /// still there (the writer gave up). Default: nothing to remove.
+    async fn rw_give_up(&self, _name: &str, _id: &str) -> Result<()> {
+        Ok(())
+    }
+    /// Extend a reader's or writer's hold of read-write lock `name`; never
+    /// re-creates an expired one. Default: [`CoordError::Unsupported`].
+    async fn rw_renew(&self, _name: &str, _token: &str, _ttl: Duration) -> Result<Outcome> {
+        Err(self.unserved("read-write locks"))
+    }
+    /// Release a reader's or writer's hold of read-write lock `name` if
+    /// `token` still holds it. Default: [`CoordError::Unsupported`].
+    async fn rw_release(&self, _name: &str, _token: &str) -> Result<Outcome> {
+        Err(self.unserved("read-write locks"))
+    }
+    /// Wait until read-write lock `name` may have changed (a reader, writer
+    /// or writer intent left or expired), or until `until`. Default: sleeps
+    /// 50 ms.
+    async fn rw_changed(&self, _name: &str, until: Instant) -> Result<()> {
+        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
+        Ok(())
+    }
+    /// Extend the claim on job `job` of `queue` that `token` holds; never
+    /// re-creates an expired claim, never touches a completed job. Default:
+    /// [`CoordError::Unsupported`].
+    async fn job_renew(
+        &self,
+        _queue: &str,
+        _job: &str,
+        _token: &str,
+        _ttl: Duration,
+    ) -> Result<Outcome> {
+        Err(self.unserved("renewing job claims"))
+    }
+    /// Give the claim on job `job` of `queue` back if `token` holds it: the
+    /// job can be claimed again at once. Default: [`CoordError::Unsupported`].
+    async fn job_release(&self, _queue: &str, _job: &str, _token: &str) -> Result<Outcome> {
+        Err(self.unserved("giving job claims back"))
+    }
+    /// The error of a verb this backend does not serve.
+    fn unserved(&self, what: &str) -> CoordError {
+        CoordError::Unsupported(format!(
+            "the {} backend does not serve {what}",
+            self.backend()
+        ))
+    }
     /// The deadline of one backend call, when this coordinator keeps each
     /// request within its `wait` plus one such deadline (it cuts its calls
     /// to the request's budget). Default: `None` (calls keep their own

@@ -9,6 +9,10 @@
 //! | `POST /semaphores/{name}/renew`, `DELETE /semaphores/{name}` | as locks | |
 //! | `POST /jobs/{queue}/{job}/claim?ttl=5m` | 200 grant | 409 `{state}` |
 //! | `POST /jobs/{queue}/{job}/complete` + token | 200 | 409 / 410 |
+//! | `POST /jobs/{queue}/{job}/renew?ttl=5m` + token | 200 `{ttl_ms}` | 410 no longer ours |
+//! | `DELETE /jobs/{queue}/{job}/claim` + token | 200 | 409 not ours |
+//! | `POST /rwlocks/{name}?mode=read\|write&ttl=30s&wait=5s&owner=ID` | 200 grant | 409 `{holder}` |
+//! | `POST /rwlocks/{name}/renew`, `DELETE /rwlocks/{name}` + token | as locks | |
 //!
 //! The token comes as `?token=` or a JSON body `{"token": "…"}` (at most
 //! 4 KiB). Every answer is JSON with `Cache-Control: no-store`; bad input is
@@ -59,30 +63,34 @@ pub fn routes(state: CoordState) -> Router {
             post(sem_acquire).delete(release::<true>),
         )
         .route("/semaphores/{name}/renew", post(renew::<true>))
-        .route("/jobs/{queue}/{job}/claim", post(job_claim))
+        .route(
+            "/jobs/{queue}/{job}/claim",
+            post(job_claim).delete(super::http_rw::job_release),
+        )
         .route("/jobs/{queue}/{job}/complete", post(job_complete))
+        .merge(super::http_rw::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
-type Params = HashMap<String, String>;
+pub(super) type Params = HashMap<String, String>;
 
-fn bad(msg: impl Into<String>) -> Response {
+pub(super) fn bad(msg: impl Into<String>) -> Response {
     error_response(StatusCode::BAD_REQUEST, msg)
 }
 
 /// A rejected request: status and message (small, unlike a `Response`).
-type Bad = (StatusCode, String);
+pub(super) type Bad = (StatusCode, String);
 
-fn reject(msg: impl Into<String>) -> Bad {
+pub(super) fn reject(msg: impl Into<String>) -> Bad {
     (StatusCode::BAD_REQUEST, msg.into())
 }
 
-fn reply((status, msg): Bad) -> Response {
+pub(super) fn reply((status, msg): Bad) -> Response {
     error_response(status, msg)
 }
 
-fn duration(
+pub(super) fn duration(
     params: &Params,
     field: &str,
     default: Duration,
@@ -107,7 +115,7 @@ fn duration(
     Ok(d)
 }
 
-fn owner(params: &Params, service: &Service) -> Result<String, Bad> {
+pub(super) fn owner(params: &Params, service: &Service) -> Result<String, Bad> {
     match params.get("owner") {
         None => Ok(service.default_owner.clone()),
         Some(o) => check_owner(o).map(|_| o.clone()).map_err(reject),
@@ -115,7 +123,7 @@ fn owner(params: &Params, service: &Service) -> Result<String, Bad> {
 }
 
 /// The token from `?token=` or a JSON body `{"token": "..."}`.
-fn token(
+pub(super) fn token(
     params: &Params,
     body: &Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<String, Bad> {
@@ -169,7 +177,10 @@ fn check_token(t: &str) -> Result<String, Bad> {
 }
 
 /// `ttl` (default 30 s), `wait` (default 0) and `owner` of an acquisition.
-fn acquire_params(p: &Params, service: &Service) -> Result<(Duration, Duration, String), Bad> {
+pub(super) fn acquire_params(
+    p: &Params,
+    service: &Service,
+) -> Result<(Duration, Duration, String), Bad> {
     Ok((
         duration(p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?,
         duration(p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT)?,
@@ -177,11 +188,11 @@ fn acquire_params(p: &Params, service: &Service) -> Result<(Duration, Duration, 
     ))
 }
 
-fn name_ok(what: &str, name: &str) -> Result<(), Bad> {
+pub(super) fn name_ok(what: &str, name: &str) -> Result<(), Bad> {
     check_name(what, name).map_err(|m| (StatusCode::BAD_REQUEST, m))
 }
 
-fn backend_error(e: CoordError) -> Response {
+pub(super) fn backend_error(e: CoordError) -> Response {
     match e {
         CoordError::Unsupported(msg) => bad(msg),
         CoordError::Backend(b) => error_response(StatusCode::SERVICE_UNAVAILABLE, b.report()),
@@ -199,7 +210,7 @@ fn backend_error(e: CoordError) -> Response {
     }
 }
 
-fn acquired(t: Try) -> Response {
+pub(super) fn acquired(t: Try) -> Response {
     const BUSY: &str = "still held after the wait; try again later or with a longer wait";
     match t {
         Try::Acquired(g) => json_response(StatusCode::OK, g),
@@ -211,7 +222,7 @@ fn acquired(t: Try) -> Response {
     }
 }
 
-fn renewed(o: Outcome) -> Response {
+pub(super) fn renewed(o: Outcome) -> Response {
     match o {
         Outcome::Ok(ttl) => json_response(
             StatusCode::OK,
@@ -224,7 +235,7 @@ fn renewed(o: Outcome) -> Response {
     }
 }
 
-fn released(o: Outcome) -> Response {
+pub(super) fn released(o: Outcome) -> Response {
     match o {
         Outcome::Ok(_) => json_response(StatusCode::OK, json!({ "released": true })),
         Outcome::Gone => error_response(

@@ -10,6 +10,7 @@
 //! hidden from the documentation, not a stable API.
 
 pub mod http;
+mod http_rw;
 mod metrics;
 mod service;
 mod unserved;

@@ -154,54 +154,75 @@ impl Service {
         kind: Kind,
         name: &str,
         wait: Duration,
-        mut attempt: F,
+        attempt: F,
     ) -> Result<Try>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Try>>,
     {
+        let changed = |seen, deadline| self.coord.changed(kind, name, seen, deadline);
+        self.wait_on((kind, name), name, wait, attempt, changed)
+            .await
+    }
+
+    /// [`Service::with_wait`] for any object: woken by the local releases
+    /// filed under `wake` ([`Service::wake`]) or by `changed(seen, until)`,
+    /// counted in metrics under `name`.
+    async fn wait_on<F, Fut, C, CFut>(
+        &self,
+        wake: (Kind, &str),
+        name: &str,
+        wait: Duration,
+        mut attempt: F,
+        changed: C,
+    ) -> Result<Try>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Try>>,
+        C: Fn(u64, Instant) -> CFut,
+        CFut: std::future::Future<Output = Result<()>>,
+    {
         let started = Instant::now();
         let deadline = started + wait;
         let mut waiter: Option<Waiting<'_>> = None;
         loop {
-            let wake = self.wakeup(kind, name);
+            let wake = self.wakeup(wake.0, wake.1);
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match attempt().await {
+            let busy = match attempt().await {
                 Ok(Try::Acquired(g)) => {
                     self.note(name, "acquired", started, Some(&g));
                     return Ok(Try::Acquired(g));
                 }
-                Ok(busy) => {
-                    let seen = match busy {
-                        Try::Full(n) => n,
-                        _ => 1,
-                    };
-                    if Instant::now() >= deadline {
-                        self.note(name, "busy", started, None);
-                        return Ok(busy);
-                    }
-                    if waiter.is_none() {
-                        waiter = Some(self.enter_wait()?);
-                    }
-                    tokio::select! {
-                        _ = notified => {}
-                        r = self.coord.changed(kind, name, seen, deadline) => {
-                            if let Err(e) = r {
-                                // A broken watch is no reason to fail the
-                                // request: fall back to a short sleep.
-                                tracing::debug!(error = %e, name, "waiting for a change failed");
-                                tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(50))).await;
-                            }
-                        }
-                        _ = tokio::time::sleep_until(deadline) => {}
-                    }
-                }
+                Ok(busy) => busy,
                 Err(e) => {
                     self.note(name, "error", started, None);
                     return Err(e);
                 }
+            };
+            let seen = match busy {
+                Try::Full(n) => n,
+                _ => 1,
+            };
+            if Instant::now() >= deadline {
+                self.note(name, "busy", started, None);
+                return Ok(busy);
+            }
+            if waiter.is_none() {
+                waiter = Some(self.enter_wait()?);
+            }
+            tokio::select! {
+                _ = notified => {}
+                r = changed(seen, deadline) => {
+                    if let Err(e) = r {
+                        // A broken watch is no reason to fail the
+                        // request: fall back to a short sleep.
+                        tracing::debug!(error = %e, name, "waiting for a change failed");
+                        tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(50))).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
@@ -241,17 +262,20 @@ impl Service {
     }
 
     fn wake(&self, kind: Kind, name: &str) {
-        let n = self
-            .wakeups
+        if let Some(n) = self.woken(kind, name) {
+            // One release frees one lock or permit: wake one waiter (it
+            // always retries once woken, so the wake-up is never lost).
+            n.notify_one();
+        }
+    }
+
+    /// The wake-up of waiters on `name`, if anyone made one.
+    fn woken(&self, kind: Kind, name: &str) -> Option<Arc<Notify>> {
+        self.wakeups
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&(kind, name.to_owned()))
-            .cloned();
-        // One release frees one lock or permit: wake one waiter (it always
-        // retries once woken, so the wake-up is never lost).
-        if let Some(n) = n {
-            n.notify_one();
-        }
+            .cloned()
     }
 
     /// Requests waiting right now (for tests and metrics).
@@ -338,9 +362,19 @@ impl Service {
         token: &str,
         ttl: Duration,
     ) -> Result<Outcome> {
-        let r = self
-            .budgeted(Duration::ZERO, self.coord.renew(kind, name, token, ttl))
-            .await?;
+        self.renew_by(token, ttl, self.coord.renew(kind, name, token, ttl))
+            .await
+    }
+
+    /// Run the renewal `renew` of `token` within its budget and keep the
+    /// grants of this sidecar up to date with its answer.
+    async fn renew_by(
+        &self,
+        token: &str,
+        ttl: Duration,
+        renew: impl std::future::Future<Output = Result<Outcome>>,
+    ) -> Result<Outcome> {
+        let r = self.budgeted(Duration::ZERO, renew).await?;
         match r {
             Outcome::Ok(Some(t)) => self.extend(token, t),
             Outcome::Ok(None) => self.extend(token, ttl),
@@ -354,6 +388,23 @@ impl Service {
     /// # Errors
     /// [`CoordError`] from the backend.
     pub async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
+        let release = || self.coord.release(kind, name, token);
+        self.release_by(token, release, || self.wake(kind, name))
+            .await
+    }
+
+    /// Run `release` of `token` within its budget unless it was released
+    /// through this sidecar already; once released, `wake` the local waiters
+    /// and remember the token (a repeated DELETE answers "already released").
+    async fn release_by<Fut>(
+        &self,
+        token: &str,
+        release: impl FnOnce() -> Fut,
+        wake: impl FnOnce(),
+    ) -> Result<Outcome>
+    where
+        Fut: std::future::Future<Output = Result<Outcome>>,
+    {
         if self
             .released
             .lock()
@@ -362,11 +413,9 @@ impl Service {
         {
             return Ok(Outcome::AlreadyReleased);
         }
-        let r = self
-            .budgeted(Duration::ZERO, self.coord.release(kind, name, token))
-            .await?;
+        let r = self.budgeted(Duration::ZERO, release()).await?;
         if r == Outcome::Ok(None) {
-            self.wake(kind, name);
+            wake();
             let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
             if released.len() >= REMEMBERED_RELEASES {
                 released.clear();
@@ -415,6 +464,9 @@ impl Service {
         Ok(r)
     }
 }
+
+#[path = "service_rw.rs"]
+mod rw;
 
 #[cfg(test)]
 #[path = "service_tests.rs"]

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::*;
-use crate::coord::{Token, TokenKind, check_owner};
+use crate::coord::{RwMode, Token, TokenKind, WriteIntent, check_owner};
 
 /// One lock in memory; `changed` never reports anything, so only a
 /// release through the [`Service`] can wake a waiter.
@@ -136,5 +136,176 @@ fn owners_with_control_characters_are_refused() {
     assert!(check_owner("worker-1").is_ok());
     for bad in ["", "a|b", "a\nb", "a\u{7f}b", &"x".repeat(254)] {
         assert!(check_owner(bad).is_err(), "{bad:?}");
+    }
+}
+
+/// A backend without read-write locks answers their verbs with
+/// `Unsupported` (HTTP 400) naming itself, through the trait's defaults.
+#[tokio::test]
+async fn a_backend_without_read_write_locks_answers_unsupported() {
+    let s = service(1);
+    let ttl = Duration::from_secs(30);
+    match s.rwlock("d", "me", RwMode::Read, ttl, Duration::ZERO).await {
+        Err(CoordError::Unsupported(m)) => assert!(m.contains("memory"), "{m}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    assert!(matches!(
+        s.job_renew("q", "j", "t", ttl).await,
+        Err(CoordError::Unsupported(_))
+    ));
+}
+
+/// One read-write lock in memory: readers, a writer, one intent; it keeps
+/// the intents it was sent and the ones given up.
+#[derive(Default)]
+struct OneRw {
+    state: Mutex<(u32, bool, Option<String>)>,
+    sent: Mutex<Vec<WriteIntent>>,
+    given_up: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Coordinator for OneRw {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    async fn lock(&self, _: &str, _: &str, _: Duration) -> Result<Try> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn semaphore(&self, _: &str, _: &str, _: u32, _: Duration) -> Result<Try> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn renew(&self, _: Kind, _: &str, _: &str, _: Duration) -> Result<Outcome> {
+        Ok(Outcome::Gone)
+    }
+    async fn release(&self, _: Kind, _: &str, _: &str) -> Result<Outcome> {
+        Ok(Outcome::Gone)
+    }
+    async fn claim(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Claim> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn complete(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Outcome> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn rwlock(
+        &self,
+        name: &str,
+        _: &str,
+        mode: RwMode,
+        ttl: Duration,
+        intent: Option<&WriteIntent>,
+    ) -> Result<Try> {
+        let mut st = self.state.lock().unwrap();
+        if let Some(i) = intent {
+            self.sent.lock().unwrap().push(i.clone());
+        }
+        let (readers, writer, pending) = &mut *st;
+        let free = match mode {
+            RwMode::Read => !*writer && pending.is_none(),
+            RwMode::Write => !*writer && *readers == 0,
+        };
+        if !free {
+            if let (RwMode::Write, None, Some(i)) = (mode, &pending, intent) {
+                *pending = Some(i.id.clone());
+            }
+            return Ok(Try::Held("someone".into()));
+        }
+        match mode {
+            RwMode::Read => *readers += 1,
+            RwMode::Write => *writer = true,
+        }
+        Ok(Try::Acquired(Grant {
+            name: name.into(),
+            token: Token::new(TokenKind::Reader, 0).to_string(),
+            fencing_token: 1,
+            ttl_ms: ttl.as_millis() as u64,
+        }))
+    }
+    async fn rw_give_up(&self, _: &str, id: &str) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.2.as_deref() == Some(id) {
+            st.2 = None;
+        }
+        self.given_up.lock().unwrap().push(id.to_owned());
+        Ok(())
+    }
+}
+
+/// A writer that waits sends one intent id on every attempt, with a TTL of
+/// at most the wait left plus a second, and gives it up when its wait ends
+/// unserved: a reader kept out meanwhile enters right after. Liveness
+/// twin: a writer with nothing held is granted at once and gives nothing up.
+#[tokio::test(start_paused = true)]
+async fn a_writer_that_waits_sends_one_intent_and_gives_it_up_when_unserved() {
+    let rw = Arc::new(OneRw::default());
+    let s = Service::new(Box::new(ArcRw(rw.clone())), None, "me".into());
+    let ttl = Duration::from_secs(30);
+    let wait = Duration::from_secs(2);
+    assert!(matches!(
+        s.rwlock("d", "r", RwMode::Read, ttl, Duration::ZERO).await,
+        Ok(Try::Acquired(_))
+    ));
+    let w = s.rwlock("d", "w", RwMode::Write, ttl, wait).await.unwrap();
+    assert_eq!(w, Try::Held("someone".into()));
+    let sent = rw.sent.lock().unwrap().clone();
+    assert!(sent.len() >= 2, "retried within its wait: {sent:?}");
+    assert!(sent.iter().all(|i| i.id == sent[0].id), "{sent:?}");
+    assert!(sent.iter().all(|i| i.ttl <= wait + Duration::from_secs(1)));
+    assert_eq!(*rw.given_up.lock().unwrap(), vec![sent[0].id.clone()]);
+    assert!(matches!(
+        s.rwlock("d", "r2", RwMode::Read, ttl, Duration::ZERO).await,
+        Ok(Try::Acquired(_))
+    ));
+    let other = Arc::new(OneRw::default());
+    let s = Service::new(Box::new(ArcRw(other.clone())), None, "me".into());
+    let w = s.rwlock("d", "w", RwMode::Write, ttl, wait).await.unwrap();
+    assert!(matches!(w, Try::Acquired(_)), "{w:?}");
+    assert!(other.given_up.lock().unwrap().is_empty());
+}
+
+/// [`OneRw`] shared with the test.
+struct ArcRw(Arc<OneRw>);
+
+#[async_trait]
+impl Coordinator for ArcRw {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    async fn lock(&self, n: &str, o: &str, t: Duration) -> Result<Try> {
+        self.0.lock(n, o, t).await
+    }
+    async fn lock_fair(&self, n: &str, o: &str, t: Duration, w: Duration) -> Result<Try> {
+        self.0.lock_fair(n, o, t, w).await
+    }
+    async fn semaphore(&self, n: &str, o: &str, p: u32, t: Duration) -> Result<Try> {
+        self.0.semaphore(n, o, p, t).await
+    }
+    async fn renew(&self, k: Kind, n: &str, t: &str, d: Duration) -> Result<Outcome> {
+        self.0.renew(k, n, t, d).await
+    }
+    async fn release(&self, k: Kind, n: &str, t: &str) -> Result<Outcome> {
+        self.0.release(k, n, t).await
+    }
+    async fn claim(&self, q: &str, j: &str, o: &str, t: Duration) -> Result<Claim> {
+        self.0.claim(q, j, o, t).await
+    }
+    async fn complete(&self, q: &str, j: &str, t: &str, r: Duration) -> Result<Outcome> {
+        self.0.complete(q, j, t, r).await
+    }
+    async fn rwlock(
+        &self,
+        n: &str,
+        o: &str,
+        m: RwMode,
+        t: Duration,
+        i: Option<&WriteIntent>,
+    ) -> Result<Try> {
+        self.0.rwlock(n, o, m, t, i).await
+    }
+    async fn rw_give_up(&self, n: &str, id: &str) -> Result<()> {
+        self.0.rw_give_up(n, id).await
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Claim, CoordError, Coordinator, Kind, Outcome, Try};
+use super::{Claim, CoordError, Coordinator, Kind, Outcome, RwMode, Try, WriteIntent};
 
 /// The coordination API of a backend that has none: every call answers
 /// [`CoordError::Unsupported`] with one message (which backends do serve it,
@@ -80,6 +80,44 @@ impl Coordinator for Unserved {
         _: &str,
         _: &str,
         _: Duration,
+    ) -> std::result::Result<Outcome, CoordError> {
+        self.unsupported()
+    }
+    async fn rwlock(
+        &self,
+        _: &str,
+        _: &str,
+        _: RwMode,
+        _: Duration,
+        _: Option<&WriteIntent>,
+    ) -> std::result::Result<Try, CoordError> {
+        self.unsupported()
+    }
+    async fn rw_renew(
+        &self,
+        _: &str,
+        _: &str,
+        _: Duration,
+    ) -> std::result::Result<Outcome, CoordError> {
+        self.unsupported()
+    }
+    async fn rw_release(&self, _: &str, _: &str) -> std::result::Result<Outcome, CoordError> {
+        self.unsupported()
+    }
+    async fn job_renew(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: Duration,
+    ) -> std::result::Result<Outcome, CoordError> {
+        self.unsupported()
+    }
+    async fn job_release(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
     ) -> std::result::Result<Outcome, CoordError> {
         self.unsupported()
     }

@@ -19,13 +19,13 @@ const CALL_LIMIT: Duration = Duration::from_secs(30);
 /// One HTTP request to the control API; returns the status and JSON body
 /// (`Value::Null` when the body is not JSON). Panics when there is no HTTP
 /// answer within [`CALL_LIMIT`], with what probably hung or died.
-async fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+pub(crate) async fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
     http_json(port, method, path, body, CALL_LIMIT)
         .await
         .unwrap_or_else(|e| panic!("the control API (did the sidecar die or hang?): {e}"))
 }
 
-enum Backend {
+pub(crate) enum Backend {
     /// Kept alive for the test's duration.
     #[allow(dead_code)]
     Etcd(Etcd),
@@ -33,7 +33,7 @@ enum Backend {
 }
 
 /// A sidecar with its control API on a port the kernel chose, for `backend`.
-async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
+pub(crate) async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
     let mut flags: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
     flags.extend(CONTROL.iter().map(|s| s.to_string()));
     let (backend, s) = match kind {
@@ -568,7 +568,7 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
 // ---- Regression tests, one per defect found by the model check ----
 
 /// A JSON body carrying `token`.
-fn token_body(g: &Value) -> String {
+pub(crate) fn token_body(g: &Value) -> String {
     format!(
         "{{\"token\":\"{}\"}}",
         g["token"].as_str().expect("a token")

@@ -24,4 +24,5 @@ mod model;
 mod ops;
 mod redis;
 mod redlock_coord;
+mod rwlock;
 mod stand_in;

@@ -3,17 +3,20 @@
 //! Several concurrent clients drive two real sidecars on one real etcd, one
 //! real Redis, or a Redlock group of three real Redis servers, with random
 //! operations (plain and fair locks with and without
-//! `wait`, renew, release, semaphores with a random N, job claims and
-//! completions). Every call is recorded with its call and return instants and
+//! `wait`, renew, release, semaphores with a random N, read-write locks in
+//! either mode, job claims, their renewals, give-backs and completions). Every call is recorded with its call and return instants and
 //! its answer; afterwards the history is checked against a sequential
 //! reference model of what the contract promises:
 //!
 //! - **safety**: per lock name (fair and plain alike) no two holders at once;
 //!   per semaphore at most N live permits; per job at most one claimant and
-//!   one completing token; fencing tokens grow per name;
+//!   one completing token; per read-write lock no writer beside anyone
+//!   (readers may share); fencing tokens grow per name;
 //! - **liveness**: an acquisition refused when, per the model, nothing could
 //!   have been held during the whole call (or the lock stayed free for a
-//!   whole second of a `wait`), a semaphore refused with fewer than N permits
+//!   whole second of a `wait`), a reader refused when no writer (granted, or
+//!   asking: its intent lives up to a second past its answer) could have been
+//!   there, readers that never shared a read-write lock in the whole run, a semaphore refused with fewer than N permits
 //!   possibly live, a renew or release refused although the token was
 //!   certainly held from its call to its answer, and a renew granted to a
 //!   token certainly expired at its call, are all violations.
@@ -48,6 +51,9 @@ use tokio::time::{Instant, sleep};
 const CLIENTS: u64 = 10;
 const LOCKS: &[&str] = &["L0", "L1"];
 const SEMS: &[&str] = &["S0", "S1"];
+const RWS: &[&str] = &["R0", "R1"];
+/// How long a writer's intent may outlive its refused request.
+const INTENT_SLACK: Duration = Duration::from_secs(1);
 const TTL_S: u64 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,6 +61,7 @@ enum What {
     Lock,
     Sem,
     Job,
+    Rw,
 }
 
 /// One recorded call.
@@ -67,6 +74,8 @@ struct Op {
     /// Acquisitions: `wait` asked; fair lock.
     wait: Duration,
     fair: bool,
+    /// Read-write locks: a writer.
+    write: bool,
     /// The token acted on (renew/release/complete), or granted (acquisitions).
     token: Option<String>,
     fence: u64,
@@ -205,12 +214,17 @@ async fn on_held(
         What::Lock => format!("/locks/{}", h.name),
         What::Sem => format!("/semaphores/{}", h.name),
         What::Job => format!("/jobs/{}", h.name),
+        What::Rw => format!("/rwlocks/{}", h.name),
     };
     let r: f64 = rng.random();
-    if h.what == What::Job {
+    if h.what == What::Job && r >= 0.5 {
         op.verb = "complete";
         held.remove(i);
         ("POST", format!("{base}/complete?token={}", h.token))
+    } else if h.what == What::Job && r >= 0.25 {
+        op.verb = "release";
+        held.remove(i);
+        ("DELETE", format!("{base}/claim?token={}", h.token))
     } else if r < 0.4 {
         op.verb = "renew";
         (
@@ -240,7 +254,7 @@ fn acquisition(
     op.wait = Duration::from_millis(waits[rng.random_range(0..waits.len())]);
     op.verb = "acquire";
     let r: f64 = rng.random();
-    let path = if r < 0.5 {
+    let path = if r < 0.4 {
         op.what = What::Lock;
         op.name = LOCKS[rng.random_range(0..LOCKS.len())].to_owned();
         op.fair = kind == "etcd" && rng.random_bool(0.4);
@@ -250,13 +264,23 @@ fn acquisition(
             op.wait.as_millis(),
             op.fair
         )
-    } else if r < 0.85 {
+    } else if r < 0.65 {
         op.what = What::Sem;
         op.name = SEMS[rng.random_range(0..SEMS.len())].to_owned();
         format!(
             "/semaphores/{}?permits={}&ttl={TTL_S}s&wait={}ms&owner=c{id}",
             op.name,
             sem_n[&op.name],
+            op.wait.as_millis()
+        )
+    } else if r < 0.87 {
+        op.what = What::Rw;
+        op.name = RWS[rng.random_range(0..RWS.len())].to_owned();
+        op.write = rng.random_bool(0.35);
+        format!(
+            "/rwlocks/{}?mode={}&ttl={TTL_S}s&wait={}ms&owner=c{id}",
+            op.name,
+            if op.write { "write" } else { "read" },
             op.wait.as_millis()
         )
     } else {
@@ -293,6 +317,7 @@ async fn client(
             name: String::new(),
             wait: Duration::ZERO,
             fair: false,
+            write: false,
             token: None,
             fence: 0,
             ttl,
@@ -334,6 +359,7 @@ async fn client(
 }
 
 /// One grant's life as the model sees it.
+#[derive(Clone)]
 struct Life<'a> {
     acq: &'a Op,
     /// Possibly held: [poss.0, poss.1).
@@ -448,7 +474,9 @@ fn grant_life<'a>(
             ("release", 200) | ("complete", 200) => {
                 if !released {
                     cert_end = cert_end.min(a.call);
-                    if op.what != What::Job {
+                    // A completed job stays claimed-or-done; one given back
+                    // is gone.
+                    if op.what != What::Job || a.verb == "release" {
                         poss_end = poss_end.min(a.ret);
                     }
                 }
@@ -570,6 +598,52 @@ fn check_refusal(what: What, name: &str, ls: &[Life], i: usize, cap: usize, v: &
     }
 }
 
+/// Read-write lock `name`: no writer's certain hold beside anyone's; fencing
+/// tokens grow; a writer refused though nobody could hold or ask, or a
+/// reader refused though no writer could hold or ask, is a violation.
+/// Returns the pairs of readers certainly held at once (the liveness twin
+/// of "no writer beside anyone": readers do share).
+fn check_rw(name: &str, ls: &[Life], v: &mut Vec<String>) -> usize {
+    let held: Vec<&Life> = ls.iter().filter(|l| l.cert.0 < l.cert.1).collect();
+    let overlap = |a: &Life, b: &Life| a.cert.0 < b.cert.1 && b.cert.0 < a.cert.1;
+    let readers: Vec<&&Life> = held.iter().filter(|l| !l.acq.write).collect();
+    let shared = readers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| readers[i + 1..].iter().filter(|b| overlap(a, b)).count())
+        .sum();
+    for w in held.iter().filter(|l| l.acq.write) {
+        for o in &held {
+            if !std::ptr::eq(*o, *w) && overlap(o, w) {
+                v.push(format!(
+                    "Rw {name}: writer c{} (fence {}) certainly held beside {} c{} (fence {})",
+                    w.acq.client,
+                    w.acq.fence,
+                    if o.acq.write { "writer" } else { "reader" },
+                    o.acq.client,
+                    o.acq.fence
+                ));
+            }
+        }
+    }
+    check_fencing(What::Rw, name, ls, v);
+    for (i, l) in ls.iter().enumerate() {
+        if l.acq.status != 409 {
+            continue;
+        }
+        // Who could keep this one out: anyone, for a writer; writers, for a reader.
+        let mut rivals = vec![l.clone()];
+        rivals.extend(
+            ls.iter()
+                .enumerate()
+                .filter(|(j, o)| *j != i && (l.acq.write || o.acq.write))
+                .map(|(_, o)| o.clone()),
+        );
+        check_refusal(What::Rw, name, &rivals, 0, 1, v);
+    }
+    shared
+}
+
 /// Jobs: at most one token completes a job; a claim that starts after a
 /// completion was answered is told "completed".
 fn check_jobs(history: &[Op], v: &mut Vec<String>) {
@@ -611,8 +685,9 @@ fn check(
     sem_n: &HashMap<String, u32>,
     outages: &[(Instant, Instant)],
     slack: Duration,
-) -> Vec<String> {
+) -> (Vec<String>, usize) {
     let mut v = Vec::new();
+    let mut shared = 0;
     // Actions on each token, in call order.
     let mut by_token: HashMap<&str, Vec<&Op>> = HashMap::new();
     for op in history {
@@ -640,6 +715,8 @@ fn check(
             let end = if op.ambiguous() || outages.iter().any(|(s, e)| *s < op.ret && *e > op.call)
             {
                 heal_after(outages, op.ret) + ttl + slack
+            } else if op.what == What::Rw && op.write && !op.wait.is_zero() {
+                op.ret + INTENT_SLACK
             } else {
                 op.ret
             };
@@ -652,8 +729,12 @@ fn check(
         lives.entry(key).or_default().push(life);
     }
     for ((what, name), ls) in &lives {
+        if *what == What::Rw {
+            shared += check_rw(name, ls, &mut v);
+            continue;
+        }
         let cap = match what {
-            What::Lock | What::Job => 1usize,
+            What::Lock | What::Job | What::Rw => 1usize,
             What::Sem => sem_n[*name] as usize,
         };
         check_safety(*what, name, ls, cap, &mut v);
@@ -669,7 +750,7 @@ fn check(
         }
     }
     check_jobs(history, &mut v);
-    v
+    (v, shared)
 }
 
 /// Blackhole the backend (every proxy) or restart it (one Redlock server)
@@ -751,6 +832,36 @@ async fn proxies_to(server: &Server) -> (Vec<Proxy>, String) {
     (proxies, vias.join(","))
 }
 
+/// Enough grants to mean anything, and readers that shared a read-write
+/// lock at least once (certainly held at once).
+fn meaningful(history: &[Op], shared: usize, kind: &str, seed: u64) {
+    let count = |f: &dyn Fn(&Op) -> bool| history.iter().filter(|o| f(o)).count();
+    let rw = |write: bool, status: u16| {
+        count(&|o| {
+            o.what == What::Rw && o.verb == "acquire" && o.write == write && o.status == status
+        })
+    };
+    let jobs = |verb: &str| count(&|o| o.what == What::Job && o.verb == verb && o.status == 200);
+    eprintln!(
+        "model check on {kind}: read-write locks: reads {} granted / {} refused, writes {} granted / {} refused, {shared} pairs of readers certainly held at once; job claims renewed {}, given back {}",
+        rw(false, 200),
+        rw(false, 409),
+        rw(true, 200),
+        rw(true, 409),
+        jobs("renew"),
+        jobs("release")
+    );
+    let grants = history
+        .iter()
+        .filter(|o| o.status == 200 && o.verb == "acquire")
+        .count();
+    assert!(grants > 20, "too few grants to mean anything (seed {seed})");
+    assert!(
+        shared > 0,
+        "readers never shared a read-write lock (seed {seed})"
+    );
+}
+
 async fn model_check(kind: &'static str) {
     let seed = seed();
     let faults = faults();
@@ -802,7 +913,7 @@ async fn model_check(kind: &'static str) {
         _ => Duration::from_millis(300),
     };
     let t0 = Instant::now();
-    let violations = check(&history, &sem_n, &outages, slack);
+    let (violations, shared) = check(&history, &sem_n, &outages, slack);
     let check_time = t0.elapsed();
     report(
         kind,
@@ -817,14 +928,7 @@ async fn model_check(kind: &'static str) {
     for x in violations.iter().take(20) {
         eprintln!("VIOLATION: {x}");
     }
-    assert!(
-        history
-            .iter()
-            .filter(|o| o.status == 200 && o.verb == "acquire")
-            .count()
-            > 20,
-        "too few grants to mean anything (seed {seed})"
-    );
+    meaningful(&history, shared, kind, seed);
     assert!(
         violations.is_empty(),
         "{} violations on {kind}; replay with MODEL_SEED={seed}",

@@ -10,7 +10,9 @@ use std::time::Duration;
 use crate::support::*;
 use leader_elector::backend::redis::coord::RedisCoord;
 use leader_elector::backend::redis::{RedisBackend, RedisOptions};
-use leader_elector::coord::{Claim, CoordError, Coordinator, Grant, Kind, Outcome, Try};
+use leader_elector::coord::{
+    Claim, CoordError, Coordinator, Grant, Kind, Outcome, RwMode, Try, WriteIntent,
+};
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(5);
@@ -242,4 +244,103 @@ async fn a_fencing_counter_of_sixteen_digits_is_refused_and_fifteen_are_counted_
     }
     let g = granted(within("lock", c.lock("D", "x", TTL)).await, "lock");
     assert!(g.fencing_token > 999_999_999_999_990, "{}", g.fencing_token);
+}
+
+fn intent(id: &str) -> WriteIntent {
+    WriteIntent {
+        id: id.into(),
+        ttl: Duration::from_secs(10),
+    }
+}
+
+/// Read-write locks on three servers. Safety: a writer is refused while
+/// readers hold, and readers while a writer holds or waits; liveness twins:
+/// readers share, the waiting writer is granted once they release (with a
+/// fencing token above theirs), and readers enter once it gives up — also
+/// with one server of three down, a majority decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_locks_on_three_servers() {
+    let mut servers = three().await;
+    let c = coord_on(&servers, "redlock-rw");
+    let rw = |name: &'static str, who: &'static str, mode, i: Option<WriteIntent>| {
+        let c = &c;
+        async move { within("rwlock", c.rwlock(name, who, mode, TTL, i.as_ref())).await }
+    };
+    let a = granted(rw("D", "ra", RwMode::Read, None).await, "reader a");
+    let b = granted(rw("D", "rb", RwMode::Read, None).await, "readers share");
+    let w = rw("D", "w", RwMode::Write, Some(intent("i1")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&w, Try::Held(h) if h == "ra" || h == "rb"),
+        "{w:?}"
+    );
+    // The writer's intent holds a new reader back, naming the writer.
+    let held = rw("D", "rc", RwMode::Read, None).await.unwrap();
+    assert_eq!(held, Try::Held("w".into()));
+    for g in [&a, &b] {
+        let r = within("release", c.rw_release("D", &g.token)).await;
+        assert_eq!(r.unwrap(), Outcome::Ok(None));
+    }
+    let wg = granted(
+        rw("D", "w", RwMode::Write, Some(intent("i1"))).await,
+        "writer",
+    );
+    assert!(wg.fencing_token > a.fencing_token.max(b.fencing_token));
+    let held = rw("D", "rd", RwMode::Read, None).await.unwrap();
+    assert_eq!(held, Try::Held("w".into()));
+    let renewed = within("renew", c.rw_renew("D", &wg.token, TTL)).await;
+    assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
+    let r = within("release", c.rw_release("D", &wg.token)).await;
+    assert_eq!(r.unwrap(), Outcome::Ok(None));
+    let again = within("release", c.rw_release("D", &wg.token)).await;
+    assert_eq!(again.unwrap(), Outcome::Gone);
+    // One server down: a reader holds, a writer waits and gives up, a
+    // reader enters at once.
+    servers[2].stop();
+    let e = granted(rw("E", "re", RwMode::Read, None).await, "reader on 2 of 3");
+    let w = rw("E", "w2", RwMode::Write, Some(intent("i2")))
+        .await
+        .unwrap();
+    assert_eq!(w, Try::Held("re".into()));
+    assert_eq!(
+        rw("E", "rf", RwMode::Read, None).await.unwrap(),
+        Try::Held("w2".into())
+    );
+    within("give up", c.rw_give_up("E", "i2")).await.unwrap();
+    let f = granted(
+        rw("E", "rf", RwMode::Read, None).await,
+        "a reader after the give-up",
+    );
+    assert!(f.fencing_token > e.fencing_token);
+    let gone = within("renew", c.rw_renew("E", &wg.token, TTL)).await;
+    assert_eq!(gone.unwrap(), Outcome::Gone);
+}
+
+/// Job claims on three servers are renewed and given back; a given-back
+/// job is claimed at once by another, and the old token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_claims_renew_and_give_back_on_three_servers() {
+    let servers = three().await;
+    let c = coord_on(&servers, "redlock-jobs");
+    let claim = |who: &'static str| {
+        let c = &c;
+        async move { within("claim", c.claim("q", "j", who, TTL)).await.unwrap() }
+    };
+    let Claim::Claimed(a) = claim("wa").await else {
+        panic!("the first claim")
+    };
+    let renewed = within("renew", c.job_renew("q", "j", &a.token, TTL)).await;
+    assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
+    assert_eq!(claim("wb").await, Claim::ClaimedByOther("wa".into()));
+    let given = within("give back", c.job_release("q", "j", &a.token)).await;
+    assert_eq!(given.unwrap(), Outcome::Ok(None));
+    let Claim::Claimed(b) = claim("wb").await else {
+        panic!("claimed at once after a give-back")
+    };
+    assert!(b.fencing_token > a.fencing_token);
+    let old = within("renew", c.job_renew("q", "j", &a.token, TTL)).await;
+    assert_eq!(old.unwrap(), Outcome::NotYours);
+    let old = within("give back", c.job_release("q", "j", &a.token)).await;
+    assert_eq!(old.unwrap(), Outcome::NotYours);
 }

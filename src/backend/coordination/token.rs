@@ -27,6 +27,10 @@ pub enum TokenKind {
     Permit,
     /// A job claim (`j`).
     Job,
+    /// A reader of a read-write lock (`r`).
+    Reader,
+    /// The writer of a read-write lock (`w`).
+    Writer,
 }
 
 impl TokenKind {
@@ -36,6 +40,8 @@ impl TokenKind {
             TokenKind::FairLock => 'f',
             TokenKind::Permit => 's',
             TokenKind::Job => 'j',
+            TokenKind::Reader => 'r',
+            TokenKind::Writer => 'w',
         }
     }
 
@@ -92,6 +98,8 @@ impl Token {
             "f" => TokenKind::FairLock,
             "s" => TokenKind::Permit,
             "j" => TokenKind::Job,
+            "r" => TokenKind::Reader,
+            "w" => TokenKind::Writer,
             _ => return None,
         };
         if lease.is_empty() || lease.len() > 16 || nonce.len() != 32 {

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::lua_rw::{RW, RW_GIVE_UP, RW_READ, RW_READ_RENEW, RW_UNREAD, RW_WRITE};
+
 /// Most digits a fencing counter may have, in every script. Redis runs Lua
 /// 5.1, whose numbers are doubles: integers are exact up to 2^53
 /// (9 007 199 254 740 992, 16 digits), so every integer of at most 15 digits
@@ -327,9 +329,19 @@ pub enum Lua {
     Claim,
     /// A job's completion (`COMPLETE`).
     Complete,
+    /// A reader of a read-write lock (`RW_READ`).
+    RwRead,
+    /// The writer of a read-write lock (`RW_WRITE`).
+    RwWrite,
+    /// A reader's renewal (`RW_READ_RENEW`).
+    RwReadRenew,
+    /// A reader's release (`RW_UNREAD`).
+    RwUnread,
+    /// A waiting writer's intent removed (`RW_GIVE_UP`).
+    RwGiveUp,
 }
 
-const ALL: [Lua; 14] = [
+const ALL: [Lua; 19] = [
     Lua::Campaign,
     Lua::ElectionRenew,
     Lua::Raise,
@@ -344,6 +356,11 @@ const ALL: [Lua; 14] = [
     Lua::SlotLock,
     Lua::Claim,
     Lua::Complete,
+    Lua::RwRead,
+    Lua::RwWrite,
+    Lua::RwReadRenew,
+    Lua::RwUnread,
+    Lua::RwGiveUp,
 ];
 
 static SCRIPTS: LazyLock<Vec<Script>> =
@@ -366,6 +383,11 @@ impl Lua {
             Lua::SlotLock => SLOT_LOCK,
             Lua::Claim => CLAIM,
             Lua::Complete => COMPLETE,
+            Lua::RwRead => RW_READ,
+            Lua::RwWrite => RW_WRITE,
+            Lua::RwReadRenew => RW_READ_RENEW,
+            Lua::RwUnread => RW_UNREAD,
+            Lua::RwGiveUp => RW_GIVE_UP,
         }
     }
 
@@ -377,13 +399,25 @@ impl Lua {
         let first_is_1 =
             || matches!(answer, Value::Array(v) if matches!(v.first(), Some(Value::Int(1))));
         match self {
-            Lua::Campaign | Lua::Lock | Lua::SlotLock | Lua::Claim | Lua::SemAcquire => {
-                first_is_1()
-            }
+            Lua::Campaign
+            | Lua::Lock
+            | Lua::SlotLock
+            | Lua::Claim
+            | Lua::SemAcquire
+            | Lua::RwRead
+            | Lua::RwWrite => first_is_1(),
             // 2: put back on a Redlock server that had lost the key.
             Lua::ElectionRenew => matches!(answer, Value::Int(1 | 2)),
-            Lua::Raise | Lua::Renew | Lua::SemRenew => matches!(answer, Value::Int(1)),
-            Lua::Release | Lua::SemRelease | Lua::SemLive | Lua::Slots | Lua::Complete => false,
+            Lua::Raise | Lua::Renew | Lua::SemRenew | Lua::RwReadRenew => {
+                matches!(answer, Value::Int(1))
+            }
+            Lua::Release
+            | Lua::SemRelease
+            | Lua::SemLive
+            | Lua::Slots
+            | Lua::Complete
+            | Lua::RwUnread
+            | Lua::RwGiveUp => false,
         }
     }
 
@@ -392,7 +426,13 @@ impl Lua {
     pub fn may_grant(self) -> bool {
         !matches!(
             self,
-            Lua::Release | Lua::SemRelease | Lua::SemLive | Lua::Slots | Lua::Complete
+            Lua::Release
+                | Lua::SemRelease
+                | Lua::SemLive
+                | Lua::Slots
+                | Lua::Complete
+                | Lua::RwUnread
+                | Lua::RwGiveUp
         )
     }
 
@@ -403,6 +443,9 @@ impl Lua {
         match self {
             Lua::Claim => format!("{prelude}{CLAIM}{LOCK}"),
             Lua::Slots | Lua::SlotLock => format!("{prelude}{SIZE}{}", self.body()),
+            Lua::RwRead | Lua::RwWrite | Lua::RwReadRenew | Lua::RwUnread | Lua::RwGiveUp => {
+                format!("{prelude}{RW}{}", self.body())
+            }
             _ => format!("{prelude}{}", self.body()),
         }
     }

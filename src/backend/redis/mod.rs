@@ -30,6 +30,7 @@ pub mod flags;
 pub mod group;
 mod holders;
 pub mod lua;
+mod lua_rw;
 mod released;
 pub mod server;
 pub mod verdict;

@@ -65,8 +65,7 @@ impl EtcdCoord {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome> {
-        let Some(t) = Token::parse(token).filter(|t| t.kind == TokenKind::Job && t.lease > 0)
-        else {
+        let Some(t) = job_token(token) else {
             return Ok(Outcome::Gone);
         };
         let mut client = self.client().await?;
@@ -110,10 +109,58 @@ impl EtcdCoord {
         Ok(Outcome::Ok(None))
     }
 
+    /// Renew the claim `token` holds
+    /// ([`Coordinator::job_renew`](crate::backend::coordination::Coordinator::job_renew)):
+    /// one keep-alive of its lease once the claim key is seen to be the token's.
+    pub(super) async fn renew_job(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
+        let Some(t) = job_token(token) else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        let claim = self.job_key(queue, job, "claim");
+        self.renew_key(&mut client, &claim, token, t.lease).await
+    }
+
+    /// Give back the claim `token` holds
+    /// ([`Coordinator::job_release`](crate::backend::coordination::Coordinator::job_release)):
+    /// its claim key is deleted if it is still the token's (a done key is
+    /// never touched), then its lease is revoked off the answer path.
+    pub(super) async fn release_job(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
+        let Some(t) = job_token(token) else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        let claim = self.job_key(queue, job, "claim");
+        let current = self.call("get", client.get(claim.clone(), None)).await?;
+        let Some(kv) = current.kvs().first() else {
+            return Ok(Outcome::Gone);
+        };
+        if !holds(kv.value(), token) {
+            return Ok(Outcome::NotYours);
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                claim.clone(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(claim, None)]);
+        if !self.call("txn", client.txn(txn)).await?.succeeded() {
+            return Ok(Outcome::NotYours);
+        }
+        self.revoke_later(client, t.lease);
+        Ok(Outcome::Ok(None))
+    }
+
     /// A job's done and claim keys, as two gets of one txn.
     fn job_state(done: &str, claim: &str) -> [TxnOp; 2] {
         [TxnOp::get(done, None), TxnOp::get(claim, None)]
     }
+}
+
+/// The parts of a job claim's token issued on etcd.
+fn job_token(token: &str) -> Option<Token> {
+    Token::parse(token).filter(|t| t.kind == TokenKind::Job && t.lease > 0)
 }
 
 /// A job's state from the answers of [`EtcdCoord::job_state`]: `None` when

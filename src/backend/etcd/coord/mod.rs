@@ -1,4 +1,5 @@
-//! Coordination on etcd: every lock, permit and claim is a key bound to its
+//! Coordination on etcd: every lock, permit, claim and read-write lock hold
+//! ([`rwlock`]) is a key bound to its
 //! own lease; the key is `<prefix><lease hex>.<nonce>` (the whole token, so a
 //! release is one delete) and its value is `<token>|<owner>`. Renew = one
 //! keep-alive of that lease plus a read proving the key is still ours (an
@@ -14,6 +15,7 @@ mod hub;
 mod jobs;
 mod pool;
 mod queue;
+mod rwlock;
 mod sem;
 
 use std::future::Future;
@@ -30,7 +32,8 @@ use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::backend::coordination::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
+    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, RwMode, Token, TokenKind, Try,
+    WriteIntent,
 };
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::etcd::store::{Created, EtcdStore, Lease, revision_of};
@@ -369,17 +372,7 @@ impl Coordinator for EtcdCoord {
         };
         let mut client = self.client().await?;
         let key = self.key_of(kind, name, &t);
-        let current = self.call("get", client.get(key, None)).await?;
-        match current.kvs().first() {
-            None => return Ok(Outcome::Gone),
-            Some(kv) if !holds(kv.value(), token) => return Ok(Outcome::NotYours),
-            Some(_) => {}
-        }
-        let left = self.keep_alive_once(&client, t.lease).await?;
-        if left <= 0 {
-            return Ok(Outcome::Gone);
-        }
-        Ok(Outcome::Ok(Some(Duration::from_secs(left as u64))))
+        self.renew_key(&mut client, &key, token, t.lease).await
     }
 
     async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
@@ -414,6 +407,47 @@ impl Coordinator for EtcdCoord {
         retention: Duration,
     ) -> Result<Outcome> {
         self.complete_job(queue, job, token, retention).await
+    }
+
+    async fn rwlock(
+        &self,
+        name: &str,
+        owner: &str,
+        mode: RwMode,
+        ttl: Duration,
+        intent: Option<&WriteIntent>,
+    ) -> Result<Try> {
+        self.rw_acquire(name, owner, mode, ttl, intent).await
+    }
+
+    async fn rw_give_up(&self, name: &str, id: &str) -> Result<()> {
+        self.rw_drop_intent(name, id).await
+    }
+
+    async fn rw_renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<Outcome> {
+        self.rw_extend(name, token).await
+    }
+
+    async fn rw_release(&self, name: &str, token: &str) -> Result<Outcome> {
+        self.rw_drop(name, token).await
+    }
+
+    async fn rw_changed(&self, name: &str, until: Instant) -> Result<()> {
+        self.rw_wait(name, until).await
+    }
+
+    async fn job_renew(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        _ttl: Duration,
+    ) -> Result<Outcome> {
+        self.renew_job(queue, job, token).await
+    }
+
+    async fn job_release(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
+        self.release_job(queue, job, token).await
     }
 
     async fn close(&self) {

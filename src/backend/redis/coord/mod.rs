@@ -13,7 +13,9 @@
 //!   server counting 2, yet 3 are live. A slot is held by one permit at a time
 //!   (two majorities intersect), so at most N are;
 //! - job claims: `SET NX PX` on the claim unless a `done` key exists;
-//!   complete = check-then-(`SET done PX retention`, `DEL claim`).
+//!   complete = check-then-(`SET done PX retention`, `DEL claim`); renew and
+//!   give back as a lock's ([`jobs`]);
+//! - read-write locks: see [`rwlock`].
 //!
 //! On a Redlock group each verb follows [`Group`]'s rules: granted on a
 //! quorum within the validity (the grant's `ttl_ms` is the validity left),
@@ -30,6 +32,8 @@
 //! so tokens keep growing across a restart without persistence. Fair locks
 //! need etcd ([`CoordError::Unsupported`], HTTP 400).
 
+mod jobs;
+mod rwlock;
 mod slots;
 mod wait;
 
@@ -43,13 +47,14 @@ use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::backend::coordination::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
+    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, RwMode, Token, TokenKind, Try,
+    WriteIntent,
 };
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::group::{Acquisition, Granting, Group, Round, unexpected};
 use crate::backend::redis::lua::{COUNTER_DIGITS, Lua, Stored, ms};
 use crate::backend::redis::server::text_of;
-use crate::backend::redis::verdict::{Tally, Verdict};
+use crate::backend::redis::verdict::Verdict;
 
 pub use wait::{MAX_NAP, MAX_NAP_SUBSCRIBED};
 
@@ -128,10 +133,10 @@ impl RedisCoord {
         };
         // Give back by a check-and-delete release, of the permit in the set
         // for a one-server semaphore.
-        let give_back = if ask.lua == Lua::SemAcquire {
-            (Lua::SemRelease, &[token.as_str()][..])
-        } else {
-            (Lua::Release, &[token.as_str(), key, ""][..])
+        let give_back = match ask.lua {
+            Lua::SemAcquire => (Lua::SemRelease, &[token.as_str()][..]),
+            Lua::RwRead => (Lua::RwUnread, &[token.as_str()][..]),
+            _ => (Lua::Release, &[token.as_str(), key, ""][..]),
         };
         let rule = Acquisition {
             key,
@@ -392,39 +397,61 @@ impl Coordinator for RedisCoord {
         };
         let server = &self.group.servers()[0];
         self.waiters
-            .changed(server, &self.prefix, kind, &key, seen, until)
+            .changed(
+                server,
+                &self.prefix,
+                wait::Look::Of(kind),
+                &key,
+                seen,
+                until,
+            )
             .await
     }
 
+    async fn rwlock(
+        &self,
+        name: &str,
+        owner: &str,
+        mode: RwMode,
+        ttl: Duration,
+        intent: Option<&WriteIntent>,
+    ) -> Result<Try> {
+        self.rw_acquire(name, owner, mode, ttl, intent).await
+    }
+
+    async fn rw_give_up(&self, name: &str, id: &str) -> Result<()> {
+        self.rw_drop_intent(name, id).await;
+        Ok(())
+    }
+
+    async fn rw_renew(&self, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
+        self.rw_extend(name, token, ttl).await
+    }
+
+    async fn rw_release(&self, name: &str, token: &str) -> Result<Outcome> {
+        self.rw_drop(name, token).await
+    }
+
+    async fn rw_changed(&self, name: &str, until: Instant) -> Result<()> {
+        self.rw_wait(name, until).await
+    }
+
+    async fn job_renew(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Outcome> {
+        self.renew_job(queue, job, token, ttl).await
+    }
+
+    async fn job_release(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
+        self.release_job(queue, job, token).await
+    }
+
     async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
-        let name = format!("{queue}/{job}");
-        let base = self.key("job", &name);
-        let keys = [
-            format!("{base}:claim"),
-            format!("{base}:fencing"),
-            format!("{base}:done"),
-        ];
-        let ask = Ask {
-            lua: Lua::Claim,
-            keys: &keys,
-            owner,
-            args: vec![ms(ttl)],
-            name: &name,
-            token: Token::new(TokenKind::Job, 0),
-            ttl,
-        };
-        match self.acquire(ask).await? {
-            Got::Granted(g) => Ok(Claim::Claimed(g)),
-            Got::Refused(round) => {
-                if round
-                    .refusals()
-                    .any(|r| matches!(r.as_slice(), [Value::Int(2)]))
-                {
-                    return Ok(Claim::Completed);
-                }
-                Ok(Claim::ClaimedByOther(held_by(&round).unwrap_or_default()))
-            }
-        }
+        self.claim_job(queue, job, owner, ttl).await
     }
 
     async fn complete(
@@ -434,18 +461,7 @@ impl Coordinator for RedisCoord {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome> {
-        if Token::parse(token).is_none_or(|t| t.kind != TokenKind::Job || t.lease != 0) {
-            return Ok(Outcome::Gone);
-        }
-        let base = self.key("job", &format!("{queue}/{job}"));
-        let keys = [format!("{base}:claim"), format!("{base}:done")];
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let answers = self
-            .group
-            .eval_all(Lua::Complete, &keys, &[token, &ms(retention)])
-            .await;
-        let verdict = self.group.renew_verdict(Tally::of(answers), "completed");
-        outcome(verdict, None, &keys)
+        self.complete_job(queue, job, token, retention).await
     }
 }
 

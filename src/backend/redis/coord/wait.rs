@@ -59,9 +59,56 @@ fn pattern(prefix: &str) -> String {
     p
 }
 
+/// What a waiter looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// A lock or a semaphore.
+    Of(Kind),
+    /// A read-write lock: its writer, intent and readers.
+    Rw,
+}
+
+/// Milliseconds from the local clock's now until the server-clock instant
+/// `at` (ms since the Unix epoch), at least 1.
+fn until_ms(at: f64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as f64;
+    Duration::from_millis((at - now).max(1.0) as u64)
+}
+
+/// When the next change of read-write lock `base` is due without a notice:
+/// the first expiry of its writer, intent or readers; `None` when none is
+/// there (it changed already).
+async fn rw_due(server: &Server, base: &str) -> Result<Option<Duration>> {
+    let (writer, intent, next): (i64, i64, Vec<(String, f64)>) = server
+        .query(
+            "read",
+            redis::pipe()
+                .cmd("PTTL")
+                .arg(base)
+                .cmd("PTTL")
+                .arg(format!("{base}:intent"))
+                .cmd("ZRANGE")
+                .arg(format!("{base}:readers"))
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES"),
+        )
+        .await?;
+    let ms = |pttl: i64| (pttl > 0).then(|| Duration::from_millis(pttl as u64));
+    let reader = next.first().map(|(_, at)| until_ms(*at));
+    Ok([ms(writer), ms(intent), reader].into_iter().flatten().min())
+}
+
 /// When the next change of `key` is due without a notice: `None` when it
 /// changed already (fewer than `seen` holders), else the next expiry.
-async fn due(server: &Server, kind: Kind, key: &str, seen: u64) -> Result<Option<Duration>> {
+async fn due(server: &Server, look: Look, key: &str, seen: u64) -> Result<Option<Duration>> {
+    let kind = match look {
+        Look::Rw => return rw_due(server, key).await,
+        Look::Of(kind) => kind,
+    };
     match kind {
         Kind::Lock => {
             let (pttl,): (i64,) = server
@@ -89,13 +136,7 @@ async fn due(server: &Server, kind: Kind, key: &str, seen: u64) -> Result<Option
             if live < seen {
                 return Ok(None);
             }
-            Ok(Some(next.first().map_or(MAX_NAP, |(_, at)| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_millis() as f64;
-                Duration::from_millis((at - now).max(1.0) as u64)
-            })))
+            Ok(Some(next.first().map_or(MAX_NAP, |(_, at)| until_ms(*at))))
         }
     }
 }
@@ -192,7 +233,7 @@ impl Waiters {
         &self,
         server: &Server,
         prefix: &str,
-        kind: Kind,
+        look: Look,
         key: &str,
         seen: u64,
         until: Instant,
@@ -208,7 +249,7 @@ impl Waiters {
         // subscription was confirmed before the look, nap at most MAX_NAP.
         let sure = self.subscribed.load(Ordering::SeqCst);
         let mut reader = self.subscribe(server, prefix).await?;
-        let Some(due) = due(server, kind, key, seen).await? else {
+        let Some(due) = due(server, look, key, seen).await? else {
             return Ok(());
         };
         let sure = sure || reader.as_ref().is_some_and(|g| g.is_some());

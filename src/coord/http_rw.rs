@@ -1,0 +1,148 @@
+//! HTTP handlers of read-write locks (`/rwlocks/{name}`) and of the renewal
+//! and give-back of job claims (`/jobs/{queue}/{job}/renew`, `DELETE
+//! /jobs/{queue}/{job}/claim`); the table of every route is in
+//! [`super::http`]. Answers are shaped like the lock routes'.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use axum::routing::post;
+
+use super::RwMode;
+use super::http::{
+    Bad, CoordState, MAX_TTL, MIN_TTL, Params, acquire_params, acquired, backend_error, duration,
+    name_ok, reject, released, renewed, reply, token,
+};
+
+/// The routes of this module, for [`super::http::routes`].
+pub(super) fn routes() -> Router<CoordState> {
+    Router::new()
+        .route("/rwlocks/{name}", post(rw_acquire).delete(rw_release))
+        .route("/rwlocks/{name}/renew", post(rw_renew))
+        .route("/jobs/{queue}/{job}/renew", post(job_renew))
+}
+
+/// `mode=read|write` (required).
+fn mode(p: &Params) -> Result<RwMode, Bad> {
+    match p.get("mode").map(String::as_str) {
+        Some("read") => Ok(RwMode::Read),
+        Some("write") => Ok(RwMode::Write),
+        Some(other) => Err(reject(format!(
+            "query parameter mode ({other}) must be read or write"
+        ))),
+        None => Err(reject(
+            "query parameter mode is required: mode=read (shared) or mode=write (exclusive)",
+        )),
+    }
+}
+
+/// `POST /rwlocks/{name}?mode=read|write&ttl=30s&wait=5s&owner=ID`.
+async fn rw_acquire(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+) -> Response {
+    let checked = name_ok("read-write lock name", &name)
+        .and_then(|_| mode(&p))
+        .and_then(|m| Ok((m, acquire_params(&p, &s.service)?)));
+    let (mode, (ttl, wait, owner)) = match checked {
+        Ok(v) => v,
+        Err(r) => return reply(r),
+    };
+    match s.service.rwlock(&name, &owner, mode, ttl, wait).await {
+        Ok(t) => acquired(t),
+        Err(e) => backend_error(e),
+    }
+}
+
+/// The token and `ttl` (default `default_ttl`) of a renewal.
+fn renewal(
+    p: &Params,
+    body: &Result<Bytes, BytesRejection>,
+    default_ttl: Duration,
+) -> Result<(String, Duration), Bad> {
+    let token = token(p, body)?;
+    Ok((token, duration(p, "ttl", default_ttl, MIN_TTL, MAX_TTL)?))
+}
+
+/// `POST /rwlocks/{name}/renew` + token.
+async fn rw_renew(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let checked = name_ok("read-write lock name", &name)
+        .and_then(|_| renewal(&p, &body, Duration::from_secs(30)));
+    let (token, ttl) = match checked {
+        Ok(v) => v,
+        Err(r) => return reply(r),
+    };
+    match s.service.rw_renew(&name, &token, ttl).await {
+        Ok(o) => renewed(o),
+        Err(e) => backend_error(e),
+    }
+}
+
+/// `DELETE /rwlocks/{name}` + token.
+async fn rw_release(
+    State(s): State<CoordState>,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let checked = name_ok("read-write lock name", &name).and_then(|_| token(&p, &body));
+    let token = match checked {
+        Ok(t) => t,
+        Err(r) => return reply(r),
+    };
+    match s.service.rw_release(&name, &token).await {
+        Ok(o) => released(o),
+        Err(e) => backend_error(e),
+    }
+}
+
+fn job_ok(queue: &str, job: &str) -> Result<(), Bad> {
+    name_ok("queue name", queue).and_then(|_| name_ok("job id", job))
+}
+
+/// `POST /jobs/{queue}/{job}/renew?ttl=5m` + token: the claim's TTL (default
+/// 5 min, as a claim's) from now.
+async fn job_renew(
+    State(s): State<CoordState>,
+    Path((queue, job)): Path<(String, String)>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let checked = job_ok(&queue, &job).and_then(|_| renewal(&p, &body, Duration::from_secs(300)));
+    let (token, ttl) = match checked {
+        Ok(v) => v,
+        Err(r) => return reply(r),
+    };
+    match s.service.job_renew(&queue, &job, &token, ttl).await {
+        Ok(o) => renewed(o),
+        Err(e) => backend_error(e),
+    }
+}
+
+/// `DELETE /jobs/{queue}/{job}/claim` + token: the job can be claimed again
+/// at once.
+pub(super) async fn job_release(
+    State(s): State<CoordState>,
+    Path((queue, job)): Path<(String, String)>,
+    Query(p): Query<Params>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let token = match job_ok(&queue, &job).and_then(|_| token(&p, &body)) {
+        Ok(t) => t,
+        Err(r) => return reply(r),
+    };
+    match s.service.job_release(&queue, &job, &token).await {
+        Ok(o) => released(o),
+        Err(e) => backend_error(e),
+    }
+}
