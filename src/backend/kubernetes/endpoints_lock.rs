@@ -23,6 +23,11 @@
 //!   write that changed it.
 //! - A record changed by anyone else while ours (a hand edit, a shorter
 //!   duration, another holder) ends our term; a deletion ends it too.
+//! - A follower that finds the object deleted waits out the last record it
+//!   saw before it creates one. A term it never saw (taken and deleted
+//!   between two of its polls) is not waited for, as client-go does not
+//!   either: the old image's safety ends at a deletion by hand. Two of ours
+//!   still never lead at once, since each also needs the Lease.
 //! - Release writes an empty holder with `leaseDurationSeconds: 1`, as
 //!   client-go's `release()` does, so old-image candidates take it at once.
 //! - Followers poll (a GET per renew interval), as the old image does: the
@@ -292,15 +297,22 @@ impl EndpointsLock {
         }))
     }
 
-    /// Our renewal met a 409: whether the object (re-read) is still ours
-    /// with the record we last wrote (`Some`: retry on it) or the term is
-    /// lost.
-    async fn after_conflict(&self, conn: &Conn, ours: &Ours) -> Result<Option<Endpoints>> {
+    /// Our write met a 409: the object re-read if it is still ours with the
+    /// record we last wrote (retry on it), else why the term is over.
+    async fn after_conflict(
+        &self,
+        conn: &Conn,
+        ours: &Ours,
+    ) -> Result<std::result::Result<Endpoints, LostReason>> {
         let Some(now) = self.get(conn).await? else {
-            return Ok(None);
+            return Ok(Err(LostReason::KeyDeleted));
         };
         let same = raw_of(&now) == raw_of(&ours.object) && term_of(&now) == term_of(&ours.object);
-        Ok(same.then_some(now))
+        Ok(if same {
+            Ok(now)
+        } else {
+            Err(LostReason::KeyOverwritten)
+        })
     }
 
     async fn poll(&self, conn: &Conn, seen: &Holder, ttl: Duration) -> Result<()> {
@@ -380,8 +392,8 @@ impl LeaseBackend for EndpointsLock {
                 }
                 Put::Gone => return Ok(Renewal::Lost(LostReason::KeyDeleted)),
                 Put::Conflict => match self.after_conflict(conn, &ours).await? {
-                    Some(now) => base = now,
-                    None => return Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+                    Ok(now) => base = now,
+                    Err(lost) => return Ok(Renewal::Lost(lost)),
                 },
             }
         }
@@ -412,8 +424,8 @@ impl LeaseBackend for EndpointsLock {
             };
             match self.put(conn, &with_record(base, &record, None)).await? {
                 Put::Conflict => match self.after_conflict(conn, &ours).await? {
-                    Some(now) => base = now,
-                    None => break,
+                    Ok(now) => base = now,
+                    Err(_) => break,
                 },
                 Put::Written(_) | Put::Gone => break,
             }
