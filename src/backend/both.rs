@@ -69,7 +69,7 @@ impl Both {
     }
 
     /// Remember `holder` as the bridge's.
-    fn from_bridge(&self, holder: Holder) -> Holder {
+    fn remember_bridge(&self, holder: Holder) -> Holder {
         self.state(|s| s.bridge_holder = Some(holder.term_id.clone()));
         holder
     }
@@ -87,13 +87,13 @@ impl Both {
     /// A bridge answer that is not an election, its holder remembered.
     fn bridge_answer(&self, c: Campaign) -> Campaign {
         match c {
-            Campaign::Following(h) => Campaign::Following(self.from_bridge(h)),
+            Campaign::Following(h) => Campaign::Following(self.remember_bridge(h)),
             Campaign::Waiting {
                 previous,
                 retry_after,
                 why,
             } => Campaign::Waiting {
-                previous: previous.map(|h| self.from_bridge(h)),
+                previous: previous.map(|h| self.remember_bridge(h)),
                 retry_after,
                 why,
             },
@@ -165,14 +165,18 @@ impl LeaseBackend for Both {
     async fn read(&self) -> Result<Option<Holder>> {
         match self.primary.read().await? {
             Some(h) => Ok(Some(h)),
-            None => Ok(self.bridge.read().await?.map(|h| self.from_bridge(h))),
+            None => Ok(self.bridge.read().await?.map(|h| self.remember_bridge(h))),
         }
     }
 
     async fn inspect(&self) -> Result<Option<Holder>> {
         match self.primary.inspect().await? {
             Some(h) => Ok(Some(h)),
-            None => Ok(self.bridge.inspect().await?.map(|h| self.from_bridge(h))),
+            None => Ok(self
+                .bridge
+                .inspect()
+                .await?
+                .map(|h| self.remember_bridge(h))),
         }
     }
 

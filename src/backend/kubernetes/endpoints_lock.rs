@@ -134,7 +134,7 @@ fn holder_of(e: &Endpoints) -> Holder {
 
 /// What a conditional write came to.
 enum Put {
-    Written(Endpoints),
+    Written(Box<Endpoints>),
     Conflict,
     Gone,
 }
@@ -214,7 +214,7 @@ impl EndpointsLock {
         match conn.api.replace(&self.name, &params(), next).await {
             Ok(written) => {
                 self.state(|s| s.view.observe(Some(&written), Instant::now()));
-                Ok(Put::Written(written))
+                Ok(Put::Written(Box::new(written)))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Put::Conflict),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Put::Gone),
@@ -249,30 +249,7 @@ impl EndpointsLock {
         };
         let term = term_id();
         let sent = Instant::now();
-        let written = match base {
-            None => {
-                let fresh = Endpoints {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    ..Endpoints::default()
-                };
-                let next = with_record(fresh, &record, Some(&term));
-                match conn.api.create(&params(), &next).await {
-                    Ok(e) => Some(e),
-                    Err(kube::Error::Api(s)) if s.code == 409 => None,
-                    Err(e) => return Err(Self::error(conn, e)),
-                }
-            }
-            Some(base) => match self
-                .put(conn, &with_record(base, &record, Some(&term)))
-                .await?
-            {
-                Put::Written(e) => Some(e),
-                Put::Conflict | Put::Gone => None,
-            },
-        };
+        let written = self.write_taken(conn, base, &record, &term).await?;
         let Some(written) = written else {
             return Ok(Campaign::Waiting {
                 previous: None,
@@ -295,6 +272,44 @@ impl EndpointsLock {
             granted: ttl,
             servers: None,
         }))
+    }
+
+    /// The write of [`Self::take`]: a create when the object is absent, else
+    /// an update on the version read; `None` when a race was lost.
+    async fn write_taken(
+        &self,
+        conn: &Conn,
+        base: Option<Endpoints>,
+        record: &Record,
+        term: &str,
+    ) -> Result<Option<Endpoints>> {
+        Ok(match base {
+            None => {
+                let fresh = Endpoints {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    ..Endpoints::default()
+                };
+                match conn
+                    .api
+                    .create(&params(), &with_record(fresh, record, Some(term)))
+                    .await
+                {
+                    Ok(e) => Some(e),
+                    Err(kube::Error::Api(s)) if s.code == 409 => None,
+                    Err(e) => return Err(Self::error(conn, e)),
+                }
+            }
+            Some(base) => match self
+                .put(conn, &with_record(base, record, Some(term)))
+                .await?
+            {
+                Put::Written(e) => Some(*e),
+                Put::Conflict | Put::Gone => None,
+            },
+        })
     }
 
     /// Our write met a 409: the object re-read if it is still ours with the
@@ -382,7 +397,7 @@ impl LeaseBackend for EndpointsLock {
                     if changed {
                         ours.changed_sent = send;
                     }
-                    ours.object = written;
+                    ours.object = *written;
                     let left = term.ttl.saturating_sub(send - ours.changed_sent);
                     self.state(|s| s.ours = Some(ours));
                     return Ok(Renewal::Renewed {
