@@ -162,21 +162,19 @@ impl LeaseBackend for Both {
         p.and(b)
     }
 
+    /// The bridge's holder when it has one (as a campaign reports it: the
+    /// bridge is taken first), else the primary's.
     async fn read(&self) -> Result<Option<Holder>> {
-        match self.primary.read().await? {
-            Some(h) => Ok(Some(h)),
-            None => Ok(self.bridge.read().await?.map(|h| self.remember_bridge(h))),
+        match self.bridge.read().await? {
+            Some(h) => Ok(Some(self.remember_bridge(h))),
+            None => self.primary.read().await,
         }
     }
 
     async fn inspect(&self) -> Result<Option<Holder>> {
-        match self.primary.inspect().await? {
-            Some(h) => Ok(Some(h)),
-            None => Ok(self
-                .bridge
-                .inspect()
-                .await?
-                .map(|h| self.remember_bridge(h))),
+        match self.bridge.inspect().await? {
+            Some(h) => Ok(Some(self.remember_bridge(h))),
+            None => self.primary.inspect().await,
         }
     }
 

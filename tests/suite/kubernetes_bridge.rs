@@ -229,3 +229,46 @@ async fn without_the_flag_nothing_touches_endpoints() {
     assert!(endpoints_verbs(&eps).is_empty(), "requests on endpoints");
     assert!(api.objects("endpoints").is_empty());
 }
+
+/// At rest under a bridged leader, followers only read: the lock once per
+/// renew interval (their poll, which also counts as hearing the leader when
+/// it finds a new record), never a write, never the Lease. Counts printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_of_a_bridged_leader_only_read_the_lock_at_rest() {
+    let api = KubeApi::start(NS);
+    let election = election("bridge-rest");
+    let (mut eps, mut cs) = (Vec::new(), Vec::new());
+    for id in ["a", "b", "c"] {
+        let (ep, s) = ours(&api, &election, id, true).await;
+        eps.push(ep);
+        cs.push(s);
+    }
+    let first = one_leader(&cs, Duration::from_secs(20)).await;
+    sleep(Duration::from_secs(1)).await;
+    let before: Vec<_> = eps.iter().map(|ep| ep.counts()).collect();
+    let span = Duration::from_secs(5);
+    sleep(span).await;
+    for (i, ep) in eps.iter().enumerate() {
+        let after = ep.counts();
+        let delta: Vec<(String, u64)> = after
+            .iter()
+            .map(|(k, n)| (k.clone(), n - before[i].get(k).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let role = if i == first { "leader" } else { "follower" };
+        println!("bridge at rest, {role} {i}, requests in {span:?}: {delta:?}");
+        if i != first {
+            for (key, n) in &delta {
+                assert!(
+                    key.starts_with("GET") || key.starts_with("WATCH"),
+                    "follower {i} sent {n} × {key} at rest"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        one_leader(&cs, Duration::from_secs(1)).await,
+        first,
+        "no transition at rest"
+    );
+}

@@ -86,6 +86,8 @@ struct State {
     ours: Option<Ours>,
     /// The TTL of the last campaign: the least a record is waited for.
     ttl: Duration,
+    /// The holder key whose new record a poll last found, and when.
+    heard: Option<(String, Instant)>,
 }
 
 /// The Endpoints lock of one election. Cheap to share behind an `Arc`.
@@ -330,16 +332,25 @@ impl EndpointsLock {
         })
     }
 
+    /// Poll every renew interval until `seen`'s term is over: another
+    /// term, no object, or its record unchanged for its duration. A new
+    /// record of `seen`'s term found here is recorded for `heard_at`.
     async fn poll(&self, conn: &Conn, seen: &Holder, ttl: Duration) -> Result<()> {
         let every = self.options.poll_every.unwrap_or(Duration::from_secs(2));
         loop {
-            let until = match self.state(|s| s.view.standing(ttl, Instant::now())) {
-                Standing::Held { until, .. } => until,
-                Standing::Free => return Ok(()),
-            };
+            let (until, before) =
+                match self.state(|s| (s.view.standing(ttl, Instant::now()), s.view.changed_at())) {
+                    (Standing::Held { until, .. }, before) => (until, before),
+                    (Standing::Free, _) => return Ok(()),
+                };
             sleep(every.min(until.saturating_duration_since(Instant::now()))).await;
             match self.get(conn).await? {
-                Some(e) if holder_key(&e) == seen.term_id.as_str() => {}
+                Some(e) if holder_key(&e) == seen.term_id.as_str() => self.state(|s| {
+                    let after = s.view.changed_at();
+                    if let Some(at) = after.filter(|_| after != before) {
+                        s.heard = Some((seen.term_id.to_string(), at));
+                    }
+                }),
                 _ => return Ok(()),
             }
         }
@@ -456,6 +467,18 @@ impl LeaseBackend for EndpointsLock {
             .await?
             .filter(|e| !record_of(e).holder_identity.is_empty())
             .map(|e| holder_of(&e)))
+    }
+
+    /// The arrival of the last new record of `holder`'s term that a poll
+    /// (this backend's watch) found; never one found by a campaign or a
+    /// read.
+    fn heard_at(&self, holder: &Holder) -> Option<Instant> {
+        self.state(|s| {
+            s.heard
+                .as_ref()
+                .filter(|(key, _)| key == holder.term_id.as_str())
+                .map(|(_, at)| *at)
+        })
     }
 
     /// The holder's own term: pending (its renewals see every change).

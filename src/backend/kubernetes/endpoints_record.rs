@@ -156,6 +156,11 @@ impl LockView {
         });
     }
 
+    /// When the last change was first seen, if any.
+    pub fn changed_at(&self) -> Option<Instant> {
+        self.seen.as_ref().map(|s| s.at)
+    }
+
     /// What the lock is at `now` for a candidate whose own lease duration
     /// is `ttl` (the least any record is waited for).
     pub fn standing(&self, ttl: Duration, now: Instant) -> Standing {
