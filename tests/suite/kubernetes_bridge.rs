@@ -272,3 +272,58 @@ async fn followers_of_a_bridged_leader_only_read_the_lock_at_rest() {
         "no transition at rest"
     );
 }
+
+/// The lock's own rules through the backend itself: a renewal within the
+/// same second as the last writes the same record (old-image followers see
+/// no change), so it reports only the TTL left since the last change, never
+/// more (safety), and never less than a second below it (liveness twin); a
+/// process restarted under the holder's name waits for the record to be
+/// silent for its duration before taking it (safety), then takes it
+/// (liveness twin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_counts_only_changing_renewals_and_strangers_wait() {
+    use leader_elector::backend::kubernetes::endpoints_lock::EndpointsLock;
+    use leader_elector::backend::{Campaign, LeaseBackend, Renewal};
+    let api = KubeApi::start(NS);
+    let election = election("bridge-lock");
+    let client = crate::kubernetes::client_on(&api, "first").await;
+    let lock = EndpointsLock::with_client(client, NS, &election);
+    let ttl = Duration::from_secs(2);
+    let Campaign::Elected(term) = lock.campaign("pod-a", ttl, None).await.unwrap() else {
+        panic!("a free lock is taken");
+    };
+    let end = Instant::now() + Duration::from_millis(1200);
+    let mut shortest = ttl;
+    while Instant::now() < end {
+        let Renewal::Renewed { ttl: left, .. } = lock.renew(&term).await.unwrap() else {
+            panic!("our term");
+        };
+        assert!(
+            left <= ttl,
+            "a renewal never reports more than the TTL: {left:?}"
+        );
+        shortest = shortest.min(left);
+    }
+    println!("bridge: shortest TTL reported by a same-second renewal: {shortest:?}");
+    assert!(
+        shortest < ttl,
+        "a same-second renewal reports less than the TTL"
+    );
+    assert!(shortest > ttl - Duration::from_millis(1100), "{shortest:?}");
+    // The holder's process is gone; the same name starts again.
+    drop(lock);
+    let client = crate::kubernetes::client_on(&api, "second").await;
+    let again = EndpointsLock::with_client(client, NS, &election);
+    let start = Instant::now();
+    loop {
+        match again.campaign("pod-a", ttl, None).await.unwrap() {
+            Campaign::Elected(_) => break,
+            Campaign::Following(h) => assert_eq!(h.identity, "pod-a"),
+            other => panic!("{other:?}"),
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let waited = start.elapsed();
+    println!("bridge: a same-name restart took the lock after {waited:?}");
+    assert!(waited >= ttl, "it waited for a whole duration of silence");
+}

@@ -45,8 +45,8 @@ use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep};
 
 use super::endpoints_record::{
-    LEADER_ANNOTATION, LockView, Record, Standing, TERM_ANNOTATION, duration_secs, holder_key,
-    now_seconds, raw_of, record_of, term_of,
+    LockView, Record, Standing, TERM_PREFIX, duration_secs, holder_key, holder_of, now_seconds,
+    raw_of, record_of, term_of, with_record,
 };
 use super::{FIELD_MANAGER, KubeOptions, connect, term_id};
 use crate::backend::{
@@ -98,39 +98,10 @@ pub struct EndpointsLock {
     state: Mutex<State>,
 }
 
-impl std::fmt::Debug for EndpointsLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EndpointsLock")
-            .field("name", &self.name)
-            .finish()
-    }
-}
-
 fn params() -> PostParams {
     PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
-    }
-}
-
-/// `e` with `record` and our term id (`None`: removed).
-fn with_record(mut e: Endpoints, record: &Record, term: Option<&str>) -> Endpoints {
-    let a = e.metadata.annotations.get_or_insert_with(Default::default);
-    a.insert(LEADER_ANNOTATION.to_owned(), record.to_json());
-    match term {
-        Some(t) => a.insert(TERM_ANNOTATION.to_owned(), t.to_owned()),
-        None => a.remove(TERM_ANNOTATION),
-    };
-    e
-}
-
-fn holder_of(e: &Endpoints) -> Holder {
-    Holder {
-        identity: record_of(e).holder_identity,
-        fencing_token: 0,
-        term_id: TermId::new(holder_key(e)),
-        revision: None,
-        expires_in: None,
     }
 }
 
@@ -149,6 +120,30 @@ impl EndpointsLock {
             name: name.into(),
             options,
             conn: OnceCell::new(),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The lock of election `name` in `namespace` over your own client, used
+    /// as is (see [`super::KubeLeaseBackend::with_client`] for what the
+    /// client should be).
+    pub fn with_client(
+        client: kube::Client,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> std::sync::Arc<Self> {
+        let namespace = namespace.into();
+        let conn = Conn {
+            api: Api::namespaced(client, &namespace),
+            server: "(client)".into(),
+        };
+        std::sync::Arc::new(EndpointsLock {
+            name: name.into(),
+            options: KubeOptions {
+                namespace: Some(namespace),
+                ..KubeOptions::default()
+            },
+            conn: OnceCell::new_with(Some(conn)),
             state: Mutex::new(State::default()),
         })
     }
@@ -378,7 +373,7 @@ impl LeaseBackend for EndpointsLock {
                 previous: Some(Holder {
                     identity: holder,
                     fencing_token: 0,
-                    term_id: TermId::new(TERM_PREFIX_DELETED),
+                    term_id: TermId::new(format!("{TERM_PREFIX}(deleted)")),
                     revision: None,
                     expires_in: None,
                 }),
@@ -498,6 +493,3 @@ impl LeaseBackend for EndpointsLock {
         self.poll(conn, seen, ttl).await
     }
 }
-
-/// The term id of a holder known only from a deleted object.
-const TERM_PREFIX_DELETED: &str = "endpoints/(deleted)";

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Endpoints;
 use serde::{Deserialize, Serialize};
+
+use crate::backend::{Holder, TermId};
 use tokio::time::Instant;
 
 /// The annotation holding the record (client-go's
@@ -104,6 +106,27 @@ pub fn holder_key(e: &Endpoints) -> String {
         r.leader_transitions,
         term_of(e).unwrap_or("")
     )
+}
+
+/// `e` with `record` and our term id (`None`: removed).
+pub fn with_record(mut e: Endpoints, record: &Record, term: Option<&str>) -> Endpoints {
+    let a = e.metadata.annotations.get_or_insert_with(Default::default);
+    a.insert(LEADER_ANNOTATION.to_owned(), record.to_json());
+    match term {
+        Some(t) => a.insert(TERM_ANNOTATION.to_owned(), t.to_owned()),
+        None => a.remove(TERM_ANNOTATION),
+    };
+    e
+}
+
+pub fn holder_of(e: &Endpoints) -> Holder {
+    Holder {
+        identity: record_of(e).holder_identity,
+        fencing_token: 0,
+        term_id: TermId::new(holder_key(e)),
+        revision: None,
+        expires_in: None,
+    }
 }
 
 /// The last version of the object this process saw change, and when.
