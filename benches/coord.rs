@@ -86,6 +86,45 @@ async fn uncontended(port: u16, rounds: usize) -> (f64, f64, f64) {
     (percentile(&lat, 0.5), percentile(&lat, 0.99), rate)
 }
 
+/// A bare etcd transaction round trip, as the lock's acquisition makes it
+/// (a compare on a prefix's create revision, then a put; a Raft write),
+/// `rounds` times from one etcd-client connection; each round also deletes
+/// the key (untimed) so the compare succeeds again. Returns p50 ms.
+async fn bare_txn(url: &str, rounds: usize) -> f64 {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let mut c = etcd_client::Client::connect([url], None)
+        .await
+        .expect("etcd");
+    let mut lat = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let txn = Txn::new()
+            .when([Compare::create_revision("bare/", CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put("bare/k", "v", None)]);
+        let t = Instant::now();
+        c.txn(txn).await.expect("txn");
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        c.delete("bare/k", None).await.expect("delete");
+    }
+    percentile(&lat, 0.5)
+}
+
+/// The etcd messages of each method one uncontended round (acquire +
+/// release of a free lock, its lease kept from the round before) makes,
+/// from etcd's own counters over `rounds` rounds.
+async fn etcd_messages_per_round(etcd: &Etcd, port: u16, rounds: usize) -> String {
+    let before = etcd_messages(etcd.port()).await;
+    uncontended(port, rounds).await;
+    let after = etcd_messages(etcd.port()).await;
+    let per: Vec<String> = after
+        .iter()
+        .filter_map(|(m, v)| {
+            let d = (v - before.get(m).copied().unwrap_or(0.0)) / rounds as f64;
+            (d >= 0.05).then(|| format!("{m} {d:.2}"))
+        })
+        .collect();
+    per.join(", ")
+}
+
 /// Contended: 20 clients x `each` rounds on one lock. Returns acquisitions/s.
 async fn contended(port: u16, each: usize) -> f64 {
     let t0 = Instant::now();
@@ -181,6 +220,13 @@ async fn redis_commands(redis: &RedisServer) -> f64 {
 async fn etcd_only(each: usize, waiters: usize) {
     let etcd = Etcd::start().await;
     let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
+    let (p50, p99, rate) = uncontended(pe, knob("BENCH_ROUNDS", 1000)).await;
+    let bare = bare_txn(&etcd.url, 1000).await;
+    let per = etcd_messages_per_round(&etcd, pe, 200).await;
+    println!(
+        "etcd uncontended: p50 {p50:.2} ms, p99 {p99:.2} ms, {rate:.0} rounds/s; {:.2}x a bare etcd transaction (p50 {bare:.2} ms); etcd messages per round: {per}",
+        p50 / bare
+    );
     let hot = contended(pe, each).await;
     println!("etcd contended (20 clients x {each}): {hot:.0} acquisitions/s");
     let window = Duration::from_secs(10);
@@ -220,11 +266,21 @@ async fn main() {
         "| backend | uncontended p50 | p99 | uncontended rounds/s | contended (20 clients) acquisitions/s |"
     );
     println!("|---|---|---|---|---|");
+    let mut etcd_p50 = 0.0;
     for (name, port) in [("etcd", pe), ("redis", pr)] {
         let (p50, p99, rate) = uncontended(port, rounds).await;
         let hot = contended(port, each).await;
         println!("| {name} | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
+        if name == "etcd" {
+            etcd_p50 = p50;
+        }
     }
+    let bare = bare_txn(&etcd.url, rounds).await;
+    let per = etcd_messages_per_round(&etcd, pe, rounds.min(200)).await;
+    println!(
+        "\netcd uncontended acquire + release through the sidecar: p50 {etcd_p50:.2} ms = {:.2}x a bare etcd transaction round trip (p50 {bare:.2} ms, same etcd, same run); etcd messages per round: {per}",
+        etcd_p50 / bare
+    );
     let window = Duration::from_secs(10);
     let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&etcd)).await;
     println!(

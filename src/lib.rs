@@ -84,6 +84,8 @@ pub mod coord;
 #[doc(hidden)]
 pub mod elector;
 #[doc(hidden)]
+pub mod endpoint_slice;
+#[doc(hidden)]
 pub mod flags;
 #[doc(hidden)]
 pub mod hooks;

@@ -8,6 +8,7 @@
 //! hidden from the documentation, not a stable API.
 
 pub mod backends;
+mod pod_tasks;
 pub mod tasks;
 
 use std::net::SocketAddr;
@@ -17,14 +18,14 @@ use std::time::Duration;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, info_span, warn};
+use tracing::{info, info_span, warn};
 
 use crate::backend::LeaseBackend;
 use crate::config::Config;
 use crate::control::{ControlState, control_router};
 use crate::coord::http::CoordState;
 use crate::coord::{CoordMetrics, Coordinator, Service};
-use crate::elector::{Elector, LeaderState};
+use crate::elector::Elector;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 pub use backends::{Backends, connect};
@@ -198,7 +199,9 @@ impl App {
         let handle = elector.handle();
         let mut tasks = Tasks::default();
         let (mut elector, health, notify) = hook_rows(cfg, elector, shutdown);
-        let labeler = spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
+        let labeler =
+            pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
+        let slice_writer = pod_tasks::spawn_slice_writer(cfg, &mut elector, &state, shutdown).await;
         let limit = cfg.elector.call_timeout()
             + cfg.elector.drain_timeout.unwrap_or_default()
             + Duration::from_secs(1);
@@ -215,6 +218,7 @@ impl App {
             .late("the elector did not finish resigning in time; the lease will expire by TTL"),
         );
         tasks.push_opt(labeler);
+        tasks.push_opt(slice_writer);
         tasks.push_opt(cfg.run.clone().map(|opts| {
             let fut =
                 crate::supervisor::supervise(opts, state.clone(), handle.clone(), shutdown.clone());
@@ -310,7 +314,7 @@ fn signal_end(r: Result<std::io::Result<&'static str>, tokio::task::JoinError>) 
 }
 
 /// A task that asks for no exit code.
-async fn none(fut: impl std::future::Future<Output = ()>) -> tasks::TaskOutput {
+pub(super) async fn none(fut: impl std::future::Future<Output = ()>) -> tasks::TaskOutput {
     fut.await;
     None
 }
@@ -348,61 +352,6 @@ fn hook_rows(
         .late("pending notifications were not delivered before exit")
     });
     (elector, health, notify)
-}
-
-/// Pod labelling (Kubernetes only): a task, or `None` when it is off.
-#[cfg(feature = "kubernetes")]
-async fn spawn_labeler(
-    cfg: &Config,
-    elector: &mut Elector,
-    state: &tokio::sync::watch::Receiver<LeaderState>,
-    metrics: &Arc<Metrics>,
-    shutdown: &CancellationToken,
-) -> Option<Task> {
-    let Some(lc) = &cfg.labeler else {
-        debug!("pod labelling is off (empty --pod-label-key, or POD_NAME/POD_NAMESPACE not set)");
-        return None;
-    };
-    let client = match crate::kube_label::client().await {
-        Ok(c) => c,
-        Err(e) => {
-            warn!(error = %e, "pod labelling is off: no Kubernetes client (in-cluster config or KUBECONFIG)");
-            return None;
-        }
-    };
-    let acting = elector.add_participant();
-    let (lc, state, metrics, shutdown) =
-        (lc.clone(), state.clone(), metrics.clone(), shutdown.clone());
-    let fut = async move {
-        crate::kube_label::check_permissions(&client, &lc).await;
-        crate::kube_label::run_labeler(client, lc, state, acting, Some(metrics), shutdown).await
-    };
-    let limit = crate::kube_label::CALL_TIMEOUT;
-    Some(
-        Task::spawn(
-            "labeler",
-            Stop::Shutdown,
-            limit,
-            info_span!("labeler"),
-            none(fut),
-        )
-        .late("the Pod labeler did not finish in time"),
-    )
-}
-
-/// Pod labelling needs the `kubernetes` feature: without it, say so once.
-#[cfg(not(feature = "kubernetes"))]
-async fn spawn_labeler(
-    cfg: &Config,
-    _: &mut Elector,
-    _: &tokio::sync::watch::Receiver<LeaderState>,
-    _: &Arc<Metrics>,
-    _: &CancellationToken,
-) -> Option<Task> {
-    if cfg.labeler.is_some() {
-        warn!("pod labelling is off: this build has no Kubernetes client (the kubernetes feature)");
-    }
-    None
 }
 
 /// The coordination service of the control API.

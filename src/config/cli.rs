@@ -115,6 +115,15 @@ pub struct Cli {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LEADER_ELECTOR_POD_EVENTS", value_name = "BOOL")]
     pub pod_events: bool,
 
+    /// Keep an EndpointSlice of this selector-less Service naming only the leader's Pod IP (needs POD_IP, POD_NAME, POD_NAMESPACE); empty turns it off.
+    #[arg(
+        long = "endpointslice-service",
+        default_value = "",
+        env = "LEADER_ELECTOR_ENDPOINTSLICE_SERVICE",
+        value_name = "SERVICE"
+    )]
+    pub endpointslice_service: String,
+
     /// How long a completed job stays completed (job claims on the control API).
     #[arg(long, default_value = "24h", env = "LEADER_ELECTOR_COMPLETED_RETENTION", value_parser = parse_duration, value_name = "DURATION")]
     pub completed_retention: Duration,

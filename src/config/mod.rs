@@ -31,7 +31,7 @@ pub use checks::{
 };
 use checks::{check_ranges, default_identity};
 pub use cli::*;
-use labeler::labeler_config;
+use labeler::{labeler_config, slice_config};
 
 /// The checked configuration.
 #[derive(Debug, Clone)]
@@ -61,6 +61,8 @@ pub struct Config {
     pub coord_max_waiters: usize,
     /// Pod labelling: `None` when off (empty key, or not in a Pod).
     pub labeler: Option<crate::kube_label::LabelerConfig>,
+    /// The EndpointSlice writer: `None` when off (no `--endpointslice-service`).
+    pub endpoint_slice: Option<crate::endpoint_slice::SliceConfig>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -248,6 +250,7 @@ impl Config {
                 .map(|u| (u, cli.health_interval)),
             notify_url: cli.notify_url.clone(),
             labeler: labeler_config(&cli)?,
+            endpoint_slice: slice_config(&cli)?,
             completed_retention: cli.completed_retention,
             coord_max_waiters: cli.coord_max_waiters,
             run,

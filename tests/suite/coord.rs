@@ -968,6 +968,52 @@ async fn a_kept_lease_serves_the_next_holder_and_is_lost_to_the_old_token_on_etc
     }
 }
 
+/// A kept lease revoked by someone else (`etcdctl lease revoke`) while it
+/// waits for the next holder: the next acquisition finds it gone and takes
+/// a fresh one (no error, no grant of a dead lease), on the plain path and
+/// on the queue path; and the kept lease really is reused when alive (the
+/// one-round-trip path), its fencing tokens still growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_revoked_by_hand_is_replaced_by_a_fresh_one_on_etcd() {
+    let (b, _s, port) = sidecar("etcd", "kept-revoked").await;
+    let Backend::Etcd(etcd) = &b else {
+        unreachable!()
+    };
+    let mut last = 0;
+    for path in ["/locks/r?ttl=5s", "/locks/r?ttl=5s&wait=1s"] {
+        let (st, a) = call(port, "POST", path, None).await;
+        assert_eq!(st, 200, "{a}");
+        let (st, r) = call(port, "DELETE", "/locks/r", Some(&token_body(&a))).await;
+        assert_eq!(st, 200, "{r}");
+        let lease = i64::from_str_radix(&lease_of(&a), 16).unwrap();
+        etcd.client()
+            .await
+            .lease_revoke(lease)
+            .await
+            .expect("revoked by hand");
+        let (st, g) = call(port, "POST", path, None).await;
+        assert_eq!(
+            st, 200,
+            "a revoked kept lease must not fail the next holder: {g}"
+        );
+        assert_ne!(lease_of(&g), lease_of(&a), "granted a revoked lease");
+        let fence = g["fencing_token"].as_u64().unwrap();
+        assert!(
+            fence > last,
+            "fencing tokens only grow: {fence} after {last}"
+        );
+        // Alive this time: released and taken again, the lease is reused.
+        let (st, r) = call(port, "DELETE", "/locks/r", Some(&token_body(&g))).await;
+        assert_eq!(st, 200, "{r}");
+        let (st, h) = call(port, "POST", path, None).await;
+        assert_eq!(st, 200, "{h}");
+        assert_eq!(lease_of(&h), lease_of(&g), "a live kept lease is reused");
+        last = h["fencing_token"].as_u64().unwrap();
+        let (st, r) = call(port, "DELETE", "/locks/r", Some(&token_body(&h))).await;
+        assert_eq!(st, 200, "{r}");
+    }
+}
+
 /// Many waiters of one sidecar share one watch of the queue: each is served
 /// in turn as the holder releases, and when the shared watch breaks (etcd
 /// restarted under them) the next waiters open a new one and are served.

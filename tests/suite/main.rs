@@ -20,6 +20,7 @@ mod fault;
 mod kubernetes;
 mod kubernetes_bridge;
 mod kubernetes_fault;
+mod kubernetes_slice;
 mod model;
 mod ops;
 mod redis;

@@ -124,6 +124,20 @@ kubernetes, or auto with neither etcd endpoints nor a Redis URLs Secret.
 {{- end }}
 
 {{/*
+The Service whose EndpointSlice the leader keeps (endpointSlice.enabled):
+endpointSlice.service, else the chart's Service; empty when off.
+*/}}
+{{- define "leader-elector.endpointSliceService" -}}
+{{- $e := .Values.endpointSlice }}
+{{- if $e.enabled }}
+{{- if $e.service }}{{ $e.service }}
+{{- else if .Values.service.enabled }}{{ include "leader-elector.fullname" . }}
+{{- else }}{{ fail "endpointSlice.enabled needs endpointSlice.service, or service.enabled (the chart's Service)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 What the sidecar asks of the API server in its namespace, as RBAC rules:
 the Role grants them and the FlowSchema (flowControl.enabled) matches them,
 both rendered from this one list.
@@ -154,6 +168,17 @@ both rendered from this one list.
   resources: ["endpoints"]
   verbs: ["get", "create", "update"]
 {{- end }}
+{{- end }}
+{{- if include "leader-elector.endpointSliceService" . }}
+# The leader's EndpointSlice (endpointSlice.enabled): read, create, and
+# replace it by compare-and-swap (emptied, never deleted: it goes with the
+# Service it is owned by); read the Service for its ports.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "create", "update"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get"]
 {{- end }}
 {{- end }}
 

@@ -167,6 +167,18 @@ The sidecar container, as one item of a Pod's `containers` list.
     - name: LEADER_ELECTOR_MIGRATE_FROM_ENDPOINTS
       value: "true"
     {{- end }}
+    {{- with include "leader-elector.endpointSliceService" . }}
+    - name: LEADER_ELECTOR_ENDPOINTSLICE_SERVICE
+      value: {{ . | quote }}
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    - name: NODE_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: spec.nodeName
+    {{- end }}
     - name: LEADER_ELECTOR_HTTP_ADDR
       value: {{ printf "0.0.0.0:%d" (int $v.httpPort) | quote }}
     - name: LEADER_ELECTOR_LOG_FORMAT

@@ -229,11 +229,37 @@ impl EtcdCoord {
         }
     }
 
+    /// The compare-and-put of a plain lock: free only when no key at all
+    /// lives under the name's prefix (no holder and no fair waiter; an empty
+    /// range compares as revision 0), else read the holder.
+    fn lock_txn(&self, name: &str, owner: &str, token: &Token) -> Txn {
+        let prefix = self.lock_prefix(name);
+        Txn::new()
+            .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                self.key_of(Kind::Lock, name, token),
+                format!("{token}|{owner}"),
+                Some(PutOptions::new().with_lease(token.lease)),
+            )])
+            .or_else([TxnOp::get(prefix, Some(oldest()))])
+    }
+
     /// The first (oldest) key under `prefix`: the lock's holder.
     async fn first(&self, client: &mut Client, prefix: &str) -> Result<Option<String>> {
         let r = self.call("get", client.get(prefix, Some(oldest()))).await?;
         Ok(r.kvs().first().map(|kv| owner_of(kv.value())))
     }
+}
+
+/// The holder a failed [`EtcdCoord::lock_txn`] read.
+fn held_by(resp: &etcd_client::TxnResponse) -> String {
+    resp.op_responses()
+        .into_iter()
+        .find_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| owner_of(kv.value())),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// Whether `error` says etcd did not answer (in time): what was asked may
@@ -294,6 +320,10 @@ impl Coordinator for EtcdCoord {
 
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let mut client = self.client().await?;
+        // A lease kept by a release: one round trip ([`EtcdCoord::lock_pooled`]).
+        if let Some(answer) = self.lock_pooled(&client, name, owner, ttl).await? {
+            return Ok(answer);
+        }
         let prefix = self.lock_prefix(name);
         // Cheap look first: a busy lock costs one read, not a lease.
         if let Some(holder) = self.first(&mut client, &prefix).await? {
@@ -301,32 +331,14 @@ impl Coordinator for EtcdCoord {
         }
         let lease = self.lock_lease(&mut client, ttl).await?;
         let token = Token::new(TokenKind::Lock, lease.id);
-        // Free only when no key at all lives under the name's prefix: no
-        // holder and no fair waiter (an empty range compares as revision 0).
-        let txn = Txn::new()
-            .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                self.key_of(Kind::Lock, name, &token),
-                format!("{token}|{owner}"),
-                Some(PutOptions::new().with_lease(lease.id)),
-            )])
-            .or_else([TxnOp::get(prefix.clone(), Some(oldest()))]);
+        let txn = self.lock_txn(name, owner, &token);
         let created = self.put_under(&mut client, lease, txn).await?;
         if created.resp.succeeded() {
             self.holding(lease, ttl);
             let rev = revision_of(created.resp.header());
             return Ok(Try::Acquired(grant(name, &token, rev, created.lease.ttl)));
         }
-        let holder = created
-            .resp
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| owner_of(kv.value())),
-                _ => None,
-            })
-            .unwrap_or_default();
-        Ok(Try::Held(holder))
+        Ok(Try::Held(held_by(&created.resp)))
     }
 
     async fn lock_fair(

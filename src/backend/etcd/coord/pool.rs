@@ -23,8 +23,8 @@ use etcd_client::Client;
 use tokio::time::Instant;
 
 use super::EtcdCoord;
-use crate::backend::coordination::Result;
-use crate::backend::etcd::store::{Lease, ttl_secs};
+use crate::backend::coordination::{CoordError, Result, Token, TokenKind, Try};
+use crate::backend::etcd::store::{Lease, revision_of, ttl_secs};
 
 /// Most leases kept per TTL; the rest are revoked.
 const KEEP: usize = 256;
@@ -84,6 +84,16 @@ impl Pool {
         true
     }
 
+    /// Keep `lease` again after an acquisition that did not use it (the
+    /// lock was held), refreshed just now to `granted`.
+    pub(super) fn put_back(&self, lease: i64, asked: Duration, granted: Duration) {
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let free = inner.free.entry(asked).or_default();
+        if free.len() < KEEP {
+            free.push((lease, granted, Instant::now()));
+        }
+    }
+
     /// A kept lease asked for with TTL `asked`, and its granted TTL, that
     /// had its last refresh less than half that TTL ago (so it is certainly
     /// alive when the caller refreshes it).
@@ -118,6 +128,76 @@ impl EtcdCoord {
             }
         }
         Ok(self.store.grant(client, ttl, self.limit()).await?)
+    }
+
+    /// A plain lock under a kept lease in one round trip: its
+    /// compare-and-put and the lease's keep-alive sent together (both after
+    /// the request arrived, so the lease lasts at least the TTL the answer
+    /// gives, as a fresh grant would). `None` when no lease of this TTL is
+    /// kept, or the kept one has expired (etcd: "requested lease not found";
+    /// the caller then grants one). A held lock puts the lease back. A key
+    /// written whose lease's refresh failed is given up (revoked: the key
+    /// goes with it) and the error returned, never a grant shorter than
+    /// told.
+    ///
+    /// # Errors
+    /// The transaction's or the keep-alive's classified error.
+    pub(super) async fn lock_pooled(
+        &self,
+        client: &Client,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Try>> {
+        let Some((id, granted)) = self.pool.take(asked(ttl)) else {
+            return Ok(None);
+        };
+        let token = Token::new(TokenKind::Lock, id);
+        let txn = self.lock_txn(name, owner, &token);
+        let mut kv = client.clone();
+        let put = self.call("txn", async move {
+            match kv.txn(txn).await {
+                Err(etcd_client::Error::GRpcStatus(s))
+                    if s.code() == tonic::Code::NotFound
+                        && s.message().contains("lease not found") =>
+                {
+                    Ok(None)
+                }
+                other => other.map(Some),
+            }
+        });
+        let (alive, put) = tokio::join!(self.keep_alive_once(client, id), put);
+        let resp = match put {
+            Ok(Some(resp)) => resp,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // Unanswered: the put may still apply; revoking removes it.
+                self.revoke_later(client.clone(), id);
+                return Err(e);
+            }
+        };
+        let left = match alive {
+            Ok(left) if left > 0 => Duration::from_secs(left as u64).min(granted),
+            other => {
+                self.revoke_later(client.clone(), id);
+                if !resp.succeeded() {
+                    return Ok(Some(Try::Held(super::held_by(&resp))));
+                }
+                return Err(other.err().unwrap_or_else(|| {
+                    CoordError::Backend(crate::backend::BackendError::WatchEnded {
+                        backend: crate::backend::etcd::store::BACKEND,
+                        reason: "the lock's lease expired while it was taken".into(),
+                    })
+                }));
+            }
+        };
+        if !resp.succeeded() {
+            self.pool.put_back(id, asked(ttl), left);
+            return Ok(Some(Try::Held(super::held_by(&resp))));
+        }
+        self.pool.holding(id, asked(ttl), left);
+        let rev = revision_of(resp.header());
+        Ok(Some(Try::Acquired(super::grant(name, &token, rev, left))))
     }
 
     /// Note that `lease`, asked with `ttl`, holds a lock now, so that its
