@@ -327,3 +327,47 @@ async fn the_lock_counts_only_changing_renewals_and_strangers_wait() {
     println!("bridge: a same-name restart took the lock after {waited:?}");
     assert!(waited >= ttl, "it waited for a whole duration of silence");
 }
+
+/// The recipe's second rollout: bridged sidecars replaced by Lease-only
+/// ones (start one without the flag, SIGTERM a bridged one, the leader
+/// first, twice). A bridged leader holds the Lease too, so Lease-only
+/// sidecars follow it; never two leaders, and a Lease-only sidecar leads at
+/// the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_rollout_turns_the_bridge_off_without_two_leaders() {
+    let api = KubeApi::start(NS);
+    let election = election("bridge-off-roll");
+    let rec = Recorder::new(OLD.lease);
+    let (mut bridged, mut slots) = (Vec::new(), Vec::new());
+    for id in ["on-0", "on-1"] {
+        let (_, s) = ours(&api, &election, id, true).await;
+        slots.push(rec.add(&s.identity, s.port));
+        bridged.push(Some(s));
+    }
+    led_within(&rec, RECOVERY, "among the bridged").await;
+    let mut plain = Vec::new();
+    for i in 0..2 {
+        let (_, s) = ours(&api, &election, &format!("off-{i}"), false).await;
+        rec.add(&s.identity, s.port);
+        plain.push(s);
+        sleep(Duration::from_secs(1)).await;
+        let leading = rec.leader_now(Instant::now() - Duration::from_millis(200));
+        let k = (0..2)
+            .find(|k| bridged[*k].is_some() && leading.is_some_and(|(s, _)| s == slots[*k]))
+            .or_else(|| (0..2).find(|k| bridged[*k].is_some()))
+            .unwrap();
+        let mut s = bridged[k].take().unwrap();
+        s.signal(nix::sys::signal::Signal::SIGTERM);
+        s.wait_exit(Duration::from_secs(5)).await;
+        rec.stop_polling(slots[k]);
+        led_within(&rec, RECOVERY, &format!("after on-{k} stopped")).await;
+    }
+    let last = led_within(&rec, RECOVERY, "at the end").await;
+    assert!(
+        !slots.contains(&last),
+        "a Lease-only sidecar leads at the end"
+    );
+    let report = rec.check("the rollout that turns the bridge off");
+    assert!(report.overlaps.is_empty(), "{:#?}", report.problems);
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+}
