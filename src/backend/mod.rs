@@ -11,6 +11,7 @@
 //! rest of this module serves the sidecar binary and its tests and is not a
 //! stable API.
 
+pub mod both;
 pub mod coordination;
 mod error;
 #[cfg(feature = "etcd")]

@@ -164,6 +164,14 @@ pub fn row(name: &str) -> Option<&'static Row> {
 /// A [`ConfigError`]: flags of two backends with `auto`, no backend at all,
 /// or the chosen backend's own error.
 pub fn resolve(args: &BackendArgs, common: &Common) -> Result<Arc<dyn Settings>, ConfigError> {
+    let settings = choose(args, common)?;
+    #[cfg(feature = "kubernetes")]
+    super::kubernetes::flags::check_only_here(args, settings.name())?;
+    Ok(settings)
+}
+
+/// [`resolve`] before the checks of flags another backend owns.
+fn choose(args: &BackendArgs, common: &Common) -> Result<Arc<dyn Settings>, ConfigError> {
     if let Some(row) = row(&args.backend) {
         return (row.resolve)(args, common, false);
     }

@@ -175,7 +175,7 @@ fn auto_without_etcd_or_redis_is_the_kubernetes_lease() {
         "--use-cluster-credentials",
     ])
     .unwrap();
-    let KubeSettings { name, options } = kube(&c);
+    let KubeSettings { name, options, .. } = kube(&c);
     assert_eq!(name, "my-app");
     assert_eq!(options.namespace.as_deref(), Some("team-a"));
     // The old image's flag spelled with a value is accepted too.

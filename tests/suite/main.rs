@@ -18,6 +18,7 @@ mod etcd;
 mod example_operator;
 mod fault;
 mod kubernetes;
+mod kubernetes_bridge;
 mod kubernetes_fault;
 mod kubernetes_slice;
 mod model;

@@ -14,6 +14,8 @@
 //! - [`waits`]: polling with a limit.
 //! - [`certs`]: TLS certificates.
 //! - [`kube_api`], [`proxy`]: in-process stand-ins (bind port 0);
+//!   [`old_elector`]: the archived leader-elector image's loop, on the
+//!   Kubernetes stand-in;
 //!   [`recorder`]: the fault suite's recorder and checker.
 //!
 //! A missing binary fails the test loudly with the package to install; it
@@ -26,6 +28,7 @@ pub mod certs;
 pub mod etcd;
 pub mod http;
 pub mod kube_api;
+pub mod old_elector;
 pub mod ports;
 pub mod procfs;
 pub mod proxy;

@@ -160,6 +160,14 @@ both rendered from this one list.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update"]
+{{- if .Values.migrateFromEndpoints }}
+# The archived leader-elector image's lock (migrateFromEndpoints): the
+# Endpoints object named after the election, read, created once and updated
+# by compare-and-swap on resourceVersion; followers poll it (no watch).
+- apiGroups: [""]
+  resources: ["endpoints"]
+  verbs: ["get", "create", "update"]
+{{- end }}
 {{- end }}
 {{- if include "leader-elector.endpointSliceService" . }}
 # The leader's EndpointSlice (endpointSlice.enabled): read, create, and

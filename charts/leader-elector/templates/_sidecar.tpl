@@ -78,6 +78,9 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- end }}
 {{- end }}
 {{- include "leader-elector.checkRollout" . }}
+{{- if and $v.migrateFromEndpoints (not (include "leader-elector.usesLeases" .)) }}
+{{- fail "leader-elector: migrateFromEndpoints needs the Kubernetes Lease backend (the old image elected through the Kubernetes API); it cannot bridge to etcd or Redis" }}
+{{- end }}
 {{- if and $etcd $redis }}
 {{- fail "leader-elector: both etcd.endpoints and redis.urlsSecret.name are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
 {{- end }}
@@ -159,6 +162,10 @@ The sidecar container, as one item of a Pod's `containers` list.
     {{- with $v.maxClockSkew }}
     - name: LEADER_ELECTOR_MAX_CLOCK_SKEW
       value: {{ . | quote }}
+    {{- end }}
+    {{- if $v.migrateFromEndpoints }}
+    - name: LEADER_ELECTOR_MIGRATE_FROM_ENDPOINTS
+      value: "true"
     {{- end }}
     {{- with include "leader-elector.endpointSliceService" . }}
     - name: LEADER_ELECTOR_ENDPOINTSLICE_SERVICE

@@ -58,6 +58,10 @@ pub struct KubeArgs {
         value_name = "DURATION"
     )]
     pub max_clock_skew: Option<Duration>,
+
+    /// Also hold the old leader-elector image's lock (--backend kubernetes): the Endpoints object named after the election, with its control-plane.alpha.kubernetes.io/leader annotation, and lead only while holding both it and the Lease. Turn it on for the one rollout that replaces the old image, off in the next; needs get, create, update on endpoints [default: off].
+    #[arg(long, env = "LEADER_ELECTOR_MIGRATE_FROM_ENDPOINTS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub migrate_from_endpoints: Option<bool>,
 }
 
 /// The Kubernetes Lease backend's checked settings.
@@ -67,6 +71,8 @@ pub struct KubeSettings {
     pub name: String,
     /// Namespace and connection settings.
     pub options: KubeOptions,
+    /// `--migrate-from-endpoints`: also hold the old image's Endpoints lock.
+    pub migrate_from_endpoints: bool,
 }
 
 impl Settings for KubeSettings {
@@ -75,8 +81,15 @@ impl Settings for KubeSettings {
     }
 
     fn connect(&self) -> Result<Connected, String> {
+        let lease = KubeLeaseBackend::new(self.name.clone(), self.options.clone());
+        let election: Arc<dyn crate::backend::LeaseBackend> = if self.migrate_from_endpoints {
+            let old = super::endpoints_lock::EndpointsLock::new(&self.name, self.options.clone());
+            crate::backend::both::Both::new(lease, old)
+        } else {
+            lease
+        };
         Ok(Connected {
-            election: KubeLeaseBackend::new(self.name.clone(), self.options.clone()),
+            election,
             coordination: None,
         })
     }
@@ -160,7 +173,24 @@ fn resolve(
             poll_every: common.renew_interval.or(Some(common.lease_duration / 3)),
             max_clock_skew,
         },
+        migrate_from_endpoints: args.kubernetes.migrate_from_endpoints.unwrap_or(false),
     }))
+}
+
+/// The Kubernetes flags that only this backend can honour, refused on
+/// `backend` (another backend's name): holding the old image's Endpoints
+/// lock means nothing to etcd or Redis, and ignoring it would let a
+/// migration run without its bridge.
+///
+/// # Errors
+/// A [`ConfigError`] (exit 2) naming the flag.
+pub(crate) fn check_only_here(args: &BackendArgs, backend: &str) -> Result<(), ConfigError> {
+    if backend != ROW.name && args.kubernetes.migrate_from_endpoints == Some(true) {
+        return Err(config_error(format!(
+            "--migrate-from-endpoints works only with --backend kubernetes (the backend is {backend})\nhint: the old leader-elector image elected through the Kubernetes API; leave the flag out on {backend}"
+        )));
+    }
+    Ok(())
 }
 
 /// `--max-clock-skew`, if given: positive and at most `--lease-duration`

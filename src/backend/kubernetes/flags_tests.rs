@@ -1,4 +1,5 @@
-//! `--max-clock-skew` as parsed and checked from the command line.
+//! `--max-clock-skew` and `--migrate-from-endpoints` as parsed and checked
+//! from the command line.
 
 use std::time::Duration;
 
@@ -42,4 +43,38 @@ fn max_clock_skew_must_be_positive_and_at_most_the_lease_duration() {
     assert!(e.contains("--max-clock-skew (10s)"), "{e}");
     let e = skew(&["--max-clock-skew=soon"]).unwrap_err();
     assert!(e.contains("--max-clock-skew"), "{e}");
+}
+
+fn settings(args: &[&str]) -> Result<Config, String> {
+    KUBE_PRESENT.with(|c| c.set(Some(true)));
+    let mut full = vec!["leader-elector", "--election=a", "--id=me"];
+    full.extend_from_slice(args);
+    let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+    Config::from_cli(cli).map_err(|e| e.to_string())
+}
+
+#[test]
+fn migrate_from_endpoints_is_off_by_default_and_only_for_kubernetes() {
+    let bridged = |args: &[&str]| {
+        let c = settings(args).unwrap();
+        let any: &dyn std::any::Any = c.backend.as_ref();
+        let kube: &KubeSettings = any.downcast_ref().expect("the Kubernetes backend");
+        kube.migrate_from_endpoints
+    };
+    assert!(!bridged(&[]));
+    assert!(bridged(&["--migrate-from-endpoints"]));
+    assert!(bridged(&["--migrate-from-endpoints=true"]));
+    assert!(!bridged(&["--migrate-from-endpoints=false"]));
+    for other in [
+        &["--etcd-endpoints=http://127.0.0.1:2379"][..],
+        &["--backend=redis", "--redis-url=redis://127.0.0.1:6379"][..],
+    ] {
+        let mut args = other.to_vec();
+        args.push("--migrate-from-endpoints");
+        let e = settings(&args).unwrap_err();
+        assert!(
+            e.contains("--migrate-from-endpoints works only with --backend kubernetes"),
+            "{e}"
+        );
+    }
 }

@@ -282,6 +282,8 @@ fn holder_view(lease: &Lease) -> Holder {
 
 mod client;
 mod connect;
+pub mod endpoints_lock;
+mod endpoints_record;
 pub mod flags;
 pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]

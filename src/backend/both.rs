@@ -1,0 +1,211 @@
+//! [`Both`]: one election held on two locks at once, a primary (whose term,
+//! fencing token and holder are the election's) and a bridge (another
+//! elector's lock that must not see two holders either, e.g. the old
+//! `leader-elector` image's Endpoints lock during a migration).
+//!
+//! Invariant: this candidate is elected only while it holds both; losing
+//! either ends the term. The Elector's safety rule then covers both locks:
+//! the term's TTL is the shorter of the two, counted from the Elector's send
+//! instant, which precedes both writes, and each renewal renews both.
+//!
+//! Order, and why:
+//! - Campaign takes the bridge first, then the primary. While another
+//!   elector holds the bridge (the old image leads), candidates only read it
+//!   and follow; the primary is not written, so its term ids, transitions and
+//!   fencing tokens do not churn. A bridge taken but a primary not (a
+//!   primary-only candidate leads) is released at once: it was never
+//!   claimed.
+//! - Resign releases the primary first, then the bridge: a candidate that
+//!   finds the bridge free goes straight on to the primary, which is then
+//!   free too. The Elector has stopped claiming before it resigns, so either
+//!   order is safe; this one is the quicker handover.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{About, Campaign, Holder, LeaseBackend, Renewal, Result, Term, TermId};
+
+/// One election on a primary and a bridge lock (see the module docs).
+pub struct Both {
+    primary: Arc<dyn LeaseBackend>,
+    bridge: Arc<dyn LeaseBackend>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The term held: the primary's term and the bridge's.
+    held: Option<(Term, Term)>,
+    /// The term id of the last holder reported from the bridge (its watch
+    /// and `heard_at` go to the bridge).
+    bridge_holder: Option<TermId>,
+}
+
+impl std::fmt::Debug for Both {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Both")
+            .field("primary", &self.primary.name())
+            .field("bridge", &self.bridge.name())
+            .finish()
+    }
+}
+
+impl Both {
+    /// An election on `primary` (term, fencing token, holder) that also
+    /// holds `bridge`.
+    pub fn new(primary: Arc<dyn LeaseBackend>, bridge: Arc<dyn LeaseBackend>) -> Arc<Both> {
+        Arc::new(Both {
+            primary,
+            bridge,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(&mut self.state.lock().expect("both state poisoned"))
+    }
+
+    /// Remember `holder` as the bridge's.
+    fn remember_bridge(&self, holder: Holder) -> Holder {
+        self.state(|s| s.bridge_holder = Some(holder.term_id.clone()));
+        holder
+    }
+
+    fn is_bridge(&self, holder: &Holder) -> bool {
+        self.state(|s| s.bridge_holder.as_ref() == Some(&holder.term_id))
+    }
+
+    /// Our two terms, if `term` is the one held.
+    fn held(&self, term: &Term) -> Option<(Term, Term)> {
+        self.state(|s| s.held.clone())
+            .filter(|(p, _)| p.holder.term_id == term.holder.term_id)
+    }
+
+    /// A bridge answer that is not an election, its holder remembered.
+    fn bridge_answer(&self, c: Campaign) -> Campaign {
+        match c {
+            Campaign::Following(h) => Campaign::Following(self.remember_bridge(h)),
+            Campaign::Waiting {
+                previous,
+                retry_after,
+                why,
+            } => Campaign::Waiting {
+                previous: previous.map(|h| self.remember_bridge(h)),
+                retry_after,
+                why,
+            },
+            elected => elected,
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for Both {
+    fn about(&self) -> &'static About {
+        self.primary.about()
+    }
+
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        let (to_bridge, to_primary) = match previous {
+            Some(h) if self.is_bridge(h) => (Some(h), None),
+            other => (None, other),
+        };
+        let bridge = match self.bridge.campaign(identity, ttl, to_bridge).await? {
+            Campaign::Elected(t) => t,
+            other => return Ok(self.bridge_answer(other)),
+        };
+        let primary = match self.primary.campaign(identity, ttl, to_primary).await {
+            Ok(Campaign::Elected(t)) => t,
+            other => {
+                // Never claimed: give the bridge back at once.
+                let _ = self.bridge.resign(&bridge).await;
+                return other;
+            }
+        };
+        let mut term = primary.clone();
+        term.ttl = primary.ttl.min(bridge.ttl);
+        self.state(|s| s.held = Some((primary, bridge)));
+        Ok(Campaign::Elected(term))
+    }
+
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        let Some((primary, bridge)) = self.held(term) else {
+            return Ok(Renewal::Lost(super::LostReason::KeyOverwritten));
+        };
+        let (p, b) = tokio::join!(self.primary.renew(&primary), self.bridge.renew(&bridge));
+        Ok(match (p?, b?) {
+            (Renewal::Lost(r), _) | (_, Renewal::Lost(r)) => Renewal::Lost(r),
+            (Renewal::Renewed { ttl, servers }, Renewal::Renewed { ttl: other, .. }) => {
+                Renewal::Renewed {
+                    ttl: ttl.min(other),
+                    servers,
+                }
+            }
+        })
+    }
+
+    async fn resign(&self, term: &Term) -> Result<()> {
+        let Some((primary, bridge)) = self.held(term) else {
+            return self.primary.resign(term).await;
+        };
+        let p = self.primary.resign(&primary).await;
+        let b = self.bridge.resign(&bridge).await;
+        self.state(|s| s.held = None);
+        p.and(b)
+    }
+
+    /// The bridge's holder when it has one (as a campaign reports it: the
+    /// bridge is taken first), else the primary's.
+    async fn read(&self) -> Result<Option<Holder>> {
+        match self.bridge.read().await? {
+            Some(h) => Ok(Some(self.remember_bridge(h))),
+            None => self.primary.read().await,
+        }
+    }
+
+    async fn inspect(&self) -> Result<Option<Holder>> {
+        match self.bridge.inspect().await? {
+            Some(h) => Ok(Some(self.remember_bridge(h))),
+            None => self.primary.inspect().await,
+        }
+    }
+
+    /// Our own term: resolves when either lock changes. Another holder:
+    /// the watch of the lock it was reported from.
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        let held = self
+            .state(|s| s.held.clone())
+            .filter(|(p, _)| p.holder.term_id == seen.term_id);
+        if let Some((primary, bridge)) = held {
+            return tokio::select! {
+                r = self.primary.watch(&primary.holder) => r,
+                r = self.bridge.watch(&bridge.holder) => r,
+            };
+        }
+        if self.is_bridge(seen) {
+            self.bridge.watch(seen).await
+        } else {
+            self.primary.watch(seen).await
+        }
+    }
+
+    fn heard_at(&self, holder: &Holder) -> Option<Instant> {
+        if self.is_bridge(holder) {
+            self.bridge.heard_at(holder)
+        } else {
+            self.primary.heard_at(holder)
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "both_tests.rs"]
+mod tests;

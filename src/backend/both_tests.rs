@@ -1,0 +1,86 @@
+use super::*;
+use crate::backend::LostReason;
+use crate::backend::memory::MemoryBackend;
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn pair() -> (MemoryBackend, MemoryBackend, Arc<Both>) {
+    let (p, b) = (MemoryBackend::new(), MemoryBackend::new());
+    let both = Both::new(Arc::new(p.clone()), Arc::new(b.clone()));
+    (p, b, both)
+}
+
+fn elected(c: Campaign) -> Term {
+    match c {
+        Campaign::Elected(t) => t,
+        other => panic!("not elected: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn elected_only_holding_both_with_the_primarys_term() {
+    let (p, b, both) = pair();
+    // Another elector (the old image) holds the bridge: follow it, and
+    // leave the primary untouched.
+    let old = elected(b.campaign("old", TTL, None).await.unwrap());
+    match both.campaign("a", TTL, None).await.unwrap() {
+        Campaign::Following(h) => assert_eq!(h.identity, "old"),
+        other => panic!("{other:?}"),
+    }
+    assert!(p.holder().is_none(), "the primary is not written");
+    b.resign(&old).await.unwrap();
+    let t = elected(both.campaign("a", TTL, None).await.unwrap());
+    assert_eq!(
+        Some(t.holder.term_id.clone()),
+        p.holder().map(|h| h.term_id)
+    );
+    assert_eq!(b.holder().unwrap().identity, "a");
+    assert!(matches!(
+        both.renew(&t).await.unwrap(),
+        Renewal::Renewed { .. }
+    ));
+    both.resign(&t).await.unwrap();
+    assert!(
+        p.holder().is_none() && b.holder().is_none(),
+        "both released"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_primary_held_elsewhere_gives_the_bridge_back() {
+    let (p, b, both) = pair();
+    // A primary-only candidate (the bridge turned off) leads.
+    elected(p.campaign("lease-only", TTL, None).await.unwrap());
+    match both.campaign("a", TTL, None).await.unwrap() {
+        Campaign::Following(h) => assert_eq!(h.identity, "lease-only"),
+        other => panic!("{other:?}"),
+    }
+    assert!(b.holder().is_none(), "the bridge was given back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn losing_either_lock_is_losing() {
+    for bridge_side in [false, true] {
+        let (p, b, both) = pair();
+        let t = elected(both.campaign("a", TTL, None).await.unwrap());
+        if bridge_side {
+            b.delete_key();
+        } else {
+            p.delete_key();
+        }
+        assert_eq!(
+            both.renew(&t).await.unwrap(),
+            Renewal::Lost(LostReason::KeyDeleted),
+            "bridge side: {bridge_side}"
+        );
+    }
+    // The held term's watch ends when the bridge changes.
+    let (_p, b, both) = pair();
+    let t = elected(both.campaign("a", TTL, None).await.unwrap());
+    let watch = both.watch(&t.holder);
+    b.delete_key();
+    tokio::time::timeout(Duration::from_secs(1), watch)
+        .await
+        .expect("the watch resolves")
+        .unwrap();
+}
