@@ -102,6 +102,12 @@ pub const TOKEN_ANNOTATION: &str = "leader-elector/fencing-token";
 /// previous holder's promise for our followers (README "Writes by others").
 pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
 
+/// Annotation a releasing holder writes beside the release: the identity
+/// of the candidate it names as successor (a hint; see `view::successor`).
+/// An annotation because an API server without the
+/// CoordinatedLeaderElection feature gate drops `spec.preferredHolder`.
+pub const SUCCESSOR_ANNOTATION: &str = "leader-elector.io/successor";
+
 /// Server-side timeout of one watch request, in seconds; the watch is then
 /// reopened from the last `resourceVersion` seen (kube-runtime uses 290 s).
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -206,6 +212,9 @@ pub struct KubeLeaseBackend {
     /// Everything known of the Lease; the one lock of this backend, never
     /// held across an await.
     view: Mutex<LeaseView>,
+    /// The `resourceVersion` of the candidate record this process last
+    /// wrote (`candidates`), the precondition of its next renewal.
+    registry_rv: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -280,6 +289,11 @@ fn holder_view(lease: &Lease) -> Holder {
     }
 }
 
+mod candidates;
+pub use candidates::{
+    ELECTION_LABEL, PRIORITY_ANNOTATION, READY_ANNOTATION, REVISION_ANNOTATION, ROLE_LABEL,
+    candidate_lease_name, candidate_selector,
+};
 mod client;
 mod connect;
 pub mod flags;
