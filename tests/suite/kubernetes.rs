@@ -21,13 +21,13 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio::time::{Instant, sleep};
 
-const NS: &str = "team-a";
+pub(crate) const NS: &str = "team-a";
 
-struct Group {
-    api: KubeApi,
-    eps: Vec<Arc<Endpoint>>,
-    cs: Vec<Sidecar>,
-    election: String,
+pub(crate) struct Group {
+    pub(crate) api: KubeApi,
+    pub(crate) eps: Vec<Arc<Endpoint>>,
+    pub(crate) cs: Vec<Sidecar>,
+    pub(crate) election: String,
 }
 
 /// Start one sidecar on its own stand-in endpoint.
@@ -61,14 +61,14 @@ async fn group(test: &str, ids: &[&str], pods: bool) -> Group {
     group_with(test, ids, &[], pods).await
 }
 
-fn holder(api: &KubeApi, election: &str) -> String {
+pub(crate) fn holder(api: &KubeApi, election: &str) -> String {
     api.lease(election)
         .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
         .unwrap_or_default()
 }
 
 /// Poll every sidecar until `cond` holds, failing if two ever lead at once.
-async fn until_no_overlap<F: FnMut(&[usize]) -> bool>(
+pub(crate) async fn until_no_overlap<F: FnMut(&[usize]) -> bool>(
     cs: &[Sidecar],
     limit: Duration,
     what: &str,
@@ -656,7 +656,7 @@ async fn stand_in_server() {
 
 /// A group whose sidecars all run with `flags` (a Lease duration well above
 /// the renew interval, so a blind leader's window is wide).
-async fn group_with(test: &str, ids: &[&str], flags: &[&str], pods: bool) -> Group {
+pub(crate) async fn group_with(test: &str, ids: &[&str], flags: &[&str], pods: bool) -> Group {
     let api = KubeApi::start(NS);
     let election = election(test);
     let mut eps = Vec::new();

@@ -24,3 +24,4 @@ mod ops;
 mod redis;
 mod redlock_coord;
 mod stand_in;
+mod successor;

@@ -396,20 +396,10 @@ impl KubeLeaseBackend {
                 how: Hold::Renewing,
                 ..
             } => return Ok(Round::Done(Campaign::Following(holder))),
-            Standing::Free { previous } => {
-                let wait = successor_wait(self.view(|v| v.slowest_request()));
-                let me = identity_of(&mine);
-                match self.view(|v| v.yield_until(me, wait)) {
-                    Some(until) if now < until => {
-                        return Ok(Round::Done(Campaign::Waiting {
-                            previous: Some(previous),
-                            retry_after: until - now,
-                            why: "the release names another candidate as successor: leaving it one round trip to take the Lease",
-                        }));
-                    }
-                    _ => previous,
-                }
-            }
+            Standing::Free { previous } => match self.yield_to_successor(&mine, previous, now) {
+                Ok(wait) => return Ok(Round::Done(wait)),
+                Err(previous) => previous,
+            },
             // Deleted since our read (a watch told us): read again.
             _ => return Ok(if round > 0 { Round::Lost } else { Round::Again }),
         };
@@ -451,6 +441,26 @@ impl KubeLeaseBackend {
         annotations.remove(RELEASED_ANNOTATION);
         annotations.remove(SUCCESSOR_ANNOTATION);
         next
+    }
+
+    /// A candidate about to take a released Lease as `mine` waits while
+    /// the release leaves it to the successor it names
+    /// (`view::successor`); else it goes on with `previous`.
+    fn yield_to_successor(
+        &self,
+        mine: &str,
+        previous: Holder,
+        now: Instant,
+    ) -> std::result::Result<Campaign, Holder> {
+        let wait = successor_wait(self.view(|v| v.slowest_request()));
+        match self.view(|v| v.yield_until(identity_of(mine), wait)) {
+            Some(until) if now < until => Ok(Campaign::Waiting {
+                previous: Some(previous),
+                retry_after: until - now,
+                why: "the release names another candidate as successor: leaving it one round trip to take the Lease",
+            }),
+            _ => Err(previous),
+        }
     }
 
     /// The successor a release of term `ours` names: the registry's choice
