@@ -75,7 +75,7 @@ pub const NAME: &str = "kubernetes";
 pub const ABOUT: &crate::backend::About = &crate::backend::About {
     name: NAME,
     tls_hint: "check the API server's CA: the ServiceAccount's ca.crt in a Pod, or certificate-authority(-data) in the kubeconfig, and the server address",
-    auth_hint: "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them",
+    auth_hint: "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update, delete on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them",
     rejected: &[
         (
             "namespace_not_found",
