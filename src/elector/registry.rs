@@ -113,3 +113,94 @@ async fn readiness_changed(gate: Option<watch::Receiver<bool>>) -> bool {
     };
     g.changed().await.is_err()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::backend::{About, Campaign, Holder, Renewal, Result, Term};
+
+    /// A backend that only records what the registry keeper asks of it.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl LeaseBackend for Recorder {
+        fn about(&self) -> &'static About {
+            crate::backend::memory::ABOUT
+        }
+        async fn campaign(&self, _: &str, _: Duration, _: Option<&Holder>) -> Result<Campaign> {
+            unreachable!("the keeper never campaigns")
+        }
+        async fn renew(&self, _: &Term) -> Result<Renewal> {
+            unreachable!()
+        }
+        async fn resign(&self, _: &Term) -> Result<()> {
+            unreachable!()
+        }
+        async fn read(&self) -> Result<Option<Holder>> {
+            unreachable!()
+        }
+        async fn watch(&self, _: &Holder) -> Result<()> {
+            unreachable!()
+        }
+        fn has_registry(&self) -> bool {
+            true
+        }
+        async fn publish_candidate(&self, c: &Candidate, ttl: Duration) -> Result<()> {
+            let call = format!(
+                "publish {} ready={} ttl={}s",
+                c.identity,
+                c.ready,
+                ttl.as_secs()
+            );
+            self.calls.lock().unwrap().push(call);
+            Ok(())
+        }
+        async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("withdraw {identity}"));
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_record_is_renewed_rewritten_on_readiness_and_withdrawn() {
+        let backend = Arc::new(Recorder::default());
+        let (gate, ready) = watch::channel(true);
+        let lease = Duration::from_secs(15);
+        let registry = Registry::start(
+            backend.clone(),
+            Candidate::new("pod-a"),
+            Some(ready),
+            lease,
+            Duration::from_secs(3),
+        )
+        .expect("a backend with a registry");
+        let calls = || backend.calls.lock().unwrap().clone();
+        sleep(Duration::from_secs(1)).await;
+        assert_eq!(calls(), ["publish pod-a ready=true ttl=180s"]);
+        sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            calls().len(),
+            2,
+            "renewed after 4 lease durations: {:?}",
+            calls()
+        );
+        gate.send(false).unwrap();
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls()[2], "publish pod-a ready=false ttl=180s", "at once");
+        registry
+            .withdraw(&*backend, "pod-a", Duration::from_secs(3))
+            .await;
+        assert_eq!(calls().last().unwrap(), "withdraw pod-a");
+        assert_eq!(calls().len(), 4);
+    }
+}
