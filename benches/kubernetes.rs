@@ -8,7 +8,9 @@
 //! `cargo bench --bench kubernetes`; under `cargo test` it does nothing.
 //! Environment: `KBENCH_TRIALS` [10], `KBENCH_REST_SECS` [30], `KBENCH_TTL`
 //! [5s], `KBENCH_CANDIDATES` [3,30], `KBENCH_FAILOVER` [1: measure crash
-//! failover with the first group size].
+//! failover with the first group size], `KBENCH_UNNAMED` [1: also hand over
+//! with the candidate records deleted just before each SIGTERM, so that
+//! no successor is named, as before the registry].
 //! The stand-in answers on loopback in microseconds; a real API server adds
 //! its own latency (typically 1-10 ms per write through etcd) to handover.
 
@@ -128,6 +130,9 @@ struct Row {
     leader_writes_min: f64,
     handover: String,
     attempts: String,
+    /// The same with the registry emptied before each SIGTERM (no
+    /// successor named: the behaviour before the registry).
+    unnamed: Option<(String, String)>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -140,6 +145,7 @@ async fn main() {
     let ttl_s: String = env_or("KBENCH_TTL", "5s".to_string());
     let sizes: String = env_or("KBENCH_CANDIDATES", "3,30".to_string());
     let failover: u8 = env_or("KBENCH_FAILOVER", 1);
+    let unnamed: u8 = env_or("KBENCH_UNNAMED", 1);
     let ttl = humantime::parse_duration(&ttl_s).unwrap();
     let t0 = Instant::now();
     let mut rows = Vec::new();
@@ -163,7 +169,11 @@ async fn main() {
             ..Row::default()
         };
         (row.followers_rps, row.leader_writes_min) = at_rest(&cs, rest, &ttl_s).await;
-        (row.handover, row.attempts) = handovers(&api, &election, &mut cs, trials, &ttl_s).await;
+        (row.handover, row.attempts) =
+            handovers(&api, &election, &mut cs, trials, &ttl_s, false).await;
+        if unnamed == 1 {
+            row.unnamed = Some(handovers(&api, &election, &mut cs, trials, &ttl_s, true).await);
+        }
         if k == 0 && failover == 1 {
             crash = crash_failovers(&api, &election, &mut cs, trials, ttl, &ttl_s).await;
         }
@@ -188,6 +198,12 @@ fn fragment(rows: &[Row], crash: &str, ttl_s: &str, rest: u64, trials: usize, to
             "| {} | {:.3} | {:.1} | {} | {} |\n",
             r.n, r.followers_rps, r.leader_writes_min, r.handover, r.attempts
         ));
+        if let Some((time, attempts)) = &r.unnamed {
+            md.push_str(&format!(
+                "| {}, no successor named (records deleted before each SIGTERM: the behaviour before the registry) | | | {time} | {attempts} |\n",
+                r.n
+            ));
+        }
     }
     md.push_str("| client-go, real server (30) | 0.32 GET/s | 30 (0.50 PUT/s) | median 1,038 ms | 31, of which 28 answered 409 |\n\n");
     if !crash.is_empty() {
@@ -220,6 +236,7 @@ async fn handovers(
     cs: &mut [Cand],
     trials: usize,
     ttl_s: &str,
+    unnamed: bool,
 ) -> (String, String) {
     let mut hand = Vec::new();
     let mut tries = Vec::new();
@@ -227,6 +244,13 @@ async fn handovers(
     for _ in 0..trials {
         let l = leader_of(cs, Duration::from_secs(30)).await;
         sleep(Duration::from_millis(300)).await;
+        if unnamed {
+            for r in api.objects("leases") {
+                if r["metadata"]["labels"]["leader-elector.io/role"] == "candidate" {
+                    api.delete_lease(r["metadata"]["name"].as_str().unwrap());
+                }
+            }
+        }
         let m = marks(cs);
         let t0 = Instant::now();
         cs[l].s.as_ref().unwrap().signal(Signal::SIGTERM);
@@ -239,7 +263,12 @@ async fn handovers(
         restart(api, election, cs, l, ttl_s).await;
     }
     let time = stats(&mut hand);
-    println!("== graceful handover (SIGTERM → another answers 200): {time}");
+    let how = if unnamed {
+        "no successor named"
+    } else {
+        "named successor"
+    };
+    println!("== graceful handover, {how} (SIGTERM → another answers 200): {time}");
     let mean = tries.iter().sum::<f64>() / tries.len() as f64;
     let max = tries.iter().cloned().fold(0.0, f64::max);
     let attempts = format!("mean {mean:.2}, max {max} ({refused} answered 409 in all)");
