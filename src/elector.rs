@@ -35,6 +35,7 @@ mod gates;
 mod lead;
 mod observe;
 mod publish;
+mod registry;
 mod state;
 pub(crate) mod suspend;
 mod transition;
@@ -48,6 +49,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+use crate::backend::candidates::Candidate;
 use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
@@ -203,6 +205,13 @@ impl Elector {
     /// Backend faults never end this loop.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let backend = self.backend.clone();
+        let registry = registry::Registry::start(
+            backend.clone(),
+            Candidate::new(self.cfg.identity.clone()),
+            self.gates.candidacy(),
+            self.cfg.lease_duration,
+            self.cfg.call_timeout(),
+        );
         while !shutdown.is_cancelled() {
             if !self.gates.may_campaign() {
                 if !self.wait_until_eligible(&shutdown).await {
@@ -233,6 +242,12 @@ impl Elector {
         self.publish(Change::Stopping);
         if let Some(term) = self.abandoned.take() {
             let _ = self.call("resign", backend.resign(&term)).await;
+        }
+        if let Some(registry) = registry {
+            let limit = self.cfg.call_timeout();
+            registry
+                .withdraw(&*backend, &self.cfg.identity, limit)
+                .await;
         }
     }
 

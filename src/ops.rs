@@ -29,6 +29,9 @@ use crate::backend::registry::{self, BackendArgs, Common};
 use crate::backend::{BackendError, Holder, LeaseBackend};
 use crate::config::{check_election, parse_duration};
 
+mod candidates;
+pub use candidates::CandidateRow;
+
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
 
@@ -86,6 +89,9 @@ pub struct Report {
     /// cannot tell: neither backend stores the acquisition time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
+    /// `status` only, where the backend keeps a candidate registry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<Vec<CandidateRow>>,
 }
 
 impl Report {
@@ -100,6 +106,7 @@ impl Report {
                 .and_then(|h| h.expires_in)
                 .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
             since: None,
+            candidates: None,
         }
     }
 }
@@ -185,10 +192,11 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
             return 1;
         }
     };
-    let report = Report::new(&cli.election, backend.name(), holder.as_ref());
+    let mut report = Report::new(&cli.election, backend.name(), holder.as_ref());
+    report.candidates = candidates::read(backend, cli.timeout).await;
     let text = match cli.output {
         Output::Json => serde_json::to_string(&report).unwrap_or_default(),
-        Output::Table => table(&report),
+        Output::Table => table(&report) + &candidates::table(report.candidates.as_deref()),
     };
     if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
         return 1;

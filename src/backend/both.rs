@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use super::candidates::{Candidate, Listed};
 use super::{About, Campaign, Holder, LeaseBackend, Renewal, Result, Term, TermId};
 
 /// One election on a primary and a bridge lock (see the module docs).
@@ -203,6 +204,24 @@ impl LeaseBackend for Both {
         } else {
             self.primary.heard_at(holder)
         }
+    }
+
+    // The candidate registry is the primary's (its release names the
+    // successor).
+    fn has_registry(&self) -> bool {
+        self.primary.has_registry()
+    }
+
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.primary.publish_candidate(candidate, ttl).await
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.primary.withdraw_candidate(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+        self.primary.candidates().await
     }
 }
 

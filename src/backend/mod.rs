@@ -12,6 +12,7 @@
 //! stable API.
 
 pub mod both;
+pub mod candidates;
 pub mod coordination;
 mod error;
 #[cfg(feature = "etcd")]
@@ -318,6 +319,47 @@ pub trait LeaseBackend: Send + Sync {
     fn heard_at(&self, holder: &Holder) -> Option<Instant> {
         let _ = holder;
         None
+    }
+
+    /// Whether this backend keeps a candidate registry
+    /// ([`candidates`](self::candidates)); `false` (the default): the
+    /// registry methods do nothing and a release names no successor.
+    fn has_registry(&self) -> bool {
+        false
+    }
+
+    /// Write (or renew) `candidate`'s record for `ttl` (whole seconds,
+    /// rounded up, where the backend counts so). The default does nothing.
+    ///
+    /// # Errors
+    /// Any [`BackendError`]; the record then lapses at its previous TTL.
+    async fn publish_candidate(
+        &self,
+        candidate: &candidates::Candidate,
+        ttl: Duration,
+    ) -> Result<()> {
+        let _ = (candidate, ttl);
+        Ok(())
+    }
+
+    /// Remove `identity`'s record (graceful shutdown). Removing a record
+    /// that is gone is not an error. The default does nothing.
+    ///
+    /// # Errors
+    /// Any [`BackendError`]; the record then lapses by its TTL.
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        let _ = identity;
+        Ok(())
+    }
+
+    /// The records in the registry, lapsed ones included (see
+    /// [`candidates::Listed::alive`]); `None` when the backend has no
+    /// registry (the default).
+    ///
+    /// # Errors
+    /// Any [`BackendError`].
+    async fn candidates(&self) -> Result<Option<Vec<candidates::Listed>>> {
+        Ok(None)
     }
 }
 

@@ -69,6 +69,11 @@ impl Gates {
         self.candidacy = Some(gate);
     }
 
+    /// The candidacy gate, for the candidate registry's readiness.
+    pub(super) fn candidacy(&self) -> Option<watch::Receiver<bool>> {
+        self.candidacy.clone()
+    }
+
     pub(super) fn add_participant(&mut self) -> watch::Sender<Option<u64>> {
         let (tx, rx) = watch::channel(None);
         self.participants.push(rx);

@@ -27,3 +27,4 @@ mod redis;
 mod redlock_coord;
 mod rwlock;
 mod stand_in;
+mod successor;

@@ -157,9 +157,12 @@ both rendered from this one list.
 # The election Lease (Kubernetes backend): read and follow it, create it once,
 # update it by compare-and-swap on resourceVersion. `create` cannot be
 # restricted by resourceNames (the name is not known to RBAC before creation).
+# The same verbs keep each sidecar's candidate Lease
+# (<election>-candidate-<suffix>, listed by label), plus `delete` to
+# withdraw it on shutdown.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "update"]
+  verbs: ["get", "list", "watch", "create", "update", "delete"]
 {{- if .Values.migrateFromEndpoints }}
 # The archived leader-elector image's lock (migrateFromEndpoints): the
 # Endpoints object named after the election, read, created once and updated

@@ -23,6 +23,7 @@ impl KubeLeaseBackend {
             view: Mutex::new(LeaseView::with_max_clock_skew(options.max_clock_skew)),
             options,
             conn: OnceCell::new(),
+            registry_rv: Mutex::default(),
         })
     }
 
@@ -64,6 +65,7 @@ impl KubeLeaseBackend {
             },
             conn: OnceCell::new_with(Some(conn)),
             view: Mutex::new(LeaseView::default()),
+            registry_rv: Mutex::default(),
         })
     }
 
@@ -273,7 +275,10 @@ impl KubeLeaseBackend {
 
     /// One GET; what it finds is recorded, an absence is left to the caller.
     async fn get_once(&self, conn: &Conn) -> Result<Option<Lease>> {
-        match conn.api.get_opt(&self.name).await {
+        let sent = Instant::now();
+        let got = conn.api.get_opt(&self.name).await;
+        self.view(|v| v.request_took(sent.elapsed()));
+        match got {
             Ok(Some(l)) => {
                 self.observe(&l);
                 Ok(Some(l))

@@ -75,7 +75,7 @@ pub const NAME: &str = "kubernetes";
 pub const ABOUT: &crate::backend::About = &crate::backend::About {
     name: NAME,
     tls_hint: "check the API server's CA: the ServiceAccount's ca.crt in a Pod, or certificate-authority(-data) in the kubeconfig, and the server address",
-    auth_hint: "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them",
+    auth_hint: "bind the Pod's ServiceAccount to a Role with get, list, watch, create, update, delete on leases (apiGroup coordination.k8s.io) in the election namespace: the chart's Role <release>-leader-elector, or manifests/role.yaml, has them",
     rejected: &[
         (
             "namespace_not_found",
@@ -101,6 +101,12 @@ pub const TOKEN_ANNOTATION: &str = "leader-elector/fencing-token";
 /// holder itself; a hand edit that clears the holder does not end the
 /// previous holder's promise for our followers (README "Writes by others").
 pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
+
+/// Annotation a releasing holder writes beside the release: the identity
+/// of the candidate it names as successor (a hint; see `view::successor`).
+/// An annotation because an API server without the
+/// CoordinatedLeaderElection feature gate drops `spec.preferredHolder`.
+pub const SUCCESSOR_ANNOTATION: &str = "leader-elector.io/successor";
 
 /// Server-side timeout of one watch request, in seconds; the watch is then
 /// reopened from the last `resourceVersion` seen (kube-runtime uses 290 s).
@@ -206,6 +212,9 @@ pub struct KubeLeaseBackend {
     /// Everything known of the Lease; the one lock of this backend, never
     /// held across an await.
     view: Mutex<LeaseView>,
+    /// The `resourceVersion` of the candidate record this process last
+    /// wrote (`candidates`), the precondition of its next renewal.
+    registry_rv: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -280,6 +289,11 @@ fn holder_view(lease: &Lease) -> Holder {
     }
 }
 
+mod candidates;
+pub use candidates::{
+    ELECTION_LABEL, PRIORITY_ANNOTATION, READY_ANNOTATION, REVISION_ANNOTATION, ROLE_LABEL,
+    candidate_lease_name, candidate_selector,
+};
 mod client;
 mod connect;
 pub mod endpoints_lock;

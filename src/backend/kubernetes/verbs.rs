@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{PostParams, WatchParams};
 use tokio::time::{Instant, sleep_until};
@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::replay::UNSEEN_TERM;
 use super::*;
+use crate::backend::candidates::{Candidate, Listed, choose_successor, successor_wait};
 
 #[async_trait]
 impl LeaseBackend for KubeLeaseBackend {
@@ -85,7 +86,9 @@ impl LeaseBackend for KubeLeaseBackend {
     async fn resign(&self, term: &Term) -> Result<()> {
         let conn = self.conn().await?;
         let ours = term.holder.term_id.as_str();
-        for _ in 0..CAS_TRIES {
+        // Named once, when there is a term of ours to release.
+        let mut successor = None;
+        for round in 0..CAS_TRIES {
             let (standing, lease) =
                 self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
             let base = match (standing, lease) {
@@ -96,7 +99,13 @@ impl LeaseBackend for KubeLeaseBackend {
                     return Ok(());
                 }
             };
-            match self.cas(conn, &released(base, ours)).await? {
+            if round == 0 {
+                successor = self.successor_for(ours).await;
+            }
+            match self
+                .cas(conn, &released(base, ours, successor.as_deref()))
+                .await?
+            {
                 Cas::Written(_) => {
                     self.view(|v| v.resigned());
                     return Ok(());
@@ -155,6 +164,22 @@ impl LeaseBackend for KubeLeaseBackend {
         self.view(|v| v.heard_at(holder.term_id.as_str()))
     }
 
+    fn has_registry(&self) -> bool {
+        true
+    }
+
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.publish(candidate, ttl).await
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.withdraw(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+        self.list_candidates().await.map(Some)
+    }
+
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let conn = self.conn().await?;
         let mut broken = false;
@@ -209,8 +234,10 @@ impl LeaseBackend for KubeLeaseBackend {
 }
 
 /// `lease` released by the holder of term `ours`: holder cleared,
-/// `leaseDurationSeconds: 1`, and the release mark naming the term.
-fn released(mut lease: Lease, ours: &str) -> Lease {
+/// `leaseDurationSeconds: 1`, the release mark naming the term, and the
+/// successor named (or none). Everything else is kept as read, including
+/// `spec.strategy` and `spec.preferredHolder` set by a third party.
+fn released(mut lease: Lease, ours: &str, successor: Option<&str>) -> Lease {
     let spec = lease.spec.get_or_insert_with(Default::default);
     let now = now_micro();
     spec.holder_identity = Some(String::new());
@@ -219,16 +246,20 @@ fn released(mut lease: Lease, ours: &str) -> Lease {
     spec.renew_time = Some(now);
     // Proof that the holder itself released (a hand edit clearing the
     // holder does not end its promise for our followers).
-    lease
+    let notes = lease
         .metadata
         .annotations
-        .get_or_insert_with(Default::default)
-        .insert(RELEASED_ANNOTATION.to_owned(), ours.to_owned());
+        .get_or_insert_with(Default::default);
+    notes.insert(RELEASED_ANNOTATION.to_owned(), ours.to_owned());
+    match successor {
+        Some(s) => notes.insert(SUCCESSOR_ANNOTATION.to_owned(), s.to_owned()),
+        None => notes.remove(SUCCESSOR_ANNOTATION),
+    };
     lease
 }
 
 /// Write parameters: our field manager on every write.
-fn post_params() -> PostParams {
+pub(super) fn post_params() -> PostParams {
     PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
@@ -365,7 +396,10 @@ impl KubeLeaseBackend {
                 how: Hold::Renewing,
                 ..
             } => return Ok(Round::Done(Campaign::Following(holder))),
-            Standing::Free { previous } => previous,
+            Standing::Free { previous } => match self.yield_to_successor(&mine, previous, now) {
+                Ok(wait) => return Ok(Round::Done(wait)),
+                Err(previous) => previous,
+            },
             // Deleted since our read (a watch told us): read again.
             _ => return Ok(if round > 0 { Round::Lost } else { Round::Again }),
         };
@@ -390,7 +424,13 @@ impl KubeLeaseBackend {
         let transitions = old.lease_transitions.unwrap_or(0).saturating_add(1);
         let token = token_of(&lease).max(self.view(|v| v.max_token())) + 1;
         let mut next = lease;
-        next.spec = Some(Self::new_spec(mine, ttl, transitions));
+        // A third party's `strategy` and `preferredHolder` (Coordinated
+        // Leader Election) are kept: ours is not the only writer's spec.
+        next.spec = Some(LeaseSpec {
+            strategy: old.strategy,
+            preferred_holder: old.preferred_holder,
+            ..Self::new_spec(mine, ttl, transitions)
+        });
         let annotations = next
             .metadata
             .annotations
@@ -399,7 +439,40 @@ impl KubeLeaseBackend {
         // A new term: the previous release's mark goes (else a hand edit
         // clearing this term's holder would pass for its release).
         annotations.remove(RELEASED_ANNOTATION);
+        annotations.remove(SUCCESSOR_ANNOTATION);
         next
+    }
+
+    /// A candidate about to take a released Lease as `mine` waits while
+    /// the release leaves it to the successor it names
+    /// (`view::successor`); else it goes on with `previous`.
+    fn yield_to_successor(
+        &self,
+        mine: &str,
+        previous: Holder,
+        now: Instant,
+    ) -> std::result::Result<Campaign, Holder> {
+        let wait = successor_wait(self.view(|v| v.slowest_request()));
+        match self.view(|v| v.yield_until(identity_of(mine), wait)) {
+            Some(until) if now < until => Ok(Campaign::Waiting {
+                previous: Some(previous),
+                retry_after: until - now,
+                why: "the release names another candidate as successor: leaving it one round trip to take the Lease",
+            }),
+            _ => Err(previous),
+        }
+    }
+
+    /// The successor a release of term `ours` names: the registry's choice
+    /// ([`choose_successor`]), or none when the registry cannot be read.
+    async fn successor_for(&self, ours: &str) -> Option<String> {
+        match self.list_candidates().await {
+            Ok(listed) => choose_successor(&listed, identity_of(ours)).map(|c| c.identity.clone()),
+            Err(e) => {
+                debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
+                None
+            }
+        }
     }
 
     /// Lost a race: report what is there now.

@@ -267,6 +267,8 @@ pub(super) struct LeaseView {
     /// The holder and arrival instant of the last version our watch
     /// delivered that this process had not seen before (a renewal heard).
     watched: Option<(String, Instant)>,
+    /// The slowest recent latency of our own requests (decaying).
+    slowest: Duration,
 }
 
 impl LeaseView {
@@ -341,6 +343,7 @@ fn released_by_holder(lease: &Lease, previous: &str) -> bool {
 }
 
 mod apply;
+mod successor;
 pub(super) use apply::Created;
 
 #[cfg(test)]

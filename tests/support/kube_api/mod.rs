@@ -131,6 +131,9 @@ pub struct Logged {
     pub user_agent: String,
     /// The `fieldManager` query parameter of a write (empty when none).
     pub field_manager: String,
+    /// The object named: the path's name, or a create's `metadata.name`
+    /// (empty for a list, a watch, or a create by `generateName`).
+    pub name: String,
     /// The status code answered (0 for a watch still streaming).
     pub code: u16,
 }
@@ -612,6 +615,7 @@ async fn handle(State(ep): State<Arc<Endpoint>>, req: Request) -> Response {
         resource: r.resource().to_owned(),
         user_agent,
         field_manager: r.q.get("fieldManager").cloned().unwrap_or_default(),
+        name: r.object_name(),
         code: response.status().as_u16(),
     });
     response
@@ -767,6 +771,17 @@ impl ApiRequest {
     }
 
     /// The Kubernetes verb of this request (RBAC's word for it).
+    /// The object a request names (see [`Logged::name`]).
+    fn object_name(&self) -> String {
+        match self.route() {
+            Route::Object { name, .. } => name.to_owned(),
+            _ => self.body["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+
     fn k8s_verb(&self) -> &'static str {
         let named = matches!(self.route(), Route::Object { .. });
         match (&self.method, self.watching) {

@@ -1,0 +1,164 @@
+//! The follower's side of a named successor: a release whose
+//! [`SUCCESSOR_ANNOTATION`] names another candidate is left to that
+//! candidate for one round trip (`backend::candidates::successor_wait`,
+//! from this process's own request latency), counted from this process's
+//! first sight of the release. The named candidate, and everyone after the
+//! wait, campaigns as on any release: the compare-and-swap still decides,
+//! so the rule changes who tries first, never who may lead.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use tokio::time::Instant;
+
+use super::{LeaseView, has_release_mark};
+use crate::backend::kubernetes::{SUCCESSOR_ANNOTATION, holder_of};
+
+/// The identity a release names as its successor (`None`: none, or the
+/// Lease is held).
+pub(in crate::backend::kubernetes) fn successor_of(lease: &Lease) -> Option<&str> {
+    if !holder_of(lease).is_empty() || !has_release_mark(lease) {
+        return None;
+    }
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(SUCCESSOR_ANNOTATION)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+impl LeaseView {
+    /// Until when a candidate `identity` leaves the released Lease to the
+    /// successor it names, waiting `wait` from its first sight of the
+    /// release; `None` when the Lease is not such a release or names
+    /// `identity` itself.
+    pub(in crate::backend::kubernetes) fn yield_until(
+        &self,
+        identity: &str,
+        wait: Duration,
+    ) -> Option<Instant> {
+        let seen = self.seen.as_ref().filter(|s| !s.deleted)?;
+        let named = successor_of(&seen.lease)?;
+        (named != identity).then(|| seen.changed_at + wait)
+    }
+
+    /// One request of ours took `took`: the slowest recent latency decays
+    /// by an eighth per request and never falls below the latest one.
+    pub(in crate::backend::kubernetes) fn request_took(&mut self, took: Duration) {
+        self.slowest = took.max(self.slowest - self.slowest / 8);
+    }
+
+    /// The slowest recent request latency ([`Self::request_took`]).
+    pub(in crate::backend::kubernetes) fn slowest_request(&self) -> Duration {
+        self.slowest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::kubernetes::RELEASED_ANNOTATION;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn lease(holder: &str, notes: &[(&str, &str)], rv: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("e".into()),
+                resource_version: Some(rv.into()),
+                annotations: Some(
+                    notes
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(1),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn only_others_yield_to_a_named_successor_for_the_wait() {
+        let wait = Duration::from_millis(100);
+        let release = [(RELEASED_ANNOTATION, "a_1"), (SUCCESSOR_ANNOTATION, "b")];
+        let cases: &[(&str, Lease, &str, bool)] = &[
+            (
+                "another candidate yields",
+                lease("", &release, "2"),
+                "c",
+                true,
+            ),
+            (
+                "the named one does not",
+                lease("", &release, "2"),
+                "b",
+                false,
+            ),
+            (
+                "no successor named: nobody yields",
+                lease("", &[(RELEASED_ANNOTATION, "a_1")], "2"),
+                "c",
+                false,
+            ),
+            (
+                "a held Lease names no successor",
+                lease("b_2", &[(SUCCESSOR_ANNOTATION, "b")], "3"),
+                "c",
+                false,
+            ),
+            (
+                "cleared by hand (no release mark): not a release",
+                lease("", &[(SUCCESSOR_ANNOTATION, "b")], "2"),
+                "c",
+                false,
+            ),
+        ];
+        for (what, l, me, yields) in cases {
+            let mut v = LeaseView::default();
+            let t0 = Instant::now();
+            v.observed(l, t0);
+            assert_eq!(v.yield_until(me, wait).is_some(), *yields, "{what}");
+            if *yields {
+                assert_eq!(v.yield_until(me, wait), Some(t0 + wait), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_wait_counts_from_the_first_sight_of_the_release() {
+        let wait = Duration::from_millis(100);
+        let l = lease(
+            "",
+            &[(RELEASED_ANNOTATION, "a_1"), (SUCCESSOR_ANNOTATION, "b")],
+            "2",
+        );
+        let mut v = LeaseView::default();
+        let t0 = Instant::now();
+        v.observed(&l, t0);
+        // Read again later (the campaign's own read): the same version.
+        v.observed(&l, t0 + Duration::from_millis(60));
+        assert_eq!(v.yield_until("c", wait), Some(t0 + wait));
+        // Deleted since: nothing to yield.
+        v.deleted(None, t0 + Duration::from_millis(70));
+        assert_eq!(v.yield_until("c", wait), None);
+    }
+
+    #[test]
+    fn the_slowest_latency_decays() {
+        let mut v = LeaseView::default();
+        v.request_took(Duration::from_millis(80));
+        v.request_took(Duration::from_millis(1));
+        assert_eq!(v.slowest_request(), Duration::from_millis(70));
+        for _ in 0..100 {
+            v.request_took(Duration::from_millis(2));
+        }
+        assert_eq!(v.slowest_request(), Duration::from_millis(2));
+    }
+}

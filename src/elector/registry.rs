@@ -1,0 +1,206 @@
+//! Keeping this candidate's record in the backend's candidate registry
+//! (`backend::candidates`) while the Elector runs: written at start, renewed
+//! every [`RENEW_IN_LEASES`](crate::backend::candidates::RENEW_IN_LEASES)
+//! lease durations, written at once when readiness (the candidacy gate)
+//! changes, and withdrawn when the Elector stops. A backend without a
+//! registry gets no calls at all.
+//!
+//! The record is a hint for a releasing leader's choice of successor; a
+//! failed write only leaves the previous record until its TTL, so errors
+//! are logged and retried, never reported as the election's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::backend::LeaseBackend;
+use crate::backend::candidates::{Candidate, timing};
+
+/// The task that keeps the record, and how to stop it.
+pub(super) struct Registry {
+    task: JoinHandle<()>,
+    stop: CancellationToken,
+}
+
+impl Registry {
+    /// Start keeping `candidate`'s record through `backend` for an election
+    /// whose lease lasts `lease_duration`; each call gets `call_timeout`.
+    /// `ready` is the candidacy gate (`None`: always ready). `None` when
+    /// the backend has no registry.
+    pub(super) fn start(
+        backend: Arc<dyn LeaseBackend>,
+        candidate: Candidate,
+        ready: Option<watch::Receiver<bool>>,
+        lease_duration: Duration,
+        call_timeout: Duration,
+    ) -> Option<Registry> {
+        if !backend.has_registry() {
+            return None;
+        }
+        let stop = CancellationToken::new();
+        let keeper = Keeper {
+            backend,
+            candidate,
+            ready,
+            lease_duration,
+            call_timeout,
+        };
+        let task = tokio::spawn(keeper.run(stop.clone()));
+        Some(Registry { task, stop })
+    }
+
+    /// Stop renewing and withdraw the record (bounded by the call timeout).
+    pub(super) async fn withdraw(
+        self,
+        backend: &dyn LeaseBackend,
+        identity: &str,
+        limit: Duration,
+    ) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        match timeout(limit, backend.withdraw_candidate(identity)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(error = %e.report(), "could not withdraw the candidate record; it lapses by its TTL")
+            }
+            Err(_) => debug!("withdrawing the candidate record timed out; it lapses by its TTL"),
+        }
+    }
+}
+
+struct Keeper {
+    backend: Arc<dyn LeaseBackend>,
+    candidate: Candidate,
+    ready: Option<watch::Receiver<bool>>,
+    lease_duration: Duration,
+    call_timeout: Duration,
+}
+
+impl Keeper {
+    async fn run(mut self, stop: CancellationToken) {
+        let (renew, ttl) = timing(self.lease_duration);
+        loop {
+            self.candidate.ready = self.ready.as_mut().is_none_or(|g| *g.borrow_and_update());
+            let call = self.backend.publish_candidate(&self.candidate, ttl);
+            let wait = match timeout(self.call_timeout, call).await {
+                Ok(Ok(())) => renew,
+                Ok(Err(e)) => {
+                    debug!(error = %e.report(), "could not write the candidate record; retrying");
+                    self.lease_duration
+                }
+                Err(_) => self.lease_duration,
+            };
+            let gate = self.ready.clone();
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep(wait) => {}
+                closed = readiness_changed(gate) => if closed { self.ready = None },
+            }
+        }
+    }
+}
+
+/// Resolves when the gate changes (`false`), or with `true` when its sender
+/// is gone; pends forever without a gate.
+async fn readiness_changed(gate: Option<watch::Receiver<bool>>) -> bool {
+    let Some(mut g) = gate else {
+        return std::future::pending().await;
+    };
+    g.changed().await.is_err()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::backend::{About, Campaign, Holder, Renewal, Result, Term};
+
+    /// A backend that only records what the registry keeper asks of it.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl LeaseBackend for Recorder {
+        fn about(&self) -> &'static About {
+            crate::backend::memory::ABOUT
+        }
+        async fn campaign(&self, _: &str, _: Duration, _: Option<&Holder>) -> Result<Campaign> {
+            unreachable!("the keeper never campaigns")
+        }
+        async fn renew(&self, _: &Term) -> Result<Renewal> {
+            unreachable!()
+        }
+        async fn resign(&self, _: &Term) -> Result<()> {
+            unreachable!()
+        }
+        async fn read(&self) -> Result<Option<Holder>> {
+            unreachable!()
+        }
+        async fn watch(&self, _: &Holder) -> Result<()> {
+            unreachable!()
+        }
+        fn has_registry(&self) -> bool {
+            true
+        }
+        async fn publish_candidate(&self, c: &Candidate, ttl: Duration) -> Result<()> {
+            let call = format!(
+                "publish {} ready={} ttl={}s",
+                c.identity,
+                c.ready,
+                ttl.as_secs()
+            );
+            self.calls.lock().unwrap().push(call);
+            Ok(())
+        }
+        async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("withdraw {identity}"));
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_record_is_renewed_rewritten_on_readiness_and_withdrawn() {
+        let backend = Arc::new(Recorder::default());
+        let (gate, ready) = watch::channel(true);
+        let lease = Duration::from_secs(15);
+        let registry = Registry::start(
+            backend.clone(),
+            Candidate::new("pod-a"),
+            Some(ready),
+            lease,
+            Duration::from_secs(3),
+        )
+        .expect("a backend with a registry");
+        let calls = || backend.calls.lock().unwrap().clone();
+        sleep(Duration::from_secs(1)).await;
+        assert_eq!(calls(), ["publish pod-a ready=true ttl=180s"]);
+        sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            calls().len(),
+            2,
+            "renewed after 4 lease durations: {:?}",
+            calls()
+        );
+        gate.send(false).unwrap();
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls()[2], "publish pod-a ready=false ttl=180s", "at once");
+        registry
+            .withdraw(&*backend, "pod-a", Duration::from_secs(3))
+            .await;
+        assert_eq!(calls().last().unwrap(), "withdraw pod-a");
+        assert_eq!(calls().len(), 4);
+    }
+}
