@@ -11,6 +11,7 @@
 
 pub mod http;
 mod metrics;
+pub mod periods;
 mod service;
 mod unserved;
 
