@@ -246,7 +246,10 @@ impl Config {
         let timing = Timing::of(&cli)?;
         let run = run_options(&cli, run_mode, &timing)?;
         let control_addr = control_addr(&cli)?;
-        let elector = elector_config(&cli, &timing, run.as_ref(), control_addr.is_some())?;
+        // `run --every` does not run its command while leading: the election
+        // keeps no drain for it.
+        let leading_run = run.as_ref().filter(|r| r.every.is_none());
+        let elector = elector_config(&cli, &timing, leading_run, control_addr.is_some())?;
         let backend = registry::resolve(
             &cli.store,
             &Common {
