@@ -59,9 +59,7 @@ pub async fn run_every(e: Every, shutdown: CancellationToken) -> Option<i32> {
         let period = Period::containing(SystemTime::now(), e.every);
         if done.is_none_or(|d| period.start > d) {
             done = Some(period.start);
-            if e.one(period, &shutdown, &mut signals).await.is_none() {
-                return None;
-            }
+            e.one(period, &shutdown, &mut signals).await?;
         }
         // Until the next period by this sidecar's clock.
         let left = (period.end_time().duration_since(SystemTime::now())).unwrap_or_default();
