@@ -24,12 +24,19 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 enum Server {
     Etcd(Etcd),
     Redis(RedisServer),
+    /// Three servers: a Redlock group.
+    Redlock(Vec<RedisServer>),
 }
 
 impl Server {
     async fn start(kind: &str) -> Server {
         match kind {
             "etcd" => Server::Etcd(Etcd::start().await),
+            "redlock" => Server::Redlock(vec![
+                RedisServer::start().await,
+                RedisServer::start().await,
+                RedisServer::start().await,
+            ]),
             _ => Server::Redis(RedisServer::start().await),
         }
     }
@@ -39,15 +46,22 @@ impl Server {
         match self {
             Server::Etcd(e) => vec!["--etcd-endpoints".into(), e.url.clone()],
             Server::Redis(r) => vec!["--redis-url".into(), r.url.clone()],
+            Server::Redlock(rs) => rs
+                .iter()
+                .flat_map(|r| ["--redis-url".to_owned(), r.url.clone()])
+                .collect(),
         }
     }
 
     fn signal(&self, sig: Signal) {
-        let pid = match self {
-            Server::Etcd(e) => e.pid(),
-            Server::Redis(r) => r.pid(),
+        let pids = match self {
+            Server::Etcd(e) => vec![e.pid()],
+            Server::Redis(r) => vec![r.pid()],
+            Server::Redlock(rs) => rs.iter().map(RedisServer::pid).collect(),
         };
-        kill(Pid::from_raw(pid.expect("the server runs") as i32), sig).unwrap();
+        for pid in pids {
+            kill(Pid::from_raw(pid.expect("the server runs") as i32), sig).unwrap();
+        }
     }
 }
 
@@ -159,6 +173,11 @@ async fn etcd_runs_each_period_once_across_skewed_clocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_runs_each_period_once_across_skewed_clocks() {
     once_per_period_with_skewed_clocks("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_runs_each_period_once_across_skewed_clocks() {
+    once_per_period_with_skewed_clocks("redlock").await;
 }
 
 async fn a_period_without_the_backend_does_not_run(kind: &str) {
@@ -295,4 +314,57 @@ async fn etcd_the_period_route_answers_like_a_job_claim() {
 #[tokio::test]
 async fn redis_the_period_route_answers_like_a_job_claim() {
     the_period_route("redis").await;
+}
+
+#[tokio::test]
+async fn redlock_the_period_route_answers_like_a_job_claim() {
+    the_period_route("redlock").await;
+}
+
+/// Safety: a command that outlives its period's claim is gone by the
+/// claim's deadline (the period's end plus the 5 s margin). Liveness twin:
+/// it runs past its period's end, and a later period runs after it.
+#[tokio::test]
+async fn a_run_that_outlives_its_claim_is_stopped_by_its_deadline() {
+    let server = Server::start("redis").await;
+    let dir = tempfile::TempDir::new().unwrap();
+    let file = dir.path().join("runs");
+    let mut args = server.args();
+    args.extend(FAST.iter().map(|s| s.to_string()));
+    let script = format!(
+        "while :; do echo \"$LEADER_ELECTOR_PERIOD_START $(date +%s%N)\" >> {}; sleep 0.1; done",
+        file.display()
+    );
+    args.extend(["--every", "1s", "--", "sh", "-c", &script].map(String::from));
+    let s = Sidecar::start_run(&election("periods-deadline"), "slow", &args);
+    sleep(Duration::from_secs(10)).await;
+    drop(s);
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    // Period start -> (first beat, last beat), in ns.
+    let mut beats: BTreeMap<u64, (u128, u128)> = BTreeMap::new();
+    for line in text.lines() {
+        let (start, ns) = line.split_once(' ').expect("two fields");
+        let p = humantime::parse_rfc3339(start).unwrap();
+        let p = p.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let ns: u128 = ns.parse().unwrap();
+        let e = beats.entry(p).or_insert((ns, ns));
+        e.1 = e.1.max(ns);
+    }
+    assert!(beats.len() >= 2, "a run and a later one: {beats:?}");
+    let (&period, &(_, last)) = beats.iter().next().unwrap();
+    let end = Duration::from_secs(period + 1).as_nanos();
+    let deadline = Duration::from_secs(period + 6).as_nanos();
+    assert!(
+        last < deadline,
+        "beats after the claim's deadline: {last} >= {deadline}"
+    );
+    assert!(
+        last > end,
+        "stopped before its period ended: {last} <= {end}"
+    );
+    let (_, &(next_first, _)) = beats.iter().nth(1).unwrap();
+    assert!(
+        next_first > last,
+        "the next run starts after the first stopped"
+    );
 }
