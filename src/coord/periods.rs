@@ -42,9 +42,8 @@ pub fn queue(name: &str) -> String {
 pub fn check_every(field: &str, every: Duration) -> Result<Duration, String> {
     if every < Duration::from_secs(1) || every > MAX_EVERY || every.subsec_nanos() != 0 {
         return Err(format!(
-            "{field} ({}) must be whole seconds from 1s to {}",
+            "{field} ({}) must be whole seconds from 1s to 366 days",
             humantime::format_duration(every),
-            humantime::format_duration(MAX_EVERY)
         ));
     }
     Ok(every)
