@@ -39,7 +39,7 @@ pub struct Top {
 /// The commands besides the sidecar.
 #[derive(Subcommand, Debug, Clone)]
 pub enum Command {
-    /// Run COMMAND only while this candidate leads: start it on election, stop it (SIGTERM, then SIGKILL after --kill-grace) before leadership can end, then release.
+    /// Run COMMAND only while this candidate leads: start it on election, stop it (SIGTERM, then SIGKILL after --kill-grace) before leadership can end, then release. With --every, run it once per period on whichever sidecar claims the period instead.
     Run(Box<RunCli>),
     /// Print who leads an election: leader, fencing token and how long its lease has left (read-only).
     ///

@@ -44,7 +44,10 @@ use tracing::{error, info, warn};
 
 use crate::elector::{ElectorHandle, LeaderState};
 
+mod every;
 mod watchdog;
+
+pub use every::{Every, run_every};
 
 pub use crate::config::{OnChildExit, RunOptions};
 
@@ -85,6 +88,17 @@ impl Running {
 }
 
 async fn spawn(opts: &RunOptions, state: &LeaderState, token: u64) -> std::io::Result<Running> {
+    let env = [
+        ("LEADER_ELECTOR_ELECTION", state.election.clone()),
+        ("LEADER_ELECTOR_IDENTITY", state.identity.clone()),
+        ("LEADER_ELECTOR_FENCING_TOKEN", token.to_string()),
+    ];
+    spawn_with(&opts.command, &env).await
+}
+
+/// Start `command` under the watchdog, in its own process group, with `env`
+/// added to its environment.
+async fn spawn_with(command: &[String], env: &[(&str, String)]) -> std::io::Result<Running> {
     let exe = std::env::current_exe()?;
     // Both ends close on exec: only the watchdog's stdin (a dup) crosses.
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
@@ -92,10 +106,8 @@ async fn spawn(opts: &RunOptions, state: &LeaderState, token: u64) -> std::io::R
         .arg("__watchdog")
         .arg(std::process::id().to_string())
         .arg("--")
-        .args(&opts.command)
-        .env("LEADER_ELECTOR_ELECTION", &state.election)
-        .env("LEADER_ELECTOR_IDENTITY", &state.identity)
-        .env("LEADER_ELECTOR_FENCING_TOKEN", token.to_string())
+        .args(command)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .process_group(0)
         .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
         .kill_on_drop(false)

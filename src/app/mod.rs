@@ -90,8 +90,8 @@ pub struct App {
 struct Serving {
     listener: TcpListener,
     control_listener: Option<TcpListener>,
-    coordinator: Box<dyn Coordinator>,
-    registry: Registry,
+    /// The coordination service: for the control API and `run --every`.
+    coord: Option<CoordState>,
 }
 
 impl App {
@@ -112,6 +112,9 @@ impl App {
             Some(addr) => Some(bind("--control-addr", addr).await?),
             None => None,
         };
+        let every = cfg.run.as_ref().is_some_and(|r| r.every.is_some());
+        let coord = (control_listener.is_some() || every)
+            .then(|| coord_state(&cfg, coordinator, &registry));
         Ok(App {
             cfg,
             backend,
@@ -119,8 +122,7 @@ impl App {
             serving: Serving {
                 listener,
                 control_listener,
-                coordinator,
-                registry,
+                coord,
             },
         })
     }
@@ -219,9 +221,9 @@ impl App {
         );
         tasks.push_opt(labeler);
         tasks.push_opt(slice_writer);
+        let service = self.serving.coord.as_ref().map(|c| c.service.clone());
         tasks.push_opt(cfg.run.clone().map(|opts| {
-            let fut =
-                crate::supervisor::supervise(opts, state.clone(), handle.clone(), shutdown.clone());
+            let fut = run_mode(cfg, opts, service, &state, &handle, shutdown);
             Task::spawn(
                 "run",
                 Stop::Shutdown,
@@ -260,30 +262,63 @@ impl Serving {
         mut control: ControlState,
         http_stop: &CancellationToken,
     ) -> (Task, Option<Task>) {
-        let control = self.control_listener.map(|listener| {
-            let coord = coord_state(cfg, self.coordinator, &self.registry);
-            let service = coord.service.clone();
-            let limit = HTTP_DRAIN + service.close_limit();
-            control.coord = Some(coord);
-            let router = control_router(control);
-            let served = serve(listener, "--control-addr", router, false, cfg, http_stop);
-            // Once no request is served, wait for the coordination backend's
-            // off-path work (etcd: lease revokes after releases), at most one
-            // call deadline.
-            let fut = async move {
-                let out = served.await;
-                service.close().await;
-                out
-            };
-            let span = info_span!("control");
-            Task::spawn("control", Stop::Http, limit, span, fut)
-        });
+        let control = self
+            .control_listener
+            .zip(self.coord)
+            .map(|(listener, coord)| {
+                let service = coord.service.clone();
+                let limit = HTTP_DRAIN + service.close_limit();
+                control.coord = Some(coord);
+                let router = control_router(control);
+                let served = serve(listener, "--control-addr", router, false, cfg, http_stop);
+                // Once no request is served, wait for the coordination backend's
+                // off-path work (etcd: lease revokes after releases), at most one
+                // call deadline.
+                let fut = async move {
+                    let out = served.await;
+                    service.close().await;
+                    out
+                };
+                let span = info_span!("control");
+                Task::spawn("control", Stop::Http, limit, span, fut)
+            });
         let router = router(app_state);
         let http = serve(self.listener, "--http-addr", router, true, cfg, http_stop);
         let http = Task::spawn("http", Stop::Http, HTTP_DRAIN, info_span!("http"), http)
             .critical("the HTTP server ended unexpectedly")
             .late("open HTTP requests did not finish within 1s; closing them");
         (http, control)
+    }
+}
+
+/// Run mode's task: the command once per period with `--every` (over the
+/// coordination service), else while leading.
+fn run_mode(
+    cfg: &Config,
+    opts: crate::config::RunOptions,
+    service: Option<Arc<Service>>,
+    state: &tokio::sync::watch::Receiver<crate::elector::LeaderState>,
+    handle: &crate::elector::ElectorHandle,
+    shutdown: &CancellationToken,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = tasks::TaskOutput> + Send>> {
+    match (opts.every, service) {
+        (Some(every), Some(service)) => {
+            let every = crate::supervisor::Every {
+                opts,
+                every,
+                service,
+                name: cfg.elector.election.clone(),
+                identity: cfg.elector.identity.clone(),
+                retention: cfg.completed_retention,
+            };
+            Box::pin(crate::supervisor::run_every(every, shutdown.clone()))
+        }
+        _ => Box::pin(crate::supervisor::supervise(
+            opts,
+            state.clone(),
+            handle.clone(),
+            shutdown.clone(),
+        )),
     }
 }
 

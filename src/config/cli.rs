@@ -132,6 +132,10 @@ pub struct Cli {
     #[arg(long, env = "LEADER_ELECTOR_KILL_GRACE", value_parser = parse_duration, value_name = "DURATION")]
     pub kill_grace: Option<Duration>,
 
+    /// Run mode: run the command once per period of this length (aligned to the Unix epoch on this sidecar's clock) on whichever sidecar claims the period first, instead of while leading; needs a backend with job claims.
+    #[arg(long, env = "LEADER_ELECTOR_EVERY", value_parser = parse_duration, value_name = "DURATION")]
+    pub every: Option<Duration>,
+
     /// Run mode: what to do when the command exits on its own.
     #[arg(
         long,
@@ -195,4 +199,7 @@ pub struct RunOptions {
     pub on_child_exit: OnChildExit,
     /// Cooldown after a resign caused by the child's exit.
     pub resign_cooldown: Duration,
+    /// `--every`: run once per period of this length instead of while
+    /// leading (whole seconds, at least 1 s).
+    pub every: Option<Duration>,
 }

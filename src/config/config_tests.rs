@@ -356,3 +356,43 @@ fn redis_min_replicas_defaults_to_off_parses_and_says_what_is_allowed() {
         assert!(e.contains("from 0 (off, the default) to 100"), "{bad}: {e}");
     }
 }
+
+fn run_cli(args: &[&str]) -> Result<Config, String> {
+    let mut full = vec!["leader-elector"];
+    full.extend_from_slice(args);
+    let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+    Config::from_cli_mode(cli, true).map_err(|e| e.to_string())
+}
+
+#[test]
+fn every_needs_run_mode_whole_seconds_and_job_claims() {
+    let base = ["--election", "a", "--identity", "me", EP];
+    let with = |extra: &[&'static str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        a
+    };
+    let c = run_cli(&with(&["--every", "5m", "--", "true"])).unwrap();
+    assert_eq!(c.run.unwrap().every, Some(Duration::from_secs(300)));
+    for bad in ["0s", "1500ms"] {
+        let e = run_cli(&with(&["--every", bad, "--", "true"])).unwrap_err();
+        assert!(e.contains("--every") && e.contains("whole seconds"), "{e}");
+    }
+    let e = run_cli(&with(&["--every", "soon", "--", "true"])).unwrap_err();
+    assert!(e.contains("--every"), "{e}");
+    let e = cli(&with(&["--every", "5m"])).unwrap_err();
+    assert!(e.contains("--every needs run mode"), "{e}");
+    let run = run_cli(&with(&["--every", "5m", "--", "true"]))
+        .unwrap()
+        .run;
+    assert!(check_every_backend(run.as_ref(), "no-such-backend").is_err());
+    assert!(check_every_backend(run.as_ref(), "etcd").is_ok());
+}
+
+#[test]
+fn every_keeps_no_drain_for_its_command() {
+    let args = ["--election", "a", "--identity", "me", EP, "--every", "1s"];
+    let c = run_cli(&[&args[..], &["--", "true"]].concat()).unwrap();
+    assert_eq!(c.elector.drain_timeout, None);
+    assert_eq!(c.elector.release_wait, None);
+}

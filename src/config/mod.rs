@@ -130,6 +130,9 @@ fn run_options(cli: &Cli, run_mode: bool, t: &Timing) -> Result<Option<RunOption
             "a command after -- ({}) needs run mode\nhint: leader-elector run [flags] -- COMMAND ARGS...",
             cli.command.join(" ")
         ))),
+        (false, true) if cli.every.is_some() => Err(config_error(
+            "--every needs run mode\nhint: leader-elector run --every 5m [flags] -- COMMAND ARGS...",
+        )),
         (false, true) => Ok(None),
         (true, false) => {
             if t.kill_grace.is_zero() || t.kill_grace + t.renew_interval >= cli.lease_duration {
@@ -145,8 +148,28 @@ fn run_options(cli: &Cli, run_mode: bool, t: &Timing) -> Result<Option<RunOption
                 kill_grace: t.kill_grace,
                 on_child_exit: cli.on_child_exit,
                 resign_cooldown: t.resign_cooldown,
+                every: cli.every.map(every).transpose()?,
             }))
         }
+    }
+}
+
+/// `--every`: whole seconds, at least 1 s.
+fn every(every: Duration) -> Result<Duration, ConfigError> {
+    crate::coord::periods::check_every("--every", every)
+        .map_err(|e| config_error(format!("{e}\nhint: e.g. --every 5m")))
+}
+
+/// `run --every` claims each period as a job: the backend must serve job
+/// claims.
+fn check_every_backend(run: Option<&RunOptions>, backend: &str) -> Result<(), ConfigError> {
+    let serves = registry::row(backend).is_some_and(|r| r.coordination.is_some());
+    match run {
+        Some(r) if r.every.is_some() && !serves => Err(config_error(format!(
+            "--every claims each period as a job, but {}",
+            registry::unserved_message(backend)
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -223,7 +246,10 @@ impl Config {
         let timing = Timing::of(&cli)?;
         let run = run_options(&cli, run_mode, &timing)?;
         let control_addr = control_addr(&cli)?;
-        let elector = elector_config(&cli, &timing, run.as_ref(), control_addr.is_some())?;
+        // `run --every` does not run its command while leading: the election
+        // keeps no drain for it.
+        let leading_run = run.as_ref().filter(|r| r.every.is_none());
+        let elector = elector_config(&cli, &timing, leading_run, control_addr.is_some())?;
         let backend = registry::resolve(
             &cli.store,
             &Common {
@@ -233,6 +259,7 @@ impl Config {
                 call_timeout: elector.call_timeout(),
             },
         )?;
+        check_every_backend(run.as_ref(), backend.name())?;
         Ok(Config {
             elector,
             backend,

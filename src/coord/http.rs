@@ -13,6 +13,8 @@
 //! | `DELETE /jobs/{queue}/{job}/claim` + token | 200 | 409 not ours |
 //! | `POST /rwlocks/{name}?mode=read\|write&ttl=30s&wait=5s&owner=ID` | 200 grant | 409 `{holder}` |
 //! | `POST /rwlocks/{name}/renew`, `DELETE /rwlocks/{name}` + token | as locks | |
+//! | `POST /jobs/{name}/periods/{start}/claim?every=5m&ttl=` | 200 grant | 409 `{state}`: claimed, completed, ended, not_started |
+//! | `POST /jobs/{name}/periods/{start}/complete?every=5m` + token | as jobs | |
 //!
 //! The token comes as `?token=` or a JSON body `{"token": "…"}` (at most
 //! 4 KiB). Every answer is JSON with `Cache-Control: no-store`; bad input is
@@ -44,6 +46,9 @@ pub const MAX_WAIT: Duration = Duration::from_secs(300);
 /// Most permits of a semaphore.
 pub const MAX_PERMITS: u32 = 10_000;
 
+#[path = "periods_http.rs"]
+mod periods;
+
 /// State of the coordination handlers.
 #[derive(Clone)]
 pub struct CoordState {
@@ -69,6 +74,11 @@ pub fn routes(state: CoordState) -> Router {
         )
         .route("/jobs/{queue}/{job}/complete", post(job_complete))
         .merge(super::http_rw::routes())
+        .route("/jobs/{name}/periods/{start}/claim", post(periods::claim))
+        .route(
+            "/jobs/{name}/periods/{start}/complete",
+            post(periods::complete),
+        )
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -387,7 +397,12 @@ async fn job_claim(
         (Ok(t), Ok(o)) => (t, o),
         (Err(r), _) | (_, Err(r)) => return reply(r),
     };
-    match s.service.claim(&queue, &job, &owner, ttl).await {
+    claimed(s.service.claim(&queue, &job, &owner, ttl).await)
+}
+
+/// The answer to a job claim.
+fn claimed(r: Result<Claim, CoordError>) -> Response {
+    match r {
         Ok(Claim::Claimed(g)) => json_response(StatusCode::OK, g),
         Ok(Claim::ClaimedByOther(h)) => json_response(
             StatusCode::CONFLICT,
@@ -414,11 +429,16 @@ async fn job_complete(
         Ok(t) => t,
         Err(r) => return reply(r),
     };
-    match s
-        .service
-        .complete(&queue, &job, &token, s.completed_retention)
-        .await
-    {
+    completed(
+        s.service
+            .complete(&queue, &job, &token, s.completed_retention)
+            .await,
+    )
+}
+
+/// The answer to a job completion.
+fn completed(r: Result<Outcome, CoordError>) -> Response {
+    match r {
         Ok(Outcome::Ok(_)) => json_response(StatusCode::OK, json!({ "completed": true })),
         Ok(Outcome::Gone | Outcome::AlreadyReleased) => error_response(
             StatusCode::GONE,

@@ -23,6 +23,7 @@ mod kubernetes_fault;
 mod kubernetes_slice;
 mod model;
 mod ops;
+mod periods;
 mod redis;
 mod redlock_coord;
 mod rwlock;
