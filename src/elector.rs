@@ -208,7 +208,7 @@ impl Elector {
         let registry = registry::Registry::start(
             backend.clone(),
             Candidate::new(self.cfg.identity.clone()),
-            self.gates.candidacy(),
+            (self.gates.candidacy(), Some(self.publisher.watch_state())),
             self.cfg.lease_duration,
             self.cfg.call_timeout(),
         );

@@ -53,6 +53,11 @@ impl Publisher {
         self.events.subscribe()
     }
 
+    /// A new reader of the published state.
+    pub(super) fn watch_state(&self) -> watch::Receiver<LeaderState> {
+        self.state.subscribe()
+    }
+
     /// The state as published now.
     pub(super) fn state(&self) -> watch::Ref<'_, LeaderState> {
         self.state.borrow()

@@ -2,7 +2,10 @@
 //! (`backend::candidates`) while the Elector runs: written at start, renewed
 //! every [`RENEW_IN_LEASES`](crate::backend::candidates::RENEW_IN_LEASES)
 //! lease durations, written at once when readiness (the candidacy gate)
-//! changes, and withdrawn when the Elector stops. A backend without a
+//! changes, and withdrawn when the Elector stops. While this candidate
+//! leads it is not renewed (a releasing leader names another candidate,
+//! never itself; the leader's writes stay one per renew interval) and it
+//! is written again at once when leadership ends. A backend without a
 //! registry gets no calls at all.
 //!
 //! The record is a hint for a releasing leader's choice of successor; a
@@ -20,6 +23,7 @@ use tracing::debug;
 
 use crate::backend::LeaseBackend;
 use crate::backend::candidates::{Candidate, timing};
+use crate::elector::LeaderState;
 
 /// The task that keeps the record, and how to stop it.
 pub(super) struct Registry {
@@ -30,12 +34,13 @@ pub(super) struct Registry {
 impl Registry {
     /// Start keeping `candidate`'s record through `backend` for an election
     /// whose lease lasts `lease_duration`; each call gets `call_timeout`.
-    /// `ready` is the candidacy gate (`None`: always ready). `None` when
-    /// the backend has no registry.
+    /// `gates` are the candidacy gate (`None`: always ready) and the
+    /// published leadership state (`None`: never skip while leading).
+    /// `None` when the backend has no registry.
     pub(super) fn start(
         backend: Arc<dyn LeaseBackend>,
         candidate: Candidate,
-        ready: Option<watch::Receiver<bool>>,
+        (ready, leading): Gates,
         lease_duration: Duration,
         call_timeout: Duration,
     ) -> Option<Registry> {
@@ -47,6 +52,7 @@ impl Registry {
             backend,
             candidate,
             ready,
+            leading,
             lease_duration,
             call_timeout,
         };
@@ -73,10 +79,17 @@ impl Registry {
     }
 }
 
+/// The candidacy gate and the published leadership state.
+pub(super) type Gates = (
+    Option<watch::Receiver<bool>>,
+    Option<watch::Receiver<LeaderState>>,
+);
+
 struct Keeper {
     backend: Arc<dyn LeaseBackend>,
     candidate: Candidate,
     ready: Option<watch::Receiver<bool>>,
+    leading: Option<watch::Receiver<LeaderState>>,
     lease_duration: Duration,
     call_timeout: Duration,
 }
@@ -85,6 +98,9 @@ impl Keeper {
     async fn run(mut self, stop: CancellationToken) {
         let (renew, ttl) = timing(self.lease_duration);
         loop {
+            if self.wait_while_leading(&stop).await {
+                return;
+            }
             self.candidate.ready = self.ready.as_mut().is_none_or(|g| *g.borrow_and_update());
             let call = self.backend.publish_candidate(&self.candidate, ttl);
             let wait = match timeout(self.call_timeout, call).await {
@@ -102,6 +118,23 @@ impl Keeper {
                 closed = readiness_changed(gate) => if closed { self.ready = None },
             }
         }
+    }
+}
+
+impl Keeper {
+    /// While this candidate holds a term, wait (no renewals); `true` when
+    /// `stop` came first.
+    async fn wait_while_leading(&mut self, stop: &CancellationToken) -> bool {
+        let Some(state) = self.leading.as_mut() else {
+            return false;
+        };
+        while state.borrow_and_update().own_term.is_some() {
+            tokio::select! {
+                _ = stop.cancelled() => return true,
+                r = state.changed() => if r.is_err() { self.leading = None; return false },
+            }
+        }
+        false
     }
 }
 
@@ -179,7 +212,7 @@ mod tests {
         let registry = Registry::start(
             backend.clone(),
             Candidate::new("pod-a"),
-            Some(ready),
+            (Some(ready), None),
             lease,
             Duration::from_secs(3),
         )
@@ -202,5 +235,42 @@ mod tests {
             .await;
         assert_eq!(calls().last().unwrap(), "withdraw pod-a");
         assert_eq!(calls().len(), 4);
+    }
+
+    /// While this candidate leads its record is not renewed; it is written
+    /// at once when leadership ends.
+    #[tokio::test(start_paused = true)]
+    async fn the_leaders_record_waits_until_it_stops_leading() {
+        use crate::elector::{ElectorConfig, OwnTerm};
+        let backend = Arc::new(Recorder::default());
+        let lease = Duration::from_secs(15);
+        let cfg = ElectorConfig::new("e", "pod-a", lease);
+        let (state, leading) = watch::channel(LeaderState::new(&cfg, "memory"));
+        let registry = Registry::start(
+            backend.clone(),
+            Candidate::new("pod-a"),
+            (None, Some(leading)),
+            lease,
+            Duration::from_secs(3),
+        )
+        .expect("a backend with a registry");
+        let calls = || backend.calls.lock().unwrap().clone();
+        sleep(Duration::from_secs(1)).await;
+        assert_eq!(calls().len(), 1, "written at start");
+        state.send_modify(|s| {
+            s.own_term = Some(OwnTerm {
+                valid_until: tokio::time::Instant::now() + lease,
+                fencing_token: 1,
+                suspended_at_send: Duration::ZERO,
+            })
+        });
+        sleep(Duration::from_secs(300)).await;
+        assert_eq!(calls().len(), 1, "no renewal while leading: {:?}", calls());
+        state.send_modify(|s| s.own_term = None);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls().len(), 2, "written again at once: {:?}", calls());
+        registry
+            .withdraw(&*backend, "pod-a", Duration::from_secs(3))
+            .await;
     }
 }
