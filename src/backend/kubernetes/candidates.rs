@@ -30,7 +30,7 @@ use super::*;
 use crate::backend::candidates::{Candidate, Listed};
 
 /// Label naming the election a candidate Lease belongs to (its value: the
-/// election, or a hashed rendering of a long one, [`election_label_value`]).
+/// election, or a hashed rendering of a long one, `election_label_value`).
 pub const ELECTION_LABEL: &str = "leader-elector.io/election";
 /// Label marking a Lease as a candidate record (value `candidate`).
 pub const ROLE_LABEL: &str = "leader-elector.io/role";

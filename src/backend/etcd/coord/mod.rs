@@ -1,5 +1,5 @@
 //! Coordination on etcd: every lock, permit, claim and read-write lock hold
-//! ([`rwlock`]) is a key bound to its
+//! (`rwlock`) is a key bound to its
 //! own lease; the key is `<prefix><lease hex>.<nonce>` (the whole token, so a
 //! release is one delete) and its value is `<token>|<owner>`. Renew = one
 //! keep-alive of that lease plus a read proving the key is still ours (an

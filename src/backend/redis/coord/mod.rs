@@ -14,8 +14,8 @@
 //!   (two majorities intersect), so at most N are;
 //! - job claims: `SET NX PX` on the claim unless a `done` key exists;
 //!   complete = check-then-(`SET done PX retention`, `DEL claim`); renew and
-//!   give back as a lock's ([`jobs`]);
-//! - read-write locks: see [`rwlock`].
+//!   give back as a lock's (`jobs`);
+//! - read-write locks: see `rwlock`.
 //!
 //! On a Redlock group each verb follows [`Group`]'s rules: granted on a
 //! quorum within the validity (the grant's `ttl_ms` is the validity left),
