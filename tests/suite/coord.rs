@@ -1,5 +1,6 @@
 //! The coordination API (locks, fair locks, semaphores, job claims) through
-//! a real sidecar's control listener, on real etcd and real Redis.
+//! a real sidecar's control listener, on real etcd, real Redis and the
+//! Kubernetes API stand-in (the Lease backend).
 
 use crate::support;
 
@@ -30,6 +31,9 @@ enum Backend {
     #[allow(dead_code)]
     Etcd(Etcd),
     Redis(RedisServer),
+    /// Kept alive for the test's duration.
+    #[allow(dead_code)]
+    Kube(support::kube_api::KubeApi),
 }
 
 /// A sidecar with its control API on a port the kernel chose, for `backend`.
@@ -43,6 +47,16 @@ async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
             args.extend(flags);
             let s = Sidecar::start_raw(&election(test), "me", &args);
             (Backend::Etcd(e), s)
+        }
+        "kubernetes" => {
+            let api = support::kube_api::KubeApi::start("coord");
+            let ep = api.endpoint("me").await;
+            let mut args = vec!["--backend".to_owned(), "kubernetes".to_owned()];
+            args.extend(flags);
+            let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+            let env = [("KUBECONFIG", kubeconfig.as_str())];
+            let s = Sidecar::start_env(&election(test), "me", &args, &env);
+            (Backend::Kube(api), s)
         }
         _ => {
             let r = RedisServer::start().await;
@@ -127,6 +141,11 @@ async fn no_lost_updates_on_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lost_updates_on_kubernetes() {
+    lost_update("kubernetes", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_lost_updates_when_clients_die_holding_the_lock() {
     // 5 deaths on each backend, each costing one lock TTL.
     lost_update("etcd", Some(200)).await;
@@ -193,12 +212,17 @@ async fn a_paused_client_cannot_renew_or_release_on_redis() {
     paused_client("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_client_cannot_renew_or_release_on_kubernetes() {
+    paused_client("kubernetes").await;
+}
+
 /// Live permits in Redis's sorted set right now (the script keeps it exact).
 async fn live_permits(b: &Backend, name: &str) -> Option<usize> {
     match b {
         // etcd holds a waiting candidate's key briefly before it knows it lost,
         // so a raw key count is not the number of holders: see the clients' own count.
-        Backend::Etcd(_) => None,
+        Backend::Etcd(_) | Backend::Kube(_) => None,
         Backend::Redis(r) => {
             let mut c = r.conn().await;
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
@@ -323,6 +347,11 @@ async fn a_semaphore_never_has_more_than_n_live_permits_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_semaphore_never_has_more_than_n_live_permits_on_redis() {
     semaphore("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_never_has_more_than_n_live_permits_on_kubernetes() {
+    semaphore("kubernetes").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -490,6 +519,11 @@ async fn every_job_is_completed_exactly_once_with_workers_killed_on_redis() {
     jobs("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_is_completed_exactly_once_with_workers_killed_on_kubernetes() {
+    jobs("kubernetes").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
     let (_b, _s, port) = sidecar("etcd", "bad-input").await;
@@ -604,6 +638,11 @@ async fn n_permits_are_granted_to_n_sequential_acquirers_on_redis() {
     n_permits_are_granted_to_n_sequential_acquirers("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn n_permits_are_granted_to_n_sequential_acquirers_on_kubernetes() {
+    n_permits_are_granted_to_n_sequential_acquirers("kubernetes").await;
+}
+
 /// One name is one semaphore. With 3 live permits taken at
 /// `permits=3`, a request with another size (larger or smaller) answers 409
 /// naming the established size instead of a grant (4 live permits) or a
@@ -655,6 +694,11 @@ async fn a_semaphores_size_belongs_to_its_name_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphores_size_belongs_to_its_name_on_redis() {
     a_semaphores_size_belongs_to_its_name("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphores_size_belongs_to_its_name_on_kubernetes() {
+    a_semaphores_size_belongs_to_its_name("kubernetes").await;
 }
 
 /// Defect 2: a fair and a plain lock of the same name are one lock.

@@ -987,6 +987,13 @@ fn lease(shared: &Shared, ns: &str, name: &str, m: &Method, body: &Value) -> Res
             }
             None => not_found(),
         },
+        Method::DELETE if precondition_fails(s.leases.get(&key), body) => status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the ResourceVersion in the precondition does not match the ResourceVersion in record. The object might have been modified"
+            ),
+        ),
         Method::DELETE => match s.leases.remove(&key) {
             Some(mut l) => {
                 let rv = s.bump();
@@ -998,6 +1005,13 @@ fn lease(shared: &Shared, ns: &str, name: &str, m: &Method, body: &Value) -> Res
         },
         _ => status(405, "MethodNotAllowed", "method not allowed"),
     }
+}
+
+/// Whether a DELETE's `preconditions.resourceVersion` names another
+/// version than the stored one's.
+fn precondition_fails(cur: Option<&Value>, body: &Value) -> bool {
+    let want = &body["preconditions"]["resourceVersion"];
+    cur.is_some_and(|c| want.is_string() && c["metadata"]["resourceVersion"] != *want)
 }
 
 /// Why a PUT of `body` over the stored Lease `cur` is refused, if it is: 409

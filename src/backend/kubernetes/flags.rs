@@ -24,7 +24,7 @@ pub const ROW: Row = Row {
         hint: "run in a Kubernetes Pod (or set KUBECONFIG, or give --backend kubernetes to use ~/.kube/config) to elect through a Lease",
     },
     resolve,
-    coordination: None,
+    coordination: Some("locks, semaphores, job claims"),
 };
 
 #[cfg(test)]
@@ -75,9 +75,11 @@ impl Settings for KubeSettings {
     }
 
     fn connect(&self) -> Result<Connected, String> {
+        let backend = KubeLeaseBackend::new(self.name.clone(), self.options.clone());
+        let coord = super::coord::LeaseCoord::new(backend.clone());
         Ok(Connected {
-            election: KubeLeaseBackend::new(self.name.clone(), self.options.clone()),
-            coordination: None,
+            election: backend,
+            coordination: Some(Box::new(coord)),
         })
     }
 }

@@ -282,6 +282,7 @@ fn holder_view(lease: &Lease) -> Holder {
 
 mod client;
 mod connect;
+pub mod coord;
 pub mod flags;
 pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]
