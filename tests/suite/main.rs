@@ -19,6 +19,7 @@ mod example_operator;
 mod fault;
 mod kubernetes;
 mod kubernetes_fault;
+mod lease_coord;
 mod model;
 mod ops;
 mod redis;

@@ -48,10 +48,9 @@ use crate::backend::coordination::{
     Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
 };
 use io::{Decision, View, ms};
-use names::{ObjKind, object_name};
 use state::{Entry, Target};
 
-pub use names::NAME_ANNOTATION;
+pub use names::{NAME_ANNOTATION, ObjKind, object_name};
 pub use state::{ELECTION_LABEL, KIND_LABEL, STATE_ANNOTATION};
 
 /// Deadline of one API call of the coordination API.
