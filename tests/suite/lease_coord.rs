@@ -5,6 +5,7 @@
 //! after the retention. The behaviour shared with etcd and Redis is tested
 //! in `coord` and `model`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -228,4 +229,20 @@ async fn a_completed_jobs_lease_is_deleted_after_the_retention_and_the_job_claim
     let (st, again) = call(port, "POST", "/jobs/q/7/claim?ttl=5s").await;
     assert_eq!(st, 200, "{again}");
     assert!(fence(&again) > fence(&c), "{c} then {again}");
+    // Every request is one the chart's Role grants, `delete` among them.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/leader-elector/ci/sidecar-requests.txt"
+    );
+    let listed = std::fs::read_to_string(path).unwrap();
+    let made: BTreeSet<String> = s[0]
+        .0
+        .log()
+        .iter()
+        .map(|l| format!("{} {}", l.verb, l.resource))
+        .collect();
+    assert!(made.contains("delete leases"), "{made:?}");
+    for r in &made {
+        assert!(listed.lines().any(|l| l == r), "{r} is not in {path}");
+    }
 }

@@ -143,9 +143,12 @@ both rendered from this one list.
 # The election Lease (Kubernetes backend): read and follow it, create it once,
 # update it by compare-and-swap on resourceVersion. `create` cannot be
 # restricted by resourceNames (the name is not known to RBAC before creation).
+# The coordination API's Leases (le-lock-*, le-sem-*, le-job-*) use the same
+# verbs, plus `delete` for completed jobs' Leases after --completed-retention
+# (with the version read as precondition).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "update"]
+  verbs: ["get", "list", "watch", "create", "update", "delete"]
 {{- end }}
 {{- end }}
 
