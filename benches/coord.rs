@@ -6,7 +6,8 @@
 //! `BENCH_ROUNDS` (default 1000) sets the uncontended rounds,
 //! `BENCH_EACH` (default 25) the rounds of each contended client, and
 //! `BENCH_ONLY=etcd` runs only etcd's contended case and its at-rest count
-//! (for comparing two builds back to back).
+//! (for comparing two builds back to back); `BENCH_ONLY=kubernetes` only the
+//! Lease backend on the Kubernetes API stand-in (every row of it).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -190,6 +191,35 @@ async fn etcd_only(each: usize, waiters: usize) {
     );
 }
 
+/// The Lease backend on the Kubernetes API stand-in: the table's row, and
+/// the API requests of waiting clients at rest.
+async fn kubernetes(rounds: usize, each: usize, waiters: usize) {
+    let api = support::kube_api::KubeApi::start("bench");
+    let ep = api.endpoint("bench").await;
+    let mut args: Vec<String> = vec!["--backend".into(), "kubernetes".into()];
+    args.extend(
+        CONTROL
+            .iter()
+            .chain(&["--log-level", "warn"])
+            .map(|s| s.to_string()),
+    );
+    let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let s = Sidecar::start_env(&election("coord-bench"), "bench", &args, &env);
+    let port = s.control();
+    let (p50, p99, rate) = uncontended(port, rounds).await;
+    let hot = contended(port, each).await;
+    println!("| kubernetes (API stand-in) | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
+    let count = || {
+        let ep = ep.clone();
+        async move { ep.total() as f64 }
+    };
+    let (idle, per) = at_rest(port, waiters, Duration::from_secs(10), count).await;
+    println!(
+        "\n{waiters} clients waiting on a held lock: Kubernetes API {per:.3} requests/s per waiting client (at rest with nobody waiting: {idle:.1}/s)"
+    );
+}
+
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -209,6 +239,9 @@ async fn main() {
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "etcd") {
         return etcd_only(each, waiters).await;
     }
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "kubernetes") {
+        return kubernetes(rounds, each, waiters).await;
+    }
     let etcd = Etcd::start().await;
     let redis = RedisServer::start().await;
     let (_se, pe) = start_sidecar(vec!["--etcd-endpoints".into(), etcd.url.clone()]).await;
@@ -225,6 +258,7 @@ async fn main() {
         let hot = contended(port, each).await;
         println!("| {name} | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |");
     }
+    kubernetes(rounds, each, waiters).await;
     let window = Duration::from_secs(10);
     let (idle, per) = at_rest(pe, waiters, window, || etcd_requests(&etcd)).await;
     println!(
