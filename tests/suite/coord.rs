@@ -356,7 +356,16 @@ async fn a_semaphore_never_has_more_than_n_live_permits_on_kubernetes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fair_locks_serve_waiters_in_arrival_order() {
-    let (_b, _s, port) = sidecar("etcd", "fair").await;
+    fair_order("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_locks_serve_waiters_in_arrival_order_on_kubernetes() {
+    fair_order("kubernetes").await;
+}
+
+async fn fair_order(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("fair-{kind}")).await;
     let (st, first) = call(port, "POST", "/locks/queue?fair=true&ttl=5s", None).await;
     assert_eq!(st, 200, "{first}");
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -704,7 +713,16 @@ async fn a_semaphores_size_belongs_to_its_name_on_kubernetes() {
 /// Defect 2: a fair and a plain lock of the same name are one lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock() {
-    let (_b, _s, port) = sidecar("etcd", "fair-plain").await;
+    fair_and_plain("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock_on_kubernetes() {
+    fair_and_plain("kubernetes").await;
+}
+
+async fn fair_and_plain(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("fair-plain-{kind}")).await;
     // Plain holds: fair is refused.
     let (st, plain) = call(port, "POST", "/locks/invoices?ttl=30s", None).await;
     assert_eq!(st, 200, "{plain}");

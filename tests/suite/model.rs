@@ -302,7 +302,7 @@ async fn on_held(
     }
 }
 
-/// Pick an acquisition: a lock (fair on etcd sometimes), a permit, or a
+/// Pick an acquisition: a lock (fair on etcd and Leases sometimes), a permit, or a
 /// claim on a small window of jobs shared by all clients.
 fn acquisition(
     rng: &mut StdRng,
@@ -319,7 +319,7 @@ fn acquisition(
     let path = if r < 0.5 {
         op.what = What::Lock;
         op.name = LOCKS[rng.random_range(0..LOCKS.len())].to_owned();
-        op.fair = kind == "etcd" && rng.random_bool(0.4);
+        op.fair = matches!(kind, "etcd" | "kubernetes") && rng.random_bool(0.4);
         format!(
             "/locks/{}?ttl={TTL_S}s&wait={}ms&fair={}&owner=c{id}",
             op.name,

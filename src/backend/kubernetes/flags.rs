@@ -24,7 +24,7 @@ pub const ROW: Row = Row {
         hint: "run in a Kubernetes Pod (or set KUBECONFIG, or give --backend kubernetes to use ~/.kube/config) to elect through a Lease",
     },
     resolve,
-    coordination: Some("locks, semaphores, job claims"),
+    coordination: Some("locks, fair locks, semaphores, job claims"),
 };
 
 #[cfg(test)]

@@ -50,11 +50,14 @@ pub struct Sight {
     pub live: Vec<Entry>,
     /// Holders whose TTL ended by this sidecar's sight.
     pub expired: Vec<String>,
+    /// A lock's fair waiters live by this sidecar's sight, in arrival order.
+    pub queue: Vec<Entry>,
     /// Whether a job's completion is still remembered.
     pub done_live: bool,
     /// The highest fencing counter seen for the object.
     pub top: u64,
-    /// When the next live holder (or ghost) expires by this sidecar's sight.
+    /// When the next live holder (or ghost, or waiter) expires by this
+    /// sidecar's sight.
     pub next_expiry: Option<Instant>,
 }
 
@@ -118,7 +121,8 @@ impl Obj {
         ghosts.dedup_by(|a, b| a.token == b.token);
         self.top = self.top.max(lease.as_ref().map_or(0, fencing_of));
         let mut first = HashMap::new();
-        for e in next.holders.iter().chain(next.done.iter()).chain(&ghosts) {
+        let entries = next.holders.iter().chain(&next.queue).chain(&next.done);
+        for e in entries.chain(&ghosts) {
             let seen = self.first.get(&e.stamp()).copied().unwrap_or(now);
             first.insert(e.stamp(), seen);
         }
@@ -188,10 +192,15 @@ impl Book {
             .map(|e| e.token.clone())
             .collect();
         let until = |e: &Entry| obj.first.get(&e.stamp()).map(|s| *s + e.ttl());
+        let queue: Vec<Entry> = (obj.stored.queue.iter())
+            .filter(|e| obj.live_at(e, now))
+            .cloned()
+            .collect();
         Sight {
             lease: obj.lease.clone(),
-            next_expiry: live.iter().filter_map(until).min(),
+            next_expiry: live.iter().chain(&queue).filter_map(until).min(),
             live,
+            queue,
             expired,
             done_live: obj
                 .stored

@@ -26,9 +26,13 @@
 //! - Waiters wake on the watch's events for the object ([`follow`]) or on
 //!   the next expiry by this sidecar's sight; without a watch (RBAC, an
 //!   outage) they look again every [`NAP_UNFOLLOWED`].
-//! - Fair locks need etcd (400), as on Redis.
+//! - Fair locks ([`fair`]): waiters queue in the lock's own Lease, in
+//!   arrival order; the first live waiter takes the lock when no holder is
+//!   live. A plain request is refused while anyone holds or queues, and one
+//!   that may wait queues too, as on etcd.
 
 mod book;
+mod fair;
 mod follow;
 mod io;
 mod jobs;
@@ -148,19 +152,28 @@ impl LeaseCoord {
                     Decision::Confirm
                 });
             }
-            if live.len() >= cap as usize {
+            // A lock's fair waiters come first (one name is one lock).
+            let queued = if permits.is_none() {
+                &v.sight.queue[..]
+            } else {
+                &[]
+            };
+            if live.len() + queued.len() >= cap as usize {
                 if !v.fresh {
                     return Ok(Decision::Confirm);
                 }
+                let first = live.iter().chain(queued).next();
                 return Ok(Decision::Answer(Ok(match permits {
                     Some(_) => Try::Full(live.len() as u64),
-                    None => Try::Held(live[0].owner.clone()),
+                    None => Try::Held(first.map(|e| e.owner.clone()).unwrap_or_default()),
                 })));
             }
             let mut state = v.stored.clone();
             state
                 .holders
                 .retain(|e| !v.sight.expired.contains(&e.token));
+            // No waiter is live: the expired ones go.
+            state.queue.clear();
             state.holders.push(entry(&token, owner, ttl, None));
             state.permits = permits;
             Ok(Decision::Write {
@@ -247,6 +260,10 @@ impl Coordinator for LeaseCoord {
         super::NAME
     }
 
+    fn queues(&self) -> bool {
+        true
+    }
+
     fn deadline(&self) -> Option<Duration> {
         Some(self.deadline)
     }
@@ -258,10 +275,14 @@ impl Coordinator for LeaseCoord {
         self.take(&t, owner, ttl, 1, token, None).await
     }
 
-    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported(
-            "fair locks need the etcd backend (waiters queue by create_revision); on the Kubernetes Lease backend use fair=false".into(),
-        ))
+    async fn lock_fair(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Try> {
+        self.queue_for(name, owner, ttl, wait).await
     }
 
     async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {

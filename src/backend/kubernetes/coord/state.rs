@@ -1,6 +1,6 @@
 //! What a coordination Lease stores: the holders (lock holder, semaphore
 //! permits, job claim), the completion of a job, the tokens released lately,
-//! as JSON in the annotation [`STATE_ANNOTATION`]; the fencing counter in
+//! a lock's fair waiters, as JSON in the annotation [`STATE_ANNOTATION`]; the fencing counter in
 //! the election's [`TOKEN_ANNOTATION`]. Readable parts (holder, duration,
 //! renew time) are mirrored in the Lease's spec for `kubectl`, never read.
 
@@ -61,6 +61,10 @@ pub struct Stored {
     /// Holders in the order they were granted.
     #[serde(default)]
     pub holders: Vec<Entry>,
+    /// A lock's fair waiters in arrival order (each kept alive by its
+    /// sidecar while it waits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue: Vec<Entry>,
     /// A job's completion, remembered for its `ttl_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub done: Option<Entry>,
@@ -73,6 +77,7 @@ impl Stored {
     /// Whether `token` is named anywhere (holder, completion, released).
     pub fn names(&self, token: &str) -> bool {
         self.holders.iter().any(|e| e.token == token)
+            || self.queue.iter().any(|e| e.token == token)
             || self.done.as_ref().is_some_and(|d| d.token == token)
             || self.released.iter().any(|t| t == token)
     }
