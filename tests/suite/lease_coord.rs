@@ -246,3 +246,32 @@ async fn a_completed_jobs_lease_is_deleted_after_the_retention_and_the_job_claim
         assert!(listed.lines().any(|l| l == r), "{r} is not in {path}");
     }
 }
+
+/// A fair waiter whose client went away leaves its entry in the queue: the
+/// lock is refused while it may still be renewed, and granted once its TTL
+/// has run out by the sidecars' sight (the liveness twin of the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_fair_waiter_blocks_the_lock_only_until_its_ttl() {
+    let (_api, s) = sidecars("lease-dead-waiter", &["a", "b"], &[]).await;
+    let (pa, pb) = (s[0].2, s[1].2);
+    let (st, a) = call(pa, "POST", "/locks/q?ttl=10s").await;
+    assert_eq!(st, 200, "{a}");
+    let waiter =
+        tokio::spawn(async move { call(pb, "POST", "/locks/q?fair=true&ttl=2s&wait=20s").await });
+    sleep(Duration::from_millis(300)).await;
+    waiter.abort();
+    sleep(Duration::from_millis(100)).await;
+    let (st, _) = call(pa, "DELETE", &format!("/locks/q?token={}", token(&a))).await;
+    assert_eq!(st, 200);
+    let (st, r) = call(pa, "POST", "/locks/q?ttl=2s").await;
+    assert_eq!(
+        st, 409,
+        "granted past a fair waiter that may still be there: {r}"
+    );
+    let (st, g) = call(pa, "POST", "/locks/q?ttl=2s&wait=6s").await;
+    assert_eq!(
+        st, 200,
+        "the dead waiter blocked the lock past its TTL: {g}"
+    );
+    assert!(fence(&g) > fence(&a));
+}
