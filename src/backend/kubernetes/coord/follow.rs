@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions, WatchEvent, WatchParams};
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::book::Book;
 use super::names::PREFIX;
@@ -108,6 +108,7 @@ async fn watch_from(api: &Api<Lease>, book: &Book, following: &AtomicBool, mut r
 /// each delete carries the version seen as its precondition and gets
 /// `deadline`.
 pub async fn sweep(api: Api<Lease>, book: Arc<Book>, deadline: Duration) {
+    let mut warned = false;
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         for (object, rv) in book.done_expired(Instant::now()) {
@@ -118,8 +119,14 @@ pub async fn sweep(api: Api<Lease>, book: Arc<Book>, deadline: Duration) {
                 }),
                 ..DeleteParams::default()
             };
-            if let Ok(Ok(_)) = tokio::time::timeout(deadline, api.delete(&object, &dp)).await {
-                book.gone(&object, None);
+            match tokio::time::timeout(deadline, api.delete(&object, &dp)).await {
+                Ok(Ok(_)) => book.gone(&object, None),
+                Ok(Err(kube::Error::Api(s))) if s.code == 403 && !warned => {
+                    warned = true;
+                    warn!(lease = %object, message = %s.message,
+                        "may not delete leases.coordination.k8s.io: completed jobs' Leases stay (they are claimed afresh after the retention); grant delete on leases");
+                }
+                _ => {}
             }
         }
     }
