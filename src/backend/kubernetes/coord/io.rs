@@ -18,8 +18,13 @@ use crate::backend::coordination::{CoordError, Result};
 use crate::backend::kubernetes::throttle::DEFAULT_RETRY_AFTER;
 use crate::backend::kubernetes::{ABOUT, Conn, FIELD_MANAGER, KubeLeaseError, unix_millis};
 
-/// Looks and writes of one verb before it gives up on a contended object.
-const TRIES: usize = 8;
+/// Looks and writes of one verb before it gives up on a contended object
+/// (each within the request's budget).
+const TRIES: usize = 32;
+
+/// Longest pause after a lost race: a random pause, doubling up to this,
+/// spreads the writers of a contended object (a fair lock's waiters).
+const MAX_PAUSE: Duration = Duration::from_millis(40);
 
 /// What a verb makes of an object as seen.
 pub enum Decision<T> {
@@ -165,6 +170,25 @@ impl LeaseCoord {
         }
     }
 
+    /// What this sidecar knows of object `t` now (`fresh`: from a read of
+    /// the verb's own).
+    fn view(&self, t: &Target<'_>, fresh: bool) -> Result<View> {
+        let sight = self.book.sight(t.object, Instant::now());
+        let (stored, next_fencing) = match &sight.lease {
+            Some(l) => {
+                let st = stored_of(l, t.name).map_err(|u| corrupt(t.object, u))?;
+                (st, fencing_of(l).max(sight.top) + 1)
+            }
+            None => (Stored::default(), (sight.top + 1).max(unix_millis())),
+        };
+        Ok(View {
+            sight,
+            stored,
+            next_fencing,
+            fresh,
+        })
+    }
+
     /// The loop of every verb on object `t`: look (the watch's sight when
     /// it follows the objects, else a read), `decide`, write by
     /// compare-and-swap; after a lost race or a [`Decision::Confirm`], read
@@ -180,24 +204,12 @@ impl LeaseCoord {
     ) -> Result<T> {
         let conn = self.conn().await?;
         let mut fresh = !self.following();
+        let mut lost = 0u32;
         for _ in 0..TRIES {
             if fresh {
                 self.read(conn, t.object).await?;
             }
-            let sight = self.book.sight(t.object, Instant::now());
-            let (stored, next_fencing) = match &sight.lease {
-                Some(l) => {
-                    let st = stored_of(l, t.name).map_err(|u| corrupt(t.object, u))?;
-                    (st, fencing_of(l).max(sight.top) + 1)
-                }
-                None => (Stored::default(), (sight.top + 1).max(unix_millis())),
-            };
-            let view = View {
-                sight,
-                stored,
-                next_fencing,
-                fresh,
-            };
+            let view = self.view(t, fresh)?;
             let (state, bump, answer) = match decide(&view)? {
                 Decision::Answer(a) => return Ok(a),
                 Decision::Confirm => {
@@ -221,6 +233,8 @@ impl LeaseCoord {
                 return Ok(answer);
             }
             fresh = true;
+            lost += 1;
+            pause(lost).await;
         }
         Err(CoordError::Backend(BackendError::Server {
             backend: ABOUT,
@@ -231,6 +245,13 @@ impl LeaseCoord {
             }),
         }))
     }
+}
+
+/// A random pause after the `lost`-th lost race: up to 2^`lost` ms, at
+/// most [`MAX_PAUSE`].
+async fn pause(lost: u32) {
+    let most = Duration::from_millis(1 << lost.min(6)).min(MAX_PAUSE);
+    tokio::time::sleep(most.mul_f64(rand::random::<f64>())).await;
 }
 
 /// The refusal of an object that is not usable as `object`.
