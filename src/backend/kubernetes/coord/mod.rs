@@ -28,8 +28,11 @@
 //!   outage) they look again every [`NAP_UNFOLLOWED`].
 //! - Fair locks ([`fair`]): waiters queue in the lock's own Lease, in
 //!   arrival order; the first live waiter takes the lock when no holder is
-//!   live. A plain request is refused while anyone holds or queues, and one
-//!   that may wait queues too, as on etcd.
+//!   live. A plain request is refused while anyone holds or queues (one
+//!   name is one lock). Unlike etcd, a plain request that may wait does not
+//!   queue ([`Coordinator::queues`] is false): it waits on the watch, which
+//!   costs the API nothing, where a queued waiter writes its entry every
+//!   third of its TTL (measured: 1.08 API requests/s per waiter at TTL 10 s).
 
 mod book;
 mod fair;
@@ -258,10 +261,6 @@ fn obj_kind(kind: Kind) -> ObjKind {
 impl Coordinator for LeaseCoord {
     fn backend(&self) -> &'static str {
         super::NAME
-    }
-
-    fn queues(&self) -> bool {
-        true
     }
 
     fn deadline(&self) -> Option<Duration> {
