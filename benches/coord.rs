@@ -6,7 +6,8 @@
 //! `BENCH_ROUNDS` (default 1000) sets the uncontended rounds,
 //! `BENCH_EACH` (default 25) the rounds of each contended client, and
 //! `BENCH_ONLY=etcd` runs only etcd's contended case and its at-rest count
-//! (for comparing two builds back to back).
+//! (for comparing two builds back to back); `BENCH_ONLY=kubernetes` only the
+//! Lease backend on the Kubernetes API stand-in (every row of it).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -248,6 +249,38 @@ async fn etcd_only(each: usize, waiters: usize) {
     );
 }
 
+/// The Lease backend on the Kubernetes API stand-in: the table's row, and
+/// the API requests of waiting clients at rest.
+async fn kubernetes(rounds: usize, each: usize, waiters: usize) -> (String, String) {
+    let api = support::kube_api::KubeApi::start("bench");
+    let ep = api.endpoint("bench").await;
+    let mut args: Vec<String> = vec!["--backend".into(), "kubernetes".into()];
+    args.extend(
+        CONTROL
+            .iter()
+            .chain(&["--log-level", "warn"])
+            .map(|s| s.to_string()),
+    );
+    let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let s = Sidecar::start_env(&election("coord-bench"), "bench", &args, &env);
+    let port = s.control();
+    let (p50, p99, rate) = uncontended(port, rounds).await;
+    let hot = contended(port, each).await;
+    let row = format!(
+        "| sidecar on a Kubernetes Lease (API stand-in) | {p50:.2} ms | {p99:.2} ms | {rate:.0} | {hot:.0} |\n"
+    );
+    let count = || {
+        let ep = ep.clone();
+        async move { ep.total() as f64 }
+    };
+    let (idle, per) = at_rest(port, waiters, Duration::from_secs(10), count).await;
+    let rest = format!(
+        "\n{waiters} clients waiting on a held lock: Kubernetes API {per:.3} requests/s per waiting client (at rest with nobody waiting: {idle:.1}/s).\n"
+    );
+    (row, rest)
+}
+
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -266,6 +299,11 @@ async fn main() {
     let waiters = knob("BENCH_WAITERS", 500);
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "etcd") {
         return etcd_only(each, waiters).await;
+    }
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "kubernetes") {
+        let (row, rest) = kubernetes(rounds, each, waiters).await;
+        println!("{row}{rest}");
+        return;
     }
     let md = full_run(rounds, each, waiters).await;
     println!("{md}");
@@ -297,6 +335,8 @@ async fn full_run(rounds: usize, each: usize, waiters: usize) -> String {
             (etcd_p50, phases) = (p50, split);
         }
     }
+    let (kube_row, kube_rest) = kubernetes(rounds, each, waiters).await;
+    md += &kube_row;
     md += &redispy_row(&redis.url, rounds);
     let bare = bare_txn(&etcd.url, rounds).await;
     let per = etcd_messages_per_round(&etcd, pe, rounds.min(200)).await;
@@ -315,6 +355,7 @@ async fn full_run(rounds: usize, each: usize, waiters: usize) -> String {
     md += &format!(
         "Redis {per:.3} commands/s per waiting client (at rest with nobody waiting: {idle:.1}/s).\n"
     );
+    md += &kube_rest;
     md
 }
 

@@ -1,5 +1,6 @@
 //! The coordination API (locks, fair locks, semaphores, job claims) through
-//! a real sidecar's control listener, on real etcd and real Redis.
+//! a real sidecar's control listener, on real etcd, real Redis and the
+//! Kubernetes API stand-in (the Lease backend).
 
 use crate::support;
 
@@ -30,6 +31,9 @@ pub(crate) enum Backend {
     #[allow(dead_code)]
     Etcd(Etcd),
     Redis(RedisServer),
+    /// Kept alive for the test's duration.
+    #[allow(dead_code)]
+    Kube(support::kube_api::KubeApi),
 }
 
 /// A sidecar with its control API on a port the kernel chose, for `backend`.
@@ -43,6 +47,16 @@ pub(crate) async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
             args.extend(flags);
             let s = Sidecar::start_raw(&election(test), "me", &args);
             (Backend::Etcd(e), s)
+        }
+        "kubernetes" => {
+            let api = support::kube_api::KubeApi::start("coord");
+            let ep = api.endpoint("me").await;
+            let mut args = vec!["--backend".to_owned(), "kubernetes".to_owned()];
+            args.extend(flags);
+            let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+            let env = [("KUBECONFIG", kubeconfig.as_str())];
+            let s = Sidecar::start_env(&election(test), "me", &args, &env);
+            (Backend::Kube(api), s)
         }
         _ => {
             let r = RedisServer::start().await;
@@ -127,6 +141,11 @@ async fn no_lost_updates_on_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lost_updates_on_kubernetes() {
+    lost_update("kubernetes", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_lost_updates_when_clients_die_holding_the_lock() {
     // 5 deaths on each backend, each costing one lock TTL.
     lost_update("etcd", Some(200)).await;
@@ -193,12 +212,17 @@ async fn a_paused_client_cannot_renew_or_release_on_redis() {
     paused_client("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_client_cannot_renew_or_release_on_kubernetes() {
+    paused_client("kubernetes").await;
+}
+
 /// Live permits in Redis's sorted set right now (the script keeps it exact).
 async fn live_permits(b: &Backend, name: &str) -> Option<usize> {
     match b {
         // etcd holds a waiting candidate's key briefly before it knows it lost,
         // so a raw key count is not the number of holders: see the clients' own count.
-        Backend::Etcd(_) => None,
+        Backend::Etcd(_) | Backend::Kube(_) => None,
         Backend::Redis(r) => {
             let mut c = r.conn().await;
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
@@ -326,8 +350,22 @@ async fn a_semaphore_never_has_more_than_n_live_permits_on_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_never_has_more_than_n_live_permits_on_kubernetes() {
+    semaphore("kubernetes").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fair_locks_serve_waiters_in_arrival_order() {
-    let (_b, _s, port) = sidecar("etcd", "fair").await;
+    fair_order("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_locks_serve_waiters_in_arrival_order_on_kubernetes() {
+    fair_order("kubernetes").await;
+}
+
+async fn fair_order(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("fair-{kind}")).await;
     let (st, first) = call(port, "POST", "/locks/queue?fair=true&ttl=5s", None).await;
     assert_eq!(st, 200, "{first}");
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -490,6 +528,11 @@ async fn every_job_is_completed_exactly_once_with_workers_killed_on_redis() {
     jobs("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_is_completed_exactly_once_with_workers_killed_on_kubernetes() {
+    jobs("kubernetes").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
     let (_b, _s, port) = sidecar("etcd", "bad-input").await;
@@ -604,6 +647,11 @@ async fn n_permits_are_granted_to_n_sequential_acquirers_on_redis() {
     n_permits_are_granted_to_n_sequential_acquirers("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn n_permits_are_granted_to_n_sequential_acquirers_on_kubernetes() {
+    n_permits_are_granted_to_n_sequential_acquirers("kubernetes").await;
+}
+
 /// One name is one semaphore. With 3 live permits taken at
 /// `permits=3`, a request with another size (larger or smaller) answers 409
 /// naming the established size instead of a grant (4 live permits) or a
@@ -657,10 +705,24 @@ async fn a_semaphores_size_belongs_to_its_name_on_redis() {
     a_semaphores_size_belongs_to_its_name("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphores_size_belongs_to_its_name_on_kubernetes() {
+    a_semaphores_size_belongs_to_its_name("kubernetes").await;
+}
+
 /// Defect 2: a fair and a plain lock of the same name are one lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock() {
-    let (_b, _s, port) = sidecar("etcd", "fair-plain").await;
+    fair_and_plain("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_and_a_plain_lock_of_one_name_are_one_lock_on_kubernetes() {
+    fair_and_plain("kubernetes").await;
+}
+
+async fn fair_and_plain(kind: &str) {
+    let (_b, _s, port) = sidecar(kind, &format!("fair-plain-{kind}")).await;
     // Plain holds: fair is refused.
     let (st, plain) = call(port, "POST", "/locks/invoices?ttl=30s", None).await;
     assert_eq!(st, 200, "{plain}");

@@ -21,6 +21,7 @@ mod kubernetes;
 mod kubernetes_bridge;
 mod kubernetes_fault;
 mod kubernetes_slice;
+mod lease_coord;
 mod model;
 mod ops;
 mod periods;

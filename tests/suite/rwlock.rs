@@ -374,6 +374,11 @@ async fn claims_renew_and_give_back_on_redis() {
     claims_renew_and_give_back("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_renew_and_give_back_on_kubernetes() {
+    claims_renew_and_give_back("kubernetes").await;
+}
+
 /// Scripts run by a Redis server so far (`INFO commandstats`).
 async fn scripts_run(server: &crate::support::RedisServer) -> u64 {
     let mut conn = server.conn().await;

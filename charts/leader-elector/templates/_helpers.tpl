@@ -159,7 +159,9 @@ both rendered from this one list.
 # restricted by resourceNames (the name is not known to RBAC before creation).
 # The same verbs keep each sidecar's candidate Lease
 # (<election>-candidate-<suffix>, listed by label), plus `delete` to
-# withdraw it on shutdown.
+# withdraw it on shutdown. The coordination API's Leases (le-lock-*,
+# le-sem-*, le-job-*) use the same verbs, `delete` for completed jobs'
+# Leases after --completed-retention (with the version read as precondition).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]

@@ -24,7 +24,7 @@ pub const ROW: Row = Row {
         hint: "run in a Kubernetes Pod (or set KUBECONFIG, or give --backend kubernetes to use ~/.kube/config) to elect through a Lease",
     },
     resolve,
-    coordination: None,
+    coordination: Some("locks, fair locks, semaphores, job claims"),
 };
 
 #[cfg(test)]
@@ -82,6 +82,7 @@ impl Settings for KubeSettings {
 
     fn connect(&self) -> Result<Connected, String> {
         let lease = KubeLeaseBackend::new(self.name.clone(), self.options.clone());
+        let coord = super::coord::LeaseCoord::new(lease.clone());
         let election: Arc<dyn crate::backend::LeaseBackend> = if self.migrate_from_endpoints {
             let old = super::endpoints_lock::EndpointsLock::new(&self.name, self.options.clone());
             crate::backend::both::Both::new(lease, old)
@@ -90,7 +91,7 @@ impl Settings for KubeSettings {
         };
         Ok(Connected {
             election,
-            coordination: None,
+            coordination: Some(Box::new(coord)),
         })
     }
 }

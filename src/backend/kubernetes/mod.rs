@@ -296,6 +296,7 @@ pub use candidates::{
 };
 mod client;
 mod connect;
+pub mod coord;
 pub mod endpoints_lock;
 mod endpoints_record;
 pub mod flags;
