@@ -315,7 +315,7 @@ impl Coordinator for RedisCoord {
 
     async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
         Err(CoordError::Unsupported(
-            "fair locks need the etcd backend (waiters queue by create_revision); on Redis use fair=false".into(),
+            "fair locks need the etcd or the Kubernetes Lease backend (their waiters queue in arrival order); on Redis use fair=false".into(),
         ))
     }
 
