@@ -1,12 +1,12 @@
 //! Coordination on Lease objects in the election namespace: one Lease per
 //! lock name, one per semaphore (holding its N permits), one per claimed
-//! job; object names from [`names`]. Each Lease's state (holders, a job's
+//! job; object names from `names`. Each Lease's state (holders, a job's
 //! completion, tokens released lately) is JSON in one annotation
-//! ([`state`]); every write is a compare-and-swap on its `resourceVersion`.
+//! (`state`); every write is a compare-and-swap on its `resourceVersion`.
 //!
 //! Rules:
 //! - A holder is live until this sidecar has seen its stamp unchanged for
-//!   its TTL ([`book`]: the API server has no expiry and clocks differ);
+//!   its TTL (`book`: the API server has no expiry and clocks differ);
 //!   a renew or release by a holder this sidecar judges expired answers 410,
 //!   as does one whose writer's wall-clock stamp plus TTL has passed on this
 //!   sidecar's clock (that clock may only refuse, never grant).
@@ -17,16 +17,16 @@
 //!   object, raised by one on every acquisition, in the same write. Lock and
 //!   semaphore Leases are never deleted (a release only removes the holder),
 //!   so the counter stays; a job's Lease is deleted once its completion's
-//!   retention has ended ([`follow::sweep`]). An object created anew (first
+//!   retention has ended (`follow::sweep`). An object created anew (first
 //!   use, or deleted by hand) starts at the highest token this sidecar saw
 //!   for it plus one, or the wall clock in milliseconds if that is higher.
 //! - A semaphore is one object holding N permits, not N objects: one read
 //!   gives the live count, the size check and the fencing counter are in the
 //!   write that grants, and its tokens grow per name.
-//! - Waiters wake on the watch's events for the object ([`follow`]) or on
+//! - Waiters wake on the watch's events for the object (`follow`) or on
 //!   the next expiry by this sidecar's sight; without a watch (RBAC, an
 //!   outage) they look again every [`NAP_UNFOLLOWED`].
-//! - Fair locks ([`fair`]): waiters queue in the lock's own Lease, in
+//! - Fair locks (`fair`): waiters queue in the lock's own Lease, in
 //!   arrival order; the first live waiter takes the lock when no holder is
 //!   live. A plain request is refused while anyone holds or queues (one
 //!   name is one lock). Unlike etcd, a plain request that may wait does not

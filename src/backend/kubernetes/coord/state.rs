@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::names::{NAME_ANNOTATION, ObjKind, label_value};
 use crate::backend::kubernetes::{TOKEN_ANNOTATION, lease_duration_secs, now_micro, token_of};
 
-/// Annotation holding a coordination object's [`Stored`] state (JSON).
+/// Annotation holding a coordination object's `Stored` state (JSON).
 pub const STATE_ANNOTATION: &str = "leader-elector.io/coordination";
 /// Label saying what the object is: `lock`, `semaphore` or `job`.
 pub const KIND_LABEL: &str = "leader-elector.io/kind";
