@@ -91,6 +91,12 @@ fn skewed(server: &Server, election: &str, id: &str, skew: &str, file: &Path) ->
             file.display()
         ),
     ]);
+    // Without the library the loader only warns and the clocks stay
+    // unskewed: the test would prove nothing, so it fails instead.
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: install the Debian package `faketime` (scripts/install-deps does)"
+    );
     let env = [
         ("LD_PRELOAD", LIBFAKETIME),
         ("FAKETIME", skew),
