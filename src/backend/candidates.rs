@@ -76,6 +76,12 @@ pub struct Listed {
     pub age: Option<Duration>,
     /// The record's TTL: it lapses this long after its last renewal.
     pub ttl: Duration,
+    /// The record's place in the registry's order of creation, in the
+    /// backend's own counter (etcd: the key's `create_revision`; a Lease:
+    /// its `creationTimestamp` in ms; Redis: the server's `TIME` in ms when
+    /// the record was created): larger was created later. `None` when the
+    /// backend cannot tell. Decides which revision is the newer.
+    pub created: Option<u64>,
 }
 
 impl Listed {
@@ -138,6 +144,7 @@ mod tests {
             },
             age: Some(Duration::from_secs(age_s)),
             ttl: Duration::from_secs(180),
+            created: None,
         }
     }
 

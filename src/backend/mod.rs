@@ -13,6 +13,7 @@
 
 pub mod both;
 pub mod candidates;
+pub mod controls;
 pub mod coordination;
 mod error;
 #[cfg(feature = "etcd")]
@@ -360,6 +361,87 @@ pub trait LeaseBackend: Send + Sync {
     /// Any [`BackendError`].
     async fn candidates(&self) -> Result<Option<Vec<candidates::Listed>>> {
         Ok(None)
+    }
+
+    /// Resolve when the registry may have changed since the last call
+    /// (a record written, renewed with other fields, withdrawn or lapsed),
+    /// so a leader re-reads [`candidates`](LeaseBackend::candidates)
+    /// instead of polling. The default (no registry) is pending forever.
+    ///
+    /// # Errors
+    /// A transport error or [`BackendError::WatchEnded`]; the caller lists
+    /// the registry again and calls this again after a backoff.
+    async fn watch_candidates(&self) -> Result<()> {
+        std::future::pending().await
+    }
+
+    /// End `term` now like [`resign`](LeaseBackend::resign), naming
+    /// `successor` (an identity from the registry) in the release, so the
+    /// other candidates leave it the wait of
+    /// [`candidates::successor_wait`] before they campaign. `None` names
+    /// nobody. The default ignores `successor` and resigns.
+    ///
+    /// # Errors
+    /// As [`resign`](LeaseBackend::resign).
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        let _ = successor;
+        self.resign(term).await
+    }
+
+    /// Whether this backend keeps operator controls
+    /// ([`controls`](self::controls)); `false` (the default): the election
+    /// is never paused and `set_paused` and `request_switchover` are refused.
+    fn has_controls(&self) -> bool {
+        false
+    }
+
+    /// Read the election's operator controls. The default: none set.
+    ///
+    /// # Errors
+    /// Any [`BackendError`].
+    async fn controls(&self) -> Result<controls::Controls> {
+        Ok(controls::Controls::default())
+    }
+
+    /// Resolve with the controls once they differ from `seen` (the default
+    /// never resolves).
+    ///
+    /// # Errors
+    /// A transport error or [`BackendError::WatchEnded`]; the caller reads
+    /// [`controls`](LeaseBackend::controls) again.
+    async fn watch_controls(&self, seen: &controls::Controls) -> Result<controls::Controls> {
+        let _ = seen;
+        std::future::pending().await
+    }
+
+    /// Pause (`true`) or resume (`false`) the election (see
+    /// [`controls`](self::controls) for what a pause guarantees).
+    ///
+    /// # Errors
+    /// [`BackendError::Rejected`] with code `unsupported` when the backend
+    /// keeps no controls (the default); any other [`BackendError`].
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        let _ = paused;
+        Err(no_controls(self.about()))
+    }
+
+    /// Ask the leader to hand over to `to` (`Some`), or clear the request
+    /// (`None`).
+    ///
+    /// # Errors
+    /// As [`set_paused`](LeaseBackend::set_paused).
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        let _ = to;
+        Err(no_controls(self.about()))
+    }
+}
+
+/// The refusal of a backend that keeps no operator controls.
+fn no_controls(about: &'static About) -> BackendError {
+    BackendError::Rejected {
+        backend: about,
+        code: "unsupported",
+        source: "this backend keeps no operator controls (pause, switchover)".into(),
     }
 }
 

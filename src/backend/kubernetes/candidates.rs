@@ -181,6 +181,11 @@ fn listed(lease: &Lease) -> Option<Listed> {
         },
         age,
         ttl: duration_of(lease, Duration::from_secs(1)),
+        created: lease
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond().max(0) as u64),
     })
 }
 
