@@ -67,6 +67,9 @@ pub use watching::{LEADING_RECHECK, until_leading, until_not_leading};
 enum Command {
     Resign {
         cooldown: Duration,
+        /// The identity to name in the release (a switchover); `None`: the
+        /// backend's own choice.
+        successor: Option<String>,
         reply: oneshot::Sender<bool>,
     },
     Release,
@@ -83,13 +86,28 @@ impl ElectorHandle {
     /// of campaigns for `cooldown`. Returns whether this candidate was leading;
     /// `false` also when the Elector has stopped.
     pub async fn resign(&self, cooldown: Duration) -> bool {
-        let (reply, rx) = oneshot::channel();
-        if self
-            .tx
-            .send(Command::Resign { cooldown, reply })
+        self.send_resign(cooldown, None).await
+    }
+
+    /// Hand over to `successor` (an identity in the candidate registry): a
+    /// graceful release, like [`resign`](Self::resign) without a cooldown,
+    /// that names `successor` so the other candidates leave it the term
+    /// (see [`LeaseBackend::resign_to`]). Only a hint: the backend's
+    /// compare-and-swap still decides. Returns whether this candidate was
+    /// leading; `false` also when the Elector has stopped.
+    pub async fn hand_over(&self, successor: &str) -> bool {
+        self.send_resign(Duration::ZERO, Some(successor.to_owned()))
             .await
-            .is_err()
-        {
+    }
+
+    async fn send_resign(&self, cooldown: Duration, successor: Option<String>) -> bool {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::Resign {
+            cooldown,
+            successor,
+            reply,
+        };
+        if self.tx.send(cmd).await.is_err() {
             return false;
         }
         rx.await.unwrap_or(false)
@@ -127,6 +145,9 @@ pub struct Elector {
     /// The host's suspended time when the last campaign was sent (a term it
     /// won is valid from then, suspends counted).
     suspended_at_campaign: Duration,
+    /// The successor the next release of a held term names (a switchover);
+    /// `None`: the backend's own choice.
+    successor: Option<String>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -166,6 +187,7 @@ impl Elector {
                 gates,
                 term_seen: None,
                 suspended_at_campaign: Duration::ZERO,
+                successor: None,
             },
             rx,
         )

@@ -17,7 +17,9 @@ impl Elector {
     /// Answer a command received while not leading.
     fn handle_idle_command(&mut self, cmd: Option<Command>) {
         match cmd {
-            Some(Command::Resign { cooldown, reply }) => {
+            Some(Command::Resign {
+                cooldown, reply, ..
+            }) => {
                 self.gates.cool_down(cooldown);
                 let _ = reply.send(false);
             }

@@ -102,8 +102,9 @@ impl Elector {
                 }
                 _ = sleep_until(held.valid_until) => break StepDown::Deadline,
                 cmd = self.commands.recv() => match cmd {
-                    Some(Command::Resign { cooldown, reply }) => {
+                    Some(Command::Resign { cooldown, successor, reply }) => {
                         self.gates.cool_down(cooldown);
+                        self.successor = successor;
                         let _ = reply.send(true);
                         break StepDown::Resigned;
                     }
@@ -240,7 +241,15 @@ impl Elector {
             .before_release(&mut self.commands, token, valid_until, &why)
             .await;
         let backend = self.backend.clone();
-        if let Err(e) = self.call("resign", backend.resign(&term)).await {
+        let released = match self.successor.take() {
+            Some(to) => {
+                info!(election = %self.cfg.election, successor = %to, "releasing the term to the named successor");
+                self.call("resign", backend.resign_to(&term, Some(&to)))
+                    .await
+            }
+            None => self.call("resign", backend.resign(&term)).await,
+        };
+        if let Err(e) = released {
             debug!(error = %e.report(), "resign failed; the lease will expire by TTL");
             if !matches!(why, StepDown::Shutdown) {
                 self.abandoned = Some(term);
