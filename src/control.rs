@@ -1,7 +1,9 @@
 //! The control listener (`--control-addr`, loopback only): the endpoints that
 //! change state. `POST /resign` gives leadership up and stays out of
-//! campaigns for a cooldown; `POST /release` tells a draining sidecar that
-//! the app finished its leader work.
+//! campaigns for a while (`freeze=`, formerly `cooldown=`), even when no
+//! other candidate runs; `POST /switchover?to=ID` hands leadership to a
+//! named candidate (served by the leader); `POST /release` tells a draining
+//! sidecar that the app finished its leader work.
 //!
 //! Invariant: requests from non-loopback peers are refused (403) even if the
 //! listener was bound to another address by mistake; so are requests whose
@@ -23,7 +25,7 @@ use axum::routing::post;
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::elector::{ElectorHandle, LeaderState};
+use crate::elector::{ElectorHandle, LeaderState, SwitchoverRefusal};
 use crate::http::{error_response, json_response};
 
 /// What the control handlers need.
@@ -33,13 +35,13 @@ pub struct ControlState {
     pub handle: ElectorHandle,
     /// To answer whether we were draining.
     pub state: watch::Receiver<LeaderState>,
-    /// Default cooldown of `POST /resign` (`--resign-cooldown`).
+    /// Default freeze of `POST /resign` (`--resign-cooldown`).
     pub resign_cooldown: Duration,
     /// The coordination API (locks, semaphores, job claims), when served.
     pub coord: Option<crate::coord::http::CoordState>,
 }
 
-/// Longest accepted `cooldown` of `POST /resign`.
+/// Longest accepted `freeze` (or `cooldown`) of `POST /resign`.
 pub const MAX_COOLDOWN: Duration = Duration::from_secs(24 * 3600);
 
 /// The control router. Serve it with
@@ -49,6 +51,7 @@ pub fn control_router(cs: ControlState) -> Router {
     let coord = cs.coord.clone();
     let mut router: Router = Router::new()
         .route("/resign", post(resign))
+        .route("/switchover", post(switchover))
         .route("/release", post(release))
         .with_state(cs);
     if let Some(coord) = coord {
@@ -140,31 +143,73 @@ async fn resign(
     State(cs): State<ControlState>,
     Query(params): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
-    let cooldown = match params.get("cooldown") {
-        None => cs.resign_cooldown,
-        Some(c) => match humantime::parse_duration(c) {
-            Ok(d) if d <= MAX_COOLDOWN => d,
-            Ok(_) => {
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    format!("query parameter cooldown ({c}) must be at most 24h"),
-                );
-            }
-            Err(e) => {
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "query parameter cooldown ({c}) is not a duration: {e}; use e.g. cooldown=30s"
-                    ),
-                );
-            }
-        },
+    // `freeze` is the documented name; `cooldown` is kept for old callers.
+    let (name, value) = match (params.get("freeze"), params.get("cooldown")) {
+        (Some(f), _) => ("freeze", f),
+        (None, Some(c)) => ("cooldown", c),
+        (None, None) => return resigned(&cs, cs.resign_cooldown).await,
     };
-    let was_leader = cs.handle.resign(cooldown).await;
+    match humantime::parse_duration(value) {
+        Ok(d) if d <= MAX_COOLDOWN => resigned(&cs, d).await,
+        Ok(_) => error_response(
+            StatusCode::BAD_REQUEST,
+            format!("query parameter {name} ({value}) must be at most 24h"),
+        ),
+        Err(e) => error_response(
+            StatusCode::BAD_REQUEST,
+            format!("query parameter {name} ({value}) is not a duration: {e}; use e.g. {name}=30s"),
+        ),
+    }
+}
+
+/// Resign and stay out of campaigns for `freeze`; the answer names its end.
+async fn resigned(cs: &ControlState, freeze: Duration) -> Response {
+    let was_leader = cs.handle.resign(freeze).await;
+    let until = std::time::SystemTime::now() + freeze;
+    let ms = freeze.as_millis() as u64;
     json_response(
         StatusCode::OK,
-        json!({ "resigned": was_leader, "cooldown_ms": cooldown.as_millis() as u64 }),
+        json!({
+            "resigned": was_leader,
+            "freeze_ms": ms,
+            "frozen_until": humantime::format_rfc3339_millis(until).to_string(),
+            "cooldown_ms": ms,
+        }),
     )
+}
+
+/// `POST /switchover?to=ID`: the leader hands over to `ID` and answers
+/// once the release is sent; 409 with the reason otherwise.
+async fn switchover(
+    State(cs): State<ControlState>,
+    Query(params): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let Some(to) = params.get("to").filter(|t| !t.is_empty()) else {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "query parameter to is missing: POST /switchover?to=IDENTITY names the candidate to hand over to",
+        );
+    };
+    match cs.handle.switchover(to).await {
+        Ok(h) => json_response(
+            StatusCode::OK,
+            json!({ "switched_over": true, "from": h.from, "to": h.to, "fencing_token": h.fencing_token }),
+        ),
+        Err(SwitchoverRefusal::Backend(why)) => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot check the switchover's target: {why}"),
+        ),
+        Err(refusal) => {
+            let leader = match &refusal {
+                SwitchoverRefusal::NotLeader { leader } => leader.clone(),
+                _ => Some(cs.state.borrow().identity.clone()),
+            };
+            json_response(
+                StatusCode::CONFLICT,
+                json!({ "error": refusal.to_string(), "leader": leader }),
+            )
+        }
+    }
 }
 
 async fn release(State(cs): State<ControlState>) -> Response {
@@ -178,7 +223,7 @@ async fn release(State(cs): State<ControlState>) -> Response {
 async fn not_found() -> Response {
     error_response(
         StatusCode::NOT_FOUND,
-        "no such path; the control API has POST /resign, POST /release, /locks/{name}, /semaphores/{name}, /jobs/{queue}/{job}/claim and /complete",
+        "no such path; the control API has POST /resign, POST /switchover, POST /release, /locks/{name}, /semaphores/{name}, /jobs/{queue}/{job}/claim and /complete",
     )
 }
 
@@ -364,5 +409,32 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn freeze_is_accepted_and_checked_like_cooldown() {
+        let (s, body) = status_and_body(request("127.0.0.1:5555", "/resign?freeze=60s")).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(body["freeze_ms"], 60_000);
+        assert!(body["frozen_until"].is_string(), "{body}");
+        let (s, body) = status_and_body(request("127.0.0.1:5555", "/resign?freeze=2d")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(body["error"].as_str().unwrap().contains("freeze"), "{body}");
+        let (s, body) = status_and_body(request("127.0.0.1:5555", "/resign?cooldown=5s")).await;
+        assert_eq!((s, &body["cooldown_ms"]), (StatusCode::OK, &json!(5000)));
+    }
+
+    #[tokio::test]
+    async fn a_switchover_needs_a_target_and_a_follower_answers_409() {
+        let (s, body) = status_and_body(request("127.0.0.1:5555", "/switchover")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("to"), "{body}");
+        let (s, body) = status_and_body(request("127.0.0.1:5555", "/switchover?to=b")).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("does not lead"),
+            "{body}"
+        );
+        assert!(body.get("leader").is_some(), "{body}");
     }
 }

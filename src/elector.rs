@@ -30,6 +30,7 @@
 
 mod builder;
 mod config;
+mod controls;
 mod follow;
 mod gates;
 mod lead;
@@ -54,6 +55,7 @@ use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
 pub use config::{ElectorConfig, ElectorConfigError};
+pub use controls::{FROZEN, Handover, SwitchoverRefusal, check_target};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
@@ -75,10 +77,21 @@ enum Command {
     Release,
 }
 
-/// A cheap handle to ask a running [`Elector`] to resign or to finish draining.
-#[derive(Clone, Debug)]
+/// A cheap handle to ask a running [`Elector`] to resign, hand over or
+/// finish draining.
+#[derive(Clone)]
 pub struct ElectorHandle {
     tx: mpsc::Sender<Command>,
+    /// To check a switchover's target against the candidate registry.
+    backend: Arc<dyn LeaseBackend>,
+    state: watch::Receiver<LeaderState>,
+    call_timeout: Duration,
+}
+
+impl std::fmt::Debug for ElectorHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectorHandle").finish_non_exhaustive()
+    }
 }
 
 impl ElectorHandle {
@@ -93,8 +106,10 @@ impl ElectorHandle {
     /// graceful release, like [`resign`](Self::resign) without a cooldown,
     /// that names `successor` so the other candidates leave it the term
     /// (see [`LeaseBackend::resign_to`]). Only a hint: the backend's
-    /// compare-and-swap still decides. Returns whether this candidate was
-    /// leading; `false` also when the Elector has stopped.
+    /// compare-and-swap still decides. Answers once the release was sent
+    /// (after the drain and participant waits of a step-down). Returns
+    /// whether this candidate was leading; `false` also when the Elector
+    /// has stopped.
     pub async fn hand_over(&self, successor: &str) -> bool {
         self.send_resign(Duration::ZERO, Some(successor.to_owned()))
             .await
@@ -148,6 +163,8 @@ pub struct Elector {
     /// The successor the next release of a held term names (a switchover);
     /// `None`: the backend's own choice.
     successor: Option<String>,
+    /// The answer to a handover, sent once its release was sent.
+    handed_over: Option<oneshot::Sender<bool>>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -188,6 +205,7 @@ impl Elector {
                 term_seen: None,
                 suspended_at_campaign: Duration::ZERO,
                 successor: None,
+                handed_over: None,
             },
             rx,
         )
@@ -197,6 +215,9 @@ impl Elector {
     pub fn handle(&self) -> ElectorHandle {
         ElectorHandle {
             tx: self.commands_tx.clone(),
+            backend: self.backend.clone(),
+            state: self.publisher.watch_state(),
+            call_timeout: self.cfg.call_timeout(),
         }
     }
 
@@ -234,6 +255,11 @@ impl Elector {
             self.cfg.lease_duration,
             self.cfg.call_timeout(),
         );
+        let controls = controls::Follower::start(
+            self.handle(),
+            self.publisher.pause_writer(),
+            self.cfg.retry_period,
+        );
         while !shutdown.is_cancelled() {
             if !self.gates.may_campaign() {
                 if !self.wait_until_eligible(&shutdown).await {
@@ -262,6 +288,7 @@ impl Elector {
             }
         }
         self.publish(Change::Stopping);
+        drop(controls);
         if let Some(term) = self.abandoned.take() {
             let _ = self.call("resign", backend.resign(&term)).await;
         }

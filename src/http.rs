@@ -70,6 +70,9 @@ pub struct LeaderBody {
     pub backend_healthy: bool,
     /// The long-poll index: leader changes observed.
     pub transitions: u64,
+    /// Whether the election is paused by an operator (`leader-elector
+    /// pause`): no candidate takes a released or expired term.
+    pub paused: bool,
     /// Redlock, while leading: servers that answered the last renewal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub servers_answered: Option<usize>,
@@ -119,6 +122,7 @@ impl LeaderBody {
             backend: state.backend,
             backend_healthy: state.backend_healthy,
             transitions: state.transitions,
+            paused: state.paused,
             servers_answered: state.servers.map(|(a, _)| a),
             servers_total: state.servers.map(|(_, n)| n),
             error,

@@ -29,6 +29,7 @@ fn follower() -> LeaderState {
         servers: None,
         heard_until: None,
         waiting: None,
+        paused: false,
     }
 }
 
@@ -107,6 +108,17 @@ async fn follower_answers_503_naming_the_leader() {
     assert_eq!(body["is_leader"], false);
     assert_eq!(body["leader"], "other");
     assert_eq!(body["valid_for_ms"], 0);
+    assert_eq!(body["paused"], false);
+}
+
+#[tokio::test]
+async fn every_answer_says_when_the_election_is_paused() {
+    for mut state in [follower(), leading(Duration::from_secs(5))] {
+        state.paused = true;
+        let (_tx, rx) = watch::channel(state);
+        let (_, _, body) = get(rx, "/leader").await;
+        assert_eq!(body["paused"], true, "{body}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

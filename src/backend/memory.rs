@@ -2,7 +2,10 @@
 //! Elector (under `#[tokio::test(start_paused = true)]`) and for embedding
 //! tests. It behaves like a single etcd: one key, a lease per term, fencing
 //! tokens from a revision counter. Faults can be switched on to make every
-//! call fail, as an unreachable backend would.
+//! call fail, as an unreachable backend would. It keeps a candidate registry
+//! (records with a TTL on the tokio clock) and the operator controls (a
+//! pause honoured in the campaign's own step, a switchover request), so the
+//! Elector's operations are tested without a server.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +14,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::candidates::{Candidate, Listed, successor_wait};
+use super::controls::{self, Controls};
 use super::{
     About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
 };
@@ -32,7 +37,21 @@ struct Inner {
     revision: i64,
     next_lease: u64,
     unreachable: bool,
+    /// The registry: each record, when it was written, its TTL and its
+    /// creation order.
+    candidates: Vec<(Candidate, Instant, Duration, u64)>,
+    /// How many records were ever created (the creation order).
+    created: u64,
+    /// The successor named by the last release, and until when the other
+    /// candidates leave it the term.
+    successor: Option<(String, Instant)>,
 }
+
+/// The `why` of a campaign that leaves a released term to its named successor.
+const YIELDING: &str = "the term was released to a named successor: leaving it the term first";
+
+/// How long a campaign refused by a pause asks the candidate to wait.
+const PAUSED_RETRY: Duration = Duration::from_secs(1);
 
 /// A shared in-memory election key. Clones share the same key, like several
 /// candidates talking to one server.
@@ -40,6 +59,8 @@ struct Inner {
 pub struct MemoryBackend {
     inner: Arc<Mutex<Inner>>,
     changed: Arc<watch::Sender<i64>>,
+    controls: Arc<watch::Sender<Controls>>,
+    registry: Arc<watch::Sender<u64>>,
 }
 
 impl Default for MemoryBackend {
@@ -54,6 +75,8 @@ impl MemoryBackend {
         MemoryBackend {
             inner: Arc::new(Mutex::new(Inner::default())),
             changed: Arc::new(watch::channel(0).0),
+            controls: Arc::new(watch::channel(Controls::default()).0),
+            registry: Arc::new(watch::channel(0).0),
         }
     }
 
@@ -94,6 +117,32 @@ impl MemoryBackend {
         false
     }
 
+    /// Why `identity` may not take the free key now: the last release
+    /// named another successor that has not had its wait, or the election
+    /// is paused (decided under the same lock as the take).
+    fn held_back(
+        &self,
+        inner: &Inner,
+        identity: &str,
+        previous: Option<&Holder>,
+    ) -> Option<Campaign> {
+        if let Some((to, until)) = &inner.successor
+            && to != identity
+            && Instant::now() < *until
+        {
+            return Some(Campaign::Waiting {
+                previous: None,
+                retry_after: until.saturating_duration_since(Instant::now()),
+                why: YIELDING,
+            });
+        }
+        self.controls.borrow().paused.then(|| Campaign::Waiting {
+            previous: previous.cloned(),
+            retry_after: PAUSED_RETRY,
+            why: controls::PAUSED,
+        })
+    }
+
     fn check(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
         let mut inner = self.inner.lock().unwrap();
         if inner.unreachable {
@@ -130,6 +179,9 @@ impl LeaseBackend for MemoryBackend {
             holder.expires_in = Some(until.saturating_duration_since(Instant::now()));
             return Ok(Campaign::Following(holder));
         }
+        if let Some(wait) = self.held_back(&inner, identity, previous) {
+            return Ok(wait);
+        }
         if let Some(prev) = previous
             && let Some((_, until)) = inner.leases.iter().find(|(id, _)| *id == prev.term_id)
         {
@@ -139,6 +191,7 @@ impl LeaseBackend for MemoryBackend {
                 why: "the key was deleted but the previous term is alive: waiting for it to end",
             });
         }
+        inner.successor = None;
         inner.revision += 1;
         inner.next_lease += 1;
         let holder = Holder {
@@ -234,5 +287,112 @@ impl LeaseBackend for MemoryBackend {
                 }
             }
         }
+    }
+
+    fn has_registry(&self) -> bool {
+        true
+    }
+
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        if let Some(to) = successor {
+            let mut inner = self.check()?;
+            let was_held = matches!(&inner.key, Some((h, _)) if h.term_id == term.holder.term_id);
+            if was_held {
+                let until = Instant::now() + successor_wait(Duration::ZERO);
+                inner.successor = Some((to.to_owned(), until));
+            }
+        }
+        self.resign(term).await
+    }
+
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        let mut inner = self.check()?;
+        let now = Instant::now();
+        let created = match inner
+            .candidates
+            .iter()
+            .find(|(c, _, _, _)| c.identity == candidate.identity)
+        {
+            Some((_, _, _, created)) => *created,
+            None => {
+                inner.created += 1;
+                inner.created
+            }
+        };
+        inner
+            .candidates
+            .retain(|(c, _, _, _)| c.identity != candidate.identity);
+        inner
+            .candidates
+            .push((candidate.clone(), now, ttl, created));
+        drop(inner);
+        self.registry.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        let mut inner = self.check()?;
+        inner
+            .candidates
+            .retain(|(c, _, _, _)| c.identity != identity);
+        drop(inner);
+        self.registry.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+        let inner = self.check()?;
+        let now = Instant::now();
+        let listed = inner.candidates.iter().map(|(c, at, ttl, created)| Listed {
+            candidate: c.clone(),
+            age: Some(now.saturating_duration_since(*at)),
+            ttl: *ttl,
+            created: Some(*created),
+        });
+        Ok(Some(listed.collect()))
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        let mut rx = self.registry.subscribe();
+        let _ = rx.changed().await;
+        self.check().map(|_| ())
+    }
+
+    fn has_controls(&self) -> bool {
+        true
+    }
+
+    async fn controls(&self) -> Result<Controls> {
+        drop(self.check()?);
+        Ok(self.controls.borrow().clone())
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        let mut rx = self.controls.subscribe();
+        let controls = rx.wait_for(|c| c != seen).await;
+        let controls = controls.map(|c| c.clone()).unwrap_or_default();
+        drop(self.check()?);
+        Ok(controls)
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        drop(self.check()?);
+        self.controls.send_if_modified(|c| {
+            let changed = c.paused != paused;
+            c.paused = paused;
+            changed
+        });
+        Ok(())
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        drop(self.check()?);
+        let to = to.map(str::to_owned);
+        self.controls.send_if_modified(|c| {
+            let changed = c.switchover != to;
+            c.switchover = to;
+            changed
+        });
+        Ok(())
     }
 }

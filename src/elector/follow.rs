@@ -21,6 +21,7 @@ impl Elector {
                 cooldown, reply, ..
             }) => {
                 self.gates.cool_down(cooldown);
+                self.show_freeze();
                 let _ = reply.send(false);
             }
             Some(Command::Release) | None => {}
@@ -34,6 +35,7 @@ impl Elector {
         let backend = self.backend.clone();
         while !self.gates.may_campaign() {
             let until = self.gates.cooldown_until().unwrap_or_else(Instant::now);
+            self.show_freeze();
             let gate = self.gates.candidacy_changed();
             // Who leads meanwhile? Read it, then watch it (and read again
             // every renew interval, so a silent backend is noticed).
@@ -74,6 +76,17 @@ impl Elector {
             }
         }
         true
+    }
+
+    /// Name the freeze (the cooldown after a resign) as what keeps this
+    /// candidate from campaigning, with its end; nothing once it is over.
+    fn show_freeze(&mut self) {
+        let now = Instant::now();
+        let left = self
+            .gates
+            .cooldown_until()
+            .map(|t| t.saturating_duration_since(now));
+        self.set_waiting(left.filter(|d| !d.is_zero()).map(|d| (super::FROZEN, d)));
     }
 
     /// Follow `holder` until its key changes, the backend's hint of its expiry

@@ -103,9 +103,7 @@ impl Elector {
                 _ = sleep_until(held.valid_until) => break StepDown::Deadline,
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Resign { cooldown, successor, reply }) => {
-                        self.gates.cool_down(cooldown);
-                        self.successor = successor;
-                        let _ = reply.send(true);
+                        self.resign_on_request(cooldown, successor, reply);
                         break StepDown::Resigned;
                     }
                     Some(Command::Release) if held.drain_until.is_some() => break StepDown::Shutdown,
@@ -134,6 +132,25 @@ impl Elector {
         };
         drop(watch);
         self.step_down(term, why, held.valid_until).await;
+    }
+
+    /// A resign (or a handover naming `successor`) was asked for: stay out
+    /// for `cooldown`; a resign is answered now, a handover once its
+    /// release was sent (in `step_down`).
+    fn resign_on_request(
+        &mut self,
+        cooldown: Duration,
+        successor: Option<String>,
+        reply: tokio::sync::oneshot::Sender<bool>,
+    ) {
+        self.gates.cool_down(cooldown);
+        match successor {
+            Some(_) => self.handed_over = Some(reply),
+            None => {
+                let _ = reply.send(true);
+            }
+        }
+        self.successor = successor;
     }
 
     /// Publish our new term (acquired by a request sent at `sent`) and its
@@ -249,6 +266,9 @@ impl Elector {
             }
             None => self.call("resign", backend.resign(&term)).await,
         };
+        if let Some(reply) = self.handed_over.take() {
+            let _ = reply.send(true);
+        }
         if let Err(e) = released {
             debug!(error = %e.report(), "resign failed; the lease will expire by TTL");
             if !matches!(why, StepDown::Shutdown) {

@@ -63,6 +63,11 @@ impl Publisher {
         self.state.borrow()
     }
 
+    /// A writer of the pause marker alone, for the controls follower's task.
+    pub(super) fn pause_writer(&self) -> PauseWriter {
+        PauseWriter(self.state.clone())
+    }
+
     /// Apply `change`, wake the readers if it matters to them, then log and
     /// announce what happened. `config_problem` picks the level of a backend
     /// error's log line.
@@ -116,6 +121,20 @@ impl Publisher {
         );
         self.report(Observation::Transition);
         let _ = self.events.send(event);
+    }
+}
+
+/// Writes [`LeaderState::paused`] through [`LeaderState::apply`] like
+/// every other change (no leader change follows from it: nothing to log or
+/// announce), from the task that follows the backend's controls.
+#[derive(Clone)]
+pub(super) struct PauseWriter(watch::Sender<LeaderState>);
+
+impl PauseWriter {
+    /// Publish the pause marker; readers are woken when it changed.
+    pub(super) fn set(&self, paused: bool) {
+        self.0
+            .send_if_modified(|s| s.apply(Change::Paused(paused), SystemTime::now()).notify);
     }
 }
 

@@ -99,6 +99,11 @@ pub struct LeaderState {
     /// The wait that keeps this candidate from campaigning right now, if
     /// any (a previous term that may still run, a restarted Redis server).
     pub waiting: Option<Waiting>,
+    /// Whether the election is paused by an operator (the backend's
+    /// controls, `leader-elector pause`): no candidate takes a released or
+    /// expired term; a leader keeps its term. `false` on a backend without
+    /// controls.
+    pub paused: bool,
 }
 
 impl LeaderState {
@@ -119,6 +124,7 @@ impl LeaderState {
             servers: None,
             heard_until: None,
             waiting: None,
+            paused: false,
         }
     }
 

@@ -65,6 +65,8 @@ pub(super) enum Change {
     },
     /// Shutdown began: never claim again.
     Stopping,
+    /// The election's pause marker as the backend's controls show it.
+    Paused(bool),
 }
 
 /// Something worth one log line, found while applying a [`Change`].
@@ -163,6 +165,11 @@ impl LeaderState {
             Change::Stopping => {
                 self.stopping = true;
                 Applied::woken(true)
+            }
+            Change::Paused(paused) => {
+                let changed = self.paused != paused;
+                self.paused = paused;
+                Applied::woken(changed)
             }
         }
     }

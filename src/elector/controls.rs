@@ -1,0 +1,271 @@
+//! The operator controls as the Elector follows them (`backend::controls`):
+//! a task reads the backend's controls, then waits on their watch (reading
+//! again with backoff after an error), publishes the pause marker into
+//! [`LeaderState::paused`], and, while this candidate leads, acts on a
+//! switchover request: it hands over to the named candidate when the
+//! registry shows it eligible ([`check_target`]) and clears the request
+//! either way. A follower ignores requests; a candidate that starts leading
+//! looks at a pending request at once.
+//!
+//! Invariants:
+//! - The pause itself is kept by the backend's campaign (decided in the
+//!   step that would take the key); the Elector only shows it. Its
+//!   waiting state names [`controls::PAUSED`](crate::backend::controls::PAUSED)
+//!   when a campaign is refused for it.
+//! - A switchover is a handover ([`ElectorHandle::hand_over`]): the leader
+//!   stops claiming, then releases naming the target; the backend's
+//!   compare-and-swap still decides who leads next, so it can never make
+//!   two leaders. It is refused while paused: the target could not take the
+//!   released term and nobody would lead.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+use tracing::{debug, info, warn};
+
+use super::config::Backoff;
+use super::publish::PauseWriter;
+use super::{ElectorHandle, LeaderState};
+use crate::backend::candidates::Listed;
+use crate::backend::controls::Controls;
+use crate::backend::{BackendError, LeaseBackend};
+
+/// The `what` of [`LeaderState::waiting`] while this member is frozen
+/// (`POST /resign?freeze=`): it stays out of campaigns until `until`, even
+/// when no other candidate runs.
+pub const FROZEN: &str =
+    "frozen (POST /resign?freeze=): this member stays out of campaigns until the freeze ends";
+
+/// Why a switchover was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SwitchoverRefusal {
+    /// This candidate does not lead; `leader` is the leader it knows.
+    #[error("this member does not lead; the leader is {}", leader.as_deref().unwrap_or("unknown"))]
+    NotLeader {
+        /// The leader as this candidate reports it (`None`: nobody or unknown).
+        leader: Option<String>,
+    },
+    /// The target is the leader itself.
+    #[error("{0} already leads")]
+    Itself(String),
+    /// The election is paused: nobody could take the released term.
+    #[error("the election is paused: a handover would leave no leader until resume")]
+    Paused,
+    /// The backend keeps no candidate registry to check the target against.
+    #[error("the backend keeps no candidate registry: a switchover cannot check its target")]
+    NoRegistry,
+    /// The target has no record in the registry.
+    #[error("{0} is not a candidate of this election (no record in the candidate registry)")]
+    Unknown(String),
+    /// The target's record outlived its TTL.
+    #[error("{0}'s candidate record lapsed (its sidecar is likely gone)")]
+    Lapsed(String),
+    /// The target's app is not healthy (its candidacy gate is closed).
+    #[error("{0} is not ready (its app is unhealthy)")]
+    NotReady(String),
+    /// The target has priority 0.
+    #[error("{0} has priority 0 and never leads")]
+    NeverLeads(String),
+    /// The registry could not be read.
+    #[error("cannot list the candidates: {0}")]
+    Backend(String),
+}
+
+/// A handover done by [`ElectorHandle::switchover`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Handover {
+    /// The identity that led and released.
+    pub from: String,
+    /// The identity named as successor.
+    pub to: String,
+    /// The fencing token of the released term.
+    pub fencing_token: u64,
+}
+
+/// Whether `to` may take over from `leader`, as the registry `listed`
+/// shows it: a record that has not lapsed, is ready, has a priority above
+/// 0 and is not the leader's (the eligibility of
+/// [`choose_successor`](crate::backend::candidates::choose_successor)).
+///
+/// # Errors
+/// The first [`SwitchoverRefusal`] that applies.
+pub fn check_target(listed: &[Listed], leader: &str, to: &str) -> Result<(), SwitchoverRefusal> {
+    if to == leader {
+        return Err(SwitchoverRefusal::Itself(to.to_owned()));
+    }
+    let Some(l) = listed.iter().find(|l| l.candidate.identity == to) else {
+        return Err(SwitchoverRefusal::Unknown(to.to_owned()));
+    };
+    if !l.alive() {
+        Err(SwitchoverRefusal::Lapsed(to.to_owned()))
+    } else if !l.candidate.ready {
+        Err(SwitchoverRefusal::NotReady(to.to_owned()))
+    } else if l.candidate.priority == 0 {
+        Err(SwitchoverRefusal::NeverLeads(to.to_owned()))
+    } else {
+        Ok(())
+    }
+}
+
+impl ElectorHandle {
+    /// Hand over to `to` if this candidate leads, the election is not
+    /// paused and the candidate registry shows `to` eligible
+    /// ([`check_target`]); answers once the release naming `to` was sent.
+    ///
+    /// # Errors
+    /// A [`SwitchoverRefusal`]; nothing changed then.
+    pub async fn switchover(&self, to: &str) -> Result<Handover, SwitchoverRefusal> {
+        let (me, fencing_token, paused) = {
+            let s = self.state.borrow();
+            if !s.is_leader_now() {
+                let leader = s.leader_at(Instant::now()).map(str::to_owned);
+                return Err(SwitchoverRefusal::NotLeader { leader });
+            }
+            (s.identity.clone(), s.fencing_token.unwrap_or(0), s.paused)
+        };
+        if paused {
+            return Err(SwitchoverRefusal::Paused);
+        }
+        if to == me {
+            return Err(SwitchoverRefusal::Itself(me));
+        }
+        let listed = match timeout(self.call_timeout, self.backend.candidates()).await {
+            Ok(Ok(Some(listed))) => listed,
+            Ok(Ok(None)) => return Err(SwitchoverRefusal::NoRegistry),
+            Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
+            Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),
+        };
+        check_target(&listed, &me, to)?;
+        if !self.hand_over(to).await {
+            return Err(SwitchoverRefusal::NotLeader { leader: None });
+        }
+        Ok(Handover {
+            from: me,
+            to: to.to_owned(),
+            fencing_token,
+        })
+    }
+}
+
+/// The task that follows the backend's controls; stopped when dropped.
+pub(super) struct Follower {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Follower {
+    /// Start following through `handle`'s backend, publishing the pause
+    /// marker with `writer`; after an error the controls are read again
+    /// with a backoff of up to `retry`. `None` when the backend keeps no
+    /// controls.
+    pub(super) fn start(
+        handle: ElectorHandle,
+        writer: PauseWriter,
+        retry: Duration,
+    ) -> Option<Self> {
+        if !handle.backend.has_controls() {
+            return None;
+        }
+        let task = tokio::spawn(follow(handle, writer, retry));
+        Some(Follower { task })
+    }
+}
+
+async fn follow(handle: ElectorHandle, writer: PauseWriter, retry: Duration) {
+    let backend = handle.backend.clone();
+    let mut state = handle.state.clone();
+    let mut backoff = Backoff::new(Duration::from_millis(100), retry);
+    let mut seen: Option<Controls> = None;
+    loop {
+        let read = match &seen {
+            None => read(&*backend, handle.call_timeout).await,
+            Some(s) => tokio::select! {
+                r = backend.watch_controls(s) => r,
+                () = leading_starts(&mut state) => Ok(s.clone()),
+            },
+        };
+        match read {
+            Ok(c) => {
+                backoff.reset();
+                if seen.as_ref().map_or(c.paused, |s| s.paused != c.paused) {
+                    let what = if c.paused { "paused" } else { "resumed" };
+                    info!(election = %handle.state.borrow().election, "the election is {what}");
+                }
+                writer.set(c.paused);
+                act(&handle, &c).await;
+                seen = Some(c);
+            }
+            Err(e) => {
+                debug!(error = %e.report(), "cannot follow the operator controls; reading them again");
+                seen = None;
+                sleep(backoff.next()).await;
+            }
+        }
+    }
+}
+
+/// Read the controls once within `limit`.
+async fn read(backend: &dyn LeaseBackend, limit: Duration) -> Result<Controls, BackendError> {
+    match timeout(limit, backend.controls()).await {
+        Ok(r) => r,
+        Err(_) => Err(BackendError::Timeout {
+            backend: backend.about(),
+            call: "controls",
+            timeout_ms: limit.as_millis() as u64,
+        }),
+    }
+}
+
+/// Resolves when this candidate starts a term (after not holding one);
+/// pends forever once the Elector is gone.
+async fn leading_starts(state: &mut watch::Receiver<LeaderState>) {
+    let ended = state.wait_for(|s| s.own_term.is_none()).await.is_err();
+    if ended || state.wait_for(|s| s.own_term.is_some()).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// While leading, act on `c`'s switchover request: hand over when the
+/// target is eligible, then clear the request; refuse (a warning naming
+/// why) and clear it otherwise. A request naming this leader is done.
+async fn act(handle: &ElectorHandle, c: &Controls) {
+    let Some(to) = c.switchover.as_deref() else {
+        return;
+    };
+    let (leading, election) = {
+        let s = handle.state.borrow();
+        (s.is_leader_now(), s.election.clone())
+    };
+    if !leading {
+        return;
+    }
+    match handle.switchover(to).await {
+        Ok(h) => {
+            info!(%election, from = %h.from, to = %h.to, fencing_token = h.fencing_token, "switchover requested through the backend: handed over")
+        }
+        Err(SwitchoverRefusal::NotLeader { .. }) => return,
+        Err(SwitchoverRefusal::Itself(_)) => {
+            debug!(%election, to, "switchover request names this leader: done")
+        }
+        Err(why) => {
+            warn!(%election, to, reason = %why, "switchover request refused; clearing it")
+        }
+    }
+    let clear = handle.backend.request_switchover(None);
+    match timeout(handle.call_timeout, clear).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e.report(), "cannot clear the switchover request"),
+        Err(_) => warn!("clearing the switchover request timed out"),
+    }
+}
+
+#[cfg(test)]
+#[path = "controls_tests.rs"]
+mod tests;
