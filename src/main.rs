@@ -43,6 +43,9 @@ fn main() -> ExitCode {
             Command::Run(run) => (run.sidecar, true),
             Command::Status(ops) => return leader_elector::ops::status_main(&ops),
             Command::Observe(ops) => return leader_elector::ops::observe_main(&ops),
+            Command::Pause(ops) => return leader_elector::ops::pause_main(&ops, true),
+            Command::Resume(ops) => return leader_elector::ops::pause_main(&ops, false),
+            Command::Switchover(cli) => return leader_elector::ops::switchover_main(&cli),
         },
         Err(e) => e.exit(),
     };

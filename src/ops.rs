@@ -1,11 +1,14 @@
-//! The operator's read-only commands, no sidecar needed:
-//! `leader-elector status` (who leads an election, once) and
+//! The operator's commands, no sidecar needed:
+//! `leader-elector status` (who leads an election, once),
 //! `leader-elector observe` (one line per leadership change until
-//! interrupted, as `etcdctl elect --listen` does, for every backend).
+//! interrupted, as `etcdctl elect --listen` does, for every backend), and
+//! `pause`, `resume` and `switchover` (the operator controls, `controls`).
 //!
-//! Invariant: these commands only read. They go through the same
-//! [`LeaseBackend`] as the sidecar (`inspect`, `read`, `watch`) and never
-//! campaign, renew or resign, so running them cannot change who leads.
+//! Invariant: these commands never campaign, renew or resign. `status` and
+//! `observe` only read, through the same [`LeaseBackend`] as the sidecar
+//! (`inspect`, `read`, `watch`), so running them cannot change who leads;
+//! the control commands write the election's controls only, which the
+//! sidecars follow.
 //!
 //! Exit codes of `status`: 0 someone leads, 3 nobody leads (the key is free),
 //! 4 a Lease names a holder that has not renewed within its duration by this
@@ -20,17 +23,22 @@
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use serde::Serialize;
 
 use crate::backend::registry::{self, BackendArgs, Common};
-use crate::backend::{BackendError, Holder, LeaseBackend};
+use crate::backend::{Holder, LeaseBackend};
 use crate::config::{check_election, parse_duration};
 
 mod candidates;
+mod controls;
+mod observe;
 pub use candidates::CandidateRow;
+pub use controls::{EXIT_NOT_DONE, EXIT_REFUSED, SwitchoverCli, pause_main, switchover_main};
+pub use observe::observe;
+use observe::shutdown_signal;
 
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
@@ -89,6 +97,10 @@ pub struct Report {
     /// cannot tell: neither backend stores the acquisition time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
+    /// `status` only, where the backend keeps operator controls: whether
+    /// the election is paused (`leader-elector pause`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
     /// `status` only, where the backend keeps a candidate registry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<Vec<CandidateRow>>,
@@ -106,6 +118,7 @@ impl Report {
                 .and_then(|h| h.expires_in)
                 .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
             since: None,
+            paused: None,
             candidates: None,
         }
     }
@@ -193,10 +206,15 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
         }
     };
     let mut report = Report::new(&cli.election, backend.name(), holder.as_ref());
+    report.paused = controls::paused(backend, cli.timeout).await;
     report.candidates = candidates::read(backend, cli.timeout).await;
     let text = match cli.output {
         Output::Json => serde_json::to_string(&report).unwrap_or_default(),
-        Output::Table => table(&report) + &candidates::table(report.candidates.as_deref()),
+        Output::Table => {
+            table(&report)
+                + &controls::paused_line(report.paused)
+                + &candidates::table(report.candidates.as_deref())
+        }
     };
     if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
         return 1;
@@ -249,159 +267,6 @@ fn table(r: &Report) -> String {
         head.join("  ").trim_end(),
         vals.join("  ").trim_end()
     )
-}
-
-/// What identifies one term: a change of any of these is a change of leader
-/// (or a new term of the same leader).
-fn term_key(h: Option<&Holder>) -> Option<(String, u64, String)> {
-    h.map(|h| (h.identity.clone(), h.fencing_token, h.term_id.to_string()))
-}
-
-/// How often `observe` reads again when no change notice arrives (a crashed
-/// Redis holder's key expires without one).
-const OBSERVE_POLL: Duration = Duration::from_secs(1);
-/// How often `observe` reads while nobody leads (there is nothing to watch):
-/// from every 10 ms right after the key became free (a handover ends within
-/// milliseconds) to every 500 ms while it stays free.
-const OBSERVE_POLL_FREE: (Duration, Duration) =
-    (Duration::from_millis(10), Duration::from_millis(500));
-
-/// `observe`: print the current state, then one line per change, until
-/// `stop` resolves or the output is closed. Returns the exit code.
-pub async fn observe(
-    cli: &OpsCli,
-    backend: &dyn LeaseBackend,
-    out: &mut dyn Write,
-    stop: impl std::future::Future<Output = ()>,
-) -> u8 {
-    tokio::pin!(stop);
-    let mut last: Option<Option<(String, u64, String)>> = None;
-    let mut backoff = Duration::from_millis(100);
-    let mut free_poll = OBSERVE_POLL_FREE.0;
-    loop {
-        let read = tokio::select! {
-            r = read_holder(cli, backend, &mut backoff) => r,
-            _ = &mut stop => return 0,
-        };
-        let Some(holder) = read else { continue };
-        let key = term_key(holder.as_ref());
-        if last.as_ref() != Some(&key) {
-            let line = change_line(cli, backend.name(), holder.as_ref());
-            // A closed output (`| head -1`) ends the command quietly.
-            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-                return 0;
-            }
-            last = Some(key);
-        }
-        tokio::select! {
-            _ = next_change(backend, holder.as_ref(), &mut free_poll) => {}
-            _ = &mut stop => return 0,
-        }
-    }
-}
-
-/// One read for `observe`: the holder, or `None` after an error (said on
-/// stderr, and waited out with a doubling backoff up to 5 s).
-async fn read_holder(
-    cli: &OpsCli,
-    backend: &dyn LeaseBackend,
-    backoff: &mut Duration,
-) -> Option<Option<Holder>> {
-    match tokio::time::timeout(cli.timeout, backend.read()).await {
-        Ok(Ok(h)) => {
-            *backoff = Duration::from_millis(100);
-            Some(h)
-        }
-        Ok(Err(e)) => {
-            eprintln!("error: {}; retrying in {backoff:?}", e.report());
-            tokio::time::sleep(*backoff).await;
-            *backoff = (*backoff * 2).min(Duration::from_secs(5));
-            None
-        }
-        Err(_) => {
-            eprintln!(
-                "error: {} did not answer within {}; retrying",
-                backend.name(),
-                humantime::format_duration(cli.timeout)
-            );
-            None
-        }
-    }
-}
-
-/// Wait until the term may have changed: the holder's watch fires, or its
-/// lease may have run out (at most [`OBSERVE_POLL`]); while nobody leads,
-/// a poll from every 10 ms, doubling to every 500 ms.
-async fn next_change(
-    backend: &dyn LeaseBackend,
-    holder: Option<&Holder>,
-    free_poll: &mut Duration,
-) {
-    let Some(h) = holder else {
-        tokio::time::sleep(*free_poll).await;
-        *free_poll = (*free_poll * 2).min(OBSERVE_POLL_FREE.1);
-        return;
-    };
-    *free_poll = OBSERVE_POLL_FREE.0;
-    let poll = h.expires_in.map_or(OBSERVE_POLL, |e| {
-        (e + Duration::from_millis(10)).min(OBSERVE_POLL)
-    });
-    tokio::select! {
-        r = backend.watch(h) => {
-            if let Err(e) = r {
-                report_watch_error(&e);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        _ = tokio::time::sleep(poll) => {}
-    }
-}
-
-/// One `observe` line: the holder (or nobody) since now, as a table line or
-/// as JSON.
-fn change_line(cli: &OpsCli, backend: &'static str, holder: Option<&Holder>) -> String {
-    let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-    match cli.output {
-        Output::Json => {
-            let mut r = Report::new(&cli.election, backend, holder);
-            r.since = Some(now);
-            serde_json::to_string(&r).unwrap_or_default()
-        }
-        Output::Table => match holder {
-            Some(h) => format!(
-                "{now} {} leads {} (fencing token {})",
-                h.identity, cli.election, h.fencing_token
-            ),
-            None => format!("{now} nobody leads {}", cli.election),
-        },
-    }
-}
-
-fn report_watch_error(e: &BackendError) {
-    // A watch that ends (compaction, a broken subscription) is followed by a
-    // fresh read; only say so at debug level of detail.
-    if !matches!(e, BackendError::WatchEnded { .. }) {
-        eprintln!("error: {}; reading again", e.report());
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]
