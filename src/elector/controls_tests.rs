@@ -247,3 +247,18 @@ async fn a_frozen_sole_candidate_stays_out_for_the_freeze_then_leads() {
     assert_eq!(leader(&ms).as_deref(), Some("a"));
     assert!(ms[0].rx.borrow().waiting.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_pending_while_nobody_leads_is_acted_on_by_the_next_leader() {
+    let b = MemoryBackend::new();
+    let ms = three(&b).await;
+    let l = leader(&ms).unwrap();
+    ms[index(&ms, &l)].task.abort();
+    let to = ["a", "b", "c"].into_iter().find(|id| *id != l).unwrap();
+    b.request_switchover(Some(to)).await.unwrap();
+    // The dead leader's term runs out; whoever leads next hands over to
+    // the target (or, being the target, just clears the request).
+    run_for(&ms, TTL * 2).await;
+    assert_eq!(leader(&ms).as_deref(), Some(to));
+    assert_eq!(b.controls().await.unwrap().switchover, None, "cleared");
+}

@@ -382,6 +382,11 @@ mod tests {
             (Some(true), true)
         );
         assert!(b.controls().await.unwrap().paused);
+        let mut out = Vec::new();
+        let status_cli = ops("json");
+        crate::ops::status(&status_cli, &b, &mut out).await;
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["paused"], json!(true), "status shows the pause: {v}");
         // Paused: a switchover is refused, nobody can take the term.
         let _ra = start(&b, "a");
         tokio::time::sleep(Duration::from_millis(200)).await;
