@@ -1,5 +1,6 @@
 //! Read-write locks and the renewal and give-back of job claims, through a
-//! real sidecar's control API on real etcd and real Redis. Every safety
+//! real sidecar's control API on real etcd, real Redis and the Kubernetes
+//! API stand-in (the Lease backend). Every safety
 //! check has its liveness twin: a writer overlaps nobody / readers overlap;
 //! new readers are held back while a writer waits / they enter once it is
 //! served or gives up; a claim is not another's while renewed / it is
@@ -115,6 +116,11 @@ async fn readers_share_and_a_writer_waits_its_turn_on_redis() {
     readers_share_and_a_writer_waits_its_turn("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_a_writer_waits_its_turn_on_kubernetes() {
+    readers_share_and_a_writer_waits_its_turn("kubernetes").await;
+}
+
 /// A writer that gives up at its wait lets held-back readers in at once
 /// (its intent goes with it), and renew/release answer like a lock's.
 async fn a_writer_that_gives_up_lets_readers_in(kind: &str) {
@@ -176,6 +182,11 @@ async fn a_writer_that_gives_up_lets_readers_in_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_gives_up_lets_readers_in_on_redis() {
     a_writer_that_gives_up_lets_readers_in("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_gives_up_lets_readers_in_on_kubernetes() {
+    a_writer_that_gives_up_lets_readers_in("kubernetes").await;
 }
 
 /// Who is inside, as the clients see it: readers, writers, and the most
@@ -321,6 +332,11 @@ async fn no_writer_beside_anyone_and_readers_share_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_writer_beside_anyone_and_readers_share_on_redis() {
     no_writer_beside_anyone("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_writer_beside_anyone_and_readers_share_on_kubernetes() {
+    no_writer_beside_anyone("kubernetes").await;
 }
 
 /// A renewed claim outlives its first TTL and stays the claimant's; given
