@@ -453,3 +453,75 @@ async fn a_writer_waiting_beside_an_expired_reader_does_not_spin_on_redis() {
     let (st, w) = waiter.await.unwrap();
     assert_eq!(st, 200, "granted once the reader left: {w}");
 }
+
+/// On Leases a read-write lock is one Lease (`le-rw-…`, kind `rwlock`)
+/// whose state holds the readers and a waiting writer's intent; an intent
+/// whose writer stopped waiting without removing it (written here by hand)
+/// keeps readers out until its TTL ends by the sidecar's sight, then lets
+/// them in (the liveness twin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_locks_lease_holds_its_readers_and_a_writers_intent_on_kubernetes() {
+    use leader_elector::backend::kubernetes::coord::{ObjKind, STATE_ANNOTATION, object_name};
+    let (b, _s, port) = sidecar("kubernetes", "rw-lease").await;
+    let crate::coord::Backend::Kube(api) = &b else {
+        unreachable!("a Kubernetes sidecar")
+    };
+    let object = object_name(ObjKind::RwLock, "My.Doc");
+    assert!(object.starts_with("le-rw-my-doc-"), "{object}");
+    let (st, a) = call(port, "POST", "/rwlocks/My.Doc?mode=read&owner=ra", None).await;
+    assert_eq!(st, 200, "{a}");
+    let state = |l: &Value| -> Value {
+        serde_json::from_str(
+            l["metadata"]["annotations"][STATE_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let lease = api
+        .lease(&object)
+        .expect("one Lease for the read-write lock");
+    assert_eq!(
+        lease["metadata"]["labels"]["leader-elector.io/kind"],
+        "rwlock"
+    );
+    assert_eq!(
+        lease["metadata"]["annotations"]["leader-elector.io/name"],
+        "My.Doc"
+    );
+    assert_eq!(lease["spec"]["holderIdentity"], "ra");
+    let writer = tokio::spawn(async move {
+        let path = "/rwlocks/My.Doc?mode=write&wait=10s&owner=w1";
+        call(port, "POST", path, None).await
+    });
+    sleep(Duration::from_millis(500)).await;
+    let st_now = state(&api.lease(&object).unwrap());
+    assert_eq!(st_now["intent"]["owner"], "w1", "{st_now}");
+    let (st, r) = call(port, "DELETE", "/rwlocks/My.Doc", Some(&token_body(&a))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, w) = writer.await.unwrap();
+    assert_eq!(st, 200, "{w}");
+    let l = api.lease(&object).unwrap();
+    assert!(
+        state(&l).get("intent").is_none(),
+        "the grant removes it: {l}"
+    );
+    assert_eq!(l["spec"]["holderIdentity"], "w1");
+    let (st, r) = call(port, "DELETE", "/rwlocks/My.Doc", Some(&token_body(&w))).await;
+    assert_eq!(st, 200, "{r}");
+    // An intent left behind by a writer that stopped waiting, 1 s TTL.
+    assert!(api.edit_lease(&object, |l| {
+        let mut st = state(l);
+        st["intent"] =
+            serde_json::json!({"token": "gone", "owner": "ghost", "ttl_ms": 1000, "at_ms": 1});
+        l["metadata"]["annotations"][STATE_ANNOTATION] = Value::String(st.to_string());
+    }));
+    sleep(Duration::from_millis(200)).await;
+    let (st, r) = call(port, "POST", "/rwlocks/My.Doc?mode=read", None).await;
+    assert_eq!((st, r["holder"].as_str()), (409, Some("ghost")), "{r}");
+    let t = Instant::now();
+    let (st, r) = call(port, "POST", "/rwlocks/My.Doc?mode=read&wait=5s", None).await;
+    assert_eq!(st, 200, "readers enter once the intent's TTL ends: {r}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(fence(&r) > fence(&w), "{w} {r}");
+}
