@@ -525,3 +525,55 @@ async fn a_read_write_locks_lease_holds_its_readers_and_a_writers_intent_on_kube
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert!(fence(&r) > fence(&w), "{w} {r}");
 }
+
+/// On Leases, a writer and a reader waiting on one sidecar behind a held
+/// reader (the writer's intent recorded) wait on the watch: they read the
+/// Lease at most a few times in 1.5 s rather than looking in a loop. The
+/// liveness twin: once the reader releases, the writer is granted, and once
+/// the writer releases, the waiting reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_and_reader_do_not_poll_the_lease_on_kubernetes() {
+    let api = crate::support::kube_api::KubeApi::start("rw-poll");
+    let ep = api.endpoint("me").await;
+    let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+    let args: Vec<String> = ["--backend", "kubernetes"]
+        .iter()
+        .chain(crate::support::FAST)
+        .chain(crate::support::CONTROL)
+        .map(|s| s.to_string())
+        .collect();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let side =
+        crate::support::Sidecar::start_env(&crate::support::election("rw-poll"), "me", &args, &env);
+    let port = side.control();
+    let (st, a) = call(port, "POST", "/rwlocks/p?mode=read&ttl=30s", None).await;
+    assert_eq!(st, 200, "{a}");
+    let wait = |mode: &'static str| {
+        tokio::spawn(async move {
+            let path = format!("/rwlocks/p?mode={mode}&ttl=30s&wait=20s&owner={mode}r");
+            call(port, "POST", &path, None).await
+        })
+    };
+    let writer = wait("write");
+    sleep(Duration::from_millis(300)).await;
+    let reader = wait("read");
+    sleep(Duration::from_millis(300)).await;
+    let reads = || ep.counts().get("GET lease").copied().unwrap_or(0);
+    let before = reads();
+    sleep(Duration::from_millis(1500)).await;
+    let looked = reads() - before;
+    assert!(
+        looked <= 3,
+        "two waiters read the Lease {looked} times in 1.5 s"
+    );
+    let (st, r) = call(port, "DELETE", "/rwlocks/p", Some(&token_body(&a))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, w) = writer.await.unwrap();
+    assert_eq!(st, 200, "{w}");
+    sleep(Duration::from_millis(300)).await;
+    let (st, r) = call(port, "DELETE", "/rwlocks/p", Some(&token_body(&w))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = reader.await.unwrap();
+    assert_eq!(st, 200, "{r}");
+    assert!(fence(&r) > fence(&w), "{w} {r}");
+}

@@ -80,9 +80,10 @@ pub struct LeaseCoord {
     deadline: Duration,
     /// The watch and sweep tasks, started on first use.
     tasks: std::sync::Mutex<Vec<AbortHandle>>,
-    /// Intents of the read-write lock writers waiting on this sidecar (id:
-    /// the end of its TTL), so a waiting writer is woken when it may enter.
-    writers: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Intents of the read-write lock writers waiting on this sidecar: id
+    /// to the end of its TTL and the `resourceVersion` its last refusal
+    /// was decided on, so a waiting writer is woken when it may enter.
+    writers: std::sync::Mutex<HashMap<String, (Instant, String)>>,
 }
 
 impl Drop for LeaseCoord {

@@ -23,6 +23,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 
 use super::book::Sight;
@@ -32,6 +33,20 @@ use super::state::{Entry, Stored};
 use super::{LeaseCoord, entry, grant};
 use crate::backend::coordination::{Outcome, Result, RwMode, Token, TokenKind, Try, WriteIntent};
 use crate::backend::kubernetes::unix_millis;
+
+/// The `resourceVersion` of `lease`.
+fn lease_version(lease: &Lease) -> String {
+    lease.metadata.resource_version.clone().unwrap_or_default()
+}
+
+/// The version of the object a verb looked at (empty: absent).
+fn version(v: &View) -> String {
+    v.sight
+        .lease
+        .as_ref()
+        .map(lease_version)
+        .unwrap_or_default()
+}
 
 /// Whether holder `e` is a writer (by its token's kind).
 fn is_writer(e: &Entry) -> bool {
@@ -127,36 +142,40 @@ impl LeaseCoord {
             RwMode::Write => TokenKind::Writer,
         };
         let token = Token::new(kind, 0).to_string();
-        if let Some(i) = intent {
-            self.waiting_writer(&i.id, Some(Instant::now() + i.ttl));
-        }
+        let mut looked = String::new();
         let r = self
             .update(&t, |v| {
+                looked = version(v);
                 Ok(decide(v, name, owner, mode, (&token, ttl), intent))
             })
             .await;
-        if let (Some(i), Ok(Try::Acquired(_))) = (intent, &r) {
-            self.waiting_writer(&i.id, None);
+        if let Some(i) = intent {
+            let granted = matches!(r, Ok(Try::Acquired(_)));
+            let end = Instant::now() + i.ttl;
+            self.waiting_writer(&i.id, (!granted).then_some((end, looked)));
         }
         r
     }
 
-    /// Remember (`until`: while it lives) or forget the intent `id` of a
-    /// writer waiting on this sidecar.
-    fn waiting_writer(&self, id: &str, until: Option<Instant>) {
+    /// Remember (`Some`: the end of its TTL, the version its last refusal
+    /// was decided on) or forget the intent `id` of a writer waiting on this
+    /// sidecar.
+    fn waiting_writer(&self, id: &str, waits: Option<(Instant, String)>) {
         let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        w.retain(|_, end| *end > now);
-        match until {
-            Some(end) => w.insert(id.to_owned(), end),
+        w.retain(|_, (end, _)| *end > now);
+        match waits {
+            Some(x) => w.insert(id.to_owned(), x),
             None => w.remove(id),
         };
     }
 
-    /// Whether `id` is the intent of a writer waiting on this sidecar.
-    fn waits_here(&self, id: &str) -> bool {
+    /// Whether `id` is the intent of a writer waiting on this sidecar that
+    /// has not looked at the object's version `seen` yet.
+    fn may_look_again(&self, id: &str, seen: &str) -> bool {
         let w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
-        w.get(id).is_some_and(|end| *end > Instant::now())
+        w.get(id)
+            .is_some_and(|(end, looked)| *end > Instant::now() && looked != seen)
     }
 
     /// Remove writer intent `id` of read-write lock `name` when it is still
@@ -202,15 +221,18 @@ impl LeaseCoord {
     /// Wait until read-write lock `name` may have changed, or `until`: at
     /// once when, by this sidecar's sight, a reader could enter (no live
     /// writer or intent) or a writer waiting here could (no live holder,
-    /// its intent live), so a change seen between the caller's look and
-    /// this wait is not slept through; else until the object's next watch
-    /// event or the next expiry by sight.
+    /// its intent live) and has not looked at this version yet, so a change
+    /// seen between the caller's look and this wait is not slept through
+    /// (and nobody spins while the writer takes its turn); else until the
+    /// object's next watch event or the next expiry by sight.
     pub(super) async fn rw_wait(&self, name: &str, until: Instant) -> Result<()> {
         let object = object_name(ObjKind::RwLock, name);
         let may_enter = |s: &Sight| {
             let intent = s.intent.as_ref();
             let reader = !s.live.iter().any(is_writer) && intent.is_none();
-            reader || s.live.is_empty() && intent.is_some_and(|i| self.waits_here(&i.token))
+            let seen = s.lease.as_ref().map(lease_version).unwrap_or_default();
+            let writer = intent.is_some_and(|i| self.may_look_again(&i.token, &seen));
+            reader || s.live.is_empty() && writer
         };
         self.sleep_on(&object, until, may_enter).await;
         Ok(())
