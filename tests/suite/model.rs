@@ -349,8 +349,7 @@ fn acquisition(
             sem_n[&op.name],
             op.wait.as_millis()
         )
-    } else if r < 0.87 && kind != "kubernetes" {
-        // Read-write locks: not on the Lease backend yet.
+    } else if r < 0.87 {
         op.what = What::Rw;
         op.name = RWS[rng.random_range(0..RWS.len())].to_owned();
         op.write = rng.random_bool(0.35);
@@ -936,7 +935,7 @@ fn meaningful(history: &[Op], shared: usize, kind: &str, seed: u64) {
         .count();
     assert!(grants > 20, "too few grants to mean anything (seed {seed})");
     assert!(
-        shared > 0 || kind == "kubernetes",
+        shared > 0,
         "readers never shared a read-write lock (seed {seed})"
     );
 }

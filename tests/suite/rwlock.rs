@@ -1,5 +1,6 @@
 //! Read-write locks and the renewal and give-back of job claims, through a
-//! real sidecar's control API on real etcd and real Redis. Every safety
+//! real sidecar's control API on real etcd, real Redis and the Kubernetes
+//! API stand-in (the Lease backend). Every safety
 //! check has its liveness twin: a writer overlaps nobody / readers overlap;
 //! new readers are held back while a writer waits / they enter once it is
 //! served or gives up; a claim is not another's while renewed / it is
@@ -115,6 +116,11 @@ async fn readers_share_and_a_writer_waits_its_turn_on_redis() {
     readers_share_and_a_writer_waits_its_turn("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_a_writer_waits_its_turn_on_kubernetes() {
+    readers_share_and_a_writer_waits_its_turn("kubernetes").await;
+}
+
 /// A writer that gives up at its wait lets held-back readers in at once
 /// (its intent goes with it), and renew/release answer like a lock's.
 async fn a_writer_that_gives_up_lets_readers_in(kind: &str) {
@@ -176,6 +182,11 @@ async fn a_writer_that_gives_up_lets_readers_in_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_gives_up_lets_readers_in_on_redis() {
     a_writer_that_gives_up_lets_readers_in("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_gives_up_lets_readers_in_on_kubernetes() {
+    a_writer_that_gives_up_lets_readers_in("kubernetes").await;
 }
 
 /// Who is inside, as the clients see it: readers, writers, and the most
@@ -323,6 +334,11 @@ async fn no_writer_beside_anyone_and_readers_share_on_redis() {
     no_writer_beside_anyone("redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_writer_beside_anyone_and_readers_share_on_kubernetes() {
+    no_writer_beside_anyone("kubernetes").await;
+}
+
 /// A renewed claim outlives its first TTL and stays the claimant's; given
 /// back, another worker claims it at once; the old token then gets 410 on
 /// renew and 409 on give-back; a completed job stays completed.
@@ -436,4 +452,128 @@ async fn a_writer_waiting_beside_an_expired_reader_does_not_spin_on_redis() {
     assert_eq!(st, 200, "{r}");
     let (st, w) = waiter.await.unwrap();
     assert_eq!(st, 200, "granted once the reader left: {w}");
+}
+
+/// On Leases a read-write lock is one Lease (`le-rw-…`, kind `rwlock`)
+/// whose state holds the readers and a waiting writer's intent; an intent
+/// whose writer stopped waiting without removing it (written here by hand)
+/// keeps readers out until its TTL ends by the sidecar's sight, then lets
+/// them in (the liveness twin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_locks_lease_holds_its_readers_and_a_writers_intent_on_kubernetes() {
+    use leader_elector::backend::kubernetes::coord::{ObjKind, STATE_ANNOTATION, object_name};
+    let (b, _s, port) = sidecar("kubernetes", "rw-lease").await;
+    let crate::coord::Backend::Kube(api) = &b else {
+        unreachable!("a Kubernetes sidecar")
+    };
+    let object = object_name(ObjKind::RwLock, "My.Doc");
+    assert!(object.starts_with("le-rw-my-doc-"), "{object}");
+    let (st, a) = call(port, "POST", "/rwlocks/My.Doc?mode=read&owner=ra", None).await;
+    assert_eq!(st, 200, "{a}");
+    let state = |l: &Value| -> Value {
+        serde_json::from_str(
+            l["metadata"]["annotations"][STATE_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let lease = api
+        .lease(&object)
+        .expect("one Lease for the read-write lock");
+    assert_eq!(
+        lease["metadata"]["labels"]["leader-elector.io/kind"],
+        "rwlock"
+    );
+    assert_eq!(
+        lease["metadata"]["annotations"]["leader-elector.io/name"],
+        "My.Doc"
+    );
+    assert_eq!(lease["spec"]["holderIdentity"], "ra");
+    let writer = tokio::spawn(async move {
+        let path = "/rwlocks/My.Doc?mode=write&wait=10s&owner=w1";
+        call(port, "POST", path, None).await
+    });
+    sleep(Duration::from_millis(500)).await;
+    let st_now = state(&api.lease(&object).unwrap());
+    assert_eq!(st_now["intent"]["owner"], "w1", "{st_now}");
+    let (st, r) = call(port, "DELETE", "/rwlocks/My.Doc", Some(&token_body(&a))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, w) = writer.await.unwrap();
+    assert_eq!(st, 200, "{w}");
+    let l = api.lease(&object).unwrap();
+    assert!(
+        state(&l).get("intent").is_none(),
+        "the grant removes it: {l}"
+    );
+    assert_eq!(l["spec"]["holderIdentity"], "w1");
+    let (st, r) = call(port, "DELETE", "/rwlocks/My.Doc", Some(&token_body(&w))).await;
+    assert_eq!(st, 200, "{r}");
+    // An intent left behind by a writer that stopped waiting, 1 s TTL.
+    assert!(api.edit_lease(&object, |l| {
+        let mut st = state(l);
+        st["intent"] =
+            serde_json::json!({"token": "gone", "owner": "ghost", "ttl_ms": 1000, "at_ms": 1});
+        l["metadata"]["annotations"][STATE_ANNOTATION] = Value::String(st.to_string());
+    }));
+    sleep(Duration::from_millis(200)).await;
+    let (st, r) = call(port, "POST", "/rwlocks/My.Doc?mode=read", None).await;
+    assert_eq!((st, r["holder"].as_str()), (409, Some("ghost")), "{r}");
+    let t = Instant::now();
+    let (st, r) = call(port, "POST", "/rwlocks/My.Doc?mode=read&wait=5s", None).await;
+    assert_eq!(st, 200, "readers enter once the intent's TTL ends: {r}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(fence(&r) > fence(&w), "{w} {r}");
+}
+
+/// On Leases, a writer and a reader waiting on one sidecar behind a held
+/// reader (the writer's intent recorded) wait on the watch: they read the
+/// Lease at most a few times in 1.5 s rather than looking in a loop. The
+/// liveness twin: once the reader releases, the writer is granted, and once
+/// the writer releases, the waiting reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_and_reader_do_not_poll_the_lease_on_kubernetes() {
+    let api = crate::support::kube_api::KubeApi::start("rw-poll");
+    let ep = api.endpoint("me").await;
+    let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
+    let args: Vec<String> = ["--backend", "kubernetes"]
+        .iter()
+        .chain(crate::support::FAST)
+        .chain(crate::support::CONTROL)
+        .map(|s| s.to_string())
+        .collect();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let side =
+        crate::support::Sidecar::start_env(&crate::support::election("rw-poll"), "me", &args, &env);
+    let port = side.control();
+    let (st, a) = call(port, "POST", "/rwlocks/p?mode=read&ttl=30s", None).await;
+    assert_eq!(st, 200, "{a}");
+    let wait = |mode: &'static str| {
+        tokio::spawn(async move {
+            let path = format!("/rwlocks/p?mode={mode}&ttl=30s&wait=20s&owner={mode}r");
+            call(port, "POST", &path, None).await
+        })
+    };
+    let writer = wait("write");
+    sleep(Duration::from_millis(300)).await;
+    let reader = wait("read");
+    sleep(Duration::from_millis(300)).await;
+    let reads = || ep.counts().get("GET lease").copied().unwrap_or(0);
+    let before = reads();
+    sleep(Duration::from_millis(1500)).await;
+    let looked = reads() - before;
+    assert!(
+        looked <= 3,
+        "two waiters read the Lease {looked} times in 1.5 s"
+    );
+    let (st, r) = call(port, "DELETE", "/rwlocks/p", Some(&token_body(&a))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, w) = writer.await.unwrap();
+    assert_eq!(st, 200, "{w}");
+    sleep(Duration::from_millis(300)).await;
+    let (st, r) = call(port, "DELETE", "/rwlocks/p", Some(&token_body(&w))).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = reader.await.unwrap();
+    assert_eq!(st, 200, "{r}");
+    assert!(fence(&r) > fence(&w), "{w} {r}");
 }

@@ -52,12 +52,14 @@ pub struct Sight {
     pub expired: Vec<String>,
     /// A lock's fair waiters live by this sidecar's sight, in arrival order.
     pub queue: Vec<Entry>,
+    /// A read-write lock's writer intent, when live by this sidecar's sight.
+    pub intent: Option<Entry>,
     /// Whether a job's completion is still remembered.
     pub done_live: bool,
     /// The highest fencing counter seen for the object.
     pub top: u64,
-    /// When the next live holder (or ghost, or waiter) expires by this
-    /// sidecar's sight.
+    /// When the next live holder (or ghost, or waiter, or writer intent)
+    /// expires by this sidecar's sight.
     pub next_expiry: Option<Instant>,
 }
 
@@ -121,7 +123,9 @@ impl Obj {
         ghosts.dedup_by(|a, b| a.token == b.token);
         self.top = self.top.max(lease.as_ref().map_or(0, fencing_of));
         let mut first = HashMap::new();
-        let entries = next.holders.iter().chain(&next.queue).chain(&next.done);
+        let entries = (next.holders.iter().chain(&next.queue))
+            .chain(next.intent.as_deref())
+            .chain(&next.done);
         for e in entries.chain(&ghosts) {
             let seen = self.first.get(&e.stamp()).copied().unwrap_or(now);
             first.insert(e.stamp(), seen);
@@ -196,11 +200,17 @@ impl Book {
             .filter(|e| obj.live_at(e, now))
             .cloned()
             .collect();
+        let intent = (obj.stored.intent.as_deref())
+            .filter(|e| obj.live_at(e, now))
+            .cloned();
         Sight {
             lease: obj.lease.clone(),
-            next_expiry: live.iter().chain(&queue).filter_map(until).min(),
+            next_expiry: (live.iter().chain(&queue).chain(&intent))
+                .filter_map(until)
+                .min(),
             live,
             queue,
+            intent,
             expired,
             done_live: obj
                 .stored

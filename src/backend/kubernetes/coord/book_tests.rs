@@ -101,3 +101,22 @@ async fn an_older_version_read_after_a_newer_one_is_ignored() {
     book.gone(OBJ, Some("3"));
     assert!(book.sight(OBJ, Instant::now()).lease.is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_writer_intent_lives_its_ttl_from_first_sight_and_wakes_waiters_when_it_ends() {
+    let book = Book::default();
+    let state = Stored {
+        intent: Some(Box::new(holder("i", 10))),
+        ..Stored::default()
+    };
+    book.seen(OBJ, &version(1, &state));
+    advance(Duration::from_millis(400)).await;
+    let s = book.sight(OBJ, Instant::now());
+    assert_eq!(s.intent.map(|i| i.token).as_deref(), Some("i"));
+    assert_eq!(
+        s.next_expiry,
+        Some(Instant::now() + Duration::from_millis(600))
+    );
+    advance(Duration::from_millis(600)).await;
+    assert!(book.sight(OBJ, Instant::now()).intent.is_none());
+}

@@ -1,6 +1,6 @@
 //! Coordination on Lease objects in the election namespace: one Lease per
 //! lock name, one per semaphore (holding its N permits), one per claimed
-//! job; object names from `names`. Each Lease's state (holders, a job's
+//! job, one per read-write lock name; object names from `names`. Each Lease's state (holders, a job's
 //! completion, tokens released lately) is JSON in one annotation
 //! (`state`); every write is a compare-and-swap on its `resourceVersion`.
 //!
@@ -26,6 +26,8 @@
 //! - Waiters wake on the watch's events for the object (`follow`) or on
 //!   the next expiry by this sidecar's sight; without a watch (RBAC, an
 //!   outage) they look again every [`NAP_UNFOLLOWED`].
+//! - Read-write locks (`rwlock`): readers or one writer as holders of
+//!   one Lease per name, a waiting writer's intent beside them.
 //! - Fair locks (`fair`): waiters queue in the lock's own Lease, in
 //!   arrival order; the first live waiter takes the lock when no holder is
 //!   live. A plain request is refused while anyone holds or queues (one
@@ -40,8 +42,10 @@ mod follow;
 mod io;
 mod jobs;
 mod names;
+mod rwlock;
 mod state;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -52,7 +56,8 @@ use tokio::time::Instant;
 
 use super::{Conn, KubeLeaseBackend, unix_millis};
 use crate::backend::coordination::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, Token, TokenKind, Try,
+    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, RwMode, Token, TokenKind, Try,
+    WriteIntent,
 };
 use io::{Decision, View, ms};
 use state::{Entry, Target};
@@ -75,6 +80,10 @@ pub struct LeaseCoord {
     deadline: Duration,
     /// The watch and sweep tasks, started on first use.
     tasks: std::sync::Mutex<Vec<AbortHandle>>,
+    /// Intents of the read-write lock writers waiting on this sidecar: id
+    /// to the end of its TTL and the `resourceVersion` its last refusal
+    /// was decided on, so a waiting writer is woken when it may enter.
+    writers: std::sync::Mutex<HashMap<String, (Instant, String)>>,
 }
 
 impl Drop for LeaseCoord {
@@ -96,6 +105,7 @@ impl LeaseCoord {
             following: Arc::default(),
             deadline: DEFAULT_DEADLINE,
             tasks: std::sync::Mutex::default(),
+            writers: std::sync::Mutex::default(),
         }
     }
 
@@ -111,6 +121,34 @@ impl LeaseCoord {
             tasks.push(tokio::spawn(sweep).abort_handle());
         }
         Ok(conn)
+    }
+
+    /// Wait until `object`'s next watch event, its next expiry by sight or
+    /// `until`; at once when `ready` holds for the sight taken after the
+    /// wake-up was armed (so a change seen before is not slept through).
+    async fn sleep_on(
+        &self,
+        object: &str,
+        until: Instant,
+        ready: impl FnOnce(&book::Sight) -> bool,
+    ) {
+        let notice = self.book.notice(object);
+        let notified = notice.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = Instant::now();
+        let sight = self.book.sight(object, now);
+        if ready(&sight) {
+            return;
+        }
+        let mut wake = sight.next_expiry.unwrap_or(until).min(until);
+        if !self.following() {
+            wake = wake.min(now + NAP_UNFOLLOWED);
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(wake) => {}
+        }
     }
 
     /// Whether a watch follows the objects now.
@@ -314,23 +352,8 @@ impl Coordinator for LeaseCoord {
 
     async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
         let object = object_name(obj_kind(kind), name);
-        let notice = self.book.notice(&object);
-        let notified = notice.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let now = Instant::now();
-        let sight = self.book.sight(&object, now);
-        if (sight.live.len() as u64) < seen {
-            return Ok(());
-        }
-        let mut wake = sight.next_expiry.unwrap_or(until).min(until);
-        if !self.following() {
-            wake = wake.min(now + NAP_UNFOLLOWED);
-        }
-        tokio::select! {
-            _ = notified => {}
-            _ = tokio::time::sleep_until(wake) => {}
-        }
+        let fewer = |s: &book::Sight| (s.live.len() as u64) < seen;
+        self.sleep_on(&object, until, fewer).await;
         Ok(())
     }
 
@@ -369,5 +392,32 @@ impl Coordinator for LeaseCoord {
             return Ok(Outcome::Gone);
         }
         self.job_act(queue, job, token, None).await
+    }
+
+    async fn rwlock(
+        &self,
+        name: &str,
+        owner: &str,
+        mode: RwMode,
+        ttl: Duration,
+        intent: Option<&WriteIntent>,
+    ) -> Result<Try> {
+        self.rw_acquire(name, owner, mode, ttl, intent).await
+    }
+
+    async fn rw_give_up(&self, name: &str, id: &str) -> Result<()> {
+        self.rw_drop_intent(name, id).await
+    }
+
+    async fn rw_renew(&self, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
+        self.rw_act(name, token, Some(ttl)).await
+    }
+
+    async fn rw_release(&self, name: &str, token: &str) -> Result<Outcome> {
+        self.rw_act(name, token, None).await
+    }
+
+    async fn rw_changed(&self, name: &str, until: Instant) -> Result<()> {
+        self.rw_wait(name, until).await
     }
 }

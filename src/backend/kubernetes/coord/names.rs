@@ -29,6 +29,9 @@ pub enum ObjKind {
     Semaphore,
     /// One job of a queue (`job`).
     Job,
+    /// A read-write lock: its readers or writer, and a waiting writer's
+    /// intent (`rwlock`; object name `le-rw-…`).
+    RwLock,
 }
 
 impl ObjKind {
@@ -38,6 +41,7 @@ impl ObjKind {
             ObjKind::Lock => "lock",
             ObjKind::Semaphore => "semaphore",
             ObjKind::Job => "job",
+            ObjKind::RwLock => "rwlock",
         }
     }
 
@@ -46,6 +50,7 @@ impl ObjKind {
             ObjKind::Lock => "lock",
             ObjKind::Semaphore => "sem",
             ObjKind::Job => "job",
+            ObjKind::RwLock => "rw",
         }
     }
 }
@@ -98,7 +103,12 @@ mod tests {
             "Foo", "foo", "a.b", "a_b", "a-b", "-", ".", "_", &long, "q/j1",
         ];
         let mut seen = std::collections::HashSet::new();
-        for kind in [ObjKind::Lock, ObjKind::Semaphore, ObjKind::Job] {
+        for kind in [
+            ObjKind::Lock,
+            ObjKind::Semaphore,
+            ObjKind::Job,
+            ObjKind::RwLock,
+        ] {
             for n in names {
                 let o = object_name(kind, n);
                 assert!(dns_subdomain(&o), "{n} -> {o}");
@@ -106,6 +116,7 @@ mod tests {
             }
         }
         assert!(object_name(ObjKind::Lock, "My.Lock").starts_with("le-lock-my-lock-"));
+        assert!(object_name(ObjKind::RwLock, "My.Doc").starts_with("le-rw-my-doc-"));
         // Stable across versions: the hash is FNV-1a, not std's.
         assert_eq!(
             object_name(ObjKind::Lock, "x"),

@@ -1,6 +1,7 @@
 //! What a coordination Lease stores: the holders (lock holder, semaphore
-//! permits, job claim), the completion of a job, the tokens released lately,
-//! a lock's fair waiters, as JSON in the annotation [`STATE_ANNOTATION`]; the fencing counter in
+//! permits, job claim, read-write lock readers or writer), the completion of
+//! a job, the tokens released lately, a lock's fair waiters, a read-write
+//! lock's waiting writer's intent, as JSON in the annotation [`STATE_ANNOTATION`]; the fencing counter in
 //! the election's [`TOKEN_ANNOTATION`]. Readable parts (holder, duration,
 //! renew time) are mirrored in the Lease's spec for `kubectl`, never read.
 
@@ -16,7 +17,7 @@ use crate::backend::kubernetes::{TOKEN_ANNOTATION, lease_duration_secs, now_micr
 
 /// Annotation holding a coordination object's `Stored` state (JSON).
 pub const STATE_ANNOTATION: &str = "leader-elector.io/coordination";
-/// Label saying what the object is: `lock`, `semaphore` or `job`.
+/// Label saying what the object is: `lock`, `semaphore`, `job` or `rwlock`.
 pub const KIND_LABEL: &str = "leader-elector.io/kind";
 /// Label naming the election of the sidecar that created the object.
 pub const ELECTION_LABEL: &str = "leader-elector.io/election";
@@ -65,6 +66,11 @@ pub struct Stored {
     /// sidecar while it waits).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queue: Vec<Entry>,
+    /// A read-write lock's waiting writer's intent: `token` is the intent's
+    /// id, `owner` the writer's, `ttl_ms` the intent's TTL; it keeps new
+    /// readers out while live by sight, like a holder. Boxed: rarely there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<Box<Entry>>,
     /// A job's completion, remembered for its `ttl_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub done: Option<Entry>,
