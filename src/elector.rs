@@ -34,6 +34,7 @@ mod follow;
 mod gates;
 mod lead;
 mod observe;
+mod preempt;
 mod publish;
 mod registry;
 mod state;
@@ -53,7 +54,7 @@ use crate::backend::candidates::Candidate;
 use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
-pub use config::{ElectorConfig, ElectorConfigError};
+pub use config::{DEFAULT_PREEMPT_AFTER, ElectorConfig, ElectorConfigError, Standing};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
@@ -229,7 +230,11 @@ impl Elector {
         let backend = self.backend.clone();
         let registry = registry::Registry::start(
             backend.clone(),
-            Candidate::new(self.cfg.identity.clone()),
+            Candidate {
+                priority: self.cfg.standing.priority,
+                revision: self.cfg.standing.revision.clone(),
+                ..Candidate::new(self.cfg.identity.clone())
+            },
             (self.gates.candidacy(), Some(self.publisher.watch_state())),
             self.cfg.lease_duration,
             self.cfg.call_timeout(),

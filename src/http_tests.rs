@@ -29,6 +29,7 @@ fn follower() -> LeaderState {
         servers: None,
         heard_until: None,
         waiting: None,
+        priority: 1,
     }
 }
 
@@ -107,6 +108,25 @@ async fn follower_answers_503_naming_the_leader() {
     assert_eq!(body["is_leader"], false);
     assert_eq!(body["leader"], "other");
     assert_eq!(body["valid_for_ms"], 0);
+}
+
+#[tokio::test]
+async fn priority_0_answers_503_saying_it_never_leads() {
+    let (_tx, rx) = watch::channel(LeaderState {
+        priority: 0,
+        ..follower()
+    });
+    let (status, _, body) = get(rx, "/leader").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["leader"], "other");
+    assert!(
+        body["waiting"]["what"]
+            .as_str()
+            .unwrap()
+            .contains("priority 0"),
+        "{body}"
+    );
+    assert!(body["waiting"].get("until").is_none(), "{body}");
 }
 
 #[tokio::test(start_paused = true)]

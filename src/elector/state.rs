@@ -99,6 +99,8 @@ pub struct LeaderState {
     /// The wait that keeps this candidate from campaigning right now, if
     /// any (a previous term that may still run, a restarted Redis server).
     pub waiting: Option<Waiting>,
+    /// This candidate's priority (`--priority`); 0 never campaigns.
+    pub priority: u32,
 }
 
 impl LeaderState {
@@ -119,6 +121,7 @@ impl LeaderState {
             servers: None,
             heard_until: None,
             waiting: None,
+            priority: cfg.standing.priority,
         }
     }
 

@@ -86,6 +86,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         servers: None,
         heard_until: None,
         waiting: None,
+        priority: 1,
     }
 }
 
