@@ -24,6 +24,7 @@ mod kubernetes_slice;
 mod lease_coord;
 mod model;
 mod ops;
+mod ops_priority;
 mod periods;
 mod redis;
 mod redlock_coord;
