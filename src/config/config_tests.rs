@@ -418,6 +418,6 @@ fn priority_preemption_and_revision_fill_the_standing() {
     assert_eq!(s.revision, "5d9f");
     let e = cli(&[&base[..], &["--preempt-after", "2d"]].concat()).unwrap_err();
     assert!(e.contains("--preempt-after (2days) must be between"), "{e}");
-    let e = cli(&[&base[..], &["--priority", "-1"]].concat()).unwrap_err();
+    let e = cli(&[&base[..], &["--priority=-1"]].concat()).unwrap_err();
     assert!(e.contains("--priority"), "{e}");
 }
