@@ -43,6 +43,9 @@ use crate::backend::candidates::{
     Listed, Revisions, choose_successor, higher_priority, newer_revision,
 };
 
+/// The shortest time between two lists of the registry by one leader.
+const RELIST_FLOOR: Duration = Duration::from_millis(100);
+
 /// The successor a graceful release by `me` names: the registry's best
 /// candidate ([`choose_successor`]); `None` when there is none, the backend
 /// keeps no registry, or the list fails or takes longer than `limit`.
@@ -148,6 +151,7 @@ impl Preempt {
         let mut seen = Seen::default();
         let mut backoff = Backoff::new(Duration::from_millis(100), self.lease_duration);
         loop {
+            let listed_at = Instant::now();
             let (relist, matures) = match timeout(self.call_timeout, self.backend.candidates())
                 .await
             {
@@ -173,6 +177,9 @@ impl Preempt {
                 _ = sleep_until(relist) => {}
                 _ = sleep_until(matures.unwrap_or(relist)) => {}
             }
+            // A registry watch that resolves at once never turns this into
+            // a busy loop of lists.
+            sleep_until(listed_at + RELIST_FLOOR).await;
         }
     }
 
@@ -194,10 +201,10 @@ impl Preempt {
         for c in &higher {
             seen.higher.entry(c.identity.clone()).or_insert(now);
         }
-        let matured = |c: &&&crate::backend::candidates::Candidate| {
-            seen.higher[&c.identity] + s.preempt_after <= now
-        };
-        if let Some(c) = higher.iter().find(matured) {
+        let matured = higher
+            .iter()
+            .find(|c| seen.higher[&c.identity] + s.preempt_after <= now);
+        if let Some(c) = matured {
             info!(successor = %c.identity, priority = c.priority, preempt_after = ?s.preempt_after, "a ready candidate of a higher priority stayed: handing over");
             return Verdict::HandOver(c.identity.clone());
         }

@@ -95,7 +95,7 @@ async fn a_higher_priority_is_followed_after_it_stayed_for_the_wait() {
     sleep(Duration::from_secs(6)).await;
     // Gone for a moment: its wait starts again when it is back.
     backend.set(vec![record("me", 5, "a", 1)]);
-    sleep(Duration::from_millis(10)).await;
+    sleep(Duration::from_millis(200)).await;
     backend.set(vec![record("me", 5, "a", 1), high]);
     let start = Instant::now();
     assert_eq!(task.await.unwrap(), "high");
@@ -159,4 +159,77 @@ async fn priority_0_never_campaigns_and_follows_who_leads() {
     assert!(one_rx.borrow().is_leader_now());
     assert_eq!(zero_rx.borrow().leader.as_deref(), Some("one"));
     stop.cancel();
+}
+
+/// The memory backend with a fixed registry, recording whom each release
+/// names.
+struct Naming {
+    inner: crate::backend::memory::MemoryBackend,
+    listed: Vec<Listed>,
+    named: Mutex<Vec<Option<String>>>,
+}
+
+#[async_trait]
+impl LeaseBackend for Naming {
+    fn about(&self) -> &'static About {
+        crate::backend::memory::ABOUT
+    }
+    async fn campaign(&self, id: &str, ttl: Duration, seen: Option<&Holder>) -> Result<Campaign> {
+        self.inner.campaign(id, ttl, seen).await
+    }
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        self.inner.renew(term).await
+    }
+    async fn resign(&self, term: &Term) -> Result<()> {
+        self.resign_to(term, None).await
+    }
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        self.named
+            .lock()
+            .unwrap()
+            .push(successor.map(str::to_owned));
+        self.inner.resign(term).await
+    }
+    async fn read(&self) -> Result<Option<Holder>> {
+        self.inner.read().await
+    }
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        self.inner.watch(seen).await
+    }
+    fn has_registry(&self) -> bool {
+        true
+    }
+    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+        Ok(Some(self.listed.clone()))
+    }
+}
+
+/// A shutdown (a graceful release) names the registry's best candidate:
+/// the newest revision among the highest priorities, never a priority 0.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_names_the_registrys_best_candidate() {
+    use crate::elector::{Elector, ElectorConfig};
+    use tokio_util::sync::CancellationToken;
+    let backend = Arc::new(Naming {
+        inner: crate::backend::memory::MemoryBackend::new(),
+        listed: vec![
+            record("me", 1, "a", 1),
+            record("zero", 0, "b", 9),
+            record("old", 2, "a", 2),
+            record("new", 2, "b", 5),
+        ],
+        named: Mutex::default(),
+    });
+    // Priority 5: nobody listed preempts it while it leads.
+    let mut cfg = ElectorConfig::new("e", "me", Duration::from_secs(3));
+    cfg.standing.priority = 5;
+    cfg.standing.revision = "a".into();
+    let (elector, rx) = Elector::new(cfg, backend.clone(), None);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(elector.run(stop.clone()));
+    sleep(Duration::from_secs(1)).await;
+    assert!(rx.borrow().is_leader_now());
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(*backend.named.lock().unwrap(), [Some("new".to_owned())]);
 }
