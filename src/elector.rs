@@ -35,6 +35,7 @@ mod follow;
 mod gates;
 mod lead;
 mod observe;
+mod preempt;
 mod publish;
 mod registry;
 mod state;
@@ -54,7 +55,7 @@ use crate::backend::candidates::Candidate;
 use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
-pub use config::{ElectorConfig, ElectorConfigError};
+pub use config::{DEFAULT_PREEMPT_AFTER, ElectorConfig, ElectorConfigError, Standing};
 pub use controls::{FROZEN, Handover, SwitchoverRefusal, check_target};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
@@ -250,7 +251,11 @@ impl Elector {
         let backend = self.backend.clone();
         let registry = registry::Registry::start(
             backend.clone(),
-            Candidate::new(self.cfg.identity.clone()),
+            Candidate {
+                priority: self.cfg.standing.priority,
+                revision: self.cfg.standing.revision.clone(),
+                ..Candidate::new(self.cfg.identity.clone())
+            },
             (self.gates.candidacy(), Some(self.publisher.watch_state())),
             self.cfg.lease_duration,
             self.cfg.call_timeout(),

@@ -83,18 +83,25 @@ pub struct LeaderBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// What keeps this candidate from campaigning right now:
-    /// `{"what": "...", "until": "<RFC 3339>"}`.
+    /// `{"what": "...", "until": "<RFC 3339>"}` (no `until` for priority 0,
+    /// which never campaigns).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting: Option<WaitingBody>,
 }
+
+/// The `waiting.what` of a candidate with priority 0.
+pub const NEVER_LEADS: &str =
+    "priority 0 (--priority 0): this candidate never leads; it follows and reports the leader";
 
 /// The `waiting` field of `GET /leader`.
 #[derive(Debug, Serialize)]
 pub struct WaitingBody {
     /// What is waited for, in words.
     pub what: &'static str,
-    /// RFC 3339 wall-clock time at which the wait is expected to end.
-    pub until: String,
+    /// RFC 3339 wall-clock time at which the wait is expected to end;
+    /// `None` when it never ends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
 }
 
 impl LeaderBody {
@@ -126,10 +133,16 @@ impl LeaderBody {
             servers_answered: state.servers.map(|(a, _)| a),
             servers_total: state.servers.map(|(_, n)| n),
             error,
-            waiting: state.waiting.filter(|_| !is_leader).map(|w| WaitingBody {
-                what: w.what,
-                until: humantime::format_rfc3339_millis(w.until).to_string(),
-            }),
+            waiting: match state.waiting.filter(|_| !is_leader) {
+                _ if state.priority == 0 => Some(WaitingBody {
+                    what: NEVER_LEADS,
+                    until: None,
+                }),
+                w => w.map(|w| WaitingBody {
+                    what: w.what,
+                    until: Some(humantime::format_rfc3339_millis(w.until).to_string()),
+                }),
+            },
         }
     }
 }

@@ -30,6 +30,7 @@ fn follower() -> LeaderState {
         heard_until: None,
         waiting: None,
         paused: false,
+        priority: 1,
     }
 }
 
@@ -119,6 +120,25 @@ async fn every_answer_says_when_the_election_is_paused() {
         let (_, _, body) = get(rx, "/leader").await;
         assert_eq!(body["paused"], true, "{body}");
     }
+}
+
+#[tokio::test]
+async fn priority_0_answers_503_saying_it_never_leads() {
+    let (_tx, rx) = watch::channel(LeaderState {
+        priority: 0,
+        ..follower()
+    });
+    let (status, _, body) = get(rx, "/leader").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["leader"], "other");
+    assert!(
+        body["waiting"]["what"]
+            .as_str()
+            .unwrap()
+            .contains("priority 0"),
+        "{body}"
+    );
+    assert!(body["waiting"].get("until").is_none(), "{body}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -106,7 +106,8 @@ pub mod supervisor;
 
 pub use elector::{
     Elector, ElectorBuilder, ElectorConfig, ElectorConfigError, ElectorHandle, Event, EventKind,
-    LeaderState, Observation, Observer, OwnTerm, Waiting, until_leading, until_not_leading,
+    LeaderState, Observation, Observer, OwnTerm, Standing, Waiting, until_leading,
+    until_not_leading,
 };
 
 pub use backend::{

@@ -101,25 +101,117 @@ pub fn timing(lease_duration: Duration) -> (Duration, Duration) {
     )
 }
 
+/// When each revision first appeared in the registry: for each non-empty
+/// revision, the smallest [`Listed::created`] among its records that have
+/// not lapsed (the record of `me`, the reader itself, counts even when
+/// lapsed: a leader does not renew its own record). A revision whose first
+/// record was created later is the newer one (a rollback's Pods are new
+/// records too, so the revision rolled back to is the newer one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Revisions {
+    first: std::collections::HashMap<String, u64>,
+}
+
+impl Revisions {
+    /// The revisions of `listed`, read by the candidate whose identity is `me`.
+    pub fn of(listed: &[Listed], me: &str) -> Revisions {
+        let mut first = std::collections::HashMap::<String, u64>::new();
+        let counted = listed
+            .iter()
+            .filter(|l| l.alive() || l.candidate.identity == me);
+        for l in counted {
+            if let (Some(created), false) = (l.created, l.candidate.revision.is_empty()) {
+                let e = first.entry(l.candidate.revision.clone()).or_insert(created);
+                *e = (*e).min(created);
+            }
+        }
+        Revisions { first }
+    }
+
+    /// The creation order of `revision`'s first record; `None` for the
+    /// empty revision or one without a known creation (never newer).
+    pub fn first_created(&self, revision: &str) -> Option<u64> {
+        self.first.get(revision).copied()
+    }
+}
+
+/// Whether a leader whose identity is `me` may name `l`: not lapsed,
+/// ready, a priority above 0, and not `me`.
+fn eligible(l: &Listed, me: &str) -> bool {
+    l.alive() && l.candidate.ready && l.candidate.priority > 0 && l.candidate.identity != me
+}
+
+/// The order of preference among eligible records: highest priority, then
+/// the newest revision ([`Revisions`]), then the most recently renewed (the
+/// likeliest to be alive), then the smallest identity (a stable order).
+/// `Less` means `a` is preferred.
+fn preference(revisions: &Revisions, a: &Listed, b: &Listed) -> std::cmp::Ordering {
+    let (ca, cb) = (&a.candidate, &b.candidate);
+    let newest = revisions
+        .first_created(&cb.revision)
+        .cmp(&revisions.first_created(&ca.revision));
+    let renewed = a.age.unwrap_or_default().cmp(&b.age.unwrap_or_default());
+    cb.priority
+        .cmp(&ca.priority)
+        .then(newest)
+        .then(renewed)
+        .then_with(|| ca.identity.cmp(&cb.identity))
+}
+
 /// The successor a leader whose identity is `me` names when it releases:
 /// among the records that have not lapsed, are ready, have a priority
-/// above 0 and are not `me`, the highest priority; among equals the most
-/// recently renewed (the likeliest to be alive), then the smallest
-/// identity (a stable order). `None`: nobody, hand over as before.
+/// above 0 and are not `me`, the highest priority; among equals the newest
+/// revision ([`Revisions`]), then the most recently renewed, then the
+/// smallest identity. `None`: nobody, hand over as before.
 pub fn choose_successor<'a>(listed: &'a [Listed], me: &str) -> Option<&'a Candidate> {
+    let revisions = Revisions::of(listed, me);
     listed
         .iter()
-        .filter(|l| l.alive() && l.candidate.ready && l.candidate.priority > 0)
-        .filter(|l| l.candidate.identity != me)
-        .min_by(|a, b| {
-            let newer = a.age.unwrap_or_default().cmp(&b.age.unwrap_or_default());
-            b.candidate
-                .priority
-                .cmp(&a.candidate.priority)
-                .then(newer)
-                .then_with(|| a.candidate.identity.cmp(&b.candidate.identity))
-        })
+        .filter(|l| eligible(l, me))
+        .min_by(|a, b| preference(&revisions, a, b))
         .map(|l| &l.candidate)
+}
+
+/// The best eligible candidate (as [`choose_successor`] orders them) that
+/// runs a newer revision than the leader `me` (priority `priority`,
+/// revision `revision`, whose first record was created at `mine` as the
+/// leader remembers it, if at all) and whose priority is at least the
+/// leader's. `None` when there is none, or when the leader's revision is
+/// not empty but its creation is unknown (it cannot tell newer from older).
+pub fn newer_revision<'a>(
+    listed: &'a [Listed],
+    me: &str,
+    (priority, revision): (u32, &str),
+    mine: Option<u64>,
+) -> Option<&'a Candidate> {
+    let revisions = Revisions::of(listed, me);
+    let own = match (revisions.first_created(revision), mine) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    if own.is_none() && !revision.is_empty() {
+        return None;
+    }
+    listed
+        .iter()
+        .filter(|l| eligible(l, me))
+        .filter(|l| l.candidate.priority >= priority && l.candidate.revision != revision)
+        .filter(|l| revisions.first_created(&l.candidate.revision) > own)
+        .min_by(|a, b| preference(&revisions, a, b))
+        .map(|l| &l.candidate)
+}
+
+/// The eligible candidates (see [`choose_successor`]) whose priority is
+/// above `priority`, best first.
+pub fn higher_priority<'a>(listed: &'a [Listed], me: &str, priority: u32) -> Vec<&'a Candidate> {
+    let revisions = Revisions::of(listed, me);
+    let mut higher: Vec<&Listed> = listed
+        .iter()
+        .filter(|l| eligible(l, me))
+        .filter(|l| l.candidate.priority > priority)
+        .collect();
+    higher.sort_by(|a, b| preference(&revisions, a, b));
+    higher.into_iter().map(|l| &l.candidate).collect()
 }
 
 /// How long a candidate that is not the named successor gives it before
@@ -193,6 +285,118 @@ mod tests {
             let got = choose_successor(list, "me").map(|c| c.identity.as_str());
             assert_eq!(got, *want, "{what}");
         }
+    }
+
+    /// A ready record of `id` at priority 1 running `revision`, created
+    /// at `created`, renewed `age_s` seconds ago.
+    fn of_revision(id: &str, revision: &str, created: u64, age_s: u64) -> Listed {
+        let mut l = listed(id, 1, true, age_s);
+        l.candidate.revision = revision.into();
+        l.created = Some(created);
+        l
+    }
+
+    #[test]
+    fn the_newest_revision_comes_after_priority_and_before_renewal() {
+        let cases: &[(&str, Vec<Listed>, Option<&str>)] = &[
+            (
+                "the revision first seen later wins over a fresher renewal",
+                vec![
+                    of_revision("old", "a", 10, 1),
+                    of_revision("new", "b", 20, 50),
+                ],
+                Some("new"),
+            ),
+            (
+                "a revision's first record decides, not its latest",
+                vec![
+                    of_revision("a1", "a", 10, 9),
+                    of_revision("a2", "a", 30, 9),
+                    of_revision("b1", "b", 20, 9),
+                ],
+                Some("b1"),
+            ),
+            (
+                "the empty revision is never newer",
+                vec![of_revision("x", "", 99, 1), of_revision("a", "a", 10, 9)],
+                Some("a"),
+            ),
+            (
+                "priority first",
+                vec![
+                    {
+                        let mut l = of_revision("old", "a", 10, 9);
+                        l.candidate.priority = 2;
+                        l
+                    },
+                    of_revision("new", "b", 20, 9),
+                ],
+                Some("old"),
+            ),
+            (
+                "the leader's lapsed record still dates its revision",
+                vec![
+                    {
+                        let mut l = of_revision("me", "b", 5, 999);
+                        l.candidate.ready = false;
+                        l
+                    },
+                    of_revision("a", "a", 10, 9),
+                    of_revision("b", "b", 20, 9),
+                ],
+                Some("a"),
+            ),
+        ];
+        for (what, list, want) in cases {
+            let got = choose_successor(list, "me").map(|c| c.identity.as_str());
+            assert_eq!(got, *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_newer_revision_is_named_only_when_the_leaders_own_is_dated() {
+        let list = vec![
+            of_revision("me", "a", 10, 500),
+            of_revision("old", "a", 12, 1),
+            of_revision("new", "b", 20, 1),
+        ];
+        let got = |l: &[Listed], own: (u32, &str), mine| {
+            newer_revision(l, "me", own, mine).map(|c| c.identity.clone())
+        };
+        assert_eq!(got(&list, (1, "a"), None), Some("new".into()));
+        assert_eq!(got(&list, (1, "b"), None), None, "already the newest");
+        assert_eq!(got(&list, (2, "a"), None), None, "lower priority");
+        let no_me = &list[1..];
+        assert_eq!(got(no_me, (1, "c"), None), None, "own revision undated");
+        assert_eq!(got(no_me, (1, "c"), Some(5)), Some("new".into()));
+        assert_eq!(
+            got(no_me, (1, "b"), Some(5)),
+            Some("old".into()),
+            "remembered"
+        );
+        assert_eq!(
+            got(no_me, (1, ""), None),
+            Some("new".into()),
+            "from no revision"
+        );
+        let unrevised = vec![listed("x", 1, true, 1)];
+        assert_eq!(got(&unrevised, (1, ""), None), None, "feature off");
+    }
+
+    #[test]
+    fn higher_priorities_are_listed_best_first() {
+        let list = vec![
+            listed("a", 5, true, 1),
+            listed("b", 9, true, 1),
+            listed("c", 9, false, 1),
+            listed("d", 1, true, 1),
+        ];
+        let ids: Vec<_> = higher_priority(&list, "me", 1)
+            .iter()
+            .map(|c| c.identity.as_str())
+            .collect();
+        assert_eq!(ids, ["b", "a"]);
+        assert!(higher_priority(&list, "me", 9).is_empty());
     }
 
     #[test]

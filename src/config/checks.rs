@@ -78,6 +78,7 @@ pub const DURATION_RANGES: &[(&str, Duration, Duration)] = &[
     ),
     ("--drift-margin", Duration::ZERO, HOUR),
     ("--drain-timeout", Duration::ZERO, HOUR),
+    ("--preempt-after", Duration::ZERO, DAY),
     ("--resign-cooldown", Duration::ZERO, DAY),
     (
         "--health-interval",
@@ -128,12 +129,13 @@ pub(crate) fn check_range(flag: &str, value: Duration) -> Result<(), ConfigError
 }
 
 pub(crate) fn check_ranges(cli: &Cli) -> Result<(), ConfigError> {
-    let given: [(&str, Option<Duration>); 12] = [
+    let given: [(&str, Option<Duration>); 13] = [
         ("--lease-duration", Some(cli.lease_duration)),
         ("--renew-interval", cli.renew_interval),
         ("--retry-period", Some(cli.retry_period)),
         ("--drift-margin", cli.drift_margin),
         ("--drain-timeout", cli.drain_timeout),
+        ("--preempt-after", Some(cli.preempt_after)),
         ("--resign-cooldown", cli.resign_cooldown),
         ("--health-interval", Some(cli.health_interval)),
         ("--health-grace", cli.health_grace),

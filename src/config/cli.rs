@@ -103,6 +103,23 @@ pub struct Cli {
     #[arg(long, default_value = "1s", env = "LEADER_ELECTOR_HEALTH_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
     pub health_interval: Duration,
 
+    /// This candidate's priority: a leader hands over to a ready candidate of a higher one; 0 never leads (follows and reports only).
+    #[arg(long, default_value_t = crate::backend::candidates::DEFAULT_PRIORITY, env = "LEADER_ELECTOR_PRIORITY", value_name = "N")]
+    pub priority: u32,
+
+    /// How long a ready candidate of a higher priority must stay in the candidate registry before the leader hands over to it.
+    #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_PREEMPT_AFTER", value_parser = parse_duration, value_name = "DURATION")]
+    pub preempt_after: Duration,
+
+    /// The revision this candidate runs (the chart passes the Pod's pod-template-hash); a leader hands over to a ready candidate of a newer one; empty = unknown.
+    #[arg(
+        long,
+        default_value = "",
+        env = "LEADER_ELECTOR_REVISION",
+        value_name = "REVISION"
+    )]
+    pub revision: String,
+
     /// POST a JSON event to this URL on each transition (http:// only), in order, with retries; never blocks the election.
     #[arg(long, env = "LEADER_ELECTOR_NOTIFY_URL", value_parser = parse_http_url, value_name = "URL")]
     pub notify_url: Option<String>,

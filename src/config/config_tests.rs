@@ -396,3 +396,28 @@ fn every_keeps_no_drain_for_its_command() {
     assert_eq!(c.elector.drain_timeout, None);
     assert_eq!(c.elector.release_wait, None);
 }
+
+#[test]
+fn priority_preemption_and_revision_fill_the_standing() {
+    let base = ["--election", "a", "--identity", "me", EP];
+    let c = cli(&base).unwrap();
+    assert_eq!(c.elector.standing, crate::elector::Standing::default());
+    assert_eq!(c.elector.standing.priority, 1);
+    assert_eq!(c.elector.standing.preempt_after, Duration::from_secs(10));
+    let given = [
+        "--priority",
+        "0",
+        "--preempt-after",
+        "3s",
+        "--revision",
+        " 5d9f ",
+    ];
+    let c = cli(&[&base[..], &given[..]].concat()).unwrap();
+    let s = &c.elector.standing;
+    assert_eq!((s.priority, s.preempt_after), (0, Duration::from_secs(3)));
+    assert_eq!(s.revision, "5d9f");
+    let e = cli(&[&base[..], &["--preempt-after", "2d"]].concat()).unwrap_err();
+    assert!(e.contains("--preempt-after (2days) must be between"), "{e}");
+    let e = cli(&[&base[..], &["--priority=-1"]].concat()).unwrap_err();
+    assert!(e.contains("--priority"), "{e}");
+}

@@ -204,6 +204,11 @@ fn elector_config(
         drain_timeout,
         health_grace: timing.health_grace,
         release_wait: run.map(|r| r.kill_grace + Duration::from_millis(100)),
+        standing: crate::elector::Standing {
+            priority: cli.priority,
+            revision: cli.revision.trim().to_owned(),
+            preempt_after: cli.preempt_after,
+        },
     };
     elector.validate().map_err(config_error)?;
     Ok(elector)

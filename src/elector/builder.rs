@@ -123,6 +123,13 @@ impl ElectorBuilder {
         self
     }
 
+    /// This candidate's priority, revision and preemption wait (default:
+    /// priority 1, no revision, 10 s; see [`Standing`](super::Standing)).
+    pub fn standing(mut self, standing: super::Standing) -> Self {
+        self.cfg.standing = standing;
+        self
+    }
+
     /// An [`Observer`] told of every campaign, renewal, backend error and
     /// transition (metrics). It is called on the Elector's task: it must not block.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {

@@ -37,12 +37,45 @@ pub struct ElectorConfig {
     /// [`ElectorHandle::release`](super::ElectorHandle::release) before releasing the key, so a supervised
     /// child is gone first (run mode). `None` releases at once.
     pub release_wait: Option<Duration>,
+    /// This candidate's priority, revision and preemption wait.
+    pub standing: Standing,
+}
+
+/// How long a leader waits, by default, before it hands over to a ready
+/// candidate of a higher priority that stays in the registry
+/// ([`Standing::preempt_after`]).
+pub const DEFAULT_PREEMPT_AFTER: Duration = Duration::from_secs(10);
+
+/// This candidate's place among the others, as it publishes it in the
+/// candidate registry (backends without one ignore it, except that
+/// priority 0 never campaigns on any backend).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Standing {
+    /// Higher is preferred as leader; 0 never campaigns (it follows and
+    /// reports). Default [`DEFAULT_PRIORITY`](crate::backend::candidates::DEFAULT_PRIORITY).
+    pub priority: u32,
+    /// The revision this candidate runs (a Pod template hash); empty when
+    /// unknown. A leader hands over to a ready candidate of a newer one.
+    pub revision: String,
+    /// While leading: how long a ready candidate of a higher priority must
+    /// have been seen in the registry before this leader hands over to it.
+    pub preempt_after: Duration,
+}
+
+impl Default for Standing {
+    fn default() -> Self {
+        Standing {
+            priority: crate::backend::candidates::DEFAULT_PRIORITY,
+            revision: String::new(),
+            preempt_after: DEFAULT_PREEMPT_AFTER,
+        }
+    }
 }
 
 impl ElectorConfig {
     /// A configuration with the defaults of the CLI: renew every TTL/3,
     /// retry period 2 s, automatic drift margin, no drain, health grace = TTL,
-    /// release at once.
+    /// release at once, priority 1, no revision, preempt after 10 s.
     pub fn new(
         election: impl Into<String>,
         identity: impl Into<String>,
@@ -58,6 +91,7 @@ impl ElectorConfig {
             drain_timeout: None,
             health_grace: lease_duration,
             release_wait: None,
+            standing: Standing::default(),
         }
     }
 

@@ -51,6 +51,8 @@ pub(super) struct Gates {
     health_grace: Duration,
     drain_timeout: Option<Duration>,
     release_wait: Option<Duration>,
+    /// Priority 0: never campaign (follow and report only).
+    never_leads: bool,
 }
 
 impl Gates {
@@ -62,6 +64,7 @@ impl Gates {
             health_grace: cfg.health_grace,
             drain_timeout: cfg.drain_timeout,
             release_wait: cfg.release_wait,
+            never_leads: cfg.standing.priority == 0,
         }
     }
 
@@ -80,11 +83,12 @@ impl Gates {
         tx
     }
 
-    /// Point 1: whether the cooldown has ended and the candidacy gate is open.
+    /// Point 1: whether the cooldown has ended and the candidacy gate is
+    /// open (never with priority 0).
     pub(super) fn may_campaign(&self) -> bool {
         let cooled = self.cooldown_until.is_none_or(|t| Instant::now() >= t);
         let healthy = self.candidacy.as_ref().is_none_or(|g| *g.borrow());
-        cooled && healthy
+        cooled && healthy && !self.never_leads
     }
 
     /// Stay out of campaigns for `cooldown` from now (after a resign).

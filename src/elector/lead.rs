@@ -88,7 +88,8 @@ impl Elector {
         let mut rewatch_backoff =
             Backoff::new(Duration::from_millis(20), self.cfg.renew_interval / 4);
         let unhealthy = self.gates.unhealthy_past_grace();
-        tokio::pin!(unhealthy);
+        let preempt = self.preemption();
+        tokio::pin!(unhealthy, preempt);
         let why = loop {
             tokio::select! {
                 biased;
@@ -110,6 +111,7 @@ impl Elector {
                     Some(Command::Release) | None => {}
                 },
                 _ = &mut unhealthy => break StepDown::Unhealthy,
+                to = &mut preempt, if held.drain_until.is_none() => { self.successor = Some(to); break StepDown::Resigned }
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
                     Ok(()) => break StepDown::Lost(Loss::KeyChanged),
                     Err(e) => {
@@ -254,11 +256,13 @@ impl Elector {
         self.observe(None);
         self.log_step_down(&term, &why);
         let token = term.holder.fencing_token;
-        self.gates
-            .before_release(&mut self.commands, token, valid_until, &why)
-            .await;
+        let successor = self.successor_for(&why);
+        let released = self
+            .gates
+            .before_release(&mut self.commands, token, valid_until, &why);
+        let (_, successor) = tokio::join!(released, successor);
         let backend = self.backend.clone();
-        let released = match self.successor.take() {
+        let released = match successor {
             Some(to) => {
                 info!(election = %self.cfg.election, successor = %to, "releasing the term to the named successor");
                 self.call("resign", backend.resign_to(&term, Some(&to)))

@@ -104,6 +104,8 @@ pub struct LeaderState {
     /// expired term; a leader keeps its term. `false` on a backend without
     /// controls.
     pub paused: bool,
+    /// This candidate's priority (`--priority`); 0 never campaigns.
+    pub priority: u32,
 }
 
 impl LeaderState {
@@ -125,6 +127,7 @@ impl LeaderState {
             heard_until: None,
             waiting: None,
             paused: false,
+            priority: cfg.standing.priority,
         }
     }
 

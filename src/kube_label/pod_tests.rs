@@ -87,6 +87,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         heard_until: None,
         waiting: None,
         paused: false,
+        priority: 1,
     }
 }
 

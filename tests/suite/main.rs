@@ -25,6 +25,7 @@ mod lease_coord;
 mod model;
 mod ops;
 mod ops_controls;
+mod ops_priority;
 mod periods;
 mod redis;
 mod redlock_coord;

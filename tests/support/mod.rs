@@ -26,6 +26,7 @@
 pub mod bench_md;
 pub mod certs;
 pub mod etcd;
+pub mod fleet;
 pub mod http;
 pub mod kube_api;
 pub mod old_elector;

@@ -159,6 +159,17 @@ The sidecar container, as one item of a Pod's `containers` list.
     - name: LEADER_ELECTOR_RENEW_INTERVAL
       value: {{ . | quote }}
     {{- end }}
+    - name: LEADER_ELECTOR_PRIORITY
+      value: {{ $v.priority | int64 | toString | quote }}
+    - name: LEADER_ELECTOR_PREEMPT_AFTER
+      value: {{ $v.preemptAfter | quote }}
+    {{- if $v.revisionFromPodTemplateHash }}
+    # The ReplicaSet's hash of the Pod template: a new one per rollout.
+    - name: LEADER_ELECTOR_REVISION
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.labels['pod-template-hash']
+    {{- end }}
     {{- with $v.maxClockSkew }}
     - name: LEADER_ELECTOR_MAX_CLOCK_SKEW
       value: {{ . | quote }}

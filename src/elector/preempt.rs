@@ -1,0 +1,217 @@
+//! A leader's choice of successor from the candidate registry
+//! (`backend::candidates`): whom a graceful release names, and when a
+//! leader hands over on its own because a better candidate is ready.
+//!
+//! While leading, [`Preempt::watch`] follows the registry (the backend's
+//! registry watch, then a list; a list every lease duration besides, and
+//! after errors with backoff) and resolves with the identity to hand over
+//! to, when either:
+//!
+//! - a ready candidate of a **higher priority** has been seen in every list
+//!   for [`Standing::preempt_after`] by this leader's monotonic clock, from
+//!   the first list that showed it so (a candidate that flaps between ready
+//!   and not, or restarts, starts its wait again); or
+//! - a ready candidate of a **newer revision** (and a priority at least
+//!   ours) is seen, at once. No wait here: a rollout terminates the old
+//!   Pods anyway, so every second of waiting only risks that this leader is
+//!   terminated first and hands over to another old Pod (one more leader
+//!   change); and the order cannot flap, since the new leader sees no
+//!   revision newer than its own until the next rollout.
+//!
+//! Both only choose; the Elector steps down the way a resign does (stop
+//! claiming, then release naming the successor, no cooldown). Safety is
+//! unchanged: the backend's compare-and-swap decides who takes the released
+//! term, and a named successor is only a hint (see `backend::candidates`).
+//!
+//! "Newer revision" is [`Revisions`]: the revision whose first record in the
+//! registry was created later. This leader does not renew its own record
+//! while it leads, so the record may lapse; the creation of its revision is
+//! remembered from the first list of the term (taken while the record was
+//! fresh).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until, timeout};
+use tracing::{debug, info};
+
+use super::Standing;
+use super::config::Backoff;
+use crate::backend::LeaseBackend;
+use crate::backend::candidates::{
+    Listed, Revisions, choose_successor, higher_priority, newer_revision,
+};
+
+/// The shortest time between two lists of the registry by one leader.
+const RELIST_FLOOR: Duration = Duration::from_millis(100);
+
+/// The successor a graceful release by `me` names: the registry's best
+/// candidate ([`choose_successor`]); `None` when there is none, the backend
+/// keeps no registry, or the list fails or takes longer than `limit`.
+pub(super) async fn successor(
+    backend: Arc<dyn LeaseBackend>,
+    me: String,
+    limit: Duration,
+) -> Option<String> {
+    if !backend.has_registry() {
+        return None;
+    }
+    match timeout(limit, backend.candidates()).await {
+        Ok(Ok(Some(listed))) => choose_successor(&listed, &me).map(|c| c.identity.clone()),
+        Ok(Ok(None)) => None,
+        Ok(Err(e)) => {
+            debug!(error = %e.report(), "cannot read the candidate registry; releasing without naming a successor");
+            None
+        }
+        Err(_) => {
+            debug!(
+                "listing the candidate registry timed out; releasing without naming a successor"
+            );
+            None
+        }
+    }
+}
+
+impl super::Elector {
+    /// The registry follower of the term about to be held (see [`Preempt`]).
+    pub(super) fn preemption(&self) -> impl std::future::Future<Output = String> + 'static {
+        Preempt {
+            backend: self.backend.clone(),
+            identity: self.cfg.identity.clone(),
+            standing: self.cfg.standing.clone(),
+            lease_duration: self.cfg.lease_duration,
+            call_timeout: self.cfg.call_timeout(),
+        }
+        .watch()
+    }
+
+    /// The successor to name when a term ends for `why`: the one set by a
+    /// switchover or a preemption, else the registry's choice on a graceful
+    /// release (resign, shutdown, unhealthy), else nobody (a lost term or a
+    /// missed deadline: there is nothing to hand over).
+    pub(super) fn successor_for(
+        &mut self,
+        why: &super::lead::StepDown,
+    ) -> impl std::future::Future<Output = Option<String>> + 'static {
+        use super::lead::StepDown;
+        let set = self.successor.take();
+        let graceful = matches!(
+            why,
+            StepDown::Resigned | StepDown::Shutdown | StepDown::Unhealthy
+        );
+        let (backend, me) = (self.backend.clone(), self.cfg.identity.clone());
+        let limit = self.cfg.call_timeout();
+        async move {
+            match set {
+                Some(to) => Some(to),
+                None if graceful => successor(backend, me, limit).await,
+                None => None,
+            }
+        }
+    }
+}
+
+/// What a leader follows in the registry during one term.
+pub(super) struct Preempt {
+    pub(super) backend: Arc<dyn LeaseBackend>,
+    pub(super) identity: String,
+    pub(super) standing: Standing,
+    /// The relist period when the registry watch says nothing.
+    pub(super) lease_duration: Duration,
+    /// The deadline of each list.
+    pub(super) call_timeout: Duration,
+}
+
+/// What one list of the registry decided.
+enum Verdict {
+    /// Hand over to this identity now.
+    HandOver(String),
+    /// Nothing yet; the earliest instant a higher priority matures, if any.
+    Wait(Option<Instant>),
+}
+
+/// The state kept between lists of one term.
+#[derive(Default)]
+struct Seen {
+    /// Since when each ready candidate of a higher priority has been seen.
+    higher: HashMap<String, Instant>,
+    /// The creation of our revision's first record, as first listed.
+    mine: Option<u64>,
+}
+
+impl Preempt {
+    /// Follow the registry while leading; resolves with the identity to
+    /// hand over to (see the module docs). Pends forever on a backend
+    /// without a registry.
+    pub(super) async fn watch(self) -> String {
+        if !self.backend.has_registry() {
+            return std::future::pending().await;
+        }
+        let mut seen = Seen::default();
+        let mut backoff = Backoff::new(Duration::from_millis(100), self.lease_duration);
+        loop {
+            let listed_at = Instant::now();
+            let (relist, matures) = match timeout(self.call_timeout, self.backend.candidates())
+                .await
+            {
+                Ok(Ok(Some(listed))) => {
+                    backoff.reset();
+                    match self.judge(&listed, &mut seen, Instant::now()) {
+                        Verdict::HandOver(to) => return to,
+                        Verdict::Wait(at) => (Instant::now() + self.lease_duration, at),
+                    }
+                }
+                Ok(Ok(None)) => return std::future::pending().await,
+                Ok(Err(e)) => {
+                    debug!(error = %e.report(), "cannot list the candidate registry; listing again");
+                    (Instant::now() + backoff.next(), None)
+                }
+                Err(_) => (Instant::now() + backoff.next(), None),
+            };
+            tokio::select! {
+                r = self.backend.watch_candidates() => if let Err(e) = r {
+                    debug!(error = %e.report(), "the candidate registry watch ended; listing again");
+                    sleep_until(Instant::now() + backoff.next()).await;
+                },
+                _ = sleep_until(relist) => {}
+                _ = sleep_until(matures.unwrap_or(relist)) => {}
+            }
+            // A registry watch that resolves at once never turns this into
+            // a busy loop of lists.
+            sleep_until(listed_at + RELIST_FLOOR).await;
+        }
+    }
+
+    /// Decide on one list taken at `now`.
+    fn judge(&self, listed: &[Listed], seen: &mut Seen, now: Instant) -> Verdict {
+        let (me, s) = (self.identity.as_str(), &self.standing);
+        let first = Revisions::of(listed, me).first_created(&s.revision);
+        seen.mine = match (seen.mine, first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(c) = newer_revision(listed, me, (s.priority, &s.revision), seen.mine) {
+            info!(successor = %c.identity, revision = %c.revision, "a ready candidate of a newer revision: handing over");
+            return Verdict::HandOver(c.identity.clone());
+        }
+        let higher = higher_priority(listed, me, s.priority);
+        seen.higher
+            .retain(|id, _| higher.iter().any(|c| c.identity == *id));
+        for c in &higher {
+            seen.higher.entry(c.identity.clone()).or_insert(now);
+        }
+        let matured = higher
+            .iter()
+            .find(|c| seen.higher[&c.identity] + s.preempt_after <= now);
+        if let Some(c) = matured {
+            info!(successor = %c.identity, priority = c.priority, preempt_after = ?s.preempt_after, "a ready candidate of a higher priority stayed: handing over");
+            return Verdict::HandOver(c.identity.clone());
+        }
+        Verdict::Wait(seen.higher.values().min().map(|t| *t + s.preempt_after))
+    }
+}
+
+#[cfg(test)]
+#[path = "preempt_tests.rs"]
+mod tests;
