@@ -15,6 +15,7 @@ mod support;
 mod cooperate;
 mod coord;
 mod etcd;
+mod etcd_ops;
 mod example_operator;
 mod fault;
 mod kubernetes;
