@@ -27,6 +27,7 @@ mod model;
 mod ops;
 mod periods;
 mod redis;
+mod redis_ops;
 mod redlock_coord;
 mod rwlock;
 mod stand_in;

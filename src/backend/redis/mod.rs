@@ -23,6 +23,8 @@
 //! safety rule and by fencing tokens, not by Redis; `WAIT` is not consensus (a
 //! failover may still promote a replica that missed an acknowledged write).
 
+mod answer;
+mod controls;
 pub mod coord;
 mod election;
 mod exclusive;
@@ -30,7 +32,10 @@ pub mod flags;
 pub mod group;
 mod holders;
 pub mod lua;
+mod lua_ops;
 mod lua_rw;
+mod lua_sem;
+mod registry;
 mod released;
 pub mod server;
 pub mod verdict;
@@ -39,10 +44,12 @@ use std::time::Duration;
 
 use crate::backend::About;
 
+pub use answer::{PAUSED_RETRY, YIELDING};
 pub use election::RedisBackend;
 #[cfg(test)]
 pub(crate) use election::{renewal, resigned};
 pub use group::{Group, drift};
+pub use registry::FALLBACK;
 
 /// The Redis backend's name and advice (see [`About`]).
 pub(crate) const BACKEND: &About = &About {
