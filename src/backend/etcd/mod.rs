@@ -13,8 +13,8 @@
 //!   our lease. Ownership is decided by lease id, never by identity.
 //! - **Resign**: revoke the lease, which deletes the key; a release names
 //!   the registry's best other candidate as successor first ([`claim`]).
-//! - **Operations**: the candidate registry ([`registry`]), the pause and
-//!   the switchover request ([`controls`]); the campaign transaction
+//! - **Operations**: the candidate registry (`registry`), the pause and
+//!   the switchover request (`controls`); the campaign transaction
 //!   honours the pause and the named successor ([`claim`]).
 //! - **Watch**: a watch on the key from the revision after the last read.
 //!

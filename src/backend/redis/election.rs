@@ -9,6 +9,12 @@
 //!   key that is gone or someone else's is never re-created (single server).
 //! - **Resign**: check-then-`DEL`, then `PUBLISH` the released value on the
 //!   election's channel, which followers subscribe to for a fast handover.
+//!   A release names the registry's best other candidate as successor
+//!   (`<prefix>{<election>}:successor`, set in the same script with a TTL
+//!   of [`successor_wait`] of this process's slowest recent renewal); the
+//!   campaign script leaves a free key to that successor while the marker
+//!   lives, and refuses it while the election is paused ([`super::controls`]).
+//!   The answers and the round's decision: [`super::answer`].
 //! - **Redlock**: a term is granted only with a quorum, its TTL shortened by
 //!   [`drift`]; the Elector counts validity from the instant the first
 //!   request was sent. The fencing token is the largest counter in the

@@ -8,9 +8,10 @@
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
 //!   group of one), with the fencing rule that keeps tokens growing, and
 //!   [`verdict`]: the one renew and release verdict of a tally of answers;
-//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
-//!   the coordination API ([`coord`]) is the other client of
-//!   [`group`].
+//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]),
+//!   with its operations beside it: the candidate registry (`registry`)
+//!   and the pause and switchover controls (`controls`); the coordination
+//!   API ([`coord`]) is the other client of [`group`].
 //!
 //! With `--redis-min-replicas N` ([`RedisOptions::min_replicas`]) every
 //! write a grant, a renewal or a fencing-counter raise rests on is followed by
