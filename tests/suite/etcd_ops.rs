@@ -235,6 +235,33 @@ pub async fn successor_takes_the_term(make: &dyn Fn() -> Backend, name: &str) {
     println!("{name}: handover to a successor starting 60 ms late: {late:?}");
 }
 
+/// A plain release (SIGTERM's) names the registry's choice: `b`, of the
+/// higher priority, leads although `c` campaigns from the start; with
+/// `b`'s record withdrawn, the next plain release names `c`.
+pub async fn a_plain_release_names_the_registry_choice(make: &dyn Fn() -> Backend) {
+    let (a, b, c) = (make(), make(), make());
+    let ttl = Duration::from_secs(30);
+    b.publish_candidate(&candidate("b", 5, ""), ttl)
+        .await
+        .unwrap();
+    c.publish_candidate(&candidate("c", 1, ""), ttl)
+        .await
+        .unwrap();
+    let term = elect(&*a, "a").await;
+    let limit = SUCCESSOR_WAIT_CAP * 2;
+    let cs = campaigner(&c, "c", Duration::ZERO, limit);
+    sleep(Duration::from_millis(50)).await;
+    let bs = campaigner(&b, "b", Duration::from_millis(30), limit);
+    a.resign(&term).await.unwrap();
+    let (won, _, _) = bs.await.unwrap().expect("the registry's choice leads");
+    assert!(cs.await.unwrap().is_none(), "c took the term");
+    b.withdraw_candidate("b").await.unwrap();
+    let cs = campaigner(&c, "c", Duration::from_millis(30), limit);
+    b.resign(&won).await.unwrap();
+    let (_, _, whys) = cs.await.unwrap().expect("c leads, named");
+    assert!(whys.is_empty(), "c, the one named, waited: {whys:?}");
+}
+
 /// Liveness twin: a named successor that never campaigns costs the
 /// others at most the wait; the name goes with the next claim.
 pub async fn a_dead_successor_costs_at_most_the_wait(
@@ -413,6 +440,12 @@ async fn the_registry_watch_resolves_on_join_and_leave() {
 async fn a_release_to_a_named_successor_goes_to_it_and_the_third_waits() {
     let etcd = Etcd::start().await;
     successor_takes_the_term(&etcd_maker(&etcd, "e-successor"), "etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_release_names_the_registry_choice_on_etcd() {
+    let etcd = Etcd::start().await;
+    a_plain_release_names_the_registry_choice(&etcd_maker(&etcd, "e-registry-choice")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

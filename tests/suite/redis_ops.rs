@@ -81,6 +81,12 @@ async fn a_release_to_a_named_successor_goes_to_it_and_the_third_waits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_release_names_the_registry_choice_on_redis() {
+    let r = RedisServer::start().await;
+    a_plain_release_names_the_registry_choice(&maker(&[&r], "r-registry-choice")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_or_unknown_successor_costs_at_most_the_wait() {
     let r = RedisServer::start().await;
     let make = maker(&[&r], "r-successor-dead");
