@@ -11,25 +11,34 @@
 //!   cadence to the caller; an answer with `ttl <= 0` means the lease is gone),
 //!   and in the same round trip a read of the key to prove it is still bound to
 //!   our lease. Ownership is decided by lease id, never by identity.
-//! - **Resign**: revoke the lease, which deletes the key.
+//! - **Resign**: revoke the lease, which deletes the key; a release names
+//!   the registry's best other candidate as successor first ([`claim`]).
+//! - **Operations**: the candidate registry (`registry`), the pause and
+//!   the switchover request (`controls`); the campaign transaction
+//!   honours the pause and the named successor ([`claim`]).
 //! - **Watch**: a watch on the key from the revision after the last read.
 //!
 //! The client, the error classification and the lease life cycle live in
 //! [`store`], shared with the coordination API.
 
+pub mod claim;
+mod controls;
 pub mod coord;
 pub mod flags;
+mod registry;
 pub mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, EventType, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{Client, EventType, TxnOpResponse, WatchOptions};
 use tokio::sync::Mutex;
 use tracing::debug;
 
 use self::store::{BACKEND, EtcdStore, Lease, lease_hex, revision_of};
+use super::candidates::{Candidate, Listed};
+use super::controls::Controls;
 use super::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, TermId,
 };
@@ -78,6 +87,13 @@ pub struct EtcdBackend {
     key: Vec<u8>,
     store: Arc<EtcdStore>,
     keep_alive: Mutex<Option<KeepAlive>>,
+    /// The lease of this process's last write of each record it keeps.
+    registry_lease: Mutex<std::collections::HashMap<String, i64>>,
+    /// The revision of the last registry read or change reported.
+    registry_rev: std::sync::Mutex<i64>,
+    /// The successor key's `mod_revision` this candidate last found naming
+    /// another, and when it first found it (its own clock).
+    named_seen: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
 }
 
 impl EtcdBackend {
@@ -93,6 +109,9 @@ impl EtcdBackend {
             key: key.into(),
             store: Arc::new(EtcdStore::new(options)),
             keep_alive: Mutex::new(None),
+            registry_lease: Mutex::default(),
+            registry_rev: std::sync::Mutex::new(0),
+            named_seen: std::sync::Mutex::new(None),
         })
     }
 
@@ -123,6 +142,14 @@ impl EtcdBackend {
             term_id: TermId::numbered(kv.lease(), lease_hex(kv.lease())),
             revision: Some(revision),
             expires_in: None,
+        }
+    }
+
+    /// Drop the keep-alive stream of `lease` (its term is ending).
+    async fn forget_keep_alive(&self, lease: i64) {
+        let mut guard = self.keep_alive.lock().await;
+        if matches!(guard.as_ref(), Some(k) if k.lease == lease) {
+            *guard = None;
         }
     }
 
@@ -266,36 +293,7 @@ impl LeaseBackend for EtcdBackend {
                 why: "the key was deleted by hand but the previous holder's etcd lease is alive: waiting for it to end",
             });
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([TxnOp::put(
-                self.key.clone(),
-                identity.as_bytes().to_vec(),
-                Some(etcd_client::PutOptions::new().with_lease(lease.id)),
-            )])
-            .or_else([TxnOp::get(self.key.clone(), None)]);
-        // Not elected: `put_under` revoked the lease we granted.
-        let created = self.store.put_under(&mut client, lease, txn, None).await?;
-        if !created.resp.succeeded() {
-            return Ok(self.not_elected(&created.resp));
-        }
-        let revision = revision_of(created.resp.header());
-        Ok(Campaign::Elected(Term {
-            holder: Holder {
-                identity: identity.to_owned(),
-                fencing_token: revision.max(0) as u64,
-                term_id: TermId::numbered(lease.id, lease_hex(lease.id)),
-                revision: Some(revision),
-                expires_in: None,
-            },
-            ttl: lease.ttl,
-            granted: lease.ttl,
-            servers: None,
-        }))
+        self.claim(&mut client, identity, lease).await
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -375,15 +373,52 @@ impl LeaseBackend for EtcdBackend {
     }
 
     async fn resign(&self, term: &Term) -> Result<()> {
-        let mut client = self.client().await?;
-        let lease = term.holder.term_id.number().unwrap_or(0);
-        {
-            let mut guard = self.keep_alive.lock().await;
-            if matches!(guard.as_ref(), Some(k) if k.lease == lease) {
-                *guard = None;
-            }
-        }
-        self.store.revoke(&mut client, lease, None).await
+        let successor = self.successor_for(&term.holder.identity).await;
+        self.release_to(term, successor.as_deref()).await
+    }
+
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        self.release_to(term, successor).await
+    }
+
+    fn has_registry(&self) -> bool {
+        true
+    }
+
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.publish(candidate, ttl).await
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.withdraw(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+        self.list().await.map(Some)
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        self.watch_registry().await
+    }
+
+    fn has_controls(&self) -> bool {
+        true
+    }
+
+    async fn controls(&self) -> Result<Controls> {
+        Ok(self.read_controls().await?.0)
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.watch_controls_from(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.pause(paused).await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.switchover(to).await
     }
 
     async fn watch(&self, seen: &Holder) -> Result<()> {

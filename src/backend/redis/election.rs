@@ -9,6 +9,12 @@
 //!   key that is gone or someone else's is never re-created (single server).
 //! - **Resign**: check-then-`DEL`, then `PUBLISH` the released value on the
 //!   election's channel, which followers subscribe to for a fast handover.
+//!   A release names the registry's best other candidate as successor
+//!   (`<prefix>{<election>}:successor`, set in the same script with a TTL
+//!   of [`successor_wait`] of this process's slowest recent renewal); the
+//!   campaign script leaves a free key to that successor while the marker
+//!   lives, and refuses it while the election is paused ([`super::controls`]).
+//!   The answers and the round's decision: [`super::answer`].
 //! - **Redlock**: a term is granted only with a quorum, its TTL shortened by
 //!   [`drift`]; the Elector counts validity from the instant the first
 //!   request was sent. The fencing token is the largest counter in the
@@ -22,20 +28,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
-use super::group::{Acquisition, Granting, Group, drift, unexpected};
+use super::answer::{Answer, Found};
+use super::group::{Acquisition, Group, unexpected};
 use super::holders::{parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
 use super::released::Released;
-use super::server::{Server, text_of, uint_of};
+use super::server::{Server, text_of};
 use super::verdict::Verdict;
-use super::{BACKEND, BadCounter, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated};
+use super::{BACKEND, RedisOptions, is_unreplicated};
+use crate::backend::candidates::{
+    Candidate, Listed, SUCCESSOR_WAIT_CAP, choose_successor, successor_wait,
+};
+use crate::backend::controls::Controls;
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
 };
@@ -50,25 +63,23 @@ struct RunSeen {
     hold_until: Option<Instant>,
 }
 
-/// What one server answered to the campaign script.
-#[derive(Debug, PartialEq, Eq)]
-enum Answer {
-    Acquired(u64),
-    Held(String, i64),
-    /// The server is younger than one TTL plus a second, or restarted while we
-    /// watched (maybe without persistence); try again after this many milliseconds.
-    Fresh(i64),
-}
-
 /// The Redis [`LeaseBackend`] for one election, over one server or a Redlock group.
 pub struct RedisBackend {
     prefix: String,
-    key: String,
-    counter_key: String,
+    pub(super) key: String,
+    pub(super) counter_key: String,
     channel: String,
-    group: Arc<Group>,
+    successor_key: String,
+    pub(super) group: Arc<Group>,
     /// The release channel, subscribed on every server.
     released: Released,
+    /// The registry's channel, subscribed on every server.
+    pub(super) registry_notes: Released,
+    /// The controls' channel, subscribed on every server.
+    pub(super) control_notes: Released,
+    /// The slowest of this process's last renewal and the one before, in
+    /// µs: the latency the wait a release leaves its successor is made of.
+    renew_us: [AtomicU64; 2],
     /// Per server: the process last seen.
     runs: Vec<std::sync::Mutex<RunSeen>>,
 }
@@ -76,29 +87,6 @@ pub struct RedisBackend {
 fn new_token() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn random_retry() -> Duration {
-    Duration::from_millis(rand::rng().random_range(10..=200))
-}
-
-/// What a campaign round found, summed over the servers.
-#[derive(Default)]
-struct Found {
-    acquired: Vec<(usize, u64)>,
-    /// Servers that granted but whose replicas did not acknowledge it.
-    unacked: Vec<usize>,
-    held: Vec<Holder>,
-    fresh: Option<Duration>,
-    error: Option<BackendError>,
-}
-
-impl Found {
-    /// Servers that hold our key: granted, acknowledged or not.
-    fn taken(&self) -> Vec<usize> {
-        let granted = self.acquired.iter().map(|(i, _)| *i);
-        granted.chain(self.unacked.iter().copied()).collect()
-    }
 }
 
 impl RedisBackend {
@@ -126,9 +114,13 @@ impl RedisBackend {
             prefix: prefix.to_owned(),
             counter_key: format!("{base}:fencing"),
             channel: format!("{base}:released"),
+            successor_key: format!("{base}:successor"),
             key: base,
             group: Arc::new(Group::new(servers)),
             released: Released::new(n),
+            registry_notes: Released::new(n),
+            control_notes: Released::new(n),
+            renew_us: Default::default(),
             runs: (0..n).map(|_| Default::default()).collect(),
         }))
     }
@@ -169,15 +161,12 @@ impl RedisBackend {
             (seen.id.clone().unwrap_or_default(), holding)
         };
         let hold = if holding { "1" } else { "0" };
-        let keys = [self.key.as_str(), self.counter_key.as_str()];
+        let paused = self.paused_key();
+        let keys = [&self.key, &self.counter_key, &paused, &self.successor_key];
         let want = server.min_replicas().to_string();
-        let v = server
-            .eval(
-                Lua::Campaign,
-                &keys,
-                &[token, identity, &ms(ttl), &known, hold, &want],
-            )
-            .await?;
+        let cap = ms(SUCCESSOR_WAIT_CAP);
+        let args = [token, identity, &ms(ttl), &known, hold, &want, &cap];
+        let v = server.eval(Lua::Campaign, &keys, &args).await?;
         let Value::Array(items) = &v else {
             return Err(unexpected(&v));
         };
@@ -187,49 +176,6 @@ impl RedisBackend {
             .ok_or_else(|| unexpected(&v))?;
         let hold_until = self.saw_run(i, server, run, ttl);
         self.answer(server, &v, hold_until)
-    }
-
-    /// Read `server`'s campaign answer `v` (an array ending with its
-    /// `run_id`), given our hold-off on it.
-    fn answer(&self, server: &Server, v: &Value, hold_until: Option<Instant>) -> Result<Answer> {
-        let Value::Array(items) = v else {
-            return Err(unexpected(v));
-        };
-        match items.as_slice() {
-            [Value::Int(1), f, _] => uint_of(f)
-                .map(Answer::Acquired)
-                .ok_or_else(|| unexpected(v)),
-            [Value::Int(0), Value::BulkString(value), Value::Int(pttl), _] => Ok(Answer::Held(
-                String::from_utf8_lossy(value).into_owned(),
-                *pttl,
-            )),
-            [Value::Int(3), Value::Int(wait), _] => {
-                let own = hold_until.map_or(0, |t| {
-                    t.saturating_duration_since(Instant::now()).as_millis() as i64
-                });
-                // Our own hold-off, if any, else the server's uptime wait.
-                Ok(Answer::Fresh(if own > 0 { own } else { *wait }))
-            }
-            [Value::Int(5), Value::Int(live), _] => Err(BackendError::Rejected {
-                backend: BACKEND,
-                code: UNREPLICATED,
-                source: Box::new(Unreplicated {
-                    server: server.label().to_owned(),
-                    acked: (*live).max(0) as u64,
-                    wanted: server.min_replicas(),
-                    waited_ms: None,
-                }),
-            }),
-            [Value::Int(4), Value::BulkString(value), _] => Err(BackendError::Rejected {
-                backend: BACKEND,
-                code: "fencing_counter",
-                source: Box::new(BadCounter {
-                    key: self.counter_key.clone(),
-                    value: String::from_utf8_lossy(value).into_owned(),
-                }),
-            }),
-            _ => Err(unexpected(v)),
-        }
     }
 
     /// Record server `i`'s `run_id`. A new process behind the same address:
@@ -258,6 +204,11 @@ impl RedisBackend {
                     let d = Duration::from_millis(ms.max(1) as u64);
                     found.fresh = Some(found.fresh.map_or(d, |f| f.min(d)));
                 }
+                Ok(Answer::Paused) => found.paused += 1,
+                Ok(Answer::Yielding(ms)) => {
+                    let d = Duration::from_millis(ms.max(1) as u64);
+                    found.yielding = Some(found.yielding.map_or(d, |f| f.min(d)));
+                }
                 Err(e) => {
                     if is_unreplicated(&e) {
                         found.unacked.push(i);
@@ -269,61 +220,39 @@ impl RedisBackend {
         found
     }
 
-    /// The grant rule's decision on a campaign round: the term, a wait when
-    /// too few servers confirmed its fencing token, or what the round found.
-    fn decide(&self, granting: Granting, found: Found, ask: &Acquisition<'_>) -> Result<Campaign> {
-        let n = self.servers();
-        match granting {
-            Granting::Granted { fencing, by, .. } => Ok(Campaign::Elected(Term {
-                holder: Holder {
-                    identity: ask.owner.to_owned(),
-                    fencing_token: fencing,
-                    term_id: crate::backend::TermId::new(ask.token),
-                    revision: None,
-                    expires_in: None,
-                },
-                ttl: ask.ttl.saturating_sub(drift(ask.ttl)),
-                granted: ask.ttl,
-                servers: (n > 1).then_some((by, n)),
-            })),
-            Granting::Unconfirmed { .. } => Ok(Campaign::Waiting {
-                previous: None,
-                retry_after: random_retry(),
-                why: "the fencing counter could not be raised on a quorum of servers; retrying",
-            }),
-            Granting::Refused => self.lose(found),
-        }
+    /// Keep the round trip of a renewal sent at `sent`.
+    fn renewed_in(&self, sent: Instant) {
+        let us = sent.elapsed().as_micros() as u64;
+        let older = self.renew_us[1].swap(us, Ordering::Relaxed);
+        self.renew_us[0].store(older, Ordering::Relaxed);
     }
 
-    /// No quorum: follow the holder seen on a quorum, or wait out a split.
-    fn lose(&self, found: Found) -> Result<Campaign> {
-        if found.acquired.len() + found.held.len() < self.quorum()
-            && let Some(e) = found.error
-        {
-            return Err(e);
-        }
-        if let Some(holder) = quorum_holder(&found.held, self.quorum()) {
-            return Ok(Campaign::Following(holder));
-        }
-        // A split: retry after a random delay (Redlock spec), or when the
-        // minority keys expire; a server younger than one TTL sets the wait.
-        let random = found.fresh.unwrap_or_else(random_retry);
-        let retry_after = found
-            .held
+    /// End `term`, naming `successor`: the release script deletes the key
+    /// and sets the successor marker for [`successor_wait`] of this
+    /// process's slowest recent renewal, in one step on each server.
+    async fn release_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        let slowest = self
+            .renew_us
             .iter()
-            .filter_map(|h| h.expires_in)
-            .min()
-            .map_or(random, |e| e.min(random));
-        let why = if found.fresh.is_some() {
-            "a Redis server started less than one lease duration ago and may have forgotten a live term: waiting until it has run that long"
-        } else {
-            "no quorum of servers agrees on a holder (a split): retrying after a random delay"
-        };
-        Ok(Campaign::Waiting {
-            previous: found.held.into_iter().next(),
-            retry_after,
-            why,
-        })
+            .map(|a| a.load(Ordering::Relaxed))
+            .max();
+        let wait = ms(successor_wait(Duration::from_micros(slowest.unwrap_or(0))));
+        let to = successor.unwrap_or("");
+        let args = [term.holder.term_id.as_str(), &self.channel, "", to, &wait];
+        let keys = [self.key.as_str(), &self.successor_key];
+        resigned(self.group.release(Lua::Release, &keys, &args).await)
+    }
+
+    /// The successor a release by `me` names: the registry's choice, or
+    /// nobody when the registry cannot be read.
+    async fn successor_for(&self, me: &str) -> Option<String> {
+        match self.list().await {
+            Ok(listed) => choose_successor(&listed, me).map(|c| c.identity.clone()),
+            Err(e) => {
+                debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
+                None
+            }
+        }
     }
 
     async fn read_on(&self, server: &Server) -> Result<Option<Holder>> {
@@ -410,16 +339,62 @@ impl LeaseBackend for RedisBackend {
             String::new()
         };
         let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
+        let sent = Instant::now();
         let verdict = self
             .group
             .renew(Lua::ElectionRenew, &[&self.key], &args)
             .await;
+        self.renewed_in(sent);
         renewal(verdict, term, self.servers())
     }
 
     async fn resign(&self, term: &Term) -> Result<()> {
-        let args = [term.holder.term_id.as_str(), &self.channel, ""];
-        resigned(self.group.release(Lua::Release, &[&self.key], &args).await)
+        let successor = self.successor_for(&term.holder.identity).await;
+        self.release_to(term, successor.as_deref()).await
+    }
+
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        self.release_to(term, successor).await
+    }
+
+    fn has_registry(&self) -> bool {
+        true
+    }
+
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.publish(candidate, ttl).await
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.withdraw(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+        self.list().await.map(Some)
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        self.watch_registry().await
+    }
+
+    fn has_controls(&self) -> bool {
+        true
+    }
+
+    async fn controls(&self) -> Result<Controls> {
+        self.read_controls().await
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.watch_controls_from(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.pause(paused).await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.switchover(to).await
     }
 
     async fn watch(&self, seen: &Holder) -> Result<()> {
@@ -468,6 +443,7 @@ pub(crate) fn resigned(v: Verdict) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::redis::drift;
 
     #[test]
     fn drift_follows_the_redlock_spec() {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::lua_ops::{CANDIDATE_LIST, CANDIDATE_PUBLISH, CANDIDATE_WITHDRAW};
 use super::lua_rw::{RW, RW_GIVE_UP, RW_READ, RW_READ_RENEW, RW_UNREAD, RW_WRITE};
+use super::lua_sem::{SEM_ACQUIRE, SEM_LIVE, SEM_RELEASE, SEM_RENEW};
 
 /// Most digits a fencing counter may have, in every script. Redis runs Lua
 /// 5.1, whose numbers are doubles: integers are exact up to 2^53
@@ -55,19 +57,31 @@ local function mine(value, token)
 end
 ";
 
-/// Election campaign. KEYS: key, counter. ARGV: 1 term token, 2 identity,
-/// 3 TTL in ms, 4 the run_id this candidate last saw on this server ('' if
-/// none), 5 '1' while this candidate keeps out of a server it saw restart,
-/// 6 `--redis-min-replicas` (absent or '0': off).
-/// Answers (each ending with the server's run_id): `{1, fencing}` elected,
-/// `{0, value, pttl}` held, `{3, wait_ms}` too fresh, `{4, counter}` bad
-/// counter, `{5, replicas}` fewer replicas linked and acknowledging than ARGV[6].
+/// Election campaign. KEYS: key, counter, pause marker, successor. ARGV:
+/// 1 term token, 2 identity, 3 TTL in ms, 4 the run_id this candidate last
+/// saw on this server ('' if none), 5 '1' while this candidate keeps out of
+/// a server it saw restart, 6 `--redis-min-replicas` ('0': off), 7 the
+/// longest a successor marker may keep others out, in ms.
+/// Answers (each ending with the server's run_id): `{1, fencing}` elected
+/// (deleting the successor marker), `{0, value, pttl}` held, `{3, wait_ms}`
+/// too fresh, `{4, counter}` bad counter, `{5, replicas}` fewer replicas
+/// linked and acknowledging than ARGV[6], `{6}` paused, `{7, successor,
+/// pttl}` left to the named successor. The one write of a refusal: a
+/// successor marker without a TTL, or with more than ARGV[7] (written by
+/// hand), gets ARGV[7], so it keeps others out at most that long.
 const CAMPAIGN: &str = r"
 local info = redis.call('INFO', 'server')
 local run = string.match(info, 'run_id:(%x+)') or ''
 local current = redis.call('GET', KEYS[1])
 if current then
   return {0, current, redis.call('PTTL', KEYS[1]), run}
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {6, run} end
+local named = redis.call('GET', KEYS[4])
+if named and named ~= ARGV[2] then
+  local left, cap = redis.call('PTTL', KEYS[4]), tonumber(ARGV[7])
+  if left < 0 or left > cap then redis.call('PEXPIRE', KEYS[4], cap) left = cap end
+  return {7, named, left, run}
 end
 local ttl = tonumber(ARGV[3])
 -- A server that restarted (or was replaced, e.g. a replica promoted) since
@@ -107,6 +121,7 @@ local fencing = math.max((tonumber(c) or 0) + 1, now)
 local f = string.format('%.0f', fencing)
 redis.call('SET', KEYS[2], f)
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
+if named then redis.call('DEL', KEYS[4]) end
 return {1, f, run}
 ";
 
@@ -140,13 +155,17 @@ end
 return 1
 ";
 
-/// Release. KEYS: key. ARGV: 1 token, 2 channel. Deletes the key when it
-/// carries the token and publishes `ARGV[3]` (or the old value when empty)
-/// on the channel. Answers 1 released, 0 gone, -1 someone else's.
+/// Release. KEYS: key, successor marker (election only). ARGV: 1 token,
+/// 2 channel, 3 message, 4 successor ('' or absent: none), 5 its wait in
+/// ms. Deletes the key when it carries the token, sets the successor
+/// marker (same step: no campaign sees the key free without it), and
+/// publishes `ARGV[3]` (or the old value when empty) on the channel.
+/// Answers 1 released, 0 gone, -1 someone else's.
 const RELEASE: &str = r"
 local current = redis.call('GET', KEYS[1])
 if not current then return 0 end
 if not mine(current, ARGV[1]) then return -1 end
+if ARGV[4] and ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5]) end
 redis.call('DEL', KEYS[1])
 if ARGV[3] == '' then
   redis.call('PUBLISH', ARGV[2], current)
@@ -176,57 +195,6 @@ if not current then return 0 end
 if not mine(current, ARGV[1]) then return -1 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
-";
-
-/// Live permits of a semaphore (by the server's clock), read-only. KEYS: set.
-const SEM_LIVE: &str = r"
-local now = now_ms()
-return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
-";
-
-/// Single-server semaphore: a sorted set of tokens scored by expiry. KEYS:
-/// set, counter, size. ARGV: token, permits, TTL in ms. Answers `{1,
-/// fencing}`, `{0, live}` full, `{-2, counter}` bad counter, `{-3, size}`
-/// live permits taken with another size (one name is one semaphore). The
-/// size key, like the counter, outlives the set; it binds only while a
-/// permit is live.
-const SEM_ACQUIRE: &str = r"
-local now = now_ms()
-local ok, bad = fence_ok(KEYS[2])
-if not ok then return {-2, bad} end
-local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
-local size = redis.call('GET', KEYS[3])
-if live > 0 and size and size ~= ARGV[2] then return {-3, size} end
-if live >= tonumber(ARGV[2]) then return {0, live} end
-local f = fence_next(KEYS[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-redis.call('SET', KEYS[3], ARGV[2])
-return {1, f}
-";
-
-/// Single-server permit renew. KEYS: set. ARGV: token, TTL in ms. Answers 1 or 0.
-const SEM_RENEW: &str = r"
-local now = now_ms()
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) <= now then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  return 0
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 1
-";
-
-/// Single-server permit release. KEYS: set. ARGV: token. Answers 1 or 0.
-const SEM_RELEASE: &str = r"
-local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
-if n == 1 then redis.call('PUBLISH', KEYS[1], 'released') end
-return n
 ";
 
 /// Shared prelude of the Redlock semaphore scripts: `other_size(base,
@@ -339,9 +307,15 @@ pub enum Lua {
     RwUnread,
     /// A waiting writer's intent removed (`RW_GIVE_UP`).
     RwGiveUp,
+    /// A candidate record written or renewed (`CANDIDATE_PUBLISH`).
+    CandidatePublish,
+    /// A candidate record removed (`CANDIDATE_WITHDRAW`).
+    CandidateWithdraw,
+    /// The candidate records (`CANDIDATE_LIST`).
+    CandidateList,
 }
 
-const ALL: [Lua; 19] = [
+const ALL: [Lua; 22] = [
     Lua::Campaign,
     Lua::ElectionRenew,
     Lua::Raise,
@@ -361,6 +335,9 @@ const ALL: [Lua; 19] = [
     Lua::RwReadRenew,
     Lua::RwUnread,
     Lua::RwGiveUp,
+    Lua::CandidatePublish,
+    Lua::CandidateWithdraw,
+    Lua::CandidateList,
 ];
 
 static SCRIPTS: LazyLock<Vec<Script>> =
@@ -388,6 +365,9 @@ impl Lua {
             Lua::RwReadRenew => RW_READ_RENEW,
             Lua::RwUnread => RW_UNREAD,
             Lua::RwGiveUp => RW_GIVE_UP,
+            Lua::CandidatePublish => CANDIDATE_PUBLISH,
+            Lua::CandidateWithdraw => CANDIDATE_WITHDRAW,
+            Lua::CandidateList => CANDIDATE_LIST,
         }
     }
 
@@ -417,7 +397,10 @@ impl Lua {
             | Lua::Slots
             | Lua::Complete
             | Lua::RwUnread
-            | Lua::RwGiveUp => false,
+            | Lua::RwGiveUp
+            | Lua::CandidatePublish
+            | Lua::CandidateWithdraw
+            | Lua::CandidateList => false,
         }
     }
 
@@ -433,6 +416,9 @@ impl Lua {
                 | Lua::Complete
                 | Lua::RwUnread
                 | Lua::RwGiveUp
+                | Lua::CandidatePublish
+                | Lua::CandidateWithdraw
+                | Lua::CandidateList
         )
     }
 

@@ -8,9 +8,10 @@
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
 //!   group of one), with the fencing rule that keeps tokens growing, and
 //!   [`verdict`]: the one renew and release verdict of a tally of answers;
-//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]);
-//!   the coordination API ([`coord`]) is the other client of
-//!   [`group`].
+//! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]),
+//!   with its operations beside it: the candidate registry (`registry`)
+//!   and the pause and switchover controls (`controls`); the coordination
+//!   API ([`coord`]) is the other client of [`group`].
 //!
 //! With `--redis-min-replicas N` ([`RedisOptions::min_replicas`]) every
 //! write a grant, a renewal or a fencing-counter raise rests on is followed by
@@ -23,6 +24,8 @@
 //! safety rule and by fencing tokens, not by Redis; `WAIT` is not consensus (a
 //! failover may still promote a replica that missed an acknowledged write).
 
+mod answer;
+mod controls;
 pub mod coord;
 mod election;
 mod exclusive;
@@ -30,7 +33,10 @@ pub mod flags;
 pub mod group;
 mod holders;
 pub mod lua;
+mod lua_ops;
 mod lua_rw;
+mod lua_sem;
+mod registry;
 mod released;
 pub mod server;
 pub mod verdict;
@@ -39,16 +45,18 @@ use std::time::Duration;
 
 use crate::backend::About;
 
+pub use answer::{PAUSED_RETRY, YIELDING};
 pub use election::RedisBackend;
 #[cfg(test)]
 pub(crate) use election::{renewal, resigned};
 pub use group::{Group, drift};
+pub use registry::FALLBACK;
 
 /// The Redis backend's name and advice (see [`About`]).
 pub(crate) const BACKEND: &About = &About {
     name: "redis",
     tls_hint: "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL",
-    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE on the election's keys and channel (and WAIT with --redis-min-replicas)",
+    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, EXISTS, PTTL, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE, and the candidate registry's HSET, HSETNX, HMGET, ZADD, ZRANGE, ZREM, ZSCORE and ZREMRANGEBYSCORE, on the election's keys and channels (and WAIT with --redis-min-replicas)",
     rejected: &[
         (
             "wrongtype",

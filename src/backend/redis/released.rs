@@ -1,6 +1,7 @@
 //! The election's release channel: one subscription per server, on which
 //! a resigning leader publishes its released value, so followers campaign
-//! at once instead of at the key's expiry.
+//! at once instead of at the key's expiry. The registry's and the
+//! controls' channels are followed the same way ([`Released::any`]).
 
 use futures_util::StreamExt;
 use redis::aio::PubSub;
@@ -51,14 +52,13 @@ impl Released {
         }
     }
 
-    /// Wait on server `i`'s subscription for the release of `token`.
-    /// Returns `false` when the subscription broke.
-    async fn wait_on(&self, i: usize, token: &str) -> bool {
+    /// Wait on server `i`'s subscription for a message starting with
+    /// `prefix`. Returns `false` when the subscription broke.
+    async fn wait_on(&self, i: usize, prefix: &str) -> bool {
         let mut guard = self.subs[i].lock().await;
         let Some(ps) = guard.as_mut() else {
             return false;
         };
-        let prefix = format!("{token}|");
         let mut stream = ps.on_message();
         while let Some(msg) = stream.next().await {
             if msg.get_payload_bytes().starts_with(prefix.as_bytes()) {
@@ -74,8 +74,19 @@ impl Released {
     /// Returns `false` when every subscription broke (the caller reports it
     /// and campaigns again, which re-subscribes).
     pub async fn wait(&self, token: &str) -> bool {
+        self.wait_for(&format!("{token}|")).await
+    }
+
+    /// Wait on every server's subscription for any message (messages that
+    /// came since the last wait count). Returns `false` when every
+    /// subscription broke.
+    pub async fn any(&self) -> bool {
+        self.wait_for("").await
+    }
+
+    async fn wait_for(&self, prefix: &str) -> bool {
         let mut pending: Vec<_> = (0..self.subs.len())
-            .map(|i| Box::pin(self.wait_on(i, token)))
+            .map(|i| Box::pin(self.wait_on(i, prefix)))
             .collect();
         while !pending.is_empty() {
             let (released, _, rest) = futures_util::future::select_all(pending).await;

@@ -1,0 +1,224 @@
+//! The candidate registry on etcd: one key per candidate,
+//! `<election key>/candidates/<identity>`, whose value is the JSON record
+//! `{"identity", "priority", "revision", "ready", "ttl"}` (`ttl` in whole
+//! seconds, what the reader reports as the record's TTL), bound to a lease of the
+//! record's TTL so that etcd deletes it when its candidate stops renewing.
+//!
+//! Each publish grants a fresh lease, puts the record under it (a put over
+//! the key keeps its `create_revision`, the record's place in the order of
+//! creation) and then revokes the previous publish's lease, which no key is
+//! bound to any more: three requests per renewal (one a minute at the
+//! default timing) and no keep-alive stream to keep. A reader never judges
+//! a record's age: etcd expires it (`Listed::age` is `None`).
+//!
+//! The registry and the controls are watched by prefix from the revision
+//! of the last read, so a change between a read and the next watch is not
+//! missed ([`EtcdBackend::watch_prefix`]).
+
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+
+use super::EtcdBackend;
+use super::store::{BACKEND, revision_of, ttl_secs};
+use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed};
+use crate::backend::{BackendError, Result};
+
+/// The JSON value of a record.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    identity: String,
+    #[serde(default = "default_priority")]
+    priority: u32,
+    #[serde(default)]
+    revision: String,
+    #[serde(default = "ready")]
+    ready: bool,
+    /// The record's TTL in whole seconds (0: unknown).
+    #[serde(default)]
+    ttl: u64,
+}
+
+fn default_priority() -> u32 {
+    DEFAULT_PRIORITY
+}
+
+fn ready() -> bool {
+    true
+}
+
+impl EtcdBackend {
+    /// `<election key>/<what>/`, the prefix of the registry
+    /// (`candidates`) or of the controls (`controls`).
+    pub(super) fn sub_prefix(&self, what: &str) -> Vec<u8> {
+        let mut p = self.key.clone();
+        p.extend_from_slice(format!("/{what}/").as_bytes());
+        p
+    }
+
+    /// The key of `identity`'s record.
+    fn record_key(&self, identity: &str) -> Vec<u8> {
+        let mut k = self.sub_prefix("candidates");
+        k.extend_from_slice(identity.as_bytes());
+        k
+    }
+
+    /// Write `candidate`'s record under a fresh lease of `ttl`, then revoke
+    /// the lease of the previous write.
+    pub(super) async fn publish(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        let mut client = self.client().await?;
+        let record = Record {
+            identity: candidate.identity.clone(),
+            priority: candidate.priority,
+            revision: candidate.revision.clone(),
+            ready: candidate.ready,
+            ttl: ttl_secs(ttl) as u64,
+        };
+        let value = serde_json::to_vec(&record).expect("a record serializes");
+        let lease = self.store.grant(&mut client, ttl, None).await?;
+        let put = client.put(
+            self.record_key(&candidate.identity),
+            value,
+            Some(PutOptions::new().with_lease(lease.id)),
+        );
+        if let Err(e) = self.store.call(None, "put", put).await {
+            self.store.abandon(&mut client, lease.id, None, &e).await;
+            return Err(e);
+        }
+        let old = self
+            .registry_lease
+            .lock()
+            .await
+            .insert(candidate.identity.clone(), lease.id);
+        if let Some(old) = old.filter(|o| *o != lease.id) {
+            // Nothing is bound to it now; it would expire anyway.
+            let _ = self.store.revoke(&mut client, old, None).await;
+        }
+        Ok(())
+    }
+
+    /// Delete `identity`'s record and revoke its lease.
+    pub(super) async fn withdraw(&self, identity: &str) -> Result<()> {
+        let mut client = self.client().await?;
+        let del = client.delete(self.record_key(identity), None);
+        self.store.call(None, "delete", del).await?;
+        if let Some(old) = self.registry_lease.lock().await.remove(identity) {
+            let _ = self.store.revoke(&mut client, old, None).await;
+        }
+        Ok(())
+    }
+
+    /// Every record, read at one revision (kept for the next
+    /// [`watch_candidates`](Self::watch_registry)).
+    pub(super) async fn list(&self) -> Result<Vec<Listed>> {
+        let mut client = self.client().await?;
+        let prefix = self.sub_prefix("candidates");
+        let get = client.get(prefix, Some(GetOptions::new().with_prefix()));
+        let resp = self.store.call(None, "get", get).await?;
+        self.seen_registry(revision_of(resp.header()));
+        let mut listed = Vec::new();
+        for kv in resp.kvs() {
+            // A value that is not a record (written by someone else) is skipped.
+            let Ok(r) = serde_json::from_slice::<Record>(kv.value()) else {
+                continue;
+            };
+            listed.push(Listed {
+                candidate: Candidate {
+                    identity: r.identity,
+                    priority: r.priority,
+                    revision: r.revision,
+                    ready: r.ready,
+                },
+                age: None,
+                ttl: Duration::from_secs(r.ttl.max(1)),
+                created: Some(kv.create_revision().max(0) as u64),
+            });
+        }
+        Ok(listed)
+    }
+
+    fn seen_registry(&self, revision: i64) {
+        let mut seen = self.registry_rev.lock().expect("registry revision");
+        *seen = (*seen).max(revision);
+    }
+
+    /// Resolve at the registry's first change after the last list (or the
+    /// last change this reported).
+    pub(super) async fn watch_registry(&self) -> Result<()> {
+        let from = *self.registry_rev.lock().expect("registry revision");
+        let prefix = self.sub_prefix("candidates");
+        let revision = self.watch_prefix(prefix, from).await?;
+        self.seen_registry(revision);
+        Ok(())
+    }
+
+    /// Watch every key under `prefix` from the revision after `seen` (0:
+    /// from now) until one changes; returns the revision of that change.
+    /// A compacted history counts as a change (the caller reads again).
+    ///
+    /// # Errors
+    /// A transport error, or [`BackendError::WatchEnded`] when the server
+    /// closes or cancels the watch.
+    pub(super) async fn watch_prefix(&self, prefix: Vec<u8>, seen: i64) -> Result<i64> {
+        let mut client = self.client().await?;
+        let mut opts = WatchOptions::new().with_prefix();
+        if seen > 0 {
+            opts = opts.with_start_revision(seen + 1);
+        }
+        let mut stream = self
+            .store
+            .call(None, "watch", client.watch(prefix, Some(opts)))
+            .await?;
+        loop {
+            let msg = stream.message().await.map_err(|e| self.classify(e, false));
+            let Some(msg) = msg? else {
+                return Err(ended("stream closed".into()));
+            };
+            if msg.canceled() {
+                if msg.compact_revision() > 0 {
+                    return Ok(msg.compact_revision());
+                }
+                return Err(ended(format!("cancelled: {}", msg.cancel_reason())));
+            }
+            let changed = msg.events().iter().find_map(|e| {
+                let kv = e.kv()?;
+                matches!(e.event_type(), EventType::Put | EventType::Delete)
+                    .then_some(kv.mod_revision())
+            });
+            if let Some(revision) = changed {
+                return Ok(revision.max(revision_of(msg.header())));
+            }
+        }
+    }
+}
+
+fn ended(reason: String) -> BackendError {
+    BackendError::WatchEnded {
+        backend: BACKEND,
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_with_defaults_for_what_is_missing() {
+        let r: Record = serde_json::from_slice(br#"{"identity":"a"}"#).unwrap();
+        assert_eq!((r.priority, r.ready, r.revision.as_str()), (1, true, ""));
+        let json = serde_json::to_string(&Record {
+            identity: "b".into(),
+            priority: 3,
+            revision: "r1".into(),
+            ready: false,
+            ttl: 2,
+        })
+        .unwrap();
+        assert_eq!(
+            json,
+            r#"{"identity":"b","priority":3,"revision":"r1","ready":false,"ttl":2}"#
+        );
+    }
+}
