@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::candidates::{Candidate, Listed};
+use super::controls::Controls;
 use super::{About, Campaign, Holder, LeaseBackend, Renewal, Result, Term, TermId};
 
 /// One election on a primary and a bridge lock (see the module docs).
@@ -163,6 +164,18 @@ impl LeaseBackend for Both {
         p.and(b)
     }
 
+    /// As [`resign`](LeaseBackend::resign), the primary's release naming
+    /// `successor` (the bridge has no registry).
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        let Some((primary, bridge)) = self.held(term) else {
+            return self.primary.resign_to(term, successor).await;
+        };
+        let p = self.primary.resign_to(&primary, successor).await;
+        let b = self.bridge.resign(&bridge).await;
+        self.state(|s| s.held = None);
+        p.and(b)
+    }
+
     /// The bridge's holder when it has one (as a campaign reports it: the
     /// bridge is taken first), else the primary's.
     async fn read(&self) -> Result<Option<Holder>> {
@@ -222,6 +235,33 @@ impl LeaseBackend for Both {
 
     async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
         self.primary.candidates().await
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        self.primary.watch_candidates().await
+    }
+
+    // The operator controls are the primary's too: its campaign, which
+    // decides the election, honours the pause (a bridge taken first is
+    // given back at once, as on any primary refusal).
+    fn has_controls(&self) -> bool {
+        self.primary.has_controls()
+    }
+
+    async fn controls(&self) -> Result<Controls> {
+        self.primary.controls().await
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.primary.watch_controls(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.primary.set_paused(paused).await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.primary.request_switchover(to).await
     }
 }
 

@@ -108,6 +108,17 @@ pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
 /// CoordinatedLeaderElection feature gate drops `spec.preferredHolder`.
 pub const SUCCESSOR_ANNOTATION: &str = "leader-elector.io/successor";
 
+/// Annotation of the election Lease that pauses the election while it
+/// is `"true"`: no candidate takes a released or expired term; the holder
+/// keeps renewing (`backend::controls`). Written by `leader-elector pause`
+/// (removed by `resume`) or by hand.
+pub const PAUSED_ANNOTATION: &str = "leader-elector.io/paused";
+
+/// Annotation of the election Lease naming the identity an operator asked
+/// the leader to hand over to (`leader-elector switchover`); absent or
+/// empty: no request.
+pub const SWITCHOVER_ANNOTATION: &str = "leader-elector.io/switchover";
+
 /// Server-side timeout of one watch request, in seconds; the watch is then
 /// reopened from the last `resourceVersion` seen (kube-runtime uses 290 s).
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -215,6 +226,9 @@ pub struct KubeLeaseBackend {
     /// The `resourceVersion` of the candidate record this process last
     /// wrote (`candidates`), the precondition of its next renewal.
     registry_rv: Mutex<Option<String>>,
+    /// Where the watches of the registry and of the controls resume
+    /// between calls (`marks`).
+    marks: Mutex<Marks>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -296,6 +310,7 @@ pub use candidates::{
 };
 mod client;
 mod connect;
+mod controls;
 pub mod coord;
 pub mod endpoints_lock;
 mod endpoints_record;
@@ -303,12 +318,14 @@ pub mod flags;
 pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]
 pub(crate) mod mock;
+mod release;
 mod replay;
 pub mod throttle;
 mod verbs;
 mod view;
 mod watch;
 
+use controls::Marks;
 use throttle::Throttle;
 use view::{Hold, LeaseView, Standing, duration_of};
 

@@ -6,6 +6,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
+use super::controls::controls_only;
 use super::{
     DEFAULT_TTL, Hold, LeaseView, Own, Pending, Seen, Standing, UNANSWERED_KEPT, WatchView,
     duration_of, edit_of, released_by_holder, renewed_before,
@@ -62,7 +63,9 @@ impl LeaseView {
         let rv = rv_of(lease);
         let (fallback, skew) = (self.fallback_ttl(), self.max_skew);
         let (changed_at, carry, renewed_before_sight) = match &self.seen {
-            Some(s) if !s.deleted && rv_of(&s.lease) == rv => {
+            // The same version, or an operator's write of the controls
+            // alone (not the holder's: `view::controls`).
+            Some(s) if !s.deleted && (rv_of(&s.lease) == rv || controls_only(&s.lease, lease)) => {
                 (s.changed_at, s.carry, s.renewed_before_sight)
             }
             Some(s) if released_by_holder(lease, holder_of(&s.lease)) => (now, None, None),
@@ -95,10 +98,9 @@ impl LeaseView {
     /// remembered as its holder's last renewal heard (for
     /// [`LeaseView::heard_at`]).
     pub(in crate::backend::kubernetes) fn watched(&mut self, lease: &Lease, now: Instant) {
-        let new = self
-            .seen
-            .as_ref()
-            .is_none_or(|s| s.deleted || rv_of(&s.lease) != rv_of(lease));
+        let new = self.seen.as_ref().is_none_or(|s| {
+            s.deleted || (rv_of(&s.lease) != rv_of(lease) && !controls_only(&s.lease, lease))
+        });
         self.observed(lease, now);
         if new {
             self.watched = Some((holder_of(lease).to_owned(), now));
