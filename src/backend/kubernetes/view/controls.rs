@@ -146,7 +146,9 @@ mod tests {
 
     #[test]
     fn controls_read_from_the_annotations() {
-        let cases: &[(&str, &[(&str, &str)], bool, Option<&str>)] = &[
+        // What, the annotations, paused, the switchover target.
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, Option<&'a str>);
+        let cases: &[Case] = &[
             ("none", &[], false, None),
             ("paused", &[PAUSED], true, None),
             (
