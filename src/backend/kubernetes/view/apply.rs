@@ -232,8 +232,10 @@ impl LeaseView {
 
     /// The leader's watch delivered `lease`. Our own renewals only move the
     /// resume point (the update answers are the CAS versions); any other
-    /// write is recorded, and a change of our term's duration or token is
-    /// returned (our term ends).
+    /// write is recorded (an operator's write of the controls alone on top
+    /// of our last version too: it becomes the base of the next renewal),
+    /// and a change of our term's duration or token is returned (our term
+    /// ends).
     pub(in crate::backend::kubernetes) fn observed_while_leading(
         &mut self,
         lease: &Lease,
@@ -244,7 +246,10 @@ impl LeaseView {
             .as_ref()
             .is_some_and(|o| o.holder == holder_of(lease));
         let edit = self.own_edit(lease);
-        if ours && edit.is_none() {
+        // An operator's write of the controls on top of the version we
+        // hold is the base of our next renewal (no 409 to learn it).
+        let on_top = self.lease().is_some_and(|seen| controls_only(seen, lease));
+        if ours && edit.is_none() && !on_top {
             self.resume_rv = Some(rv_of(lease).to_owned());
         } else {
             self.observed(lease, now);

@@ -301,6 +301,29 @@ mod tests {
         }
     }
 
+    /// The leader's watch delivering an operator's write of the controls
+    /// on top of its last version makes it the next renewal's base; its
+    /// own renewal delivered after it is only a resume point.
+    #[test]
+    fn a_controls_write_is_the_leaders_next_base() {
+        let t0 = Instant::now();
+        let mut v = LeaseView::default();
+        let mine = lease("a_1", &[], "1");
+        v.elected(&mine, "a_1".into(), Duration::from_secs(1), t0);
+        let paused = lease("a_1", &[PAUSED], "2");
+        assert_eq!(v.observed_while_leading(&paused, t0), None);
+        assert_eq!(
+            v.lease().unwrap().metadata.resource_version.as_deref(),
+            Some("2")
+        );
+        let renewed = lease("a_1", &[PAUSED], "3");
+        assert_eq!(v.observed_while_leading(&renewed, t0), None);
+        assert_eq!(
+            v.lease().unwrap().metadata.resource_version.as_deref(),
+            Some("2")
+        );
+    }
+
     /// The decision is on the base version: a pause the view has not seen
     /// yet still holds the campaign back, and a base without it is free
     /// even if a later version (which the write would conflict with) is
