@@ -49,6 +49,14 @@
 //!   waits a whole duration. Found by the 30-minute fault soak
 //!   (tests/suite/kubernetes_fault.rs, seed 1904014402476089950).
 //!
+//! - Operator controls are annotations of the election Lease itself
+//!   ([`PAUSED_ANNOTATION`], [`SWITCHOVER_ANNOTATION`]), set by a
+//!   compare-and-swap that touches nothing else (`controls`). A campaign
+//!   never takes a free Lease whose version it writes against is paused
+//!   (`view::controls`), so a pause written before that write makes it
+//!   answer 409; every write of ours keeps annotations and spec fields it
+//!   does not own.
+//!
 //! The follower's and the leader's rules are one pure state, `view`: every
 //! read, watch event and write answer is applied to it as an event, and the
 //! verbs act on what it classifies the Lease as at an instant they pass in.
