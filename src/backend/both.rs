@@ -19,6 +19,10 @@
 //!   finds the bridge free goes straight on to the primary, which is then
 //!   free too. The Elector has stopped claiming before it resigns, so either
 //!   order is safe; this one is the quicker handover.
+//! - While the primary answers that the election is paused, the next
+//!   campaigns only read the primary's controls and give the same answer,
+//!   without taking the bridge: taking and giving it back every retry
+//!   period would hand it to the other elector at each release.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +31,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::candidates::{Candidate, Listed};
+use super::controls::{Controls, PAUSED};
 use super::{About, Campaign, Holder, LeaseBackend, Renewal, Result, Term, TermId};
 
 /// One election on a primary and a bridge lock (see the module docs).
@@ -43,6 +48,8 @@ struct State {
     /// The term id of the last holder reported from the bridge (its watch
     /// and `heard_at` go to the bridge).
     bridge_holder: Option<TermId>,
+    /// The primary's last answer, when it was that the election is paused.
+    paused: Option<Campaign>,
 }
 
 impl std::fmt::Debug for Both {
@@ -85,6 +92,20 @@ impl Both {
             .filter(|(p, _)| p.holder.term_id == term.holder.term_id)
     }
 
+    /// While the primary's last answer was that the election is paused,
+    /// that answer again as long as its controls still say so (one read
+    /// of the primary, none of the bridge).
+    async fn still_paused(&self) -> Result<Option<Campaign>> {
+        let Some(answer) = self.state(|s| s.paused.clone()) else {
+            return Ok(None);
+        };
+        if self.primary.controls().await?.paused {
+            return Ok(Some(answer));
+        }
+        self.state(|s| s.paused = None);
+        Ok(None)
+    }
+
     /// A bridge answer that is not an election, its holder remembered.
     fn bridge_answer(&self, c: Campaign) -> Campaign {
         match c {
@@ -115,6 +136,9 @@ impl LeaseBackend for Both {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
+        if let Some(answer) = self.still_paused().await? {
+            return Ok(answer);
+        }
         let (to_bridge, to_primary) = match previous {
             Some(h) if self.is_bridge(h) => (Some(h), None),
             other => (None, other),
@@ -128,6 +152,8 @@ impl LeaseBackend for Both {
             other => {
                 // Never claimed: give the bridge back at once.
                 let _ = self.bridge.resign(&bridge).await;
+                let paused = matches!(&other, Ok(Campaign::Waiting { why, .. }) if *why == PAUSED);
+                self.state(|s| s.paused = other.as_ref().ok().filter(|_| paused).cloned());
                 return other;
             }
         };
@@ -158,6 +184,18 @@ impl LeaseBackend for Both {
             return self.primary.resign(term).await;
         };
         let p = self.primary.resign(&primary).await;
+        let b = self.bridge.resign(&bridge).await;
+        self.state(|s| s.held = None);
+        p.and(b)
+    }
+
+    /// As [`resign`](LeaseBackend::resign), the primary's release naming
+    /// `successor` (the bridge has no registry).
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        let Some((primary, bridge)) = self.held(term) else {
+            return self.primary.resign_to(term, successor).await;
+        };
+        let p = self.primary.resign_to(&primary, successor).await;
         let b = self.bridge.resign(&bridge).await;
         self.state(|s| s.held = None);
         p.and(b)
@@ -222,6 +260,33 @@ impl LeaseBackend for Both {
 
     async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
         self.primary.candidates().await
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        self.primary.watch_candidates().await
+    }
+
+    // The operator controls are the primary's too: its campaign, which
+    // decides the election, honours the pause (a bridge taken first is
+    // given back at once, as on any primary refusal).
+    fn has_controls(&self) -> bool {
+        self.primary.has_controls()
+    }
+
+    async fn controls(&self) -> Result<Controls> {
+        self.primary.controls().await
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.primary.watch_controls(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.primary.set_paused(paused).await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.primary.request_switchover(to).await
     }
 }
 

@@ -1,3 +1,5 @@
+use async_trait::async_trait;
+
 use super::*;
 use crate::backend::LostReason;
 use crate::backend::memory::MemoryBackend;
@@ -83,4 +85,89 @@ async fn losing_either_lock_is_losing() {
         .await
         .expect("the watch resolves")
         .unwrap();
+}
+
+/// A primary that keeps a pause (the memory backend keeps none) and
+/// answers a campaign as the Lease backend does while paused.
+struct Pausable {
+    inner: MemoryBackend,
+    paused: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl LeaseBackend for Pausable {
+    fn about(&self) -> &'static About {
+        self.inner.about()
+    }
+
+    async fn campaign(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Campaign::Waiting {
+                previous: None,
+                retry_after: Duration::from_secs(1),
+                why: PAUSED,
+            });
+        }
+        self.inner.campaign(identity, ttl, previous).await
+    }
+
+    async fn renew(&self, term: &Term) -> Result<Renewal> {
+        self.inner.renew(term).await
+    }
+
+    async fn resign(&self, term: &Term) -> Result<()> {
+        self.inner.resign(term).await
+    }
+
+    async fn read(&self) -> Result<Option<Holder>> {
+        self.inner.read().await
+    }
+
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        self.inner.watch(seen).await
+    }
+
+    fn has_controls(&self) -> bool {
+        true
+    }
+
+    async fn controls(&self) -> Result<Controls> {
+        Ok(Controls {
+            paused: self.paused.load(std::sync::atomic::Ordering::SeqCst),
+            switchover: None,
+        })
+    }
+}
+
+/// While the primary says the election is paused, campaigns leave the
+/// bridge alone (an unreachable bridge is never asked); after resume the
+/// candidate holds both.
+#[tokio::test(start_paused = true)]
+async fn a_paused_primary_leaves_the_bridge_alone() {
+    let b = MemoryBackend::new();
+    let p = Arc::new(Pausable {
+        inner: MemoryBackend::new(),
+        paused: true.into(),
+    });
+    let both = Both::new(p.clone(), Arc::new(b.clone()));
+    assert!(both.has_controls());
+    assert!(both.controls().await.unwrap().paused);
+    for round in 0..3 {
+        match both.campaign("a", TTL, None).await {
+            Ok(Campaign::Waiting { why, .. }) => assert_eq!(why, PAUSED),
+            other => panic!("round {round}: {other:?}"),
+        }
+        assert!(b.holder().is_none(), "the bridge is not held");
+        b.set_unreachable(true);
+    }
+    p.paused.store(false, std::sync::atomic::Ordering::SeqCst);
+    b.set_unreachable(false);
+    elected(both.campaign("a", TTL, None).await.unwrap());
+    assert_eq!(b.holder().unwrap().identity, "a");
+    assert_eq!(p.inner.holder().unwrap().identity, "a");
 }

@@ -21,6 +21,7 @@ mod fault;
 mod kubernetes;
 mod kubernetes_bridge;
 mod kubernetes_fault;
+mod kubernetes_ops;
 mod kubernetes_slice;
 mod lease_coord;
 mod model;

@@ -16,13 +16,19 @@
 //! deleted by hand) is answered by one read and one write. The API server
 //! never expires it: a reader judges it lapsed by `renewTime` + duration on
 //! its own wall clock (it is only a hint, see `backend::candidates`).
+//!
+//! A leader follows the registry by one watch of the records' label
+//! selector, resumed between calls from the last version delivered, so a
+//! change made while nobody was watching is still delivered; at rest it
+//! sends nothing but that watch.
 
 use std::hash::Hasher;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, WatchEvent, WatchParams};
 use std::collections::BTreeMap;
 
 use super::verbs::post_params;
@@ -257,6 +263,70 @@ impl KubeLeaseBackend {
             Ok(list) => Ok(list.items.iter().filter_map(listed).collect()),
             Err(e) => Err(self.classify(conn, "list", e)),
         }
+    }
+}
+
+impl KubeLeaseBackend {
+    /// Resolve at the first record written, renewed or deleted after the
+    /// previous call (the first call: after a LIST of the records). A 410
+    /// resolves too (the caller lists the registry again), and the next
+    /// call starts from a new LIST.
+    ///
+    /// # Errors
+    /// A transport error or an API status other than 410.
+    pub(super) async fn follow_candidates(&self) -> Result<()> {
+        let conn = self.conn().await?;
+        let selector = candidate_selector(&self.name);
+        loop {
+            let rv = match self.marks(|m| m.candidates.clone()) {
+                Some(rv) => rv,
+                None => self.list_mark(conn, &selector).await?,
+            };
+            let params = WatchParams::default()
+                .labels(&selector)
+                .timeout(WATCH_TIMEOUT_SECS);
+            let stream = match conn.api.watch(&params, &rv).await {
+                Ok(stream) => stream,
+                Err(kube::Error::Api(s)) if s.code == 410 => {
+                    self.marks(|m| m.candidates = None);
+                    return Ok(());
+                }
+                Err(e) => return Err(self.classify(conn, "watch", e)),
+            };
+            futures_util::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let rv = match ev {
+                    Ok(WatchEvent::Bookmark(b)) => {
+                        let rv = b.metadata.resource_version;
+                        self.marks(|m| m.candidates = Some(rv));
+                        continue;
+                    }
+                    Ok(WatchEvent::Added(l) | WatchEvent::Modified(l) | WatchEvent::Deleted(l)) => {
+                        Some(rv_of(&l).to_owned())
+                    }
+                    Ok(WatchEvent::Error(s)) if s.code == 410 => None,
+                    Ok(WatchEvent::Error(s)) => {
+                        return Err(self.classify(conn, "watch", kube::Error::Api(s)));
+                    }
+                    Err(e) => return Err(self.classify(conn, "watch", e)),
+                };
+                self.marks(|m| m.candidates = rv);
+                return Ok(());
+            }
+            // The server's timeout ended the watch: reopen where it was.
+        }
+    }
+
+    /// The version of a LIST of the records (remembered): a watch from it
+    /// misses no change after it.
+    async fn list_mark(&self, conn: &Conn, selector: &str) -> Result<String> {
+        let params = ListParams::default().labels(selector);
+        let rv = match conn.api.list(&params).await {
+            Ok(list) => list.metadata.resource_version.unwrap_or_default(),
+            Err(e) => return Err(self.classify(conn, "list", e)),
+        };
+        self.marks(|m| m.candidates = Some(rv.clone()));
+        Ok(rv)
     }
 }
 

@@ -24,6 +24,7 @@ impl KubeLeaseBackend {
             options,
             conn: OnceCell::new(),
             registry_rv: Mutex::default(),
+            marks: Mutex::default(),
         })
     }
 
@@ -66,6 +67,7 @@ impl KubeLeaseBackend {
             conn: OnceCell::new_with(Some(conn)),
             view: Mutex::new(LeaseView::default()),
             registry_rv: Mutex::default(),
+            marks: Mutex::default(),
         })
     }
 

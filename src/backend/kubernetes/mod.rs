@@ -49,6 +49,14 @@
 //!   waits a whole duration. Found by the 30-minute fault soak
 //!   (tests/suite/kubernetes_fault.rs, seed 1904014402476089950).
 //!
+//! - Operator controls are annotations of the election Lease itself
+//!   ([`PAUSED_ANNOTATION`], [`SWITCHOVER_ANNOTATION`]), set by a
+//!   compare-and-swap that touches nothing else (`controls`). A campaign
+//!   never takes a free Lease whose version it writes against is paused
+//!   (`view::controls`), so a pause written before that write makes it
+//!   answer 409; every write of ours keeps annotations and spec fields it
+//!   does not own.
+//!
 //! The follower's and the leader's rules are one pure state, `view`: every
 //! read, watch event and write answer is applied to it as an event, and the
 //! verbs act on what it classifies the Lease as at an instant they pass in.
@@ -107,6 +115,17 @@ pub const RELEASED_ANNOTATION: &str = "leader-elector/released-term";
 /// An annotation because an API server without the
 /// CoordinatedLeaderElection feature gate drops `spec.preferredHolder`.
 pub const SUCCESSOR_ANNOTATION: &str = "leader-elector.io/successor";
+
+/// Annotation of the election Lease that pauses the election while it
+/// is `"true"`: no candidate takes a released or expired term; the holder
+/// keeps renewing (`backend::controls`). Written by `leader-elector pause`
+/// (removed by `resume`) or by hand.
+pub const PAUSED_ANNOTATION: &str = "leader-elector.io/paused";
+
+/// Annotation of the election Lease naming the identity an operator asked
+/// the leader to hand over to (`leader-elector switchover`); absent or
+/// empty: no request.
+pub const SWITCHOVER_ANNOTATION: &str = "leader-elector.io/switchover";
 
 /// Server-side timeout of one watch request, in seconds; the watch is then
 /// reopened from the last `resourceVersion` seen (kube-runtime uses 290 s).
@@ -215,6 +234,9 @@ pub struct KubeLeaseBackend {
     /// The `resourceVersion` of the candidate record this process last
     /// wrote (`candidates`), the precondition of its next renewal.
     registry_rv: Mutex<Option<String>>,
+    /// Where the watches of the registry and of the controls resume
+    /// between calls (`marks`).
+    marks: Mutex<Marks>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -296,6 +318,7 @@ pub use candidates::{
 };
 mod client;
 mod connect;
+mod controls;
 pub mod coord;
 pub mod endpoints_lock;
 mod endpoints_record;
@@ -303,12 +326,14 @@ pub mod flags;
 pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
 #[cfg(test)]
 pub(crate) mod mock;
+mod release;
 mod replay;
 pub mod throttle;
 mod verbs;
 mod view;
 mod watch;
 
+use controls::Marks;
 use throttle::Throttle;
 use view::{Hold, LeaseView, Standing, duration_of};
 

@@ -10,9 +10,11 @@ use kube::api::{PostParams, WatchParams};
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, warn};
 
+use super::release::Named;
 use super::replay::UNSEEN_TERM;
 use super::*;
-use crate::backend::candidates::{Candidate, Listed, choose_successor, successor_wait};
+use crate::backend::candidates::{Candidate, Listed};
+use crate::backend::controls::{Controls, PAUSED};
 
 #[async_trait]
 impl LeaseBackend for KubeLeaseBackend {
@@ -84,42 +86,13 @@ impl LeaseBackend for KubeLeaseBackend {
     }
 
     async fn resign(&self, term: &Term) -> Result<()> {
-        let conn = self.conn().await?;
-        let ours = term.holder.term_id.as_str();
-        // Named once, when there is a term of ours to release.
-        let mut successor = None;
-        for round in 0..CAS_TRIES {
-            let (standing, lease) =
-                self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
-            let base = match (standing, lease) {
-                (Standing::Ours { .. } | Standing::Overwritten { .. }, Some(lease)) => lease,
-                // Gone or someone else's: nothing of ours to release.
-                _ => {
-                    self.view(|v| v.resigned());
-                    return Ok(());
-                }
-            };
-            if round == 0 {
-                successor = self.successor_for(ours).await;
-            }
-            match self
-                .cas(conn, &released(base, ours, successor.as_deref()))
-                .await?
-            {
-                Cas::Written(_) => {
-                    self.view(|v| v.resigned());
-                    return Ok(());
-                }
-                Cas::Conflict => {
-                    self.get(conn).await?;
-                }
-                Cas::Gone => {
-                    self.observe_deleted(None);
-                    return Ok(());
-                }
-            }
-        }
-        Err(self.contended(conn))
+        self.release(term, Named::FromRegistry).await
+    }
+
+    /// Release `term` naming `successor` in [`SUCCESSOR_ANNOTATION`]
+    /// (`None`: nobody), instead of the registry's choice.
+    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        self.release(term, Named::Given(successor)).await
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -180,6 +153,34 @@ impl LeaseBackend for KubeLeaseBackend {
         self.list_candidates().await.map(Some)
     }
 
+    /// One watch of the candidate Leases by label, resumed between calls.
+    async fn watch_candidates(&self) -> Result<()> {
+        self.follow_candidates().await
+    }
+
+    fn has_controls(&self) -> bool {
+        true
+    }
+
+    /// The annotations of the election Lease (none set when it is absent).
+    async fn controls(&self) -> Result<Controls> {
+        self.read_controls().await
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.follow_controls(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.set_note(PAUSED_ANNOTATION, paused.then_some("true"))
+            .await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.set_note(SWITCHOVER_ANNOTATION, to.filter(|t| !t.is_empty()))
+            .await
+    }
+
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let conn = self.conn().await?;
         let mut broken = false;
@@ -233,29 +234,17 @@ impl LeaseBackend for KubeLeaseBackend {
     }
 }
 
-/// `lease` released by the holder of term `ours`: holder cleared,
-/// `leaseDurationSeconds: 1`, the release mark naming the term, and the
-/// successor named (or none). Everything else is kept as read, including
-/// `spec.strategy` and `spec.preferredHolder` set by a third party.
-fn released(mut lease: Lease, ours: &str, successor: Option<&str>) -> Lease {
-    let spec = lease.spec.get_or_insert_with(Default::default);
-    let now = now_micro();
-    spec.holder_identity = Some(String::new());
-    spec.lease_duration_seconds = Some(1);
-    spec.acquire_time = Some(now.clone());
-    spec.renew_time = Some(now);
-    // Proof that the holder itself released (a hand edit clearing the
-    // holder does not end its promise for our followers).
-    let notes = lease
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
-    notes.insert(RELEASED_ANNOTATION.to_owned(), ours.to_owned());
-    match successor {
-        Some(s) => notes.insert(SUCCESSOR_ANNOTATION.to_owned(), s.to_owned()),
-        None => notes.remove(SUCCESSOR_ANNOTATION),
-    };
-    lease
+/// How soon a campaign that found the election paused may look again
+/// (one GET each time; a resume is seen at the next one).
+const PAUSED_POLL: Duration = Duration::from_secs(1);
+
+/// A campaign's answer while the election is paused: look again soon.
+fn paused(previous: Holder) -> Campaign {
+    Campaign::Waiting {
+        previous: Some(previous),
+        retry_after: PAUSED_POLL,
+        why: PAUSED,
+    }
 }
 
 /// Write parameters: our field manager on every write.
@@ -370,7 +359,7 @@ impl KubeLeaseBackend {
         ttl: Duration,
     ) -> Result<Round> {
         let now = Instant::now();
-        let previous = match self.view(|v| v.classify(None, now)) {
+        let previous = match self.view(|v| v.campaign_standing(&lease, now)) {
             Standing::Pending { previous, until } => {
                 return Ok(Round::Done(Campaign::Waiting {
                     previous: Some(previous),
@@ -396,6 +385,7 @@ impl KubeLeaseBackend {
                 how: Hold::Renewing,
                 ..
             } => return Ok(Round::Done(Campaign::Following(holder))),
+            Standing::Paused { previous } => return Ok(Round::Done(paused(previous))),
             Standing::Free { previous } => match self.yield_to_successor(&mine, previous, now) {
                 Ok(wait) => return Ok(Round::Done(wait)),
                 Err(previous) => previous,
@@ -441,50 +431,5 @@ impl KubeLeaseBackend {
         annotations.remove(RELEASED_ANNOTATION);
         annotations.remove(SUCCESSOR_ANNOTATION);
         next
-    }
-
-    /// A candidate about to take a released Lease as `mine` waits while
-    /// the release leaves it to the successor it names
-    /// (`view::successor`); else it goes on with `previous`.
-    fn yield_to_successor(
-        &self,
-        mine: &str,
-        previous: Holder,
-        now: Instant,
-    ) -> std::result::Result<Campaign, Holder> {
-        let wait = successor_wait(self.view(|v| v.slowest_request()));
-        match self.view(|v| v.yield_until(identity_of(mine), wait)) {
-            Some(until) if now < until => Ok(Campaign::Waiting {
-                previous: Some(previous),
-                retry_after: until - now,
-                why: "the release names another candidate as successor: leaving it one round trip to take the Lease",
-            }),
-            _ => Err(previous),
-        }
-    }
-
-    /// The successor a release of term `ours` names: the registry's choice
-    /// ([`choose_successor`]), or none when the registry cannot be read.
-    async fn successor_for(&self, ours: &str) -> Option<String> {
-        match self.list_candidates().await {
-            Ok(listed) => choose_successor(&listed, identity_of(ours)).map(|c| c.identity.clone()),
-            Err(e) => {
-                debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
-        }
-    }
-
-    /// Lost a race: report what is there now.
-    fn after_lost_race(&self) -> Campaign {
-        let (exists, last) = self.view(|v| (v.lease().is_some(), v.last_holder()));
-        match last {
-            Some(h) if exists && !h.term_id.as_str().is_empty() => Campaign::Following(h),
-            previous => Campaign::Waiting {
-                previous,
-                retry_after: Duration::from_millis(100),
-                why: "lost a race for the Lease; reading it again",
-            },
-        }
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! Invariants (README "Writes by others" and "Expiry by silence"):
 //! - A follower's silence clock restarts only at a `resourceVersion` it had
-//!   not seen. Reading a version again (a LIST after a 410, a reopened
+//!   not seen, unless that version changed only the operator controls
+//!   (`view::controls`: not a write of the holder). Reading a version again (a LIST after a 410, a reopened
 //!   watch, a poll) never moves it, so losing the watch never makes a held
 //!   Lease look free sooner; it only delays our sight of later changes.
 //! - The silence counted is the Lease's `leaseDurationSeconds`, never less
@@ -206,6 +207,12 @@ pub(crate) enum Standing {
         /// The Lease's last holder.
         previous: Holder,
     },
+    /// Free, but the version a campaign would write against is paused
+    /// ([`LeaseView::campaign_standing`]): no new term starts.
+    Paused {
+        /// The Lease's last holder.
+        previous: Holder,
+    },
     /// Our created Lease, which we may not claim before `until` (a term we
     /// never saw may still run: `previous`).
     Pending {
@@ -343,8 +350,10 @@ fn released_by_holder(lease: &Lease, previous: &str) -> bool {
 }
 
 mod apply;
+mod controls;
 mod successor;
 pub(super) use apply::Created;
+pub(super) use controls::{controls_of, with_note};
 
 #[cfg(test)]
 #[path = "view_tests.rs"]

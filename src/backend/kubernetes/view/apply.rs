@@ -6,6 +6,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
+use super::controls::controls_only;
 use super::{
     DEFAULT_TTL, Hold, LeaseView, Own, Pending, Seen, Standing, UNANSWERED_KEPT, WatchView,
     duration_of, edit_of, released_by_holder, renewed_before,
@@ -62,7 +63,9 @@ impl LeaseView {
         let rv = rv_of(lease);
         let (fallback, skew) = (self.fallback_ttl(), self.max_skew);
         let (changed_at, carry, renewed_before_sight) = match &self.seen {
-            Some(s) if !s.deleted && rv_of(&s.lease) == rv => {
+            // The same version, or an operator's write of the controls
+            // alone (not the holder's: `view::controls`).
+            Some(s) if !s.deleted && (rv_of(&s.lease) == rv || controls_only(&s.lease, lease)) => {
                 (s.changed_at, s.carry, s.renewed_before_sight)
             }
             Some(s) if released_by_holder(lease, holder_of(&s.lease)) => (now, None, None),
@@ -95,10 +98,9 @@ impl LeaseView {
     /// remembered as its holder's last renewal heard (for
     /// [`LeaseView::heard_at`]).
     pub(in crate::backend::kubernetes) fn watched(&mut self, lease: &Lease, now: Instant) {
-        let new = self
-            .seen
-            .as_ref()
-            .is_none_or(|s| s.deleted || rv_of(&s.lease) != rv_of(lease));
+        let new = self.seen.as_ref().is_none_or(|s| {
+            s.deleted || (rv_of(&s.lease) != rv_of(lease) && !controls_only(&s.lease, lease))
+        });
         self.observed(lease, now);
         if new {
             self.watched = Some((holder_of(lease).to_owned(), now));
@@ -230,8 +232,10 @@ impl LeaseView {
 
     /// The leader's watch delivered `lease`. Our own renewals only move the
     /// resume point (the update answers are the CAS versions); any other
-    /// write is recorded, and a change of our term's duration or token is
-    /// returned (our term ends).
+    /// write is recorded (an operator's write of the controls alone on top
+    /// of our last version too: it becomes the base of the next renewal),
+    /// and a change of our term's duration or token is returned (our term
+    /// ends).
     pub(in crate::backend::kubernetes) fn observed_while_leading(
         &mut self,
         lease: &Lease,
@@ -242,7 +246,10 @@ impl LeaseView {
             .as_ref()
             .is_some_and(|o| o.holder == holder_of(lease));
         let edit = self.own_edit(lease);
-        if ours && edit.is_none() {
+        // An operator's write of the controls on top of the version we
+        // hold is the base of our next renewal (no 409 to learn it).
+        let on_top = self.lease().is_some_and(|seen| controls_only(seen, lease));
+        if ours && edit.is_none() && !on_top {
             self.resume_rv = Some(rv_of(lease).to_owned());
         } else {
             self.observed(lease, now);
