@@ -5,10 +5,6 @@
 //! a function of a backend [`Fixture`]; each safety scenario has its
 //! liveness twin (nobody leads while paused, then a leader after resume;
 //! frozen, then leading). Times are printed, never asserted.
-//!
-//! The scenarios that need the backend to keep operator controls (pause,
-//! a switchover request) or a candidate registry are ignored until the
-//! backend keeps them.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -352,55 +348,46 @@ async fn kubernetes_switchover_refusals_and_a_handover() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn kubernetes_switchover_to_each_follower_in_turn() {
     switchover_in_turn(&Fixture::kubernetes().await, "k-ctl-turn").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn etcd_switchover_to_each_follower_in_turn() {
     switchover_in_turn(&Fixture::etcd().await, "e-ctl-turn").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn redis_switchover_to_each_follower_in_turn() {
     switchover_in_turn(&Fixture::redis().await, "r-ctl-turn").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn kubernetes_switchover_by_command() {
     switchover_by_command(&Fixture::kubernetes().await, "k-ctl-cmd").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn etcd_switchover_by_command() {
     switchover_by_command(&Fixture::etcd().await, "e-ctl-cmd").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn redis_switchover_by_command() {
     switchover_by_command(&Fixture::redis().await, "r-ctl-cmd").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn kubernetes_pause_then_kill_the_leader() {
     pause_then_kill_the_leader(&Fixture::kubernetes().await, "k-ctl-pause").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn etcd_pause_then_kill_the_leader() {
     pause_then_kill_the_leader(&Fixture::etcd().await, "e-ctl-pause").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs backend controls"]
 async fn redis_pause_then_kill_the_leader() {
     pause_then_kill_the_leader(&Fixture::redis().await, "r-ctl-pause").await;
 }

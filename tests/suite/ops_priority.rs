@@ -114,13 +114,11 @@ async fn kubernetes_a_rolling_update_changes_the_leader_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the etcd registry"]
 async fn etcd_priorities_lead_in_order() {
     priorities_lead_in_order(Fleet::etcd("e-prio").await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the etcd registry"]
 async fn etcd_a_rolling_update_changes_the_leader_once() {
     let on = Fleet::etcd("e-roll-on").await;
     let off = Fleet::etcd("e-roll-off").await;
@@ -128,13 +126,11 @@ async fn etcd_a_rolling_update_changes_the_leader_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the Redis registry"]
 async fn redis_priorities_lead_in_order() {
     priorities_lead_in_order(Fleet::redis("r-prio").await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the Redis registry"]
 async fn redis_a_rolling_update_changes_the_leader_once() {
     let on = Fleet::redis("r-roll-on").await;
     let off = Fleet::redis("r-roll-off").await;
