@@ -155,6 +155,25 @@ async fn until_leads(cs: &[Sidecar], to: usize, what: &str) -> Duration {
     }
 }
 
+/// Wait until every member's `/leader` names `cs[l]` (a follower that was
+/// leaving a named successor its wait when the term changed names nobody
+/// until its next read).
+async fn all_know(cs: &[Sidecar], l: usize) {
+    let start = Instant::now();
+    let want = Value::from(cs[l].identity.as_str());
+    loop {
+        let mut known = true;
+        for s in cs {
+            known &= leader_body(s).await["leader"] == want;
+        }
+        if known {
+            return;
+        }
+        assert!(start.elapsed() < LIMIT, "not every member names {want}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Switchover to each of the two followers in turn by `POST /switchover`:
 /// the target leads (printed; the goal is within 1 s); then the refusals
 /// (unknown target, the leader itself, a follower asked) change nothing.
@@ -163,6 +182,7 @@ async fn switchover_in_turn(fx: &Fixture, name: &str) {
     let (cs, rec) = fx.group(&election, 3);
     let mut l = one_leader(&cs, LIMIT).await;
     for _ in 0..2 {
+        all_know(&cs, l).await;
         let to = (l + 1) % 3;
         let path = format!("/switchover?to={}", cs[to].identity);
         let (status, body) = post(&cs[l], &path).await;
@@ -171,6 +191,7 @@ async fn switchover_in_turn(fx: &Fixture, name: &str) {
         until_leads(&cs, to, "switchover").await;
         l = to;
     }
+    all_know(&cs, l).await;
     refusals_change_nothing(&cs, l).await;
     no_overlaps(&rec, name);
 }
@@ -216,6 +237,7 @@ async fn switchover_by_command(fx: &Fixture, name: &str) {
     let election = election(name);
     let (cs, rec) = fx.group(&election, 2);
     let l = one_leader(&cs, LIMIT).await;
+    all_know(&cs, l).await;
     let (code, _, err) = fx.command("switchover", &election, &["--to", "nobody"]);
     assert_eq!(code, 5, "{err}");
     assert_eq!(leaders(&cs).await, [l]);

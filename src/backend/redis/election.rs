@@ -11,7 +11,9 @@
 //!   election's channel, which followers subscribe to for a fast handover.
 //!   A release names the registry's best other candidate as successor
 //!   (`<prefix>{<election>}:successor`, set in the same script with a TTL
-//!   of [`successor_wait`] of this process's slowest recent renewal); the
+//!   of [`SUCCESSOR_WAIT_CAP`]: the named candidate may itself be asleep in
+//!   an earlier wait when the release lands, so the marker outlives any
+//!   such wait; a dead successor costs the others at most that cap); the
 //!   campaign script leaves a free key to that successor while the marker
 //!   lives, and refuses it while the election is paused ([`super::controls`]).
 //!   The answers and the round's decision: [`super::answer`].
@@ -28,8 +30,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use rand::Rng;
@@ -45,9 +45,7 @@ use super::released::Released;
 use super::server::{Server, text_of};
 use super::verdict::Verdict;
 use super::{BACKEND, RedisOptions, is_unreplicated};
-use crate::backend::candidates::{
-    Candidate, Listed, SUCCESSOR_WAIT_CAP, choose_successor, successor_wait,
-};
+use crate::backend::candidates::{Candidate, Listed, SUCCESSOR_WAIT_CAP, choose_successor};
 use crate::backend::controls::Controls;
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
@@ -77,9 +75,6 @@ pub struct RedisBackend {
     pub(super) registry_notes: Released,
     /// The controls' channel, subscribed on every server.
     pub(super) control_notes: Released,
-    /// The slowest of this process's last renewal and the one before, in
-    /// µs: the latency the wait a release leaves its successor is made of.
-    renew_us: [AtomicU64; 2],
     /// Per server: the process last seen.
     runs: Vec<std::sync::Mutex<RunSeen>>,
 }
@@ -120,7 +115,6 @@ impl RedisBackend {
             released: Released::new(n),
             registry_notes: Released::new(n),
             control_notes: Released::new(n),
-            renew_us: Default::default(),
             runs: (0..n).map(|_| Default::default()).collect(),
         }))
     }
@@ -220,23 +214,11 @@ impl RedisBackend {
         found
     }
 
-    /// Keep the round trip of a renewal sent at `sent`.
-    fn renewed_in(&self, sent: Instant) {
-        let us = sent.elapsed().as_micros() as u64;
-        let older = self.renew_us[1].swap(us, Ordering::Relaxed);
-        self.renew_us[0].store(older, Ordering::Relaxed);
-    }
-
     /// End `term`, naming `successor`: the release script deletes the key
-    /// and sets the successor marker for [`successor_wait`] of this
-    /// process's slowest recent renewal, in one step on each server.
+    /// and sets the successor marker for [`SUCCESSOR_WAIT_CAP`], in one
+    /// step on each server.
     async fn release_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        let slowest = self
-            .renew_us
-            .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .max();
-        let wait = ms(successor_wait(Duration::from_micros(slowest.unwrap_or(0))));
+        let wait = ms(SUCCESSOR_WAIT_CAP);
         let to = successor.unwrap_or("");
         let args = [term.holder.term_id.as_str(), &self.channel, "", to, &wait];
         let keys = [self.key.as_str(), &self.successor_key];
@@ -339,12 +321,10 @@ impl LeaseBackend for RedisBackend {
             String::new()
         };
         let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
-        let sent = Instant::now();
         let verdict = self
             .group
             .renew(Lua::ElectionRenew, &[&self.key], &args)
             .await;
-        self.renewed_in(sent);
         renewal(verdict, term, self.servers())
     }
 
