@@ -263,7 +263,7 @@ impl Elector {
         let controls = controls::Follower::start(
             self.handle(),
             self.publisher.pause_writer(),
-            self.cfg.retry_period,
+            (self.cfg.retry_period, self.cfg.lease_duration),
         );
         while !shutdown.is_cancelled() {
             if !self.gates.may_campaign() {

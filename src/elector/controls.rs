@@ -162,28 +162,36 @@ impl Drop for Follower {
 
 impl Follower {
     /// Start following through `handle`'s backend, publishing the pause
-    /// marker with `writer`; after an error the controls are read again
-    /// with a backoff of up to `retry`. `None` when the backend keeps no
-    /// controls.
+    /// marker with `writer`. `(retry, refused)`: after an error the
+    /// controls are read again with a backoff of up to `retry`; after a
+    /// refusal that retrying cannot fix (a missing `list` or `watch`
+    /// permission) every `refused`, said once. `None` when the backend
+    /// keeps no controls.
     pub(super) fn start(
         handle: ElectorHandle,
         writer: PauseWriter,
-        retry: Duration,
+        waits: (Duration, Duration),
     ) -> Option<Self> {
         if !handle.backend.has_controls() {
             return None;
         }
-        let task = tokio::spawn(follow(handle, writer, retry));
+        let task = tokio::spawn(follow(handle, writer, waits));
         Some(Follower { task })
     }
 }
 
-async fn follow(handle: ElectorHandle, writer: PauseWriter, retry: Duration) {
+async fn follow(
+    handle: ElectorHandle,
+    writer: PauseWriter,
+    (retry, refused): (Duration, Duration),
+) {
     let backend = handle.backend.clone();
     let mut state = handle.state.clone();
     let mut backoff = Backoff::new(Duration::from_millis(100), retry);
     let mut seen: Option<Controls> = None;
+    let mut said = false;
     loop {
+        let from_watch = seen.is_some();
         let read = match &seen {
             None => read(&*backend, handle.call_timeout).await,
             Some(s) => tokio::select! {
@@ -193,7 +201,11 @@ async fn follow(handle: ElectorHandle, writer: PauseWriter, retry: Duration) {
         };
         match read {
             Ok(c) => {
-                backoff.reset();
+                // Only a watch that delivered proves the follow works: a
+                // read that succeeds before a failing watch keeps the backoff.
+                if from_watch {
+                    backoff.reset();
+                }
                 if seen.as_ref().map_or(c.paused, |s| s.paused != c.paused) {
                     let what = if c.paused { "paused" } else { "resumed" };
                     info!(election = %handle.state.borrow().election, "the election is {what}");
@@ -201,6 +213,18 @@ async fn follow(handle: ElectorHandle, writer: PauseWriter, retry: Duration) {
                 writer.set(c.paused);
                 act(&handle, &c).await;
                 seen = Some(c);
+            }
+            Err(e) if !e.is_retryable() => {
+                // The election's own follow says such a refusal once
+                // (the controls need the same verbs); here it is only logged.
+                if !std::mem::replace(&mut said, true) {
+                    debug!(
+                        reason = e.reason(),
+                        "cannot follow the operator controls (pause, switchover): refused; reading them again every lease duration"
+                    );
+                }
+                seen = None;
+                sleep(refused.max(backoff.next())).await;
             }
             Err(e) => {
                 debug!(error = %e.report(), "cannot follow the operator controls; reading them again");

@@ -150,6 +150,10 @@ impl Preempt {
         }
         let mut seen = Seen::default();
         let mut backoff = Backoff::new(Duration::from_millis(100), self.lease_duration);
+        // One registry watch kept across the fallback relists (reopening it
+        // each lease duration would cost a request at rest); a new one only
+        // after it resolved.
+        let mut watch = Box::pin(self.backend.watch_candidates());
         loop {
             let listed_at = Instant::now();
             let (relist, matures) = match timeout(self.call_timeout, self.backend.candidates())
@@ -170,10 +174,13 @@ impl Preempt {
                 Err(_) => (Instant::now() + backoff.next(), None),
             };
             tokio::select! {
-                r = self.backend.watch_candidates() => if let Err(e) = r {
-                    debug!(error = %e.report(), "the candidate registry watch ended; listing again");
-                    sleep_until(Instant::now() + backoff.next()).await;
-                },
+                r = &mut watch => {
+                    if let Err(e) = r {
+                        debug!(error = %e.report(), "the candidate registry watch ended; listing again");
+                        sleep_until(Instant::now() + backoff.next()).await;
+                    }
+                    watch = Box::pin(self.backend.watch_candidates());
+                }
                 _ = sleep_until(relist) => {}
                 _ = sleep_until(matures.unwrap_or(relist)) => {}
             }

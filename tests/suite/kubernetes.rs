@@ -784,8 +784,11 @@ async fn followers_reopen_a_compacted_watch_without_a_loop() {
         }
         let sent = ep.total() - before[i];
         println!("{}: {sent} requests in 2 s after the compaction", ep.name);
+        // Two watches on the election Lease (the election's and the
+        // operator controls'), each: the reopen answered 410, one LIST, one
+        // WATCH; plus at most one more read.
         assert!(
-            sent <= 4,
+            sent <= 7,
             "{}: {sent} requests in 2 s after a compaction: {:?}",
             ep.name,
             ep.counts()

@@ -87,8 +87,9 @@ pub struct EtcdBackend {
     key: Vec<u8>,
     store: Arc<EtcdStore>,
     keep_alive: Mutex<Option<KeepAlive>>,
-    /// The lease of this process's last write of each record it keeps.
-    registry_lease: Mutex<std::collections::HashMap<String, i64>>,
+    /// The lease and the value of this process's last write of each record
+    /// it keeps (an unchanged record is renewed by one keep-alive).
+    registry_lease: Mutex<std::collections::HashMap<String, (i64, Vec<u8>)>>,
     /// The revision of the last registry read or change reported.
     registry_rev: std::sync::Mutex<i64>,
     /// The successor key's `mod_revision` this candidate last found naming

@@ -76,10 +76,21 @@ impl EtcdBackend {
             ttl: ttl_secs(ttl) as u64,
         };
         let value = serde_json::to_vec(&record).expect("a record serializes");
+        let kept = self
+            .registry_lease
+            .lock()
+            .await
+            .get(&candidate.identity)
+            .cloned();
+        if let Some((lease, _)) = kept.filter(|(_, v)| *v == value)
+            && self.keep_alive_once(&client, lease).await
+        {
+            return Ok(());
+        }
         let lease = self.store.grant(&mut client, ttl, None).await?;
         let put = client.put(
             self.record_key(&candidate.identity),
-            value,
+            value.clone(),
             Some(PutOptions::new().with_lease(lease.id)),
         );
         if let Err(e) = self.store.call(None, "put", put).await {
@@ -90,7 +101,8 @@ impl EtcdBackend {
             .registry_lease
             .lock()
             .await
-            .insert(candidate.identity.clone(), lease.id);
+            .insert(candidate.identity.clone(), (lease.id, value))
+            .map(|(id, _)| id);
         if let Some(old) = old.filter(|o| *o != lease.id) {
             // Nothing is bound to it now; it would expire anyway.
             let _ = self.store.revoke(&mut client, old, None).await;
@@ -98,12 +110,25 @@ impl EtcdBackend {
         Ok(())
     }
 
+    /// Renew the record's `lease` by one keep-alive (the record itself is
+    /// unchanged): `true` when etcd answered with a TTL left, `false` when
+    /// the lease is gone or the call failed (the caller writes the record
+    /// again under a new lease).
+    async fn keep_alive_once(&self, client: &etcd_client::Client, lease: i64) -> bool {
+        let once = async {
+            let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        matches!(once.await, Ok(Some(r)) if r.ttl() > 0)
+    }
+
     /// Delete `identity`'s record and revoke its lease.
     pub(super) async fn withdraw(&self, identity: &str) -> Result<()> {
         let mut client = self.client().await?;
         let del = client.delete(self.record_key(identity), None);
         self.store.call(None, "delete", del).await?;
-        if let Some(old) = self.registry_lease.lock().await.remove(identity) {
+        if let Some((old, _)) = self.registry_lease.lock().await.remove(identity) {
             let _ = self.store.revoke(&mut client, old, None).await;
         }
         Ok(())

@@ -121,6 +121,14 @@ impl KubeLeaseBackend {
     /// A transport error or an API status other than 410; the caller reads
     /// the controls again.
     pub(super) async fn follow_controls(&self, seen: &Controls) -> Result<Controls> {
+        if self.view(|v| v.may_not_list() || v.may_not_watch()) {
+            // Said once by the election's own follow; no request that
+            // RBAC refuses is sent again.
+            return Err(BackendError::Auth {
+                backend: super::ABOUT,
+                source: "this sidecar may not list or watch Leases: the operator controls are read instead of watched".into(),
+            });
+        }
         let conn = self.conn().await?;
         loop {
             let (rv, now) = match self.marks(|m| m.controls.clone()) {

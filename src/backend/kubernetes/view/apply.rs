@@ -395,6 +395,11 @@ impl LeaseView {
         self.no_list
     }
 
+    /// RBAC denies `watch`.
+    pub(in crate::backend::kubernetes) fn may_not_watch(&self) -> bool {
+        self.no_watch
+    }
+
     /// Whether `holder` is an acquisition of ours never answered.
     pub(in crate::backend::kubernetes) fn is_unanswered(&self, holder: &str) -> bool {
         self.unanswered.iter().any(|h| h == holder)
