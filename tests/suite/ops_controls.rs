@@ -193,7 +193,29 @@ async fn switchover_in_turn(fx: &Fixture, name: &str) {
     }
     all_know(&cs, l).await;
     refusals_change_nothing(&cs, l).await;
+    never_to_priority_zero(fx, &election, &cs, l).await;
     no_overlaps(&rec, name);
+}
+
+/// A member of priority 0 joins: a switchover to it is refused with 409
+/// naming priority 0 (once its record is listed), and the leader stays.
+async fn never_to_priority_zero(fx: &Fixture, election: &str, cs: &[Sidecar], l: usize) {
+    let zero = fx.sidecar(election, "p0", &["--priority", "0"]);
+    let token = token_of(&cs[l]).await;
+    let start = Instant::now();
+    loop {
+        let (got, body) = post(&cs[l], "/switchover?to=p0").await;
+        assert_eq!(got, 409, "a switchover to priority 0 is refused: {body}");
+        if body["error"].as_str().unwrap_or("").contains("priority 0") {
+            break;
+        }
+        assert!(start.elapsed() < LIMIT, "p0 never listed: {body}");
+        sleep(Duration::from_millis(20)).await;
+    }
+    let (code, body) = zero.leader().await.expect("p0 answers");
+    assert_eq!(code, 503, "priority 0 never leads: {body}");
+    assert_eq!(leaders(cs).await, [l], "nothing changed");
+    assert_eq!(token_of(&cs[l]).await, token, "the same term");
 }
 
 /// 409 with the reason for an unknown target and for the leader itself,
