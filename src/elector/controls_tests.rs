@@ -137,6 +137,16 @@ async fn a_switchover_hands_over_to_each_named_follower_in_turn() {
                 "{to} leads within 1 s"
             );
         }
+        // The next switchover once every member names the new leader (one
+        // leaving the named successor its wait names nobody until its next
+        // read), as an operator would: the waits are not woken by a release.
+        while ms
+            .iter()
+            .any(|m| m.rx.borrow().leader.as_deref() != Some(to.as_str()))
+        {
+            run_for(&ms, Duration::from_millis(5)).await;
+            assert!(t0.elapsed() < Duration::from_secs(2), "all name {to}");
+        }
         from = to;
     }
 }
