@@ -14,6 +14,7 @@ mod support;
 
 mod cooperate;
 mod coord;
+mod docs_refs;
 mod etcd;
 mod etcd_ops;
 mod example_operator;
