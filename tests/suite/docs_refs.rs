@@ -62,7 +62,7 @@ fn help_of(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
         .args(args)
         .arg("--help")
-        .env_remove("COLUMNS")
+        .env_clear()
         .output()
         .unwrap();
     assert!(out.status.success(), "{args:?} --help failed: {out:?}");
@@ -184,10 +184,18 @@ fn page_metrics(page: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// A sidecar's scrape after it leads and one lock was taken and released
-/// through its control API.
+/// A test sidecar's flags, with the control API on (the lock).
+fn flags() -> Vec<&'static str> {
+    [FAST, CONTROL].concat()
+}
+
+/// A sidecar's scrape once it leads, taken while it holds a lock through its
+/// control API (`dist_locks_active` counts live grants only), then released.
 async fn scrape(s: &Sidecar) -> String {
-    wait_for(Duration::from_secs(20), "the sidecar to lead", || s.is_leader()).await;
+    wait_for(Duration::from_secs(20), "the sidecar to lead", || {
+        s.is_leader()
+    })
+    .await;
     let (st, body) = http_json(
         s.control(),
         "POST",
@@ -199,6 +207,8 @@ async fn scrape(s: &Sidecar) -> String {
     .unwrap();
     assert_eq!(st, 200, "lock: {body}");
     let token = body["token"].as_str().unwrap().to_owned();
+    let (st, text) = http_get(s.port, "/metrics").await.unwrap();
+    assert_eq!(st, 200);
     let release = serde_json::json!({ "token": token }).to_string();
     let (st, body) = http_json(
         s.control(),
@@ -210,8 +220,6 @@ async fn scrape(s: &Sidecar) -> String {
     .await
     .unwrap();
     assert_eq!(st, 200, "release: {body}");
-    let (st, text) = http_get(s.port, "/metrics").await.unwrap();
-    assert_eq!(st, 200);
     text
 }
 
@@ -273,7 +281,7 @@ fn update_page(page: &str, rows: Vec<String>, gone: &[&String]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_page_lists_what_a_sidecar_on_etcd_serves() {
     let etcd = Etcd::start().await;
-    let s = Sidecar::start(&etcd.url, &election("docs-metrics"), "solo", FAST);
+    let s = Sidecar::start(&etcd.url, &election("docs-metrics"), "solo", &flags());
     check_metrics_page("etcd", &scrape(&s).await);
 }
 
@@ -281,7 +289,7 @@ async fn metrics_page_lists_what_a_sidecar_on_etcd_serves() {
 async fn metrics_page_lists_what_a_sidecar_on_redis_serves() {
     let redis = RedisServer::start().await;
     // A fresh Redis server is refused for one lease duration + 1 s.
-    let s = redis_sidecar(&[&redis.url], &election("docs-metrics"), "solo", FAST);
+    let s = redis_sidecar(&[&redis.url], &election("docs-metrics"), "solo", &flags());
     check_metrics_page("Redis", &scrape(&s).await);
 }
 
@@ -291,7 +299,7 @@ async fn metrics_page_lists_what_a_sidecar_on_kubernetes_serves() {
     let ep = api.endpoint("solo").await;
     let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
     let mut args = vec!["--backend".to_owned(), "kubernetes".to_owned()];
-    args.extend(FAST.iter().map(|a| a.to_string()));
+    args.extend(flags().iter().map(|a| a.to_string()));
     let s = Sidecar::start_env(
         &election("docs-metrics"),
         "solo",
@@ -339,7 +347,10 @@ fn dashboard_queries() -> Vec<(String, String)> {
     let vars = dash["templating"]["list"].as_array().into_iter().flatten();
     for v in vars.filter(|v| v["type"] == "query") {
         if let Some(q) = v["query"]["query"].as_str().or(v["query"].as_str()) {
-            out.push(("variable ".to_owned() + v["name"].as_str().unwrap_or("?"), q.to_owned()));
+            out.push((
+                "variable ".to_owned() + v["name"].as_str().unwrap_or("?"),
+                q.to_owned(),
+            ));
         }
     }
     out
@@ -348,14 +359,21 @@ fn dashboard_queries() -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_names_served_metrics() {
     let queries = dashboard_queries();
-    assert!(queries.len() >= 7, "the dashboard has {} queries", queries.len());
+    assert!(
+        queries.len() >= 7,
+        "the dashboard has {} queries",
+        queries.len()
+    );
     let etcd = Etcd::start().await;
-    let s = Sidecar::start(&etcd.url, &election("docs-dashboard"), "solo", FAST);
+    let s = Sidecar::start(&etcd.url, &election("docs-dashboard"), "solo", &flags());
     let served = families(&scrape(&s).await);
     let mut unknown = Vec::new();
     for (title, expr) in &queries {
         let names = promql_metrics(expr);
-        assert!(!names.is_empty(), "panel {title:?} queries no metric: {expr}");
+        assert!(
+            !names.is_empty(),
+            "panel {title:?} queries no metric: {expr}"
+        );
         unknown.extend(
             names
                 .into_iter()
@@ -373,6 +391,9 @@ fn promql_names_are_found_and_label_values_skipped() {
     );
     assert_eq!(
         names.into_iter().collect::<Vec<_>>(),
-        ["dist_locks_active", "leader_election_renew_duration_seconds"]
+        [
+            "dist_locks_active",
+            "leader_election_renew_duration_seconds"
+        ]
     );
 }
