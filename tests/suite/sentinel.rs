@@ -1,0 +1,175 @@
+//! The sidecar on a Redis Sentinel group (a primary, two replicas, three
+//! Sentinels, `down-after-milliseconds` 1000), found with `--redis-sentinel`:
+//! three sidecars through a `SENTINEL FAILOVER`, a SIGKILL of the primary and
+//! a SIGSTOP of the primary past `down-after-milliseconds`. Safety (the
+//! recorder's checker): no two leaders at once, fencing tokens that grow
+//! from term to term. Liveness twin (same run): a leader again within one
+//! lease duration + the Sentinels' failover time + 1 s (the promotion
+//! hold-off's second) + one retry period (when a candidate next asks).
+//! Each prints its figures (`--nocapture`). Fixed URLs that meet a failover
+//! name `--redis-sentinel`, once.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::time::{Instant, sleep};
+
+use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::sentinel::SentinelGroup;
+use crate::support::*;
+
+const TTL: Duration = Duration::from_secs(2);
+const RETRY: Duration = Duration::from_millis(500);
+/// A failover of the test group is agreed and done well within this.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(20);
+
+/// How the primary is made to go away.
+#[derive(Clone, Copy, Debug)]
+enum Fault3 {
+    /// `SENTINEL FAILOVER mymaster`: the primary is healthy and demoted.
+    Manual,
+    /// SIGKILL of the primary.
+    Kill,
+    /// SIGSTOP of the primary for 3 × `down-after-milliseconds`, then SIGCONT.
+    Stop,
+}
+
+/// Three sidecars on a fresh Sentinel group, the recorder polling them, and
+/// the first leader.
+async fn three_on(group: &SentinelGroup, test: &str) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
+    let name = election(test);
+    let mut args = group.flags();
+    args.extend(FAST.iter().map(|s| s.to_string()));
+    let cs: Vec<Sidecar> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Sidecar::start_raw(&name, id, &args))
+        .collect();
+    let rec = Recorder::new(TTL);
+    for s in &cs {
+        rec.add(&s.identity, s.port);
+    }
+    let first = rec
+        .wait_leader(Duration::from_secs(15))
+        .await
+        .expect("a leader on the Sentinel group within 15 s");
+    (cs, rec, first)
+}
+
+/// Run `fault` against the primary with three sidecars on it; check and
+/// print the recording.
+async fn survive(fault: Fault3, test: &str) {
+    let mut group = SentinelGroup::start().await;
+    let (cs, rec, (l, tok)) = three_on(&group, test).await;
+    // Let a renewal or two land on the replicas.
+    sleep(Duration::from_millis(700)).await;
+    let old = group.primary().await;
+    let f = rec.fault(Fault::new(
+        &format!("{fault:?} of the primary"),
+        Some(l),
+        Expect::Other,
+        FAILOVER_LIMIT + TTL + Duration::from_secs(2),
+    ));
+    let start = Instant::now();
+    match fault {
+        Fault3::Manual => group.failover().await,
+        Fault3::Kill => group.servers[old].stop(),
+        Fault3::Stop => group.signal(old, Signal::SIGSTOP),
+    }
+    let (new, failover) = if let Fault3::Stop = fault {
+        let stopped = Duration::from_millis(3 * crate::support::sentinel::DOWN_AFTER_MS);
+        let found = group.wait_failover(old, FAILOVER_LIMIT).await;
+        sleep(stopped.saturating_sub(start.elapsed())).await;
+        group.signal(old, Signal::SIGCONT);
+        found
+    } else {
+        group.wait_failover(old, FAILOVER_LIMIT).await
+    };
+    rec.heal(f, false);
+    let bound = failover + TTL + Duration::from_secs(1) + RETRY;
+    let again = rec
+        .wait_leader(bound.saturating_sub(start.elapsed()) + Duration::from_secs(5))
+        .await
+        .expect("a leader again after the failover");
+    let leader_after = start.elapsed();
+    // Hold the leader a little longer under the checker.
+    sleep(TTL).await;
+    let report = rec.check(&format!("sentinel: {fault:?}"));
+    eprintln!("{}", report.summary());
+    eprintln!(
+        "sentinel {fault:?}: server {old} -> {new} in {failover:?} (Sentinel); leader {:?} (token {tok}) -> {:?} (token {}); a leader again {leader_after:?} after the fault; longest time without a leader {:?}",
+        cs[l].identity, cs[again.0].identity, again.1, report.longest_gap
+    );
+    assert!(
+        report.overlaps.is_empty(),
+        "two leaders at once: {:?}",
+        report.overlaps
+    );
+    assert!(
+        report.token_regressions.is_empty(),
+        "fencing tokens went back: {:?}",
+        report.token_regressions
+    );
+    if again != (l, tok) {
+        assert_token_grew(tok, again.1, "the term after the failover");
+    }
+    assert!(
+        report.longest_gap <= bound,
+        "no leader for {:?}, more than one lease + the failover ({failover:?}) + 1 s + a retry period = {bound:?}",
+        report.longest_gap
+    );
+    drop(cs);
+    group.servers.clear();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_keeps_one_leader_and_growing_tokens() {
+    survive(Fault3::Manual, "sentinel-manual").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_followed_to_the_promoted_replica() {
+    survive(Fault3::Kill, "sentinel-kill").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_paused_past_down_after_is_followed_to_the_promoted_replica() {
+    survive(Fault3::Stop, "sentinel-stop").await;
+}
+
+/// The case: sidecars on the primary's fixed URL, then a failover.
+/// Every campaign meets a read-only replica; the log names
+/// `--redis-sentinel` once (safety: nobody leads on a replica; the hint is
+/// the liveness twin: it says how to get a leader again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_urls_after_a_failover_name_redis_sentinel_once() {
+    let group = SentinelGroup::start().await;
+    let name = election("sentinel-fixed");
+    let url = group.servers[0].url.clone();
+    let cs: Vec<Sidecar> = ["a", "b"]
+        .iter()
+        .map(|id| redis_sidecar(&[&url], &name, id, FAST))
+        .collect();
+    one_leader(&cs, Duration::from_secs(15)).await;
+    group.failover().await;
+    group.wait_failover(0, FAILOVER_LIMIT).await;
+    // The old primary becomes a replica once a Sentinel reconfigures it.
+    let end = Instant::now() + FAILOVER_LIMIT;
+    while !group.servers[0].replication().await.contains("role:slave") {
+        assert!(Instant::now() < end, "the old primary was not demoted");
+        sleep(Duration::from_millis(100)).await;
+    }
+    sleep(TTL * 2).await;
+    assert!(
+        leaders(&cs).await.is_empty(),
+        "a sidecar leads on a read-only replica"
+    );
+    for s in &cs {
+        let log = s.log();
+        assert_eq!(
+            log.matches("this --redis-url leads to a read-only replica")
+                .count(),
+            1,
+            "the hint towards --redis-sentinel is logged once: {log}"
+        );
+    }
+}
