@@ -33,6 +33,7 @@ pub mod flags;
 pub mod group;
 mod holders;
 pub mod lua;
+mod lua_campaign;
 mod lua_ops;
 mod lua_rw;
 mod lua_sem;

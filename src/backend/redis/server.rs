@@ -26,7 +26,7 @@ enum Target {
     /// The primary the Sentinels name (`--redis-sentinel`), confirmed by
     /// `ROLE` on every new connection.
     Sentinel {
-        locator: Locator,
+        locator: Box<Locator>,
         /// The primary last found, and a client for it (pub/sub).
         current: std::sync::Mutex<Option<(String, Client)>>,
     },
@@ -76,7 +76,7 @@ impl Server {
         sentinel: &SentinelOptions,
         options: &RedisOptions,
     ) -> std::result::Result<Server, String> {
-        let locator = Locator::new(sentinel, options)?;
+        let locator = Box::new(Locator::new(sentinel, options)?);
         let label = locator.label();
         let target = Target::Sentinel {
             locator,
