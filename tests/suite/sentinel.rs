@@ -173,3 +173,56 @@ async fn fixed_urls_after_a_failover_name_redis_sentinel_once() {
         );
     }
 }
+
+/// A lock held by a client across a `SENTINEL FAILOVER` (the coordination
+/// API on Sentinel): safety, a second holder only after the first's TTL;
+/// liveness twin, the second holder gets it then, with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_across_a_failover_has_no_second_holder_before_its_ttl() {
+    use leader_elector::backend::redis::coord::RedisCoord;
+    use leader_elector::backend::redis::sentinel::SentinelOptions;
+    use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+    use leader_elector::coord::{Coordinator, Try};
+
+    let group = SentinelGroup::start().await;
+    let options = RedisOptions {
+        per_server_timeout: Duration::from_millis(500),
+        sentinel: Some(SentinelOptions {
+            hosts: group.sentinels.iter().map(|s| s.addr()).collect(),
+            master: crate::support::sentinel::MASTER.into(),
+            password: None,
+        }),
+        ..RedisOptions::default()
+    };
+    let backend = RedisBackend::new("leader-elector:", &election("sentinel-lock"), options)
+        .expect("a Redis backend on Sentinel");
+    let c = RedisCoord::new(backend);
+    let ttl = Duration::from_secs(3);
+    let asked = Instant::now();
+    let first = match c.lock("L", "a", ttl).await {
+        Ok(Try::Acquired(g)) => g,
+        other => panic!("a's lock: {other:?}"),
+    };
+    sleep(Duration::from_millis(300)).await;
+    group.failover().await;
+    let second = loop {
+        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+            Ok(Ok(Try::Acquired(g))) => break g,
+            Ok(Ok(Try::Held(who))) => assert_eq!(who, "a"),
+            Ok(other) => eprintln!("b's lock during the failover: {other:?}"),
+            Err(_) => eprintln!("b's lock hung for 2 s during the failover"),
+        }
+        assert!(asked.elapsed() < FAILOVER_LIMIT, "b never got the lock");
+        sleep(Duration::from_millis(50)).await;
+    };
+    let after = asked.elapsed();
+    eprintln!(
+        "sentinel lock: a's token {}, b's {} after {after:?} (TTL {ttl:?})",
+        first.fencing_token, second.fencing_token
+    );
+    assert!(
+        after >= ttl,
+        "b got the lock {after:?} after a asked, before a's TTL ({ttl:?}) ran out"
+    );
+    assert_token_grew(first.fencing_token, second.fencing_token, "b's lock");
+}
