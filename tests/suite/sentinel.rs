@@ -226,3 +226,62 @@ async fn a_lock_held_across_a_failover_has_no_second_holder_before_its_ttl() {
     );
     assert_token_grew(first.fencing_token, second.fencing_token, "b's lock");
 }
+
+/// Bad Sentinel flags exit 2 naming the flag (and never print a password).
+#[test]
+fn sentinel_configuration_errors_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--election", "x", "--redis-sentinel", "127.0.0.1:26379"],
+            "--redis-sentinel-master NAME",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-sentinel",
+                "127.0.0.1:26379",
+                "--redis-sentinel-master",
+                "m",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+            ],
+            "--redis-sentinel and --redis-url are both given",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--backend",
+                "redis",
+                "--redis-sentinel-master",
+                "m",
+            ],
+            "--redis-sentinel-master needs --redis-sentinel",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-sentinel",
+                "http://:hunter2@h:1",
+                "--redis-sentinel-master",
+                "m",
+            ],
+            "--redis-sentinel",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(*args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("hunter2"),
+            "a password was printed: {stderr}"
+        );
+    }
+}
