@@ -165,7 +165,7 @@ fn resolve(
     let sentinel = resolve_sentinel(r)?;
     if r.redis_url.is_empty() && sentinel.is_none() {
         return Err(config_error(
-            "--redis-url or --redis-sentinel is required with --backend redis\nhint: e.g. --redis-url redis://127.0.0.1:6379, or --redis-sentinel 127.0.0.1:26379 --redis-sentinel-master mymaster",
+            "--redis-url is required with --backend redis (or --redis-sentinel with --redis-sentinel-master)\nhint: e.g. --redis-url redis://127.0.0.1:6379, or --redis-sentinel 127.0.0.1:26379 --redis-sentinel-master mymaster",
         ));
     }
     for url in &r.redis_url {
