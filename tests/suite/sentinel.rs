@@ -36,10 +36,14 @@ enum Fault3 {
 
 /// Three sidecars on a fresh Sentinel group, the recorder polling them, and
 /// the first leader.
-async fn three_on(group: &SentinelGroup, test: &str) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
+async fn three_on(
+    group: &SentinelGroup,
+    test: &str,
+    extra: &[&str],
+) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
     let name = election(test);
     let mut args = group.flags();
-    args.extend(FAST.iter().map(|s| s.to_string()));
+    args.extend(FAST.iter().chain(extra).map(|s| s.to_string()));
     let cs: Vec<Sidecar> = ["a", "b", "c"]
         .iter()
         .map(|id| Sidecar::start_raw(&name, id, &args))
@@ -57,9 +61,9 @@ async fn three_on(group: &SentinelGroup, test: &str) -> (Vec<Sidecar>, Recorder,
 
 /// Run `fault` against the primary with three sidecars on it; check and
 /// print the recording.
-async fn survive(fault: Fault3, test: &str) {
+async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
     let mut group = SentinelGroup::start().await;
-    let (cs, rec, (l, tok)) = three_on(&group, test).await;
+    let (cs, rec, (l, tok)) = three_on(&group, test, extra).await;
     // Let a renewal or two land on the replicas.
     sleep(Duration::from_millis(700)).await;
     let old = group.primary().await;
@@ -123,17 +127,30 @@ async fn survive(fault: Fault3, test: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_failover_keeps_one_leader_and_growing_tokens() {
-    survive(Fault3::Manual, "sentinel-manual").await;
+    survive(Fault3::Manual, "sentinel-manual", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_followed_to_the_promoted_replica() {
-    survive(Fault3::Kill, "sentinel-kill").await;
+    survive(Fault3::Kill, "sentinel-kill", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_paused_past_down_after_is_followed_to_the_promoted_replica() {
-    survive(Fault3::Stop, "sentinel-stop").await;
+    survive(Fault3::Stop, "sentinel-stop", &[]).await;
+}
+
+/// `--redis-min-replicas 1` on the primary the Sentinels name: grants and
+/// renewals wait for a replica's acknowledgement, across a SIGKILL of the
+/// primary (the promoted replica's own replica acknowledges afterwards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_works_with_sentinel_across_a_killed_primary() {
+    survive(
+        Fault3::Kill,
+        "sentinel-min-replicas",
+        &["--redis-min-replicas", "1"],
+    )
+    .await;
 }
 
 /// The case: sidecars on the primary's fixed URL, then a failover.
