@@ -34,5 +34,6 @@ mod redis;
 mod redis_ops;
 mod redlock_coord;
 mod rwlock;
+mod sentinel;
 mod stand_in;
 mod successor;

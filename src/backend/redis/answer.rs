@@ -183,7 +183,7 @@ impl RedisBackend {
             .min()
             .map_or(random, |e| e.min(random));
         let why = if found.fresh.is_some() {
-            "a Redis server started less than one lease duration ago and may have forgotten a live term: waiting until it has run that long"
+            "a Redis server started, restarted or was promoted from a replica less than one lease duration ago and may lack a live term: waiting until it has served that long"
         } else {
             "no quorum of servers agrees on a holder (a split): retrying after a random delay"
         };
