@@ -187,3 +187,22 @@ async fn a_heartbeat_with_a_wrong_secret_is_401_and_changes_nothing() {
 fn a_short_secret_is_refused() {
     assert_eq!(Secret::new(b"short").err(), Some(5));
 }
+
+#[tokio::test]
+async fn the_client_counts_an_ack_only_with_the_right_secret_over_a_socket() {
+    let (app, promises) = peer();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let wait = Duration::from_secs(5);
+    let wrong = Secret::new(b"fedcba9876543210").unwrap();
+    let none = super::peer::send(&client, &addr, &wrong, &hb(1), wait).await;
+    assert_eq!(none, None, "a wrong secret is not counted");
+    assert!(promises.lock().unwrap().may_campaign(Instant::now()));
+    let right = Secret::new(b"0123456789abcdef").unwrap();
+    let ack = super::peer::send(&client, &addr, &right, &hb(1), wait).await;
+    assert_eq!(ack.map(|a| a.promise_ms), Some(3000));
+    assert!(!promises.lock().unwrap().may_campaign(Instant::now()));
+    server.abort();
+}
