@@ -85,6 +85,9 @@ pub mod coord;
 pub mod elector;
 #[doc(hidden)]
 pub mod endpoint_slice;
+/// Failsafe: a leader that outlives a backend outage while every roster
+/// member confirms it (opt-in; the protocol, not yet wired to the Elector).
+pub mod failsafe;
 #[doc(hidden)]
 pub mod flags;
 #[doc(hidden)]
