@@ -33,8 +33,10 @@ mod config;
 mod controls;
 mod follow;
 mod gates;
+mod known;
 mod lead;
 mod observe;
+mod precedence;
 mod preempt;
 mod publish;
 mod registry;
@@ -52,14 +54,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::backend::candidates::Candidate;
-use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
+use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term, WaitReason};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
 pub use config::{DEFAULT_PREEMPT_AFTER, ElectorConfig, ElectorConfigError, Standing};
-pub use controls::{FROZEN, Handover, SwitchoverRefusal, check_target};
+pub use controls::{Handover, SwitchoverRefusal};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
+pub use precedence::{Rules, check_target, successor_for};
 use publish::Publisher;
 pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
 use transition::Change;
@@ -71,7 +74,7 @@ enum Command {
     Resign {
         cooldown: Duration,
         /// The identity to name in the release (a switchover); `None`: the
-        /// backend's own choice.
+        /// Elector's own choice ([`successor_for`]).
         successor: Option<String>,
         reply: oneshot::Sender<bool>,
     },
@@ -106,7 +109,7 @@ impl ElectorHandle {
     /// Hand over to `successor` (an identity in the candidate registry): a
     /// graceful release, like [`resign`](Self::resign) without a cooldown,
     /// that names `successor` so the other candidates leave it the term
-    /// (see [`LeaseBackend::resign_to`]). Only a hint: the backend's
+    /// (see [`LeaseBackend::release`]). Only a hint: the backend's
     /// compare-and-swap still decides. Answers once the release was sent
     /// (after the drain and participant waits of a step-down). Returns
     /// whether this candidate was leading; `false` also when the Elector
@@ -161,9 +164,11 @@ pub struct Elector {
     /// The host's suspended time when the last campaign was sent (a term it
     /// won is valid from then, suspends counted).
     suspended_at_campaign: Duration,
-    /// The successor the next release of a held term names (a switchover);
-    /// `None`: the backend's own choice.
+    /// The successor the next release of a held term names (a switchover
+    /// or a preemption); `None`: the Elector's own choice ([`successor_for`]).
     successor: Option<String>,
+    /// The controls and the registry as last read (the precedence inputs).
+    known: known::Shared,
     /// The answer to a handover, sent once its release was sent.
     handed_over: Option<oneshot::Sender<bool>>,
 }
@@ -207,6 +212,7 @@ impl Elector {
                 suspended_at_campaign: Duration::ZERO,
                 successor: None,
                 handed_over: None,
+                known: known::shared(),
             },
             rx,
         )
@@ -256,13 +262,17 @@ impl Elector {
                 revision: self.cfg.standing.revision.clone(),
                 ..Candidate::new(self.cfg.identity.clone())
             },
-            (self.gates.candidacy(), Some(self.publisher.watch_state())),
+            (
+                self.gates.candidacy(),
+                Some(self.publisher.watch_state()),
+                self.gates.frozen(),
+            ),
             self.cfg.lease_duration,
             self.cfg.call_timeout(),
         );
         let controls = controls::Follower::start(
             self.handle(),
-            self.publisher.pause_writer(),
+            self.publisher.controls_writer(self.known.clone()),
             (self.cfg.retry_period, self.cfg.lease_duration),
         );
         while !shutdown.is_cancelled() {
@@ -273,7 +283,7 @@ impl Elector {
                 continue;
             }
             if let Some(term) = self.abandoned.take()
-                && let Err(e) = self.call("resign", backend.resign(&term)).await
+                && let Err(e) = self.call("release", backend.release(&term, None)).await
             {
                 debug!(error = %e.report(), "could not resign an abandoned term yet");
                 self.abandoned = Some(term);
@@ -285,17 +295,21 @@ impl Elector {
                 _ = shutdown.cancelled() => break,
                 r = self.call("campaign", backend.campaign(&self.cfg.identity, self.cfg.lease_duration, self.last_seen.as_ref())) => r,
             };
+            // A timed wait (a successor's head start, a pause) ends early
+            // when the controls change: a resume, a new switchover request.
+            let mut known = self.known.subscribe();
             if let Some(wait) = self.after_campaign(attempt, sent, &shutdown).await {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = sleep(wait) => {}
+                    _ = known.changed() => {}
                 }
             }
         }
         self.publish(Change::Stopping);
         drop(controls);
         if let Some(term) = self.abandoned.take() {
-            let _ = self.call("resign", backend.resign(&term)).await;
+            let _ = self.call("release", backend.release(&term, None)).await;
         }
         if let Some(registry) = registry {
             let limit = self.cfg.call_timeout();
@@ -367,7 +381,7 @@ impl Elector {
         &mut self,
         previous: Option<Holder>,
         retry_after: Duration,
-        why: &'static str,
+        why: WaitReason,
         sent: Instant,
     ) -> Duration {
         self.backend_ok();
@@ -391,7 +405,7 @@ impl Elector {
         self.observe(None);
         let term = self.abandoned.take()?;
         let backend = self.backend.clone();
-        match self.call("resign", backend.resign(&term)).await {
+        match self.call("release", backend.release(&term, None)).await {
             Ok(()) => {
                 info!(election = %self.cfg.election, fencing_token = term.holder.fencing_token, "released our own abandoned term; campaigning again");
                 self.last_seen = None;

@@ -15,9 +15,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::candidates::{Candidate, Listed, successor_wait};
-use super::controls::{self, Controls};
+use super::controls::Controls;
 use super::{
     About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
+    WaitReason,
 };
 
 /// The in-memory backend's name and advice (it has no TLS, credentials or refusals).
@@ -46,9 +47,6 @@ struct Inner {
     /// candidates leave it the term.
     successor: Option<(String, Instant)>,
 }
-
-/// The `why` of a campaign that leaves a released term to its named successor.
-const YIELDING: &str = "the term was released to a named successor: leaving it the term first";
 
 /// How long a campaign refused by a pause asks the candidate to wait.
 const PAUSED_RETRY: Duration = Duration::from_secs(1);
@@ -133,13 +131,13 @@ impl MemoryBackend {
             return Some(Campaign::Waiting {
                 previous: None,
                 retry_after: until.saturating_duration_since(Instant::now()),
-                why: YIELDING,
+                why: WaitReason::SuccessorHeadStart,
             });
         }
         self.controls.borrow().paused.then(|| Campaign::Waiting {
             previous: previous.cloned(),
             retry_after: PAUSED_RETRY,
-            why: controls::PAUSED,
+            why: WaitReason::Paused,
         })
     }
 
@@ -188,7 +186,7 @@ impl LeaseBackend for MemoryBackend {
             return Ok(Campaign::Waiting {
                 previous: Some(prev.clone()),
                 retry_after: until.saturating_duration_since(Instant::now()),
-                why: "the key was deleted but the previous term is alive: waiting for it to end",
+                why: WaitReason::PreviousTerm,
             });
         }
         inner.successor = None;
@@ -252,10 +250,14 @@ impl LeaseBackend for MemoryBackend {
         }
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         let mut inner = self.check()?;
         inner.leases.retain(|(id, _)| *id != term.holder.term_id);
         if matches!(&inner.key, Some((h, _)) if h.term_id == term.holder.term_id) {
+            if let Some(to) = successor {
+                let until = Instant::now() + successor_wait(Duration::ZERO);
+                inner.successor = Some((to.to_owned(), until));
+            }
             inner.key = None;
             inner.revision += 1;
             let rev = inner.revision;
@@ -291,18 +293,6 @@ impl LeaseBackend for MemoryBackend {
 
     fn has_registry(&self) -> bool {
         true
-    }
-
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        if let Some(to) = successor {
-            let mut inner = self.check()?;
-            let was_held = matches!(&inner.key, Some((h, _)) if h.term_id == term.holder.term_id);
-            if was_held {
-                let until = Instant::now() + successor_wait(Duration::ZERO);
-                inner.successor = Some((to.to_owned(), until));
-            }
-        }
-        self.resign(term).await
     }
 
     async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {

@@ -10,8 +10,8 @@ use tokio::time::{Instant, advance};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::backend::WaitReason;
 use crate::backend::candidates::Candidate;
-use crate::backend::controls::PAUSED;
 use crate::backend::memory::MemoryBackend;
 use crate::elector::{Elector, ElectorConfig};
 
@@ -79,42 +79,6 @@ async fn three(b: &MemoryBackend) -> Vec<Member> {
     ms
 }
 
-fn listed(id: &str, priority: u32, ready: bool, age_s: u64) -> Listed {
-    Listed {
-        candidate: Candidate {
-            identity: id.into(),
-            priority,
-            revision: String::new(),
-            ready,
-        },
-        age: Some(Duration::from_secs(age_s)),
-        ttl: Duration::from_secs(36),
-        created: None,
-    }
-}
-
-#[test]
-fn a_target_must_be_a_live_ready_candidate_that_may_lead() {
-    use SwitchoverRefusal as R;
-    let list = [
-        listed("ok", 1, true, 1),
-        listed("gone", 1, true, 99),
-        listed("sick", 1, false, 1),
-        listed("zero", 0, true, 1),
-    ];
-    let cases = [
-        ("ok", Ok(())),
-        ("me", Err(R::Itself("me".into()))),
-        ("nobody", Err(R::Unknown("nobody".into()))),
-        ("gone", Err(R::Lapsed("gone".into()))),
-        ("sick", Err(R::NotReady("sick".into()))),
-        ("zero", Err(R::NeverLeads("zero".into()))),
-    ];
-    for (to, want) in cases {
-        assert_eq!(check_target(&list, "me", to), want, "{to}");
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_switchover_hands_over_to_each_named_follower_in_turn() {
     let b = MemoryBackend::new();
@@ -127,7 +91,7 @@ async fn a_switchover_hands_over_to_each_named_follower_in_turn() {
         .collect();
     let mut from = first;
     for to in others {
-        let h = ms[index(&ms, &from)].handle.switchover(&to).await;
+        let h = ms[index(&ms, &from)].handle.switchover(&to, false).await;
         assert_eq!(h.as_ref().map(|h| h.to.as_str()), Ok(to.as_str()));
         let t0 = Instant::now();
         while leader(&ms).as_deref() != Some(to.as_str()) {
@@ -167,16 +131,16 @@ async fn a_switchover_to_an_ineligible_member_or_by_a_follower_changes_nothing()
     let h = &ms[index(&ms, &l)].handle;
     use SwitchoverRefusal as R;
     assert_eq!(
-        h.switchover("nobody").await,
+        h.switchover("nobody", false).await,
         Err(R::Unknown("nobody".into()))
     );
     assert_eq!(
-        h.switchover("zero").await,
+        h.switchover("zero", false).await,
         Err(R::NeverLeads("zero".into()))
     );
-    assert_eq!(h.switchover(&l).await, Err(R::Itself(l.clone())));
+    assert_eq!(h.switchover(&l, false).await, Err(R::Itself(l.clone())));
     let follower = ms.iter().find(|m| m.rx.borrow().identity != l).unwrap();
-    let answer = follower.handle.switchover("zero").await;
+    let answer = follower.handle.switchover("zero", false).await;
     assert_eq!(
         answer,
         Err(R::NotLeader {
@@ -225,7 +189,7 @@ async fn while_paused_a_dead_leaders_term_stays_free_until_resume() {
     run_for(&ms, Duration::from_secs(10)).await;
     assert_eq!(leader(&ms), None, "nobody takes the expired term");
     let waiting = ms.iter().filter_map(|m| m.rx.borrow().waiting);
-    assert!(waiting.clone().count() == 2 && waiting.clone().all(|w| w.what == PAUSED));
+    assert!(waiting.clone().count() == 2 && waiting.clone().all(|w| w.what == WaitReason::Paused));
     // Liveness twin: after resume a member leads within one lease duration.
     b.set_paused(false).await.unwrap();
     run_for(&ms, TTL).await;
@@ -244,7 +208,7 @@ async fn a_frozen_sole_candidate_stays_out_for_the_freeze_then_leads() {
     assert!(ms[0].handle.resign(freeze).await, "was leading");
     run_for(&ms, Duration::from_millis(100)).await;
     let w = ms[0].rx.borrow().waiting.expect("the freeze is shown");
-    assert_eq!(w.what, FROZEN);
+    assert_eq!(w.what, WaitReason::Frozen);
     let left = w
         .until
         .duration_since(std::time::SystemTime::now())

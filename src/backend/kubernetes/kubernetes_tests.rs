@@ -186,7 +186,7 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
         json!(term.holder.term_id)
     );
 
-    b.resign(&term).await.unwrap();
+    b.release(&term, None).await.unwrap();
     let put = seen.lock().unwrap()[6].clone();
     assert_eq!(put.body["metadata"]["resourceVersion"], json!("102"));
     assert_eq!(put.body["spec"]["holderIdentity"], json!(""));
@@ -327,7 +327,7 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
         ]
     );
     // Release finds nothing of ours: no write.
-    b.resign(&term).await.unwrap();
+    b.release(&term, None).await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 6);
     // Deleted by hand: renew reports the key gone.
     let (respond, state) = store(None);
