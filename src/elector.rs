@@ -68,6 +68,10 @@ pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
 use transition::Change;
 pub use watching::{LEADING_RECHECK, until_leading, until_not_leading};
 
+/// How soon a candidate kept out by another's head start looks at the key
+/// again: a quarter of the shortest head start.
+const HEAD_START_RECHECK: Duration = Duration::from_millis(25);
+
 /// Requests to a running Elector (from the control listener or the run-mode supervisor).
 #[derive(Debug)]
 enum Command {
@@ -393,7 +397,15 @@ impl Elector {
         if previous.is_some() {
             self.last_seen = previous;
         }
-        retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20))
+        let mut wait = retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20));
+        if why == WaitReason::SuccessorHeadStart {
+            // The key changes fast during a handover (the successor takes
+            // it, and may hand it on at once, naming us): look again within
+            // a quarter of the shortest head start, so a head start naming
+            // us is never spent asleep.
+            wait = wait.min(HEAD_START_RECHECK + jitter(Duration::from_millis(5)));
+        }
+        wait
     }
 
     /// Our own abandoned term still holds the key (its release failed, e.g.

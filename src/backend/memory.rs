@@ -43,9 +43,12 @@ struct Inner {
     candidates: Vec<(Candidate, Instant, Duration, u64)>,
     /// How many records were ever created (the creation order).
     created: u64,
-    /// The successor named by the last release, and until when the other
-    /// candidates leave it the term.
-    successor: Option<(String, Instant)>,
+    /// The successor named by the last release, until when the other
+    /// candidates leave it the term at least, and when each other
+    /// candidate first saw it (each leaves it the wait from its own first
+    /// sight, as on etcd: a candidate asleep in an earlier wait when the
+    /// release landed still leaves the successor its whole head start).
+    successor: Option<(String, Instant, std::collections::HashMap<String, Instant>)>,
 }
 
 /// How long a campaign refused by a pause asks the candidate to wait.
@@ -120,19 +123,23 @@ impl MemoryBackend {
     /// is paused (decided under the same lock as the take).
     fn held_back(
         &self,
-        inner: &Inner,
+        inner: &mut Inner,
         identity: &str,
         previous: Option<&Holder>,
     ) -> Option<Campaign> {
-        if let Some((to, until)) = &inner.successor
+        let now = Instant::now();
+        if let Some((to, until, seen)) = &mut inner.successor
             && to != identity
-            && Instant::now() < *until
         {
-            return Some(Campaign::Waiting {
-                previous: None,
-                retry_after: until.saturating_duration_since(Instant::now()),
-                why: WaitReason::SuccessorHeadStart,
-            });
+            let first = *seen.entry(identity.to_owned()).or_insert(now);
+            let until = (*until).max(first + successor_wait(Duration::ZERO));
+            if now < until {
+                return Some(Campaign::Waiting {
+                    previous: None,
+                    retry_after: until - now,
+                    why: WaitReason::SuccessorHeadStart,
+                });
+            }
         }
         self.controls.borrow().paused.then(|| Campaign::Waiting {
             previous: previous.cloned(),
@@ -177,7 +184,7 @@ impl LeaseBackend for MemoryBackend {
             holder.expires_in = Some(until.saturating_duration_since(Instant::now()));
             return Ok(Campaign::Following(holder));
         }
-        if let Some(wait) = self.held_back(&inner, identity, previous) {
+        if let Some(wait) = self.held_back(&mut inner, identity, previous) {
             return Ok(wait);
         }
         if let Some(prev) = previous
@@ -256,7 +263,7 @@ impl LeaseBackend for MemoryBackend {
         if matches!(&inner.key, Some((h, _)) if h.term_id == term.holder.term_id) {
             if let Some(to) = successor {
                 let until = Instant::now() + successor_wait(Duration::ZERO);
-                inner.successor = Some((to.to_owned(), until));
+                inner.successor = Some((to.to_owned(), until, Default::default()));
             }
             inner.key = None;
             inner.revision += 1;

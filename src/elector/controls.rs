@@ -118,13 +118,18 @@ impl ElectorHandle {
     /// # Errors
     /// A [`SwitchoverRefusal`]; nothing changed then.
     pub async fn switchover(&self, to: &str, force: bool) -> Result<Handover, SwitchoverRefusal> {
-        let (me, fencing_token, paused) = {
+        let (me, fencing_token, paused, priority) = {
             let s = self.state.borrow();
             if !s.is_leader_now() {
                 let leader = s.leader_at(Instant::now()).map(str::to_owned);
                 return Err(SwitchoverRefusal::NotLeader { leader });
             }
-            (s.identity.clone(), s.fencing_token.unwrap_or(0), s.paused)
+            (
+                s.identity.clone(),
+                s.fencing_token.unwrap_or(0),
+                s.paused,
+                s.priority,
+            )
         };
         if paused {
             return Err(SwitchoverRefusal::Paused);
@@ -139,7 +144,7 @@ impl ElectorHandle {
             Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
             Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),
         };
-        check_target(&listed, (&me, paused), to, (force, now))?;
+        check_target(&listed, (&me, Some(priority), paused), to, (force, now))?;
         if force {
             self.pin(Some(to)).await;
         }

@@ -53,9 +53,10 @@ pub(super) struct Gates {
     release_wait: Option<Duration>,
     /// Priority 0: never campaign (follow and report only).
     never_leads: bool,
-    /// The end of the freeze (a cooldown after a resign) by the wall
-    /// clock, for the candidate registry's record (`None`: not frozen).
-    frozen: watch::Sender<Option<SystemTime>>,
+    /// The end of the freeze (a cooldown after a resign) on the monotonic
+    /// clock and by the wall clock, for the candidate registry's record
+    /// (`None`: not frozen).
+    frozen: watch::Sender<Option<(Instant, SystemTime)>>,
 }
 
 impl Gates {
@@ -73,7 +74,7 @@ impl Gates {
     }
 
     /// The end of the freeze, as the registry record shows it.
-    pub(super) fn frozen(&self) -> watch::Receiver<Option<SystemTime>> {
+    pub(super) fn frozen(&self) -> watch::Receiver<Option<(Instant, SystemTime)>> {
         self.frozen.subscribe()
     }
 
@@ -103,8 +104,9 @@ impl Gates {
     /// Stay out of campaigns for `cooldown` from now (after a resign): a
     /// freeze, which the registry record shows (not eligible until then).
     pub(super) fn cool_down(&mut self, cooldown: Duration) {
-        self.cooldown_until = Some(Instant::now() + cooldown);
-        let until = (!cooldown.is_zero()).then(|| SystemTime::now() + cooldown);
+        let until = Instant::now() + cooldown;
+        self.cooldown_until = Some(until);
+        let until = (!cooldown.is_zero()).then(|| (until, SystemTime::now() + cooldown));
         self.frozen.send_replace(until);
     }
 

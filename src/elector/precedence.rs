@@ -74,9 +74,10 @@ fn eligible(l: &Listed, rules: &Rules) -> bool {
     l.alive() && l.candidate.ready && l.candidate.priority > 0 && frozen_at(l, rules.now).is_none()
 }
 
-/// Whether `to` may take over from `leader` by a switchover (`force`:
-/// even to a lower priority or an older revision than the best ready
-/// candidate), as the registry `listed` shows it at `now`.
+/// Whether `to` may take over from `leader` (of priority `priority`, when
+/// known: its own record may be missing while it leads) by a switchover
+/// (`force`: even to a lower priority or an older revision than the best
+/// ready candidate), as the registry `listed` shows it at `now`.
 ///
 /// # Errors
 /// The first [`SwitchoverRefusal`] that applies, in the table's order:
@@ -85,7 +86,7 @@ fn eligible(l: &Listed, rules: &Rules) -> bool {
 /// a newer revision) unless forced.
 pub fn check_target(
     listed: &[Listed],
-    (leader, paused): (&str, bool),
+    (leader, priority, paused): (&str, Option<u32>, bool),
     to: &str,
     (force, now): (bool, SystemTime),
 ) -> Result<(), SwitchoverRefusal> {
@@ -125,12 +126,18 @@ pub fn check_target(
                 || (o.alive() && o.candidate.ready && frozen_at(o, now).is_none())
         })
         .max_by_key(|o| o.candidate.priority);
-    if let Some(b) = best.filter(|b| b.candidate.priority > c.priority) {
+    let best = best.map(|b| (b.candidate.identity.as_str(), b.candidate.priority));
+    let best = match (best, priority) {
+        (Some(b), Some(p)) if p > b.1 => Some((leader, p)),
+        (None, Some(p)) => Some((leader, p)),
+        (b, _) => b,
+    };
+    if let Some((best, best_priority)) = best.filter(|b| b.1 > c.priority) {
         return Err(SwitchoverRefusal::LowerPriority {
             to: to.to_owned(),
             priority: c.priority,
-            best: b.candidate.identity.clone(),
-            best_priority: b.candidate.priority,
+            best: best.to_owned(),
+            best_priority,
         });
     }
     if let Some(n) = newer_revision(listed, to, (c.priority, &c.revision), None) {

@@ -56,19 +56,19 @@ fn a_target_must_be_a_live_ready_unfrozen_candidate_that_may_lead() {
     ];
     for (to, want) in cases {
         assert_eq!(
-            check_target(&list, ("me", false), to, (false, now)),
+            check_target(&list, ("me", None, false), to, (false, now)),
             want,
             "{to}"
         );
     }
-    let cold = check_target(&list, ("me", false), "cold", (true, now));
+    let cold = check_target(&list, ("me", None, false), "cold", (true, now));
     assert!(
         matches!(&cold, Err(R::Frozen(who, _)) if who == "cold"),
         "a freeze is refused even when forced: {cold:?}"
     );
     assert!(cold.unwrap_err().to_string().contains("frozen until"));
     assert_eq!(
-        check_target(&list, ("me", true), "ok", (true, now)),
+        check_target(&list, ("me", None, true), "ok", (true, now)),
         Err(R::Paused),
         "the pause comes first, even when forced"
     );
@@ -80,7 +80,7 @@ fn a_switchover_that_preemption_would_undo_needs_force() {
     // The leader (priority 5) is the best ready candidate: its own lapsed
     // record counts.
     let list = [listed("me", 5, true, 999), listed("low", 1, true, 1)];
-    let got = check_target(&list, ("me", false), "low", (false, now));
+    let got = check_target(&list, ("me", None, false), "low", (false, now));
     let why = got.clone().unwrap_err().to_string();
     assert!(
         why.contains("priority 1") && why.contains("priority 5"),
@@ -88,7 +88,7 @@ fn a_switchover_that_preemption_would_undo_needs_force() {
     );
     assert!(why.contains("force=true"), "{why}");
     assert_eq!(
-        check_target(&list, ("me", false), "low", (true, now)),
+        check_target(&list, ("me", None, false), "low", (true, now)),
         Ok(())
     );
     // A frozen better candidate does not count.
@@ -98,7 +98,7 @@ fn a_switchover_that_preemption_would_undo_needs_force() {
         frozen(listed("high", 9, false, 1), now),
     ];
     assert_eq!(
-        check_target(&list, ("me", false), "low", (false, now)),
+        check_target(&list, ("me", None, false), "low", (false, now)),
         Ok(())
     );
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -84,7 +84,7 @@ impl Registry {
 pub(super) type Gates = (
     Option<watch::Receiver<bool>>,
     Option<watch::Receiver<LeaderState>>,
-    watch::Receiver<Option<SystemTime>>,
+    watch::Receiver<Option<(Instant, SystemTime)>>,
 );
 
 struct Keeper {
@@ -92,7 +92,7 @@ struct Keeper {
     candidate: Candidate,
     ready: Option<watch::Receiver<bool>>,
     leading: Option<watch::Receiver<LeaderState>>,
-    frozen: watch::Receiver<Option<SystemTime>>,
+    frozen: watch::Receiver<Option<(Instant, SystemTime)>>,
     lease_duration: Duration,
     call_timeout: Duration,
 }
@@ -108,10 +108,11 @@ impl Keeper {
             // A frozen member is not eligible: its record says until when,
             // and `ready` false keeps it out of every choice on backends
             // that do not store the freeze.
-            let frozen = (*self.frozen.borrow_and_update()).filter(|t| *t > SystemTime::now());
-            self.candidate.frozen_until = frozen;
+            // Counted on the monotonic clock, shown by the wall clock.
+            let frozen = (*self.frozen.borrow_and_update()).filter(|(t, _)| *t > Instant::now());
+            self.candidate.frozen_until = frozen.map(|(_, wall)| wall);
             self.candidate.ready = healthy && frozen.is_none();
-            let thaw = frozen.and_then(|t| t.duration_since(SystemTime::now()).ok());
+            let thaw = frozen.map(|(t, _)| t - Instant::now());
             let call = self.backend.publish_candidate(&self.candidate, ttl);
             let wait = match timeout(self.call_timeout, call).await {
                 Ok(Ok(())) => renew,
@@ -151,7 +152,7 @@ impl Keeper {
 }
 
 /// Resolves when the freeze changes; pends forever once its sender is gone.
-async fn freeze_changed(frozen: &mut watch::Receiver<Option<SystemTime>>) {
+async fn freeze_changed(frozen: &mut watch::Receiver<Option<(Instant, SystemTime)>>) {
     if frozen.changed().await.is_err() {
         std::future::pending::<()>().await;
     }

@@ -246,7 +246,7 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
     let refusal = match listed {
         _ if controls.paused => Some(SwitchoverRefusal::Paused),
         None => Some(SwitchoverRefusal::NoRegistry),
-        Some(listed) => check_target(&listed, (&leader, false), to, (cli.force, now)).err(),
+        Some(listed) => check_target(&listed, (&leader, None, false), to, (cli.force, now)).err(),
     };
     match refusal {
         Some(why) => {
