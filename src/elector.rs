@@ -259,21 +259,7 @@ impl Elector {
     /// Backend faults never end this loop.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let backend = self.backend.clone();
-        let registry = registry::Registry::start(
-            backend.clone(),
-            Candidate {
-                priority: self.cfg.standing.priority,
-                revision: self.cfg.standing.revision.clone(),
-                ..Candidate::new(self.cfg.identity.clone())
-            },
-            (
-                self.gates.candidacy(),
-                Some(self.publisher.watch_state()),
-                self.gates.frozen(),
-            ),
-            self.cfg.lease_duration,
-            self.cfg.call_timeout(),
-        );
+        let registry = self.start_registry();
         let controls = controls::Follower::start(
             self.handle(),
             self.publisher.controls_writer(self.known.clone()),
@@ -321,6 +307,26 @@ impl Elector {
                 .withdraw(&*backend, &self.cfg.identity, limit)
                 .await;
         }
+    }
+
+    /// Start keeping this candidate's record in the registry (`None`: the
+    /// backend keeps none).
+    fn start_registry(&self) -> Option<registry::Registry> {
+        registry::Registry::start(
+            self.backend.clone(),
+            Candidate {
+                priority: self.cfg.standing.priority,
+                revision: self.cfg.standing.revision.clone(),
+                ..Candidate::new(self.cfg.identity.clone())
+            },
+            (
+                self.gates.candidacy(),
+                Some(self.publisher.watch_state()),
+                self.gates.frozen(),
+            ),
+            self.cfg.lease_duration,
+            self.cfg.call_timeout(),
+        )
     }
 
     /// Act on the answer to a campaign sent at `sent`: lead, follow, or

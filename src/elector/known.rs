@@ -43,3 +43,9 @@ pub(super) type Shared = Arc<watch::Sender<Known>>;
 pub(super) fn shared() -> Shared {
     Arc::new(watch::channel(Known::default()).0)
 }
+
+/// Whether an unhealthy app may end `me`'s term now (not while paused),
+/// marking the controls seen.
+pub(super) fn may_step_down(rx: &mut watch::Receiver<Known>, me: &str) -> bool {
+    rx.borrow_and_update().rules(me).may_step_down()
+}

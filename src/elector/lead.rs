@@ -77,27 +77,22 @@ enum Renew {
 impl Elector {
     /// Hold `term` (acquired by a request sent at `sent`) until it is lost,
     /// its deadline passes, or shutdown; then stop claiming and resign.
+    /// While paused an unhealthy app does not end the term (nobody could
+    /// take it until resume); the loop wakes when the controls change.
     pub(super) async fn lead(&mut self, term: Term, sent: Instant, shutdown: &CancellationToken) {
         let backend = self.backend.clone();
         let mut held = self.begin_term(&term, sent);
         let mut watch = Some(Box::pin(backend.watch(&term.holder)));
-        // A broken watch is reopened at once (then with backoff): while it
-        // is down the leader is blind to writes by others (see the README's
-        // safety argument).
+        // A broken watch is reopened at once (then with backoff): see the README's safety argument.
         let mut rewatch: Option<Instant> = None;
         let mut rewatch_backoff =
             Backoff::new(Duration::from_millis(20), self.cfg.renew_interval / 4);
         let unhealthy = self.gates.unhealthy_past_grace();
         let preempt = self.preemption();
         tokio::pin!(unhealthy, preempt);
-        // While paused an unhealthy app does not end the term (nobody could
-        // take it until resume); the loop wakes when the controls change.
         let mut known = self.known.subscribe();
         let why = loop {
-            let may_step_down = known
-                .borrow_and_update()
-                .rules(&self.cfg.identity)
-                .may_step_down();
+            let may_step_down = super::known::may_step_down(&mut known, &self.cfg.identity);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if held.drain_until.is_none() => match self.gates.drain() {

@@ -116,6 +116,18 @@ pub fn check_target(
     if force {
         return Ok(());
     }
+    would_undo(listed, (leader, priority), c, now)
+}
+
+/// Whether preemption or the revision handover would undo a switchover to
+/// `c` (see [`check_target`]).
+fn would_undo(
+    listed: &[Listed],
+    (leader, priority): (&str, Option<u32>),
+    c: &Candidate,
+    now: SystemTime,
+) -> Result<(), SwitchoverRefusal> {
+    let to = c.identity.as_str();
     // The leader's own record counts even when lapsed: it does not renew
     // it while leading and publishes it again once it follows.
     let best = listed
