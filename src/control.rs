@@ -190,7 +190,17 @@ async fn switchover(
             "query parameter to is missing: POST /switchover?to=IDENTITY names the candidate to hand over to",
         );
     };
-    match cs.handle.switchover(to).await {
+    let force = match params.get("force").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                format!("query parameter force ({v}) must be true or false"),
+            );
+        }
+    };
+    match cs.handle.switchover(to, force).await {
         Ok(h) => json_response(
             StatusCode::OK,
             json!({ "switched_over": true, "from": h.from, "to": h.to, "fencing_token": h.fencing_token }),

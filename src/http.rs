@@ -139,7 +139,7 @@ impl LeaderBody {
                     until: None,
                 }),
                 w => w.map(|w| WaitingBody {
-                    what: w.what,
+                    what: w.what.as_str(),
                     until: Some(humantime::format_rfc3339_millis(w.until).to_string()),
                 }),
             },

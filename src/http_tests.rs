@@ -31,6 +31,7 @@ fn follower() -> LeaderState {
         waiting: None,
         paused: false,
         priority: 1,
+        pinned: None,
     }
 }
 

@@ -21,7 +21,7 @@ use clap::Parser;
 use serde_json::json;
 
 use super::{EXIT_NO_LEADER, OpsCli, Output, block_on};
-use crate::backend::controls::Controls;
+use crate::backend::controls::{Controls, Request};
 use crate::backend::{BackendError, Holder, LeaseBackend};
 use crate::config::parse_duration;
 use crate::elector::{SwitchoverRefusal, check_target};
@@ -46,9 +46,13 @@ pub struct SwitchoverCli {
     #[arg(long, value_name = "ID")]
     pub to: String,
 
-    /// How long to wait for the target to hold the term before giving up (and withdrawing the request).
+    /// How long to wait for the target to hold the term before giving up (and withdrawing the request); a switchover issued while nobody leads (a handover in flight) first waits for the next leader within it.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Duration,
+
+    /// Hand over even to a lower priority or an older revision than the best ready candidate, and pin the target as leader (no preemption or rolling-update handover moves the term from it until it leaves or a new switchover).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `leader-elector pause` (`paused`) or `resume`: set the marker, print the state.
@@ -188,7 +192,9 @@ pub async fn switchover(
         Ok(None) => return print(cli, out, to, None, true),
         Err(code) => return code,
     };
-    if let Err(e) = call(backend, limit, backend.request_switchover(Some(to))).await {
+    let force = cli.force;
+    let request = Request::Switchover { to, force }.encode();
+    if let Err(e) = call(backend, limit, backend.request_switchover(Some(&request))).await {
         eprintln!("error: {e}");
         return 1;
     }
@@ -215,10 +221,17 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
         let listed = call(backend, limit, backend.candidates()).await?;
         Ok::<_, String>((holder, controls, listed))
     };
-    let (holder, controls, listed) = read.await.map_err(|e| {
+    let (mut holder, controls, listed) = read.await.map_err(|e| {
         eprintln!("error: {e}");
         1
     })?;
+    // A handover in flight (nobody holds the key for a moment): wait for
+    // the next leader within --wait, then act.
+    let deadline = tokio::time::Instant::now() + cli.wait;
+    while holder.is_none() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+        holder = call(backend, limit, backend.read()).await.unwrap_or(None);
+    }
     let Some(leader) = holder.map(|h| h.identity) else {
         eprintln!(
             "error: nobody leads election {}: nothing to hand over",
@@ -229,13 +242,11 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
     if leader == to {
         return Ok(None);
     }
-    let refusal = if controls.paused {
-        Some(SwitchoverRefusal::Paused)
-    } else {
-        match listed {
-            None => Some(SwitchoverRefusal::NoRegistry),
-            Some(listed) => check_target(&listed, &leader, to).err(),
-        }
+    let now = std::time::SystemTime::now();
+    let refusal = match listed {
+        _ if controls.paused => Some(SwitchoverRefusal::Paused),
+        None => Some(SwitchoverRefusal::NoRegistry),
+        Some(listed) => check_target(&listed, (&leader, None, false), to, (cli.force, now)).err(),
     };
     match refusal {
         Some(why) => {
@@ -291,12 +302,20 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
         Err(e) => Some(format!("unknown ({e})")),
     };
     let request = match pending.as_deref() {
-        Some(p) if p == to => match call(backend, limit, backend.request_switchover(None)).await {
-            Ok(()) => {
-                "the request was still pending (no leader acted on it) and is withdrawn".to_owned()
+        Some(p)
+            if Request::Switchover {
+                to,
+                force: cli.force,
             }
-            Err(e) => format!("the request is still pending and could not be withdrawn: {e}"),
-        },
+            .encode()
+                == p =>
+        {
+            match call(backend, limit, backend.request_switchover(None)).await {
+                Ok(()) => "the request was still pending (no leader acted on it) and is withdrawn"
+                    .to_owned(),
+                Err(e) => format!("the request is still pending and could not be withdrawn: {e}"),
+            }
+        }
         Some(other) => format!("the pending request now names {other}"),
         None => {
             "the leader took the request (and handed over or refused it: see its log)".to_owned()

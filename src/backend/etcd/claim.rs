@@ -5,7 +5,7 @@
 //!   the key, the pause key (`<election key>/controls/paused`) and the
 //!   successor key (`<election key>/successor`) are all absent
 //!   (`create_revision == 0`); else it reads all three. A pause answers
-//!   [`Campaign::Waiting`] with [`PAUSED`]. A successor naming this
+//!   [`Campaign::Waiting`] with [`WaitReason::Paused`]. A successor naming this
 //!   candidate, or one this candidate has seen (the same `mod_revision`)
 //!   for [`successor_wait`] of its own transaction's round trip, is taken
 //!   over by a second transaction that compares the key and the pause key
@@ -29,17 +29,13 @@ use tokio::time::Instant;
 
 use super::EtcdBackend;
 use super::store::{Lease, lease_hex, revision_of};
-use crate::backend::candidates::{choose_successor, successor_wait};
-use crate::backend::controls::PAUSED;
+use crate::backend::WaitReason;
+use crate::backend::candidates::successor_wait;
 use crate::backend::{Campaign, Holder, Result, Term, TermId};
 
 /// How soon a candidate kept out by a pause looks again (the Elector waits
 /// at most its retry period).
 pub const PAUSED_RETRY: Duration = Duration::from_millis(500);
-
-/// The `why` of a candidate leaving the term to the named successor.
-pub const YIELDING: &str =
-    "the release names another candidate as successor: leaving it one round trip to take the term";
 
 /// What a failed first transaction read.
 struct Found {
@@ -96,7 +92,7 @@ impl EtcdBackend {
             Found { paused: true, .. } => Some(Err(Campaign::Waiting {
                 previous: None,
                 retry_after: PAUSED_RETRY,
-                why: PAUSED,
+                why: WaitReason::Paused,
             })),
             Found {
                 named: Some((who, rev)),
@@ -106,7 +102,7 @@ impl EtcdBackend {
                 Some(left) => Err(Campaign::Waiting {
                     previous: None,
                     retry_after: left,
-                    why: YIELDING,
+                    why: WaitReason::SuccessorHeadStart,
                 }),
             }),
             _ => None,
@@ -249,17 +245,5 @@ impl EtcdBackend {
             let _ = self.store.call(None, "txn", client.txn(txn)).await;
         }
         self.store.revoke(&mut client, lease, None).await
-    }
-
-    /// The successor a release by `me` names: the registry's choice, or
-    /// nobody when the registry cannot be read.
-    pub(super) async fn successor_for(&self, me: &str) -> Option<String> {
-        match self.list().await {
-            Ok(listed) => choose_successor(&listed, me).map(|c| c.identity.clone()),
-            Err(e) => {
-                tracing::debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
-        }
     }
 }

@@ -41,6 +41,7 @@ use super::candidates::{Candidate, Listed};
 use super::controls::Controls;
 use super::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, TermId,
+    WaitReason,
 };
 
 /// How to reach etcd. Secrets are held in memory only and never logged.
@@ -211,7 +212,7 @@ impl EtcdBackend {
         // the txn saw); try again at once.
         Campaign::Waiting {
             previous: None,
-            why: "the key vanished between the compare and the read; trying again",
+            why: WaitReason::LostRace,
             retry_after: Duration::ZERO,
         }
     }
@@ -291,7 +292,7 @@ impl LeaseBackend for EtcdBackend {
             return Ok(Campaign::Waiting {
                 previous: Some(prev.clone()),
                 retry_after: Duration::from_secs(left as u64),
-                why: "the key was deleted by hand but the previous holder's etcd lease is alive: waiting for it to end",
+                why: WaitReason::PreviousTerm,
             });
         }
         self.claim(&mut client, identity, lease).await
@@ -373,12 +374,7 @@ impl LeaseBackend for EtcdBackend {
         }
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
-        let successor = self.successor_for(&term.holder.identity).await;
-        self.release_to(term, successor.as_deref()).await
-    }
-
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         self.release_to(term, successor).await
     }
 

@@ -36,7 +36,7 @@ use futures_util::future::join_all;
 use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::answer::{Answer, Found};
 use super::group::{Acquisition, Group, unexpected};
@@ -46,7 +46,7 @@ use super::released::Released;
 use super::server::{Server, text_of};
 use super::verdict::Verdict;
 use super::{BACKEND, RedisOptions, is_unreplicated};
-use crate::backend::candidates::{Candidate, Listed, SUCCESSOR_WAIT_CAP, choose_successor};
+use crate::backend::candidates::{Candidate, Listed, SUCCESSOR_WAIT_CAP};
 use crate::backend::controls::Controls;
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
@@ -258,18 +258,6 @@ impl RedisBackend {
         resigned(self.group.release(Lua::Release, &keys, &args).await)
     }
 
-    /// The successor a release by `me` names: the registry's choice, or
-    /// nobody when the registry cannot be read.
-    async fn successor_for(&self, me: &str) -> Option<String> {
-        match self.list().await {
-            Ok(listed) => choose_successor(&listed, me).map(|c| c.identity.clone()),
-            Err(e) => {
-                debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
-        }
-    }
-
     async fn read_on(&self, server: &Server) -> Result<Option<Holder>> {
         let (value, pttl): (Option<String>, i64) = server
             .query(
@@ -364,12 +352,7 @@ impl LeaseBackend for RedisBackend {
         renewal(verdict, term, self.servers())
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
-        let successor = self.successor_for(&term.holder.identity).await;
-        self.release_to(term, successor.as_deref()).await
-    }
-
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         self.release_to(term, successor).await
     }
 

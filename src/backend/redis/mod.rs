@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use crate::backend::About;
 
-pub use answer::{PAUSED_RETRY, YIELDING};
+pub use answer::PAUSED_RETRY;
 pub use election::RedisBackend;
 #[cfg(test)]
 pub(crate) use election::{renewal, resigned};
