@@ -28,6 +28,9 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Before anything opens a file or socket: a closed stdout or stderr
+    // (`2>&-`) must not be taken over by one (it would receive our logs).
+    leader_elector::console::reopen_closed_stdio();
     let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -52,7 +55,7 @@ fn main() -> ExitCode {
     let config = match Config::from_cli_mode(cli, run_mode) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            leader_elector::say!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -68,7 +71,7 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            leader_elector::say!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -93,7 +96,7 @@ fn report(e: RunError) -> ExitCode {
     if tracing::enabled!(tracing::Level::ERROR) {
         tracing::error!(error = format!("{e:#}"), "leader-elector failed");
     } else {
-        eprintln!("error: {e:#}");
+        leader_elector::say!("error: {e:#}");
     }
     ExitCode::from(1)
 }
@@ -106,7 +109,7 @@ fn init_logs(config: &Config) -> Result<(), ExitCode> {
     let filter = match EnvFilter::try_new(&config.log_level) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!(
+            leader_elector::say!(
                 "error: --log-level ({}) is not a log filter: {e}\nhint: use e.g. info or leader_elector=debug",
                 config.log_level
             );
@@ -115,7 +118,10 @@ fn init_logs(config: &Config) -> Result<(), ExitCode> {
     };
     // Colour codes only on a terminal, and never with NO_COLOR set.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    // A log line that cannot be written (stderr a closed pipe) is dropped:
+    // tracing's own report of it would go to the same stderr and panic.
     let logs = tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);

@@ -153,14 +153,13 @@ pub struct Cli {
     #[arg(long, env = "LEADER_ELECTOR_EVERY", value_parser = parse_duration, value_name = "DURATION")]
     pub every: Option<Duration>,
 
-    /// Run mode: what to do when the command exits on its own.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "resign",
-        env = "LEADER_ELECTOR_ON_CHILD_EXIT"
-    )]
-    pub on_child_exit: OnChildExit,
+    /// Run mode: what to do when the command exits on its own [default: resign].
+    #[arg(long, value_enum, env = "LEADER_ELECTOR_ON_CHILD_EXIT")]
+    pub on_child_exit: Option<OnChildExit>,
+
+    /// Run mode: exit (with the command's code) after this many failed starts in a row (not found, not executable, exit 126 or 127 at once) [default: 3].
+    #[arg(long, env = "LEADER_ELECTOR_START_FAILURES", value_name = "N")]
+    pub start_failures: Option<u32>,
 
     /// Run mode (`leader-elector run [flags] -- COMMAND ARGS...`): the command to run only while leading.
     #[arg(last = true, value_name = "COMMAND")]
@@ -214,6 +213,9 @@ pub struct RunOptions {
     pub kill_grace: Duration,
     /// What to do when the child exits on its own.
     pub on_child_exit: OnChildExit,
+    /// Failed starts in a row (`--start-failures`) after which the run
+    /// ends with the command's code.
+    pub start_failures: u32,
     /// Cooldown after a resign caused by the child's exit.
     pub resign_cooldown: Duration,
     /// `--every`: run once per period of this length instead of while

@@ -84,7 +84,7 @@ async fn call<T>(
         Err(_) => Err(format!(
             "{} did not answer within {} (--timeout)",
             backend.name(),
-            humantime::format_duration(limit)
+            crate::flags::format_duration(limit)
         )),
     }
 }
@@ -99,7 +99,7 @@ pub(super) async fn paused(backend: &dyn LeaseBackend, limit: Duration) -> Optio
     match call(backend, limit, backend.controls()).await {
         Ok(c) => Some(c.paused),
         Err(e) => {
-            eprintln!("warning: cannot read the operator controls: {e}");
+            crate::say!("warning: cannot read the operator controls: {e}");
             None
         }
     }
@@ -131,7 +131,7 @@ pub async fn pause(
     let (controls, holder) = match read.await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::say!("error: {e}");
             return 1;
         }
     };
@@ -139,9 +139,8 @@ pub async fn pause(
         Output::Json => state_json(cli, backend, &controls, holder.as_ref()).to_string(),
         Output::Table => state_line(cli, &controls, holder.as_ref()),
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     0
 }
 
@@ -189,7 +188,7 @@ pub async fn switchover(
         Err(code) => return code,
     };
     if let Err(e) = call(backend, limit, backend.request_switchover(Some(to))).await {
-        eprintln!("error: {e}");
+        crate::say!("error: {e}");
         return 1;
     }
     let deadline = tokio::time::Instant::now() + cli.wait;
@@ -198,7 +197,7 @@ pub async fn switchover(
         match call(backend, limit, backend.read()).await {
             Ok(Some(h)) if h.identity == to => return print(cli, out, &from, Some(&h), true),
             Ok(h) => last = Some(h),
-            Err(e) => eprintln!("warning: {e}"),
+            Err(e) => crate::say!("warning: {e}"),
         }
         tokio::time::sleep(POLL).await;
     }
@@ -216,11 +215,11 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
         Ok::<_, String>((holder, controls, listed))
     };
     let (holder, controls, listed) = read.await.map_err(|e| {
-        eprintln!("error: {e}");
+        crate::say!("error: {e}");
         1
     })?;
     let Some(leader) = holder.map(|h| h.identity) else {
-        eprintln!(
+        crate::say!(
             "error: nobody leads election {}: nothing to hand over",
             cli.ops.election
         );
@@ -239,7 +238,7 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
     };
     match refusal {
         Some(why) => {
-            eprintln!("error: switchover refused: {why}");
+            crate::say!("error: switchover refused: {why}");
             Err(EXIT_REFUSED)
         }
         None => Ok(Some(leader)),
@@ -276,9 +275,8 @@ fn print(
             ),
         },
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     0
 }
 
@@ -306,10 +304,10 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
         Some(h) => format!("{} leads (fencing token {})", h.identity, h.fencing_token),
         None => "nobody leads".to_owned(),
     };
-    eprintln!(
+    crate::say!(
         "error: {to} does not lead election {} after {} (--wait): the backend shows {leader}; {request}",
         cli.ops.election,
-        humantime::format_duration(cli.wait)
+        crate::flags::format_duration(cli.wait)
     );
     EXIT_NOT_DONE
 }

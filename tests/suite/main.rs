@@ -12,6 +12,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod closed_output;
 mod cooperate;
 mod coord;
 mod etcd;
@@ -34,4 +35,5 @@ mod redis_ops;
 mod redlock_coord;
 mod rwlock;
 mod stand_in;
+mod strict_input;
 mod successor;

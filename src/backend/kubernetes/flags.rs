@@ -204,8 +204,8 @@ fn check_max_clock_skew(
     match skew {
         Some(d) if d.is_zero() || d > common.lease_duration => Err(config_error(format!(
             "--max-clock-skew ({}) must be more than 0s and at most --lease-duration ({})\nhint: give the most the candidates' wall clocks may differ (NTP keeps them within milliseconds), e.g. 2s, or leave it out",
-            humantime::format_duration(d),
-            humantime::format_duration(common.lease_duration)
+            crate::flags::format_duration(d),
+            crate::flags::format_duration(common.lease_duration)
         ))),
         _ => Ok(skew),
     }
