@@ -33,6 +33,7 @@ mod periods;
 mod redis;
 mod redis_ops;
 mod redlock_coord;
+mod run_start;
 mod rwlock;
 mod stand_in;
 mod strict_input;
