@@ -267,6 +267,10 @@ async fn method_not_allowed() -> Response {
 }
 
 #[cfg(test)]
+#[path = "control_hostile_tests.rs"]
+mod hostile_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use axum::body::Body;

@@ -47,6 +47,37 @@ fn duration_error(e: &humantime::DurationError) -> String {
     }
 }
 
+/// Parse a whole number of at most `u32::MAX` (`--priority`,
+/// `--start-failures`).
+///
+/// # Errors
+/// What is wrong in our words: negative, not a number, too large.
+pub fn parse_u32(s: &str) -> Result<u32, String> {
+    let n = parse_whole(s)?;
+    u32::try_from(n).map_err(|_| format!("is too large: at most {}", u32::MAX))
+}
+
+/// Parse a whole number (`--max-connections`, `--coord-max-waiters`).
+///
+/// # Errors
+/// What is wrong in our words: negative, not a number, too large.
+pub fn parse_usize(s: &str) -> Result<usize, String> {
+    let n = parse_whole(s)?;
+    usize::try_from(n).map_err(|_| "is too large".to_owned())
+}
+
+fn parse_whole(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err("must not be negative: give a whole number, 0 or more".into());
+    }
+    if t.is_empty() || !t.chars().all(|c| c.is_ascii_digit()) {
+        return Err("is not a whole number: give digits only, e.g. 3".into());
+    }
+    t.parse::<u64>()
+        .map_err(|_| format!("is too large: at most {}", u64::MAX))
+}
+
 /// `d` as our flags and errors write durations: the largest units first,
 /// whole days, hours and minutes, then seconds with a decimal fraction
 /// (`1d`, `1h30m`, `1.5s`, `500ms`); [`parse_duration`] reads it back.

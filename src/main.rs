@@ -44,11 +44,7 @@ fn main() -> ExitCode {
         Ok(Invocation::Sidecar(cli)) => (*cli, false),
         Ok(Invocation::Command(command)) => match *command {
             Command::Run(run) => (run.sidecar, true),
-            Command::Status(ops) => return leader_elector::ops::status_main(&ops),
-            Command::Observe(ops) => return leader_elector::ops::observe_main(&ops),
-            Command::Pause(ops) => return leader_elector::ops::pause_main(&ops, true),
-            Command::Resume(ops) => return leader_elector::ops::pause_main(&ops, false),
-            Command::Switchover(cli) => return leader_elector::ops::switchover_main(&cli),
+            other => return command_main(other),
         },
         Err(e) => e.exit(),
     };
@@ -86,6 +82,27 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
         Err(e) => report(e),
+    }
+}
+
+/// The commands other than the sidecar and `run`.
+fn command_main(command: Command) -> ExitCode {
+    match command {
+        Command::Run(_) => unreachable!("run is the sidecar's"),
+        Command::Status(ops) => leader_elector::ops::status_main(&ops),
+        Command::Observe(ops) => leader_elector::ops::observe_main(&ops),
+        Command::Pause(ops) => leader_elector::ops::pause_main(&ops, true),
+        Command::Resume(ops) => leader_elector::ops::pause_main(&ops, false),
+        Command::Switchover(cli) => leader_elector::ops::switchover_main(&cli),
+        // A closed stdout (`| head`) is not an error of these.
+        Command::Completions(c) => {
+            let _ = cli::completions(c.shell, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            let _ = cli::man(&mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
 }
 

@@ -11,12 +11,10 @@
 //! hidden from the documentation, not a stable API.
 
 use axum::extract::FromRequestParts;
-use axum::http::StatusCode;
 use axum::http::request::Parts;
-use axum::response::Response;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
-
-use crate::http::error_response;
 
 pub mod hostile;
 
@@ -43,7 +41,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Strict<T> {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Response> {
         parse(parts.uri.query().unwrap_or(""))
             .map(Strict)
-            .map_err(|msg| error_response(StatusCode::BAD_REQUEST, msg))
+            .map_err(|msg| {
+                // As `crate::http::error_response` (this leaf module names none).
+                let body = axum::Json(serde_json::json!({ "error": msg }));
+                let mut resp = (StatusCode::BAD_REQUEST, body).into_response();
+                resp.headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                resp
+            })
     }
 }
 

@@ -196,23 +196,10 @@ pub async fn supervise(
         // Wait until we lead with enough validity left to stop in time.
         let (token, mut valid_until) = wait_to_lead(&opts, &mut state, &handle, &shutdown).await?;
         let snapshot = state.borrow().clone();
-        let mut child = match spawn(&opts, &snapshot, token).await {
-            Ok(c) if c.group.is_some() => c,
-            Ok(mut c) => {
-                // The watchdog could not start the command (126, 127).
-                let code = c.child.wait().await.map_or(127, exit_code);
-                match starts.failed(code).await {
-                    Some(code) => return Some(code),
-                    None => continue,
-                }
-            }
-            Err(e) => {
-                error!(command = ?opts.command, error = %e, "cannot start the command's watchdog");
-                match starts.failed(126).await {
-                    Some(code) => return Some(code),
-                    None => continue,
-                }
-            }
+        let mut child = match start(&opts, &snapshot, token, &mut starts).await {
+            Ok(c) => c,
+            Err(None) => continue,
+            Err(Some(code)) => return Some(code),
         };
         info!(watchdog = child.id(), pid = child.group.map(Pid::as_raw), fencing_token = token, command = ?opts.command, "started the command as leader");
         let outcome = watch_child(
@@ -242,19 +229,38 @@ pub async fn supervise(
                 // Reap anything the child left in its group.
                 signal_group(&child, Signal::SIGKILL);
                 let code = exit_code(status);
-                if START_FAILED.contains(&code) {
-                    match starts.failed(code).await {
-                        Some(code) => return Some(code),
-                        None => continue,
-                    }
-                }
-                starts.started();
-                if let Some(code) =
+                let end = if START_FAILED.contains(&code) {
+                    starts.failed(code).await
+                } else {
+                    starts.started();
                     after_exit(code, &opts, &handle, &shutdown, &mut restart_delay).await
-                {
-                    return Some(code);
+                };
+                if end.is_some() {
+                    return end;
                 }
             }
+        }
+    }
+}
+
+/// Start the command; a failed start is counted (`Err(None)`: try again
+/// once leading; `Err(Some(code))`: the run is over with `code`).
+async fn start(
+    opts: &RunOptions,
+    snapshot: &LeaderState,
+    token: u64,
+    starts: &mut Starts<'_>,
+) -> Result<Running, Option<i32>> {
+    match spawn(opts, snapshot, token).await {
+        Ok(c) if c.group.is_some() => Ok(c),
+        Ok(mut c) => {
+            // The watchdog could not start the command (126, 127).
+            let code = c.child.wait().await.map_or(127, exit_code);
+            Err(starts.failed(code).await)
+        }
+        Err(e) => {
+            error!(command = ?opts.command, error = %e, "cannot start the command's watchdog");
+            Err(starts.failed(126).await)
         }
     }
 }

@@ -421,6 +421,16 @@ fn priority_preemption_and_revision_fill_the_standing() {
         e.contains("--preempt-after (2d) must be between 0s and 1d"),
         "{e}"
     );
-    let e = cli(&[&base[..], &["--priority=-1"]].concat()).unwrap_err();
-    assert!(e.contains("--priority"), "{e}");
+    for given in [&["--priority=-1"][..], &["--priority", "-1"][..]] {
+        let e = cli(&[&base[..], given].concat()).unwrap_err();
+        assert!(
+            e.contains("--priority") && e.contains("must not be negative"),
+            "{e}"
+        );
+    }
+    let e = cli(&[&base[..], &["--priority", "high"]].concat()).unwrap_err();
+    assert!(
+        e.contains("--priority") && e.contains("not a whole number"),
+        "{e}"
+    );
 }

@@ -29,9 +29,10 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::post;
-use serde::Deserialize;
 use serde_json::json;
 
+use super::params::{ClaimParams, LockParams, SemaphoreParams};
+pub(super) use super::params::{RenewParams, TokenParams, token};
 use super::{Claim, CoordError, Kind, Outcome, Service, Try, check_name, check_owner};
 use crate::http::{error_response, json_response};
 use crate::query::Strict;
@@ -84,51 +85,6 @@ pub fn routes(state: CoordState) -> Router {
         .with_state(state)
 }
 
-/// `POST /locks/{name}`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct LockParams {
-    ttl: Option<String>,
-    wait: Option<String>,
-    fair: Option<String>,
-    owner: Option<String>,
-}
-
-/// `POST /semaphores/{name}`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct SemaphoreParams {
-    permits: Option<String>,
-    ttl: Option<String>,
-    wait: Option<String>,
-    owner: Option<String>,
-}
-
-/// A renewal: `POST /locks/{name}/renew`, `/semaphores/{name}/renew`,
-/// `/rwlocks/{name}/renew`, `/jobs/{queue}/{job}/renew`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RenewParams {
-    pub(super) token: Option<String>,
-    pub(super) ttl: Option<String>,
-}
-
-/// A give-back or completion with the token only: `DELETE` of a lock,
-/// semaphore, read-write lock or job claim; `POST /jobs/{queue}/{job}/complete`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct TokenParams {
-    pub(super) token: Option<String>,
-}
-
-/// `POST /jobs/{queue}/{job}/claim`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ClaimParams {
-    ttl: Option<String>,
-    owner: Option<String>,
-}
-
 pub(super) fn bad(msg: impl Into<String>) -> Response {
     error_response(StatusCode::BAD_REQUEST, msg)
 }
@@ -173,79 +129,6 @@ pub(super) fn owner(value: Option<&String>, service: &Service) -> Result<String,
         None => Ok(service.default_owner.clone()),
         Some(o) => check_owner(o).map(|_| o.clone()).map_err(reject),
     }
-}
-
-/// The body of a request that carries its token there.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenBody {
-    token: serde_json::Value,
-}
-
-/// The token from `?token=` or a JSON body `{"token": "..."}`, not both.
-pub(super) fn token(
-    query: Option<&str>,
-    body: &Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<String, Bad> {
-    let bytes = match body {
-        Ok(b) => b,
-        Err(rej) => {
-            // 413 only for a body over the limit; a malformed (e.g. bad
-            // chunked encoding) or stalled body is the client's 400.
-            let status = rej.status();
-            let what = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "too large"
-            } else {
-                "unreadable"
-            };
-            return Err((
-                status,
-                format!(
-                    "the request body is {what} ({rej}); send at most {MAX_BODY} bytes: {{\"token\": \"...\"}}"
-                ),
-            ));
-        }
-    };
-    match (query, bytes.is_empty()) {
-        (Some(_), false) => Err(reject(
-            "token is given twice (parameter 'token' and the body): give it once",
-        )),
-        (Some(t), true) => check_token(t),
-        (None, true) => Err(reject(
-            "token is missing: pass ?token=TOKEN or a JSON body {\"token\": \"TOKEN\"} from the acquisition's answer",
-        )),
-        (None, false) => body_token(bytes),
-    }
-}
-
-/// The token of a JSON body `{"token": "..."}` with no other field.
-fn body_token(bytes: &[u8]) -> Result<String, Bad> {
-    let v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes)
-        .map_err(|_| reject("the body is not a JSON object; send {\"token\": \"TOKEN\"}"))?;
-    if let Some(other) = v.keys().find(|k| *k != "token") {
-        return Err(reject(crate::query::unknown(
-            "body field",
-            other,
-            &["token"],
-        )));
-    }
-    let body: TokenBody = serde_json::from_value(serde_json::Value::Object(v))
-        .map_err(|_| reject("the body has no field token; send {\"token\": \"TOKEN\"}"))?;
-    match body.token.as_str() {
-        Some(t) => check_token(t),
-        None => Err(reject(
-            "body field 'token' must be a string; send {\"token\": \"TOKEN\"}",
-        )),
-    }
-}
-
-fn check_token(t: &str) -> Result<String, Bad> {
-    if t.is_empty() || t.len() > 128 || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '.') {
-        return Err(reject(
-            "token is malformed: use the token string from the acquisition's answer",
-        ));
-    }
-    Ok(t.to_owned())
 }
 
 /// `ttl` (default 30 s), `wait` (default 0) and `owner` of an acquisition.

@@ -2,8 +2,9 @@
 //! kinds of bad input (an unknown parameter, a repeated one, the token
 //! twice, an empty value, an overlong value, a value of the wrong type).
 //! Each request must get a 4xx JSON answer whose `error` names the field,
-//! and act on nothing. Shared by the in-process router tests and the pass
-//! against a real sidecar (tests/suite/strict_input.rs).
+//! and act on nothing. Shared by the in-process router test
+//! (src/control_hostile_tests.rs) and the pass against a real sidecar
+//! (tests/suite/strict_input.rs).
 
 /// One route and a parameter to abuse.
 #[derive(Debug, Clone, Copy)]
@@ -158,19 +159,13 @@ pub fn requests() -> Vec<Hostile> {
 fn for_route(r: Route) -> Vec<Hostile> {
     let p = r.param;
     let body_token = (r.token && p != "token").then(|| r#"{"token": "abc"}"#.to_owned());
-    let uri = |extra: &str| {
-        let q = [r.query, extra]
-            .iter()
-            .filter(|s| !s.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join("&");
-        format!("{}?{q}", r.path)
-    };
     let one = |case, extra: String, body: Option<String>, field| Hostile {
         route: r,
         case,
-        uri: uri(&extra),
+        uri: match (r.query, extra.as_str()) {
+            ("", e) | (e, "") => format!("{}?{e}", r.path),
+            (q, e) => format!("{}?{q}&{e}", r.path),
+        },
         body,
         field,
     };
@@ -217,6 +212,3 @@ fn for_route(r: Route) -> Vec<Hostile> {
     });
     out
 }
-
-#[cfg(test)]
-mod tests;

@@ -37,6 +37,7 @@ thread_local! {
 
 /// The Kubernetes Lease backend flags (the old `leader-elector` image's names).
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Kubernetes")]
 pub struct KubeArgs {
     /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
     #[arg(

@@ -12,11 +12,11 @@ use axum::http::Request;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::requests;
-use crate::control::{ControlState, control_router};
+use super::{ControlState, control_router};
 use crate::coord::http::CoordState;
 use crate::elector::{Elector, ElectorConfig, until_leading};
 use crate::http::{AppState, router};
+use crate::query::hostile::{Hostile, ROUTES, requests};
 
 /// What the coordination backend answers if any request reaches it.
 const ACTED: &str = "REACHED THE COORDINATION BACKEND";
@@ -53,32 +53,10 @@ async fn every_route_refuses_hostile_input_naming_the_field_and_acts_on_nothing(
         metrics: None,
     });
     let cases = requests();
-    assert_eq!(cases.len(), 6 * super::ROUTES.len());
+    assert_eq!(cases.len(), 6 * ROUTES.len());
     for h in cases {
         let app = if h.route.control { &control } else { &read };
-        let mut req = Request::builder()
-            .method(h.route.method)
-            .uri(&h.uri)
-            .body(h.body.clone().map(Body::from).unwrap_or_else(Body::empty))
-            .unwrap();
-        let peer: SocketAddr = "127.0.0.1:5555".parse().unwrap();
-        req.extensions_mut().insert(ConnectInfo(peer));
-        let resp = app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        let what = format!("{} {} ({}) {:?}", h.route.method, h.uri, h.case, h.body);
-        let body: serde_json::Value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| panic!("{what}: not JSON: {bytes:?}"));
-        let error = body["error"].as_str().unwrap_or_default();
-        assert!(status.is_client_error(), "{what}: {status} {body}");
-        assert!(
-            error.contains(h.field),
-            "{what}: names no {}: {body}",
-            h.field
-        );
-        assert!(!error.contains(ACTED), "{what}: acted on: {body}");
+        check(app.clone(), &h).await;
     }
     // No resign, no switchover, no freeze: the same term, still leading.
     let s = state.borrow().clone();
@@ -88,4 +66,31 @@ async fn every_route_refuses_hostile_input_naming_the_field_and_acts_on_nothing(
     assert!(s.waiting.is_none(), "frozen: {:?}", s.waiting);
     stop.cancel();
     run.await.unwrap();
+}
+
+/// Send `h` to `app`: a 4xx JSON answer naming the field, from no backend.
+async fn check(app: axum::Router, h: &Hostile) {
+    let mut req = Request::builder()
+        .method(h.route.method)
+        .uri(&h.uri)
+        .body(h.body.clone().map(Body::from).unwrap_or_else(Body::empty))
+        .unwrap();
+    let peer: SocketAddr = "127.0.0.1:5555".parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+        .await
+        .unwrap();
+    let what = format!("{} {} ({}) {:?}", h.route.method, h.uri, h.case, h.body);
+    let body: serde_json::Value =
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("{what}: not JSON: {bytes:?}"));
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(status.is_client_error(), "{what}: {status} {body}");
+    assert!(
+        error.contains(h.field),
+        "{what}: names no {}: {body}",
+        h.field
+    );
+    assert!(!error.contains(ACTED), "{what}: acted on: {body}");
 }
