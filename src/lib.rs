@@ -78,6 +78,8 @@ pub mod cli;
 #[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 pub mod config;
 #[doc(hidden)]
+pub mod console;
+#[doc(hidden)]
 pub mod control;
 #[doc(hidden)]
 pub mod coord;
@@ -100,6 +102,8 @@ pub mod kube_label;
 pub mod metrics;
 #[doc(hidden)]
 pub mod ops;
+#[doc(hidden)]
+pub mod query;
 #[doc(hidden)]
 pub mod serve;
 #[doc(hidden)]

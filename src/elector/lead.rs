@@ -168,8 +168,8 @@ impl Elector {
             // First grant that differs (etcd: at least 2 s, whole seconds).
             warn!(
                 election = %self.cfg.election,
-                asked = %humantime::format_duration(asked),
-                granted = %humantime::format_duration(ttl),
+                asked = %crate::flags::format_duration(asked),
+                granted = %crate::flags::format_duration(ttl),
                 "the backend granted a longer lease than --lease-duration; failover takes up to the granted TTL"
             );
         }

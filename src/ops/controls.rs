@@ -88,7 +88,7 @@ async fn call<T>(
         Err(_) => Err(format!(
             "{} did not answer within {} (--timeout)",
             backend.name(),
-            humantime::format_duration(limit)
+            crate::flags::format_duration(limit)
         )),
     }
 }
@@ -103,7 +103,7 @@ pub(super) async fn paused(backend: &dyn LeaseBackend, limit: Duration) -> Optio
     match call(backend, limit, backend.controls()).await {
         Ok(c) => Some(c.paused),
         Err(e) => {
-            eprintln!("warning: cannot read the operator controls: {e}");
+            crate::say!("warning: cannot read the operator controls: {e}");
             None
         }
     }
@@ -135,7 +135,7 @@ pub async fn pause(
     let (controls, holder) = match read.await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::say!("error: {e}");
             return 1;
         }
     };
@@ -143,9 +143,8 @@ pub async fn pause(
         Output::Json => state_json(cli, backend, &controls, holder.as_ref()).to_string(),
         Output::Table => state_line(cli, &controls, holder.as_ref()),
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     0
 }
 
@@ -195,7 +194,7 @@ pub async fn switchover(
     let force = cli.force;
     let request = Request::Switchover { to, force }.encode();
     if let Err(e) = call(backend, limit, backend.request_switchover(Some(&request))).await {
-        eprintln!("error: {e}");
+        crate::say!("error: {e}");
         return 1;
     }
     let deadline = tokio::time::Instant::now() + cli.wait;
@@ -204,7 +203,7 @@ pub async fn switchover(
         match call(backend, limit, backend.read()).await {
             Ok(Some(h)) if h.identity == to => return print(cli, out, &from, Some(&h), true),
             Ok(h) => last = Some(h),
-            Err(e) => eprintln!("warning: {e}"),
+            Err(e) => crate::say!("warning: {e}"),
         }
         tokio::time::sleep(POLL).await;
     }
@@ -222,7 +221,7 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
         Ok::<_, String>((holder, controls, listed))
     };
     let (mut holder, controls, listed) = read.await.map_err(|e| {
-        eprintln!("error: {e}");
+        crate::say!("error: {e}");
         1
     })?;
     // A handover in flight (nobody holds the key for a moment): wait for
@@ -233,7 +232,7 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
         holder = call(backend, limit, backend.read()).await.unwrap_or(None);
     }
     let Some(leader) = holder.map(|h| h.identity) else {
-        eprintln!(
+        crate::say!(
             "error: nobody leads election {}: nothing to hand over",
             cli.ops.election
         );
@@ -250,7 +249,7 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
     };
     match refusal {
         Some(why) => {
-            eprintln!("error: switchover refused: {why}");
+            crate::say!("error: switchover refused: {why}");
             Err(EXIT_REFUSED)
         }
         None => Ok(Some(leader)),
@@ -287,9 +286,8 @@ fn print(
             ),
         },
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     0
 }
 
@@ -325,10 +323,10 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
         Some(h) => format!("{} leads (fencing token {})", h.identity, h.fencing_token),
         None => "nobody leads".to_owned(),
     };
-    eprintln!(
+    crate::say!(
         "error: {to} does not lead election {} after {} (--wait): the backend shows {leader}; {request}",
         cli.ops.election,
-        humantime::format_duration(cli.wait)
+        crate::flags::format_duration(cli.wait)
     );
     EXIT_NOT_DONE
 }

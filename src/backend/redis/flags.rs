@@ -31,6 +31,7 @@ pub const ROW: Row = Row {
 
 /// The Redis flags.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Redis")]
 pub struct RedisArgs {
     /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
     #[arg(
