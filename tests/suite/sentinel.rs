@@ -89,7 +89,16 @@ async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
         group.wait_failover(old, FAILOVER_LIMIT).await
     };
     rec.heal(f, false);
-    let bound = failover + TTL + Duration::from_secs(1) + RETRY;
+    // With --redis-min-replicas a grant needs a replica of the new primary:
+    // the bound counts from the moment one is connected (its resync time
+    // under load is Redis's, not ours).
+    let ready = if extra.contains(&"--redis-min-replicas") {
+        group.wait_replica_of(new, Duration::from_secs(30)).await;
+        start.elapsed()
+    } else {
+        failover
+    };
+    let bound = ready + TTL + Duration::from_secs(1) + RETRY;
     let again = rec
         .wait_leader(bound.saturating_sub(start.elapsed()) + Duration::from_secs(5))
         .await

@@ -90,12 +90,25 @@ pub struct SentinelGroup {
     pub servers: Vec<RedisServer>,
     /// The three Sentinels.
     pub sentinels: Vec<Sentinel>,
+    /// One group at a time in a test run: each measures failover timings
+    /// of six servers, which side-by-side groups on two cores stretch past
+    /// the liveness bounds (seen in CI). Dropped last.
+    _turn: tokio::sync::OwnedSemaphorePermit,
 }
+
+/// The turn of one Sentinel group at a time (see `SentinelGroup::_turn`).
+static TURN: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(1)));
 
 impl SentinelGroup {
     /// Start the group and wait until every Sentinel knows both replicas
     /// and the two other Sentinels (so a failover can be agreed on).
     pub async fn start() -> SentinelGroup {
+        let turn = TURN
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the turn semaphore is never closed");
         let primary = RedisServer::start().await;
         let mut servers = vec![primary];
         for _ in 0..2 {
@@ -105,7 +118,11 @@ impl SentinelGroup {
         for _ in 0..3 {
             sentinels.push(start_sentinel(servers[0].port).await);
         }
-        let group = SentinelGroup { servers, sentinels };
+        let group = SentinelGroup {
+            servers,
+            sentinels,
+            _turn: turn,
+        };
         let end = Instant::now() + Duration::from_secs(20);
         for s in &group.sentinels {
             loop {
@@ -146,6 +163,35 @@ impl SentinelGroup {
             }
         }
         panic!("no Sentinel names a primary of this group");
+    }
+
+    /// Wait (up to `limit`) until server `i` reports a connected replica
+    /// (`INFO replication`: `connected_slaves` ≥ 1). With `--redis-min-replicas 1` nobody can lead before that, so a
+    /// liveness bound after a failover counts from here.
+    pub async fn wait_replica_of(&self, i: usize, limit: Duration) {
+        let start = Instant::now();
+        let url = format!("redis://127.0.0.1:{}", self.servers[i].port);
+        while start.elapsed() < limit {
+            if let Ok(client) = redis::Client::open(url.as_str())
+                && let Ok(mut c) = client.get_multiplexed_async_connection().await
+            {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_default();
+                let connected = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("connected_slaves:"))
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+                    .unwrap_or(0);
+                if connected >= 1 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("server {i} has no connected replica after {limit:?}");
     }
 
     /// Wait until every live Sentinel names a primary other than server
