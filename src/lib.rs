@@ -97,6 +97,9 @@ pub mod hooks;
 #[doc(hidden)]
 pub mod http;
 #[doc(hidden)]
+#[cfg(feature = "kubernetes")]
+pub mod kube_client;
+#[doc(hidden)]
 pub mod kube_label;
 #[doc(hidden)]
 pub mod metrics;
@@ -124,6 +127,8 @@ pub use backend::{
 #[cfg(feature = "etcd")]
 pub use backend::etcd::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "kubernetes")]
-pub use backend::kubernetes::{KubeLeaseBackend, KubeOptions, build_client as build_kube_client};
+pub use backend::kubernetes::{KubeLeaseBackend, KubeOptions};
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisOptions};
+#[cfg(feature = "kubernetes")]
+pub use kube_client::build_client as build_kube_client;

@@ -14,8 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{SliceConfig, names_only, slice_body, slice_ports};
-use crate::backend::kubernetes::FIELD_MANAGER;
 use crate::elector::LeaderState;
+use crate::kube_client::FIELD_MANAGER;
+use crate::kube_client::explain::{Doing, explain};
+use crate::kube_client::review::Reviews;
 use crate::kube_label::CALL_TIMEOUT;
 
 /// Compare-and-swap attempts of one write before backing off.
@@ -29,21 +31,22 @@ struct Failure {
 }
 
 fn failure(e: &kube::Error, cfg: &SliceConfig, what: &str) -> Failure {
-    let forbidden = matches!(e, kube::Error::Api(s) if s.code == 403);
-    let why = match e {
-        kube::Error::Api(s) if s.code == 403 => format!(
-            "forbidden: these credentials may not {what} in namespace {ns} ({msg}); the Role needs get, list, create, update, patch, delete on endpointslices (discovery.k8s.io) and get on services (the Helm chart grants them with endpointSlice.service set)",
-            ns = cfg.namespace,
-            msg = s.message
-        ),
-        kube::Error::Api(s) if s.code == 404 && what.contains("service") => format!(
+    let doing = Doing {
+        what,
+        namespace: &cfg.namespace,
+        forbidden_fix: "the Role needs get, list, create, update, patch, delete on endpointslices (discovery.k8s.io) and get on services (the Helm chart grants them with endpointSlice.service set)",
+    };
+    let not_found = what.contains("service").then(|| {
+        format!(
             "Service {}/{} not found: create the selector-less Service first (--endpointslice-service names it)",
             cfg.namespace, cfg.service
-        ),
-        kube::Error::Api(s) => format!("the API server answered {}: {}", s.code, s.message),
-        other => format!("the API server is unreachable: {other}"),
-    };
-    Failure { why, forbidden }
+        )
+    });
+    let e = explain(e, doing, not_found);
+    Failure {
+        forbidden: e.kind == "forbidden",
+        why: e.why,
+    }
 }
 
 fn params() -> PostParams {
@@ -205,22 +208,21 @@ pub async fn check_permissions(client: &Client, cfg: &SliceConfig) {
     for verb in ["get", "create", "update"] {
         wanted.push(("discovery.k8s.io", "endpointslices", verb));
     }
-    for (group, resource, verb) in wanted {
-        let asked = crate::backend::kubernetes::may(client, &cfg.namespace, group, resource, verb);
-        match timeout(CALL_TIMEOUT, asked).await {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => warn!(
-                verb,
-                resource,
-                "the EndpointSlice writer may not {verb} {resource} in namespace {}: the Service {} will not reach the leader; add it to the Role",
-                cfg.namespace,
-                cfg.service
-            ),
-            Ok(Err(e)) => {
-                return debug!(error = %e, "cannot review the EndpointSlice writer's permissions");
-            }
-            Err(_) => return debug!("reviewing the EndpointSlice writer's permissions timed out"),
-        }
+    let missing = match Reviews::default()
+        .missing(client, &cfg.namespace, &wanted, CALL_TIMEOUT)
+        .await
+    {
+        Ok(missing) => missing,
+        Err(e) => return debug!(error = %e, "cannot review the EndpointSlice writer's permissions"),
+    };
+    for (_, resource, verb) in missing {
+        warn!(
+            verb,
+            resource,
+            "the EndpointSlice writer may not {verb} {resource} in namespace {}: the Service {} will not reach the leader; add it to the Role",
+            cfg.namespace,
+            cfg.service
+        );
     }
 }
 

@@ -13,40 +13,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{CALL_TIMEOUT, LabelerConfig};
-use crate::backend::kubernetes::FIELD_MANAGER;
 use crate::elector::LeaderState;
+use crate::kube_client::FIELD_MANAGER;
+use crate::kube_client::explain::{Doing, explain as explain_call};
+use crate::kube_client::review::Reviews;
 use crate::metrics::Metrics;
 
-/// What to tell an operator about a failed API call.
+/// `err` of `verb` on pods (or "create events in"), in words, with the fix,
+/// and its kind (the metric's `reason`).
 fn explain(err: &kube::Error, cfg: &LabelerConfig, verb: &str) -> (String, &'static str) {
-    match err {
-        kube::Error::Api(status) if status.code == 403 => (
-            format!(
-                "forbidden: these credentials may not {verb} pods in namespace {ns} ({msg}); add a Role with list, patch on pods (and create on events) bound to them (the Helm chart and manifests/ ship one)",
-                ns = cfg.namespace,
-                msg = status.message,
-            ),
-            "forbidden",
-        ),
-        kube::Error::Api(status) if status.code == 404 => (
-            format!(
-                "pod {}/{} not found: POD_NAME and POD_NAMESPACE must come from the Downward API (fieldRef metadata.name / metadata.namespace)",
-                cfg.namespace, cfg.pod
-            ),
-            "not_found",
-        ),
-        kube::Error::Api(status) => (
-            format!(
-                "the API server answered {}: {}",
-                status.code, status.message
-            ),
-            "api_error",
-        ),
-        other => (
-            format!("the API server is unreachable: {other}"),
-            "unreachable",
-        ),
-    }
+    let what = format!("{verb} pods");
+    let doing = Doing {
+        what: &what,
+        namespace: &cfg.namespace,
+        forbidden_fix: "add a Role with list, patch on pods (and create on events) bound to them (the Helm chart and manifests/ ship one)",
+    };
+    let not_found = format!(
+        "pod {}/{} not found: POD_NAME and POD_NAMESPACE must come from the Downward API (fieldRef metadata.name / metadata.namespace)",
+        cfg.namespace, cfg.pod
+    );
+    let e = explain_call(err, doing, Some(not_found));
+    (e.why, e.kind)
 }
 
 /// Set our own Pod's label to `value` (JSON merge patch).
@@ -126,7 +113,7 @@ async fn record_event(client: &Client, cfg: &LabelerConfig, reason: &str, messag
 /// # Errors
 /// Why no client could be built (no configuration, unreadable kubeconfig).
 pub async fn client() -> Result<Client, String> {
-    crate::backend::kubernetes::connect(None)
+    crate::kube_client::connect(None)
         .await
         .map(|c| c.client)
         .map_err(|e| e.to_string())
@@ -142,30 +129,25 @@ pub async fn check_permissions(client: &Client, cfg: &LabelerConfig) {
     if cfg.events {
         wanted.push(("", "events", "create"));
     }
-    for (group, resource, verb) in wanted {
-        let asked = crate::backend::kubernetes::may(client, &cfg.namespace, group, resource, verb);
-        match timeout(CALL_TIMEOUT, asked).await {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => warn!(
-                verb,
-                resource,
-                namespace = %cfg.namespace,
-                "the Pod labeler may not {verb} {resource} in namespace {}: {}",
-                cfg.namespace,
-                match resource {
-                    "events" => "transitions are not recorded as Events; add create on events to the Role",
-                    _ => "the leader label cannot be kept; add list and patch on pods to the Role",
-                }
-            ),
-            Ok(Err(e)) => {
-                debug!(error = %e, "cannot review the labeler's permissions");
-                return;
+    let missing = match Reviews::default()
+        .missing(client, &cfg.namespace, &wanted, CALL_TIMEOUT)
+        .await
+    {
+        Ok(missing) => missing,
+        Err(e) => return debug!(error = %e, "cannot review the labeler's permissions"),
+    };
+    for (_, resource, verb) in missing {
+        warn!(
+            verb,
+            resource,
+            namespace = %cfg.namespace,
+            "the Pod labeler may not {verb} {resource} in namespace {}: {}",
+            cfg.namespace,
+            match resource {
+                "events" => "transitions are not recorded as Events; add create on events to the Role",
+                _ => "the leader label cannot be kept; add list and patch on pods to the Role",
             }
-            Err(_) => {
-                debug!("reviewing the labeler's permissions timed out");
-                return;
-            }
-        }
+        );
     }
 }
 

@@ -12,11 +12,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::backend::kubernetes::mock::{Seen, mock};
 use crate::backend::memory::MemoryBackend;
 use crate::elector::{Elector, ElectorConfig, LeaderState, OwnTerm};
+use crate::kube_client::mock::{Seen, mock};
 
-type Responder = crate::backend::kubernetes::mock::Responder<Value>;
+type Responder = crate::kube_client::mock::Responder<Value>;
 
 fn pod_json(name: &str, label: Option<&str>) -> Value {
     let mut labels = serde_json::Map::new();

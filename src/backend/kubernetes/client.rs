@@ -10,8 +10,8 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::throttle::{DEFAULT_MAX_WAIT, DEFAULT_RETRY_AFTER};
 use super::*;
+use crate::kube_client::throttle::{DEFAULT_MAX_WAIT, DEFAULT_RETRY_AFTER};
 
 impl KubeLeaseBackend {
     /// A backend for Lease `name` that connects on first use (in-cluster
@@ -34,13 +34,13 @@ impl KubeLeaseBackend {
     /// The Elector owns retries and deadlines (each call gets two thirds
     /// of the renew interval, then the Elector's backoff), so the client
     /// must not retry by itself: build it with
-    /// [`build_client`] from your `kube::Config` (no
+    /// [`build_client`](crate::kube_client::build_client) from your `kube::Config` (no
     /// retry layer, `TCP_NODELAY`, this crate's `User-Agent`), or set
     /// `config.default_retry = false` before `kube::Client::try_from`.
     /// kube-rs's default client retries 429, 503 and 504 answers itself,
     /// which spends the call's deadline and hides the refusals from the
     /// Elector's backoff and from `/leader`'s error. A client of
-    /// [`build_client`]'s also holds requests back until a 429's
+    /// [`build_client`](crate::kube_client::build_client)'s also holds requests back until a 429's
     /// `Retry-After` has passed; without it, a 429 waits its
     /// `details.retryAfterSeconds`, else 1 s, and may be sent again sooner
     /// from another path (a watch beside a renewal).

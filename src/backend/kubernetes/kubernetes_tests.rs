@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::*;
-use crate::backend::kubernetes::mock::{Seen, mock};
+use crate::kube_client::mock::{Seen, mock};
 
-type Responder = crate::backend::kubernetes::mock::Responder<String>;
+type Responder = crate::kube_client::mock::Responder<String>;
 
 const BASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
 

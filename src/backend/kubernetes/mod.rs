@@ -186,12 +186,10 @@ pub enum KubeLeaseError {
         /// Attempts made.
         tries: usize,
     },
-    /// No client configuration (no in-cluster service account, no KUBECONFIG).
-    #[error("no Kubernetes client configuration (in-cluster or KUBECONFIG)")]
-    NoConfig(#[source] kube::config::InferConfigError),
-    /// The client could not be built from the configuration.
-    #[error("cannot build the Kubernetes client")]
-    Client(#[source] kube::Error),
+    /// No client could be had (no configuration, or one that cannot be
+    /// used).
+    #[error(transparent)]
+    Connect(#[from] crate::kube_client::ConnectError),
 }
 
 /// Where the election Lease lives.
@@ -317,24 +315,21 @@ pub use candidates::{
     candidate_lease_name, candidate_selector,
 };
 mod client;
-mod connect;
 mod controls;
 pub mod coord;
 pub mod endpoints_lock;
 mod endpoints_record;
 pub mod flags;
-pub use connect::{Connected, FIELD_MANAGER, USER_AGENT, build_client, connect, may};
-#[cfg(test)]
-pub(crate) mod mock;
+mod permissions;
+use crate::kube_client::{FIELD_MANAGER, connect};
 mod release;
 mod replay;
-pub mod throttle;
 mod verbs;
 mod view;
 mod watch;
 
+use crate::kube_client::throttle::Throttle;
 use controls::Marks;
-use throttle::Throttle;
 use view::{Hold, LeaseView, Standing, duration_of};
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use super::book::Sight;
 use super::state::{Stored, Target, Unusable, fencing_of, lease_for, stored_of};
 use crate::backend::BackendError;
 use crate::backend::coordination::{CoordError, Result};
-use crate::backend::kubernetes::throttle::DEFAULT_RETRY_AFTER;
 use crate::backend::kubernetes::{ABOUT, Conn, FIELD_MANAGER, KubeLeaseError, unix_millis};
+use crate::kube_client::throttle::DEFAULT_RETRY_AFTER;
 
 /// Looks and writes of one verb before it gives up on a contended object
 /// (each within the request's budget).
