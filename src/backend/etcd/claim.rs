@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 use super::store::{Lease, lease_hex, revision_of};
 use super::{EtcdBackend, KeepAlive};
-use crate::backend::candidates::{choose_successor, successor_wait};
+use crate::backend::candidates::successor_wait;
 use crate::backend::controls::PAUSED;
 use crate::backend::{Campaign, Holder, Result, Term, TermId};
 
@@ -110,7 +110,7 @@ impl EtcdBackend {
     }
 
     /// The release mark's key.
-    fn released_key(&self) -> Vec<u8> {
+    pub(super) fn released_key(&self) -> Vec<u8> {
         let mut k = self.key.clone();
         k.extend_from_slice(b"/released");
         k
@@ -134,14 +134,7 @@ impl EtcdBackend {
     ) -> Result<Campaign> {
         let mut client = self.client().await?;
         let prev = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
-        let spare = self.spare.lock().expect("spare lease").take();
-        let (mut lease, mut at, mut refresh) = match spare.filter(|s| s.usable(ttl)) {
-            Some(s) => (s.lease, s.at, true),
-            None => {
-                let at = Instant::now();
-                (self.store.grant(&mut client, ttl, None).await?, at, false)
-            }
-        };
+        let (mut lease, mut at, mut refresh) = self.lease_ahead(&mut client, ttl).await?;
         let mut mark = (prev != 0).then_some(prev);
         loop {
             let sent = Instant::now();
@@ -186,6 +179,22 @@ impl EtcdBackend {
             }
             return answer;
         }
+    }
+
+    /// The spare lease while usable (to be refreshed beside the claim:
+    /// `true`), else a fresh grant (`false`); with the send instant of its
+    /// grant or last refresh.
+    async fn lease_ahead(
+        &self,
+        client: &mut Client,
+        ttl: Duration,
+    ) -> Result<(Lease, Instant, bool)> {
+        let spare = self.spare.lock().expect("spare lease").take();
+        if let Some(s) = spare.filter(|s| s.usable(ttl)) {
+            return Ok((s.lease, s.at, true));
+        }
+        let at = Instant::now();
+        Ok((self.store.grant(client, ttl, None).await?, at, false))
     }
 
     /// The claim transaction for `identity` under `lease` (module docs),
@@ -472,44 +481,5 @@ impl EtcdBackend {
             granted: lease.ttl,
             servers: None,
         })
-    }
-
-    /// End `term` naming `successor`: one transaction deletes the election
-    /// key while it is still ours, puts the release mark and the successor
-    /// key; then the lease is revoked (module docs).
-    pub(super) async fn release_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        let mut client = self.client().await?;
-        let lease = term.holder.term_id.number().unwrap_or(0);
-        self.forget_keep_alive(lease).await;
-        let mut ops = vec![
-            TxnOp::delete(self.key.clone(), None),
-            TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None),
-        ];
-        if let Some(to) = successor {
-            ops.push(TxnOp::put(
-                self.successor_key(),
-                to.as_bytes().to_vec(),
-                None,
-            ));
-        }
-        let txn = Txn::new()
-            .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
-            .and_then(ops);
-        // On failure (the key is no longer ours, or etcd did not answer) the
-        // revoke still ends the term, naming nobody.
-        let _ = self.store.call(None, "txn", client.txn(txn)).await;
-        self.store.revoke(&mut client, lease, None).await
-    }
-
-    /// The successor a release by `me` names: the registry's choice, or
-    /// nobody when the registry cannot be read.
-    pub(super) async fn successor_for(&self, me: &str) -> Option<String> {
-        match self.list().await {
-            Ok(listed) => choose_successor(&listed, me).map(|c| c.identity.clone()),
-            Err(e) => {
-                tracing::debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
-        }
     }
 }

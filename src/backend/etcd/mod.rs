@@ -28,6 +28,7 @@ mod controls;
 pub mod coord;
 pub mod flags;
 mod registry;
+mod release;
 pub mod store;
 
 use std::sync::Arc;

@@ -219,19 +219,7 @@ impl EtcdCoord {
         let fresh = kept.fresh(asked(ttl), sent);
         let id = kept.id;
         let token = Token::new(TokenKind::Lock, id);
-        let txn = self.lock_txn(name, owner, &token);
-        let mut kv = client.clone();
-        let put = self.call("txn", async move {
-            match kv.txn(txn).await {
-                Err(etcd_client::Error::GRpcStatus(s))
-                    if s.code() == tonic::Code::NotFound
-                        && s.message().contains("lease not found") =>
-                {
-                    Ok(None)
-                }
-                other => other.map(Some),
-            }
-        });
+        let put = self.txn_unless_gone(client, self.lock_txn(name, owner, &token));
         let refresh = async {
             if fresh {
                 Ok(())
@@ -271,6 +259,28 @@ impl EtcdCoord {
         let rev = revision_of(resp.header());
         let left = kept.left(sent);
         Ok(Some(Try::Acquired(super::grant(name, &token, rev, left))))
+    }
+
+    /// Run `txn`, binding a key to a kept lease: `None` when etcd says the
+    /// lease is gone ("requested lease not found").
+    async fn txn_unless_gone(
+        &self,
+        client: &Client,
+        txn: etcd_client::Txn,
+    ) -> Result<Option<etcd_client::TxnResponse>> {
+        let mut kv = client.clone();
+        self.call("txn", async move {
+            match kv.txn(txn).await {
+                Err(etcd_client::Error::GRpcStatus(s))
+                    if s.code() == tonic::Code::NotFound
+                        && s.message().contains("lease not found") =>
+                {
+                    Ok(None)
+                }
+                other => other.map(Some),
+            }
+        })
+        .await
     }
 
     /// Refresh `lease` with one keep-alive: etcd-client's opening of the
