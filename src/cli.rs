@@ -40,17 +40,23 @@ pub struct Top {
 /// The commands besides the sidecar.
 #[derive(Subcommand, Debug, Clone)]
 pub enum Command {
-    /// Run COMMAND only while this candidate leads: start it on election, stop it (SIGTERM, then SIGKILL after --kill-grace) before leadership can end, then release. With --every, run it once per period on whichever sidecar claims the period instead.
+    /// Run COMMAND only while this candidate leads (or once per period with --every).
+    ///
+    /// Start it on election, stop it (SIGTERM, then SIGKILL after --kill-grace) before leadership can end, then release. With --every, run it once per period on whichever sidecar claims the period instead.
     Run(Box<RunCli>),
-    /// Print who leads an election: leader, fencing token and how long its lease has left (read-only).
+    /// Print who leads an election, its fencing token and lease left (read-only).
     ///
     /// Exit codes: 0 someone leads, 3 nobody leads, 4 the holder has not renewed within its duration by this machine's clock (possibly expired), 1 the backend could not be read, 2 bad flags.
     Status(OpsCli),
-    /// Print one line per leadership change of an election until interrupted (read-only), starting with the current leader.
+    /// Print one line per leadership change until interrupted (read-only).
+    ///
+    /// The first line is the current leader.
     ///
     /// Exit codes: 0 after SIGINT/SIGTERM, 2 bad flags; backend errors are printed and retried.
     Observe(OpsCli),
-    /// Pause the election: no candidate takes a released or expired term until `resume`; a leader keeps its term (and a leader that dies leaves no leader).
+    /// Pause the election: no candidate takes a released or expired term until resume.
+    ///
+    /// A leader keeps its term (and a leader that dies leaves no leader).
     ///
     /// Exit codes: 0 paused, 1 the backend failed or keeps no operator controls, 2 bad flags.
     Pause(OpsCli),
@@ -58,10 +64,63 @@ pub enum Command {
     ///
     /// Exit codes: 0 resumed, 1 the backend failed or keeps no operator controls, 2 bad flags.
     Resume(OpsCli),
-    /// Ask the leader to hand over to the candidate --to (through the backend, from anywhere), and wait until it leads.
+    /// Ask the leader to hand over to the candidate --to, and wait until it leads.
+    ///
+    /// The request goes through the backend: it works from anywhere that reaches it.
     ///
     /// Exit codes: 0 the target leads, 3 nobody leads, 5 refused (target unknown, lapsed, not ready or priority 0; election paused), 6 the target did not lead within --wait (the request is withdrawn), 1 the backend failed, 2 bad flags.
     Switchover(SwitchoverCli),
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    ///
+    /// bash: `source <(leader-elector completions bash)`; the image ships them under /usr/share/.
+    Completions(CompletionsCli),
+    /// Print the manual page (roff) on stdout: `leader-elector man > leader-elector.1`.
+    Man,
+}
+
+/// `leader-elector completions SHELL`.
+#[derive(Args, Debug, Clone)]
+pub struct CompletionsCli {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: Shell,
+}
+
+/// The shells `completions` writes for.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shell {
+    /// GNU bash.
+    Bash,
+    /// zsh.
+    Zsh,
+    /// fish.
+    Fish,
+}
+
+/// Write the completion script for `shell` to `out`.
+///
+/// # Errors
+/// The output's write error.
+pub fn completions(shell: Shell, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use clap_complete::{generate, shells};
+    let mut cmd = command();
+    let mut buf = Vec::new();
+    match shell {
+        Shell::Bash => generate(shells::Bash, &mut cmd, "leader-elector", &mut buf),
+        Shell::Zsh => generate(shells::Zsh, &mut cmd, "leader-elector", &mut buf),
+        Shell::Fish => generate(shells::Fish, &mut cmd, "leader-elector", &mut buf),
+    }
+    out.write_all(&buf)
+}
+
+/// Write the manual page (roff) to `out`.
+///
+/// # Errors
+/// The output's write error.
+pub fn man(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(command()).render(&mut buf)?;
+    out.write_all(&buf)
 }
 
 /// `leader-elector run [OPTIONS] -- COMMAND [ARGS]...`: the sidecar's flags
@@ -71,6 +130,144 @@ pub struct RunCli {
     /// The sidecar's flags; the command is the trailing `-- COMMAND ARGS...`.
     #[command(flatten)]
     pub sidecar: Cli,
+}
+
+/// Width of every help text, whatever the terminal: the help (and the
+/// reference page generated from it) is the same everywhere.
+pub const HELP_WIDTH: usize = 100;
+
+/// The note at the end of every help.
+const ENV_NOTE: &str = "Each sidecar flag also reads LEADER_ELECTOR_ + its name in capitals \
+(--lease-duration: LEADER_ELECTOR_LEASE_DURATION). -h shows the main flags, --help all of them.";
+
+/// The help heading of each of the sidecar's own flags (the backend groups
+/// name theirs in their flag structs).
+const HEADINGS: &[(&str, &[&str])] = &[
+    (
+        "Election",
+        &[
+            "election",
+            "identity",
+            "priority",
+            "preempt_after",
+            "revision",
+            "candidate_health_url",
+            "health_grace",
+            "health_interval",
+        ],
+    ),
+    (
+        "Timing",
+        &[
+            "lease_duration",
+            "renew_interval",
+            "retry_period",
+            "drift_margin",
+        ],
+    ),
+    (
+        "HTTP",
+        &[
+            "http_addr",
+            "control_addr",
+            "max_connections",
+            "coord_max_waiters",
+            "header_read_timeout",
+            "request_body_timeout",
+            "completed_retention",
+        ],
+    ),
+    (
+        "Operations",
+        &[
+            "drain_timeout",
+            "resign_cooldown",
+            "notify_url",
+            "output",
+            "timeout",
+            "to",
+            "wait",
+        ],
+    ),
+    (
+        "Kubernetes",
+        &["pod_label_key", "pod_events", "endpointslice_service"],
+    ),
+    (
+        "Run mode",
+        &["kill_grace", "every", "on_child_exit", "start_failures"],
+    ),
+    ("Logging", &["log_format", "log_level"]),
+];
+
+/// The flags `-h` shows; `--help` shows every flag.
+const SHORT_HELP: &[&str] = &[
+    "election",
+    "identity",
+    "backend",
+    "etcd_endpoints",
+    "redis_url",
+    "election_namespace",
+    "lease_duration",
+    "http_addr",
+    "control_addr",
+    "kill_grace",
+    "on_child_exit",
+    "every",
+    "log_format",
+    "to",
+    "output",
+    "timeout",
+    "help",
+    "version",
+];
+
+/// Flags only `run` reads.
+const RUN_ONLY: &[&str] = &["kill_grace", "every", "on_child_exit", "start_failures"];
+
+/// Backend flags only the sidecar reads (not the operator commands).
+const SIDECAR_ONLY: &[&str] = &[
+    "use_cluster_credentials",
+    "migrate_from_endpoints",
+    "max_clock_skew",
+    "redis_min_replicas",
+];
+
+/// The whole command line with its help shaped: headings, `-h` against
+/// `--help`, lines of at most [`HELP_WIDTH`], and in each command's help
+/// only the flags it reads.
+pub fn command() -> clap::Command {
+    let top = shape(Top::command(), RUN_ONLY);
+    top.mut_subcommands(|sub| {
+        let hidden: &[&str] = match sub.get_name() {
+            "run" => &[],
+            _ => SIDECAR_ONLY,
+        };
+        shape(sub, hidden)
+    })
+}
+
+fn shape(cmd: clap::Command, hidden: &'static [&'static str]) -> clap::Command {
+    cmd.term_width(HELP_WIDTH)
+        .after_help(ENV_NOTE)
+        .mut_args(move |a| {
+            let id = a.get_id().as_str().to_owned();
+            let heading = HEADINGS
+                .iter()
+                .find(|(_, ids)| ids.contains(&id.as_str()))
+                .map(|(h, _)| *h);
+            let a = a.hide_env(true);
+            let a = match heading {
+                Some(h) => a.help_heading(h),
+                None => a,
+            };
+            let a = a.hide_short_help(!SHORT_HELP.contains(&id.as_str()));
+            if hidden.contains(&id.as_str()) {
+                a.hide(true)
+            } else {
+                a
+            }
+        })
 }
 
 /// What the command line asks for.
@@ -92,7 +289,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let matches = Top::command().try_get_matches_from(args)?;
+    let matches = command().try_get_matches_from(args)?;
     // `Top` is only the command's shape: without a command the sidecar's
     // flags are required, with one they are not there at all.
     Ok(if matches.subcommand().is_some() {
@@ -101,3 +298,7 @@ where
         Invocation::Sidecar(Box::new(Cli::from_arg_matches(&matches)?))
     })
 }
+
+#[cfg(test)]
+#[path = "cli_tests.rs"]
+mod tests;

@@ -17,16 +17,18 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, Query, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::post;
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::elector::{ElectorHandle, LeaderState, SwitchoverRefusal};
 use crate::http::{error_response, json_response};
+use crate::query::{NoParams, Strict};
 
 /// What the control handlers need.
 #[derive(Clone)]
@@ -139,26 +141,47 @@ async fn loopback_only(req: Request, next: Next) -> Response {
     }
 }
 
-async fn resign(
-    State(cs): State<ControlState>,
-    Query(params): Query<std::collections::HashMap<String, String>>,
-) -> Response {
-    // `freeze` is the documented name; `cooldown` is kept for old callers.
-    let (name, value) = match (params.get("freeze"), params.get("cooldown")) {
-        (Some(f), _) => ("freeze", f),
-        (None, Some(c)) => ("cooldown", c),
-        (None, None) => return resigned(&cs, cs.resign_cooldown).await,
-    };
-    match humantime::parse_duration(value) {
-        Ok(d) if d <= MAX_COOLDOWN => resigned(&cs, d).await,
-        Ok(_) => error_response(
-            StatusCode::BAD_REQUEST,
-            format!("query parameter {name} ({value}) must be at most 24h"),
-        ),
-        Err(e) => error_response(
-            StatusCode::BAD_REQUEST,
-            format!("query parameter {name} ({value}) is not a duration: {e}; use e.g. {name}=30s"),
-        ),
+/// The query of `POST /resign`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResignParams {
+    /// How long to stay out of campaigns (humantime).
+    pub freeze: Option<String>,
+    /// The old name of `freeze`, kept for old callers.
+    pub cooldown: Option<String>,
+}
+
+impl ResignParams {
+    /// The freeze asked for; `default` when none is.
+    ///
+    /// # Errors
+    /// A message naming the parameter: both given, not a duration, or
+    /// longer than [`MAX_COOLDOWN`].
+    pub fn freeze(&self, default: Duration) -> Result<Duration, String> {
+        let (name, value) = match (&self.freeze, &self.cooldown) {
+            (Some(_), Some(_)) => {
+                return Err("parameters 'freeze' and 'cooldown' are one setting (cooldown is its old name): give one".into());
+            }
+            (Some(f), None) => ("freeze", f),
+            (None, Some(c)) => ("cooldown", c),
+            (None, None) => return Ok(default),
+        };
+        let d = crate::flags::parse_duration(value)
+            .map_err(|e| format!("parameter '{name}' ({value}): {e}"))?;
+        if d > MAX_COOLDOWN {
+            return Err(format!(
+                "parameter '{name}' ({value}) must be at most {}",
+                crate::flags::format_duration(MAX_COOLDOWN)
+            ));
+        }
+        Ok(d)
+    }
+}
+
+async fn resign(State(cs): State<ControlState>, Strict(p): Strict<ResignParams>) -> Response {
+    match p.freeze(cs.resign_cooldown) {
+        Ok(d) => resigned(&cs, d).await,
+        Err(msg) => error_response(StatusCode::BAD_REQUEST, msg),
     }
 }
 
@@ -180,17 +203,39 @@ async fn resigned(cs: &ControlState, freeze: Duration) -> Response {
 
 /// `POST /switchover?to=ID`: the leader hands over to `ID` and answers
 /// once the release is sent; 409 with the reason otherwise.
+/// The query of `POST /switchover`. A new parameter is a new field here:
+/// the strict parser lists it among the known ones by itself.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchoverParams {
+    /// The identity of the candidate to hand over to (required).
+    pub to: Option<String>,
+    /// `true`: hand over even to a lower priority or an older revision,
+    /// and pin the target (it is not preempted) until it leaves.
+    pub force: Option<String>,
+}
+
 async fn switchover(
     State(cs): State<ControlState>,
-    Query(params): Query<std::collections::HashMap<String, String>>,
+    Strict(params): Strict<SwitchoverParams>,
 ) -> Response {
-    let Some(to) = params.get("to").filter(|t| !t.is_empty()) else {
+    let Some(to) = params.to.as_deref() else {
         return error_response(
             StatusCode::BAD_REQUEST,
-            "query parameter to is missing: POST /switchover?to=IDENTITY names the candidate to hand over to",
+            "parameter 'to' is missing: POST /switchover?to=IDENTITY names the candidate to hand over to",
         );
     };
-    match cs.handle.switchover(to).await {
+    let force = match params.force.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                format!("query parameter force ({v}) must be true or false"),
+            );
+        }
+    };
+    match cs.handle.switchover(to, force).await {
         Ok(h) => json_response(
             StatusCode::OK,
             json!({ "switched_over": true, "from": h.from, "to": h.to, "fencing_token": h.fencing_token }),
@@ -212,7 +257,7 @@ async fn switchover(
     }
 }
 
-async fn release(State(cs): State<ControlState>) -> Response {
+async fn release(State(cs): State<ControlState>, _: Strict<NoParams>) -> Response {
     // A draining Elector has already recorded the end of its claim
     // (`own_term` is gone); `stopping` is what tells a drain apart.
     let draining = cs.state.borrow().stopping;
@@ -233,6 +278,10 @@ async fn method_not_allowed() -> Response {
         "method not allowed: use POST",
     )
 }
+
+#[cfg(test)]
+#[path = "control_hostile_tests.rs"]
+mod hostile_tests;
 
 #[cfg(test)]
 mod tests {

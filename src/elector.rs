@@ -33,8 +33,10 @@ mod config;
 mod controls;
 mod follow;
 mod gates;
+mod known;
 mod lead;
 mod observe;
+mod precedence;
 mod preempt;
 mod publish;
 mod registry;
@@ -52,18 +54,23 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::backend::candidates::Candidate;
-use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term};
+use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term, WaitReason};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
 pub use config::{DEFAULT_PREEMPT_AFTER, ElectorConfig, ElectorConfigError, Standing};
-pub use controls::{FROZEN, Handover, SwitchoverRefusal, check_target};
+pub use controls::{Handover, SwitchoverRefusal};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
+pub use precedence::{Rules, check_target, successor_for};
 use publish::Publisher;
 pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
 use transition::Change;
 pub use watching::{LEADING_RECHECK, until_leading, until_not_leading};
+
+/// How soon a candidate kept out by another's head start looks at the key
+/// again: a quarter of the shortest head start.
+const HEAD_START_RECHECK: Duration = Duration::from_millis(25);
 
 /// Requests to a running Elector (from the control listener or the run-mode supervisor).
 #[derive(Debug)]
@@ -71,7 +78,7 @@ enum Command {
     Resign {
         cooldown: Duration,
         /// The identity to name in the release (a switchover); `None`: the
-        /// backend's own choice.
+        /// Elector's own choice ([`successor_for`]).
         successor: Option<String>,
         reply: oneshot::Sender<bool>,
     },
@@ -106,7 +113,7 @@ impl ElectorHandle {
     /// Hand over to `successor` (an identity in the candidate registry): a
     /// graceful release, like [`resign`](Self::resign) without a cooldown,
     /// that names `successor` so the other candidates leave it the term
-    /// (see [`LeaseBackend::resign_to`]). Only a hint: the backend's
+    /// (see [`LeaseBackend::release`]). Only a hint: the backend's
     /// compare-and-swap still decides. Answers once the release was sent
     /// (after the drain and participant waits of a step-down). Returns
     /// whether this candidate was leading; `false` also when the Elector
@@ -161,9 +168,11 @@ pub struct Elector {
     /// The host's suspended time when the last campaign was sent (a term it
     /// won is valid from then, suspends counted).
     suspended_at_campaign: Duration,
-    /// The successor the next release of a held term names (a switchover);
-    /// `None`: the backend's own choice.
+    /// The successor the next release of a held term names (a switchover
+    /// or a preemption); `None`: the Elector's own choice ([`successor_for`]).
     successor: Option<String>,
+    /// The controls and the registry as last read (the precedence inputs).
+    known: known::Shared,
     /// The answer to a handover, sent once its release was sent.
     handed_over: Option<oneshot::Sender<bool>>,
 }
@@ -207,6 +216,7 @@ impl Elector {
                 suspended_at_campaign: Duration::ZERO,
                 successor: None,
                 handed_over: None,
+                known: known::shared(),
             },
             rx,
         )
@@ -249,20 +259,10 @@ impl Elector {
     /// Backend faults never end this loop.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let backend = self.backend.clone();
-        let registry = registry::Registry::start(
-            backend.clone(),
-            Candidate {
-                priority: self.cfg.standing.priority,
-                revision: self.cfg.standing.revision.clone(),
-                ..Candidate::new(self.cfg.identity.clone())
-            },
-            (self.gates.candidacy(), Some(self.publisher.watch_state())),
-            self.cfg.lease_duration,
-            self.cfg.call_timeout(),
-        );
+        let registry = self.start_registry();
         let controls = controls::Follower::start(
             self.handle(),
-            self.publisher.pause_writer(),
+            self.publisher.controls_writer(self.known.clone()),
             (self.cfg.retry_period, self.cfg.lease_duration),
         );
         while !shutdown.is_cancelled() {
@@ -273,7 +273,7 @@ impl Elector {
                 continue;
             }
             if let Some(term) = self.abandoned.take()
-                && let Err(e) = self.call("resign", backend.resign(&term)).await
+                && let Err(e) = self.call("release", backend.release(&term, None)).await
             {
                 debug!(error = %e.report(), "could not resign an abandoned term yet");
                 self.abandoned = Some(term);
@@ -285,17 +285,21 @@ impl Elector {
                 _ = shutdown.cancelled() => break,
                 r = self.call("campaign", backend.campaign(&self.cfg.identity, self.cfg.lease_duration, self.last_seen.as_ref())) => r,
             };
+            // A timed wait (a successor's head start, a pause) ends early
+            // when the controls change: a resume, a new switchover request.
+            let mut known = self.known.subscribe();
             if let Some(wait) = self.after_campaign(attempt, sent, &shutdown).await {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = sleep(wait) => {}
+                    _ = known.changed() => {}
                 }
             }
         }
         self.publish(Change::Stopping);
         drop(controls);
         if let Some(term) = self.abandoned.take() {
-            let _ = self.call("resign", backend.resign(&term)).await;
+            let _ = self.call("release", backend.release(&term, None)).await;
         }
         if let Some(registry) = registry {
             let limit = self.cfg.call_timeout();
@@ -303,6 +307,26 @@ impl Elector {
                 .withdraw(&*backend, &self.cfg.identity, limit)
                 .await;
         }
+    }
+
+    /// Start keeping this candidate's record in the registry (`None`: the
+    /// backend keeps none).
+    fn start_registry(&self) -> Option<registry::Registry> {
+        registry::Registry::start(
+            self.backend.clone(),
+            Candidate {
+                priority: self.cfg.standing.priority,
+                revision: self.cfg.standing.revision.clone(),
+                ..Candidate::new(self.cfg.identity.clone())
+            },
+            (
+                self.gates.candidacy(),
+                Some(self.publisher.watch_state()),
+                self.gates.frozen(),
+            ),
+            self.cfg.lease_duration,
+            self.cfg.call_timeout(),
+        )
     }
 
     /// Act on the answer to a campaign sent at `sent`: lead, follow, or
@@ -367,7 +391,7 @@ impl Elector {
         &mut self,
         previous: Option<Holder>,
         retry_after: Duration,
-        why: &'static str,
+        why: WaitReason,
         sent: Instant,
     ) -> Duration {
         self.backend_ok();
@@ -379,7 +403,15 @@ impl Elector {
         if previous.is_some() {
             self.last_seen = previous;
         }
-        retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20))
+        let mut wait = retry_after.min(self.cfg.retry_period) + jitter(Duration::from_millis(20));
+        if why == WaitReason::SuccessorHeadStart {
+            // The key changes fast during a handover (the successor takes
+            // it, and may hand it on at once, naming us): look again within
+            // a quarter of the shortest head start, so a head start naming
+            // us is never spent asleep.
+            wait = wait.min(HEAD_START_RECHECK + jitter(Duration::from_millis(5)));
+        }
+        wait
     }
 
     /// Our own abandoned term still holds the key (its release failed, e.g.
@@ -391,7 +423,7 @@ impl Elector {
         self.observe(None);
         let term = self.abandoned.take()?;
         let backend = self.backend.clone();
-        match self.call("resign", backend.resign(&term)).await {
+        match self.call("release", backend.release(&term, None)).await {
             Ok(()) => {
                 info!(election = %self.cfg.election, fencing_token = term.holder.fencing_token, "released our own abandoned term; campaigning again");
                 self.last_seen = None;

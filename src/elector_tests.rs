@@ -112,7 +112,7 @@ impl LeaseBackend for Link {
         self.check()?;
         self.inner.renew(term).await
     }
-    async fn resign(&self, term: &Term) -> Result<(), BackendError> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<(), BackendError> {
         self.thaw().await;
         self.check()?;
         if self
@@ -126,7 +126,7 @@ impl LeaseBackend for Link {
                 source: "release refused by the test".into(),
             });
         }
-        self.inner.resign(term).await
+        self.inner.release(term, successor).await
     }
     async fn read(&self) -> Result<Option<Holder>, BackendError> {
         self.reads.fetch_add(1, Ordering::SeqCst);

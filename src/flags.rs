@@ -28,10 +28,109 @@ pub(crate) fn config_error(message: impl Into<String>) -> ConfigError {
 /// Parse a humantime duration (`15s`, `500ms`, `1m30s`).
 ///
 /// # Errors
-/// A message with the value and an example.
+/// What is wrong, in our words (not the parser's), with examples.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e}; use a duration such as 15s, 500ms or 1m30s"))
+    humantime::parse_duration(s.trim()).map_err(|e| duration_error(&e))
+}
+
+/// A duration parser's error in our words, with examples of durations.
+fn duration_error(e: &humantime::DurationError) -> String {
+    use humantime::DurationError as E;
+    const EXAMPLES: &str = "use e.g. 15s, 1.5s, 500ms, 1m30s or 1d";
+    match e {
+        E::Empty => format!("a duration is needed: {EXAMPLES}"),
+        E::UnknownUnit { unit, .. } => {
+            format!("unknown unit '{unit}': the units are ms, s, m, h and d; {EXAMPLES}")
+        }
+        E::NumberOverflow => format!("too large a duration: {EXAMPLES}"),
+        _ => format!("not a duration (a number and a unit): {EXAMPLES}"),
+    }
+}
+
+/// Parse a whole number of at most `u32::MAX` (`--priority`,
+/// `--start-failures`).
+///
+/// # Errors
+/// What is wrong in our words: negative, not a number, too large.
+pub fn parse_u32(s: &str) -> Result<u32, String> {
+    let n = parse_whole(s)?;
+    u32::try_from(n).map_err(|_| format!("is too large: at most {}", u32::MAX))
+}
+
+/// Parse a whole number (`--max-connections`, `--coord-max-waiters`).
+///
+/// # Errors
+/// What is wrong in our words: negative, not a number, too large.
+pub fn parse_usize(s: &str) -> Result<usize, String> {
+    let n = parse_whole(s)?;
+    usize::try_from(n).map_err(|_| "is too large".to_owned())
+}
+
+fn parse_whole(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err("must not be negative: give a whole number, 0 or more".into());
+    }
+    if t.is_empty() || !t.chars().all(|c| c.is_ascii_digit()) {
+        return Err("is not a whole number: give digits only, e.g. 3".into());
+    }
+    t.parse::<u64>()
+        .map_err(|_| format!("is too large: at most {}", u64::MAX))
+}
+
+/// `d` as our flags and errors write durations: the largest units first,
+/// whole days, hours and minutes, then seconds with a decimal fraction
+/// (`1d`, `1h30m`, `1.5s`, `500ms`); [`parse_duration`] reads it back.
+pub fn format_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    let millis = d.subsec_millis();
+    if secs == 0 {
+        let nanos = d.subsec_nanos();
+        return match nanos {
+            n if n % 1_000_000 == 0 => format!("{millis}ms"),
+            n if n % 1_000 == 0 => format!("{}us", n / 1_000),
+            n => format!("{n}ns"),
+        };
+    }
+    let mut out = String::new();
+    for (n, unit) in [
+        (secs / 86_400, "d"),
+        (secs / 3_600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+    ] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    let s = secs % 60;
+    if s > 0 || millis > 0 {
+        if millis == 0 {
+            out.push_str(&format!("{s}s"));
+        } else {
+            let frac = format!("{millis:03}");
+            out.push_str(&format!("{s}.{}s", frac.trim_end_matches('0')));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[test]
+fn durations_print_short_and_read_back() {
+    for (d, text) in [
+        (Duration::from_secs(86_400), "1d"),
+        (Duration::from_secs(172_800), "2d"),
+        (Duration::from_millis(1_500), "1.5s"),
+        (Duration::from_millis(500), "500ms"),
+        (Duration::from_secs(5_400), "1h30m"),
+        (Duration::from_secs(600), "10m"),
+        (Duration::ZERO, "0ms"),
+        (Duration::from_millis(100_250), "1m40.25s"),
+        (Duration::from_nanos(1), "1ns"),
+    ] {
+        assert_eq!(format_duration(d), text);
+        assert_eq!(parse_duration(text).unwrap(), d, "{text}");
+    }
 }
 
 /// The bytes of the file a flag names.

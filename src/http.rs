@@ -10,12 +10,11 @@
 //! The sidecar binary's internals: public for its integration tests only,
 //! hidden from the documentation, not a stable API.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -26,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::elector::LeaderState;
 use crate::metrics::Metrics;
+use crate::query::{NoParams, Strict};
 
 /// Response header carrying the long-poll index (`transitions`).
 pub const INDEX_HEADER: &str = "x-leader-index";
@@ -139,7 +139,7 @@ impl LeaderBody {
                     until: None,
                 }),
                 w => w.map(|w| WaitingBody {
-                    what: w.what,
+                    what: w.what.as_str(),
                     until: Some(humantime::format_rfc3339_millis(w.until).to_string()),
                 }),
             },
@@ -217,37 +217,52 @@ pub fn error_response(status: StatusCode, message: impl Into<String>) -> Respons
     json_response(status, json!({ "error": message.into() }))
 }
 
-fn parse_poll(params: &HashMap<String, String>) -> Result<Option<(u64, Duration)>, String> {
-    let Some(index) = params.get("index") else {
-        if params.contains_key("wait") {
-            return Err("query parameter wait needs index: pass the transitions value of your last answer as ?index=N".into());
-        }
-        return Ok(None);
-    };
-    let index: u64 = index.parse().map_err(|_| {
-        format!("query parameter index ({index}) must be a non-negative integer: the transitions value of your last answer")
-    })?;
-    let wait = match params.get("wait") {
-        None => DEFAULT_WAIT,
-        Some(w) => humantime::parse_duration(w).map_err(|e| {
-            format!("query parameter wait ({w}) is not a duration: {e}; use e.g. wait=30s")
-        })?,
-    };
-    if wait > MAX_WAIT {
-        return Err(format!(
-            "query parameter wait ({}) must be at most {}",
-            params["wait"],
-            humantime::format_duration(MAX_WAIT)
-        ));
-    }
-    Ok(Some((index, wait)))
+/// The query of `GET /leader`: a long-poll's `index` and `wait`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PollParams {
+    /// The `transitions` of the caller's last answer.
+    pub index: Option<String>,
+    /// How long to wait for a change (humantime).
+    pub wait: Option<String>,
 }
 
-async fn leader(
-    State(app): State<AppState>,
-    Query(params): Query<HashMap<String, String>>,
-) -> Response {
-    let poll = match parse_poll(&params) {
+impl PollParams {
+    /// The long-poll asked for, if any: `(index, wait)`. Each value is checked
+    /// on its own first, so a `wait` out of range says so even without `index`.
+    ///
+    /// # Errors
+    /// A message naming the parameter and the fix.
+    pub fn poll(&self) -> Result<Option<(u64, Duration)>, String> {
+        let wait = match &self.wait {
+            None => DEFAULT_WAIT,
+            Some(w) => {
+                let d = crate::flags::parse_duration(w)
+                    .map_err(|e| format!("parameter 'wait' ({w}): {e}"))?;
+                if d > MAX_WAIT {
+                    return Err(format!(
+                        "parameter 'wait' ({w}) must be at most {}; ask again after it ends",
+                        crate::flags::format_duration(MAX_WAIT)
+                    ));
+                }
+                d
+            }
+        };
+        let Some(index) = &self.index else {
+            if self.wait.is_some() {
+                return Err("parameter 'wait' needs 'index': pass the transitions value of your last answer as ?index=N".into());
+            }
+            return Ok(None);
+        };
+        let index: u64 = index.parse().map_err(|_| {
+            format!("parameter 'index' ({index}) must be a non-negative integer: the transitions value of your last answer")
+        })?;
+        Ok(Some((index, wait)))
+    }
+}
+
+async fn leader(State(app): State<AppState>, Strict(params): Strict<PollParams>) -> Response {
+    let poll = match params.poll() {
         Ok(p) => p,
         Err(msg) => return error_response(StatusCode::BAD_REQUEST, msg),
     };
@@ -287,22 +302,22 @@ async fn leader(
     resp
 }
 
-async fn compat_name(State(app): State<AppState>) -> Response {
+async fn compat_name(State(app): State<AppState>, _: Strict<NoParams>) -> Response {
     let now = Instant::now();
     let name = app.state.borrow().leader_at(now).unwrap_or("").to_owned();
     json_response(StatusCode::OK, json!({ "name": name }))
 }
 
-async fn compat_is_leader(State(app): State<AppState>) -> Response {
+async fn compat_is_leader(State(app): State<AppState>, _: Strict<NoParams>) -> Response {
     let is_leader = app.state.borrow().is_leader(Instant::now());
     json_response(StatusCode::OK, json!({ "isLeader": is_leader }))
 }
 
-async fn healthz() -> Response {
+async fn healthz(_: Strict<NoParams>) -> Response {
     json_response(StatusCode::OK, json!({ "status": "ok" }))
 }
 
-async fn readyz(State(app): State<AppState>) -> Response {
+async fn readyz(State(app): State<AppState>, _: Strict<NoParams>) -> Response {
     let (ready, stopping, error) = {
         let s = app.state.borrow();
         (
@@ -326,7 +341,7 @@ async fn readyz(State(app): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(app): State<AppState>) -> Response {
+async fn metrics(State(app): State<AppState>, _: Strict<NoParams>) -> Response {
     let Some(m) = &app.metrics else {
         return (StatusCode::OK, "").into_response();
     };

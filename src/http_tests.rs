@@ -31,6 +31,7 @@ fn follower() -> LeaderState {
         waiting: None,
         paused: false,
         priority: 1,
+        pinned: None,
     }
 }
 
@@ -209,7 +210,16 @@ async fn bad_long_poll_parameters_get_400_naming_the_parameter() {
         ("/leader?index=x", "index"),
         ("/leader?index=1&wait=soon", "wait"),
         ("/leader?index=1&wait=11m", "at most"),
-        ("/leader?wait=1s", "needs index"),
+        ("/leader?wait=1s", "needs 'index'"),
+        // The range first: a wait too long says so even without index.
+        ("/leader?wait=11m", "must be at most 10m"),
+        ("/leader?wait=soon", "not a duration"),
+        (
+            "/leader?indx=1",
+            "unknown parameter 'indx' (known: index, wait)",
+        ),
+        ("/leader?index=1&index=2", "repeated parameter 'index'"),
+        ("/healthz?verbose=1", "unknown parameter 'verbose'"),
     ] {
         let (s, _, b) = get(rx.clone(), uri).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{uri}");

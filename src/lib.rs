@@ -78,6 +78,8 @@ pub mod cli;
 #[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 pub mod config;
 #[doc(hidden)]
+pub mod console;
+#[doc(hidden)]
 pub mod control;
 #[doc(hidden)]
 pub mod coord;
@@ -85,6 +87,9 @@ pub mod coord;
 pub mod elector;
 #[doc(hidden)]
 pub mod endpoint_slice;
+/// Failsafe: a leader that outlives a backend outage while every roster
+/// member confirms it (opt-in; the protocol, not yet wired to the Elector).
+pub mod failsafe;
 #[doc(hidden)]
 pub mod flags;
 #[doc(hidden)]
@@ -97,6 +102,8 @@ pub mod kube_label;
 pub mod metrics;
 #[doc(hidden)]
 pub mod ops;
+#[doc(hidden)]
+pub mod query;
 #[doc(hidden)]
 pub mod serve;
 #[doc(hidden)]

@@ -28,6 +28,9 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Before anything opens a file or socket: a closed stdout or stderr
+    // (`2>&-`) must not be taken over by one (it would receive our logs).
+    leader_elector::console::reopen_closed_stdio();
     let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -41,18 +44,14 @@ fn main() -> ExitCode {
         Ok(Invocation::Sidecar(cli)) => (*cli, false),
         Ok(Invocation::Command(command)) => match *command {
             Command::Run(run) => (run.sidecar, true),
-            Command::Status(ops) => return leader_elector::ops::status_main(&ops),
-            Command::Observe(ops) => return leader_elector::ops::observe_main(&ops),
-            Command::Pause(ops) => return leader_elector::ops::pause_main(&ops, true),
-            Command::Resume(ops) => return leader_elector::ops::pause_main(&ops, false),
-            Command::Switchover(cli) => return leader_elector::ops::switchover_main(&cli),
+            other => return command_main(other),
         },
         Err(e) => e.exit(),
     };
     let config = match Config::from_cli_mode(cli, run_mode) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            leader_elector::say!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -68,7 +67,7 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            leader_elector::say!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -86,6 +85,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// The commands other than the sidecar and `run`.
+fn command_main(command: Command) -> ExitCode {
+    match command {
+        Command::Run(_) => unreachable!("run is the sidecar's"),
+        Command::Status(ops) => leader_elector::ops::status_main(&ops),
+        Command::Observe(ops) => leader_elector::ops::observe_main(&ops),
+        Command::Pause(ops) => leader_elector::ops::pause_main(&ops, true),
+        Command::Resume(ops) => leader_elector::ops::pause_main(&ops, false),
+        Command::Switchover(cli) => leader_elector::ops::switchover_main(&cli),
+        // A closed stdout (`| head`) is not an error of these.
+        Command::Completions(c) => {
+            let _ = cli::completions(c.shell, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            let _ = cli::man(&mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+    }
+}
+
 /// Report a runtime failure once: through the log when it shows errors (JSON
 /// stays JSON), else on stderr; exit code 1.
 fn report(e: RunError) -> ExitCode {
@@ -93,7 +113,7 @@ fn report(e: RunError) -> ExitCode {
     if tracing::enabled!(tracing::Level::ERROR) {
         tracing::error!(error = format!("{e:#}"), "leader-elector failed");
     } else {
-        eprintln!("error: {e:#}");
+        leader_elector::say!("error: {e:#}");
     }
     ExitCode::from(1)
 }
@@ -106,7 +126,7 @@ fn init_logs(config: &Config) -> Result<(), ExitCode> {
     let filter = match EnvFilter::try_new(&config.log_level) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!(
+            leader_elector::say!(
                 "error: --log-level ({}) is not a log filter: {e}\nhint: use e.g. info or leader_elector=debug",
                 config.log_level
             );
@@ -115,7 +135,10 @@ fn init_logs(config: &Config) -> Result<(), ExitCode> {
     };
     // Colour codes only on a terminal, and never with NO_COLOR set.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    // A log line that cannot be written (stderr a closed pipe) is dropped:
+    // tracing's own report of it would go to the same stderr and panic.
     let logs = tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);

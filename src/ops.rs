@@ -149,7 +149,7 @@ where
     let backend = match connect(cli) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::say!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -159,7 +159,7 @@ where
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            crate::say!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -193,14 +193,14 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
     let holder = match tokio::time::timeout(cli.timeout, backend.inspect()).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
-            eprintln!("error: {}", e.report());
+            crate::say!("error: {}", e.report());
             return 1;
         }
         Err(_) => {
-            eprintln!(
+            crate::say!(
                 "error: {} did not answer within {} (--timeout)",
                 backend.name(),
-                humantime::format_duration(cli.timeout)
+                crate::flags::format_duration(cli.timeout)
             );
             return 1;
         }
@@ -216,15 +216,14 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
                 + &candidates::table(report.candidates.as_deref())
         }
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     match &holder {
         None => EXIT_NO_LEADER,
         // A backend that reports the time left reports 0 for a holder whose
         // term may be over (a Lease: renewTime + leaseDurationSeconds past).
         Some(h) if h.expires_in == Some(Duration::ZERO) => {
-            eprintln!(
+            crate::say!(
                 "warning: holder {} has not renewed the Lease within its duration by this machine's clock (renewTime + leaseDurationSeconds is past): possibly expired; an estimate, since clocks may differ",
                 h.identity
             );

@@ -191,17 +191,15 @@ pub async fn supervise(
 ) -> Option<i32> {
     let mut signals = Forwarded::install();
     let mut restart_delay = Duration::from_millis(100);
+    let mut starts = Starts::new(&opts, &handle, &shutdown);
     loop {
         // Wait until we lead with enough validity left to stop in time.
         let (token, mut valid_until) = wait_to_lead(&opts, &mut state, &handle, &shutdown).await?;
         let snapshot = state.borrow().clone();
-        let mut child = match spawn(&opts, &snapshot, token).await {
+        let mut child = match start(&opts, &snapshot, token, &mut starts).await {
             Ok(c) => c,
-            Err(e) => {
-                error!(command = ?opts.command, error = %e, "cannot start the command; resigning");
-                handle.resign(opts.resign_cooldown).await;
-                continue;
-            }
+            Err(None) => continue,
+            Err(Some(code)) => return Some(code),
         };
         info!(watchdog = child.id(), pid = child.group.map(Pid::as_raw), fencing_token = token, command = ?opts.command, "started the command as leader");
         let outcome = watch_child(
@@ -216,6 +214,7 @@ pub async fn supervise(
         .await;
         match outcome {
             Outcome::Stop { shutdown: stopping } => {
+                starts.started();
                 let deadline = (Instant::now() + opts.kill_grace)
                     .min(valid_until.checked_sub(KILL_SLACK).unwrap_or(valid_until));
                 let status = stop(&mut child, deadline).await;
@@ -230,13 +229,116 @@ pub async fn supervise(
                 // Reap anything the child left in its group.
                 signal_group(&child, Signal::SIGKILL);
                 let code = exit_code(status);
-                if let Some(code) =
+                let end = if START_FAILED.contains(&code) {
+                    starts.failed(code).await
+                } else {
+                    starts.started();
                     after_exit(code, &opts, &handle, &shutdown, &mut restart_delay).await
-                {
-                    return Some(code);
+                };
+                if end.is_some() {
+                    return end;
                 }
             }
         }
+    }
+}
+
+/// Start the command; a failed start is counted (`Err(None)`: try again
+/// once leading; `Err(Some(code))`: the run is over with `code`).
+async fn start(
+    opts: &RunOptions,
+    snapshot: &LeaderState,
+    token: u64,
+    starts: &mut Starts<'_>,
+) -> Result<Running, Option<i32>> {
+    match spawn(opts, snapshot, token).await {
+        Ok(c) if c.group.is_some() => Ok(c),
+        Ok(mut c) => {
+            // The watchdog could not start the command (126, 127).
+            let code = c.child.wait().await.map_or(127, exit_code);
+            Err(starts.failed(code).await)
+        }
+        Err(e) => {
+            error!(command = ?opts.command, error = %e, "cannot start the command's watchdog");
+            Err(starts.failed(126).await)
+        }
+    }
+}
+
+/// Exit codes that say the command could not start: 126 cannot execute,
+/// 127 not found (the watchdog's, and the shell's, convention).
+const START_FAILED: [i32; 2] = [126, 127];
+
+/// Failed starts in a row, against `--start-failures`.
+struct Starts<'a> {
+    failures: u32,
+    delay: Duration,
+    opts: &'a RunOptions,
+    handle: &'a ElectorHandle,
+    shutdown: &'a CancellationToken,
+}
+
+impl<'a> Starts<'a> {
+    fn new(
+        opts: &'a RunOptions,
+        handle: &'a ElectorHandle,
+        shutdown: &'a CancellationToken,
+    ) -> Self {
+        Starts {
+            failures: 0,
+            delay: Duration::from_millis(100),
+            opts,
+            handle,
+            shutdown,
+        }
+    }
+
+    /// The command started (and ran until it was stopped or exited with
+    /// another code): the count starts again.
+    fn started(&mut self) {
+        self.failures = 0;
+        self.delay = Duration::from_millis(100);
+    }
+
+    /// The command failed to start with `code`. Below `--start-failures`:
+    /// say so, give the term up without a freeze (another candidate may be
+    /// able to run the command) and wait a doubling delay; `Some(code)`,
+    /// after shutting the run down, when this was the last failure allowed.
+    async fn failed(&mut self, code: i32) -> Option<i32> {
+        self.failures += 1;
+        let (failures, limit) = (self.failures, self.opts.start_failures);
+        let command = &self.opts.command;
+        let why = if code == 127 {
+            "not found"
+        } else {
+            "cannot be executed"
+        };
+        if failures >= limit {
+            error!(
+                ?command,
+                code,
+                failures,
+                "the command failed to start {failures} times in a row ({why}); exiting with its code (--start-failures)"
+            );
+            self.shutdown.cancel();
+            self.handle.release().await;
+            return Some(code);
+        }
+        error!(
+            ?command,
+            code,
+            failures,
+            limit,
+            "the command failed to start while leading ({why}); resigning so another candidate may run it"
+        );
+        self.handle.resign(Duration::ZERO).await;
+        self.handle.release().await;
+        tokio::select! {
+            _ = sleep(self.delay) => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+        self.delay = (self.delay * 2).min(Duration::from_secs(10));
+        None
     }
 }
 

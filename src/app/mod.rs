@@ -184,8 +184,8 @@ impl App {
             http_addr = %self.http_addr(),
             control_addr = %self.control_addr().map(|a| a.to_string()).unwrap_or_default(),
             // Whole milliseconds: a third of 5s is 1s 666ms, not 1s 666ms 666us 666ns.
-            lease_duration = %humantime::format_duration(whole_ms(cfg.elector.lease_duration)),
-            renew_interval = %humantime::format_duration(whole_ms(cfg.elector.renew_interval)),
+            lease_duration = %crate::flags::format_duration(whole_ms(cfg.elector.lease_duration)),
+            renew_interval = %crate::flags::format_duration(whole_ms(cfg.elector.renew_interval)),
             "starting"
         );
     }

@@ -30,8 +30,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use super::WaitReason;
 use super::candidates::{Candidate, Listed};
-use super::controls::{Controls, PAUSED};
+use super::controls::Controls;
 use super::{About, Campaign, Holder, LeaseBackend, Renewal, Result, Term, TermId};
 
 /// One election on a primary and a bridge lock (see the module docs).
@@ -151,8 +152,8 @@ impl LeaseBackend for Both {
             Ok(Campaign::Elected(t)) => t,
             other => {
                 // Never claimed: give the bridge back at once.
-                let _ = self.bridge.resign(&bridge).await;
-                let paused = matches!(&other, Ok(Campaign::Waiting { why, .. }) if *why == PAUSED);
+                let _ = self.bridge.release(&bridge, None).await;
+                let paused = matches!(&other, Ok(Campaign::Waiting { why, .. }) if *why == WaitReason::Paused);
                 self.state(|s| s.paused = other.as_ref().ok().filter(|_| paused).cloned());
                 return other;
             }
@@ -179,24 +180,14 @@ impl LeaseBackend for Both {
         })
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
+    /// Release both terms, the primary's naming `successor` (the bridge
+    /// has no registry).
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         let Some((primary, bridge)) = self.held(term) else {
-            return self.primary.resign(term).await;
+            return self.primary.release(term, successor).await;
         };
-        let p = self.primary.resign(&primary).await;
-        let b = self.bridge.resign(&bridge).await;
-        self.state(|s| s.held = None);
-        p.and(b)
-    }
-
-    /// As [`resign`](LeaseBackend::resign), the primary's release naming
-    /// `successor` (the bridge has no registry).
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        let Some((primary, bridge)) = self.held(term) else {
-            return self.primary.resign_to(term, successor).await;
-        };
-        let p = self.primary.resign_to(&primary, successor).await;
-        let b = self.bridge.resign(&bridge).await;
+        let p = self.primary.release(&primary, successor).await;
+        let b = self.bridge.release(&bridge, None).await;
         self.state(|s| s.held = None);
         p.and(b)
     }

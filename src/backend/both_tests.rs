@@ -30,7 +30,7 @@ async fn elected_only_holding_both_with_the_primarys_term() {
         other => panic!("{other:?}"),
     }
     assert!(p.holder().is_none(), "the primary is not written");
-    b.resign(&old).await.unwrap();
+    b.release(&old, None).await.unwrap();
     let t = elected(both.campaign("a", TTL, None).await.unwrap());
     assert_eq!(
         Some(t.holder.term_id.clone()),
@@ -41,7 +41,7 @@ async fn elected_only_holding_both_with_the_primarys_term() {
         both.renew(&t).await.unwrap(),
         Renewal::Renewed { .. }
     ));
-    both.resign(&t).await.unwrap();
+    both.release(&t, None).await.unwrap();
     assert!(
         p.holder().is_none() && b.holder().is_none(),
         "both released"
@@ -110,7 +110,7 @@ impl LeaseBackend for Pausable {
             return Ok(Campaign::Waiting {
                 previous: None,
                 retry_after: Duration::from_secs(1),
-                why: PAUSED,
+                why: WaitReason::Paused,
             });
         }
         self.inner.campaign(identity, ttl, previous).await
@@ -120,8 +120,8 @@ impl LeaseBackend for Pausable {
         self.inner.renew(term).await
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
-        self.inner.resign(term).await
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        self.inner.release(term, successor).await
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -159,7 +159,7 @@ async fn a_paused_primary_leaves_the_bridge_alone() {
     assert!(both.controls().await.unwrap().paused);
     for round in 0..3 {
         match both.campaign("a", TTL, None).await {
-            Ok(Campaign::Waiting { why, .. }) => assert_eq!(why, PAUSED),
+            Ok(Campaign::Waiting { why, .. }) => assert_eq!(why, WaitReason::Paused),
             other => panic!("round {round}: {other:?}"),
         }
         assert!(b.holder().is_none(), "the bridge is not held");

@@ -1,6 +1,6 @@
 //! The candidate registry: each sidecar publishes a [`Candidate`] record
 //! with a TTL while it runs, so that a releasing leader can name its
-//! successor ([`choose_successor`]) although followers send nothing at rest.
+//! successor ([`best_candidate`]) although followers send nothing at rest.
 //!
 //! Backends without a registry keep the defaults of
 //! [`LeaseBackend`](super::LeaseBackend)'s registry methods (nothing is
@@ -12,7 +12,7 @@
 //! Elector's safety rule; a wrong, stale or dead successor costs the other
 //! candidates at most [`successor_wait`] before they campaign as today.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Priority of a candidate that publishes none (every candidate may lead). 0 means "never lead": never named a successor.
 pub const DEFAULT_PRIORITY: u32 = 1;
@@ -50,8 +50,21 @@ pub struct Candidate {
     pub priority: u32,
     /// The revision it runs (a Pod template hash, say); empty when unknown.
     pub revision: String,
-    /// Whether it may lead now (its app is healthy: the candidacy gate).
+    /// Whether it may lead now (its app is healthy: the candidacy gate,
+    /// and it is not frozen).
     pub ready: bool,
+    /// Until when it is frozen (`POST /resign?freeze=`): not eligible as
+    /// successor, preemption or switchover target before then. `None`:
+    /// not frozen. Wall-clock time, shown by `status`.
+    #[serde(serialize_with = "rfc3339", skip_serializing_if = "Option::is_none")]
+    pub frozen_until: Option<SystemTime>,
+}
+
+fn rfc3339<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string()),
+        None => s.serialize_none(),
+    }
 }
 
 impl Candidate {
@@ -62,8 +75,25 @@ impl Candidate {
             priority: DEFAULT_PRIORITY,
             revision: String::new(),
             ready: true,
+            frozen_until: None,
         }
     }
+
+    /// Whether the record says it is frozen at `now`.
+    pub fn frozen_at(&self, now: SystemTime) -> bool {
+        self.frozen_until.is_some_and(|t| t > now)
+    }
+}
+
+/// `t` in ms since the Unix epoch (0 before it), as records store a freeze.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The time `ms` ms after the Unix epoch.
+pub fn from_unix_ms(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// A candidate as the registry lists it.
@@ -136,9 +166,18 @@ impl Revisions {
 }
 
 /// Whether a leader whose identity is `me` may name `l`: not lapsed,
-/// ready, a priority above 0, and not `me`.
+/// ready, not frozen (by the reader's wall clock), a priority above 0, and
+/// not `me`.
 fn eligible(l: &Listed, me: &str) -> bool {
-    l.alive() && l.candidate.ready && l.candidate.priority > 0 && l.candidate.identity != me
+    eligible_at(l, me, SystemTime::now())
+}
+
+fn eligible_at(l: &Listed, me: &str, now: SystemTime) -> bool {
+    l.alive()
+        && l.candidate.ready
+        && !l.candidate.frozen_at(now)
+        && l.candidate.priority > 0
+        && l.candidate.identity != me
 }
 
 /// The order of preference among eligible records: highest priority, then
@@ -158,21 +197,26 @@ fn preference(revisions: &Revisions, a: &Listed, b: &Listed) -> std::cmp::Orderi
         .then_with(|| ca.identity.cmp(&cb.identity))
 }
 
-/// The successor a leader whose identity is `me` names when it releases:
-/// among the records that have not lapsed, are ready, have a priority
-/// above 0 and are not `me`, the highest priority; among equals the newest
-/// revision ([`Revisions`]), then the most recently renewed, then the
-/// smallest identity. `None`: nobody, hand over as before.
-pub fn choose_successor<'a>(listed: &'a [Listed], me: &str) -> Option<&'a Candidate> {
+/// The registry's best candidate for a leader whose identity is `me`, at
+/// wall-clock `now`: among the records that have not lapsed, are ready,
+/// are not frozen, have a priority above 0 and are not `me`, the highest
+/// priority; among equals the newest revision ([`Revisions`]), then the
+/// most recently renewed, then the smallest identity. `None`: nobody. The
+/// Elector's `successor_for` applies the precedence table over it.
+pub fn best_candidate<'a>(
+    listed: &'a [Listed],
+    me: &str,
+    now: SystemTime,
+) -> Option<&'a Candidate> {
     let revisions = Revisions::of(listed, me);
     listed
         .iter()
-        .filter(|l| eligible(l, me))
+        .filter(|l| eligible_at(l, me, now))
         .min_by(|a, b| preference(&revisions, a, b))
         .map(|l| &l.candidate)
 }
 
-/// The best eligible candidate (as [`choose_successor`] orders them) that
+/// The best eligible candidate (as [`best_candidate`] orders them) that
 /// runs a newer revision than the leader `me` (priority `priority`,
 /// revision `revision`, whose first record was created at `mine` as the
 /// leader remembers it, if at all) and whose priority is at least the
@@ -201,7 +245,7 @@ pub fn newer_revision<'a>(
         .map(|l| &l.candidate)
 }
 
-/// The eligible candidates (see [`choose_successor`]) whose priority is
+/// The eligible candidates (see [`best_candidate`]) whose priority is
 /// above `priority`, best first.
 pub fn higher_priority<'a>(listed: &'a [Listed], me: &str, priority: u32) -> Vec<&'a Candidate> {
     let revisions = Revisions::of(listed, me);
@@ -233,6 +277,7 @@ mod tests {
                 priority,
                 revision: String::new(),
                 ready,
+                frozen_until: None,
             },
             age: Some(Duration::from_secs(age_s)),
             ttl: Duration::from_secs(180),
@@ -282,7 +327,7 @@ mod tests {
             ),
         ];
         for (what, list, want) in cases {
-            let got = choose_successor(list, "me").map(|c| c.identity.as_str());
+            let got = best_candidate(list, "me", SystemTime::now()).map(|c| c.identity.as_str());
             assert_eq!(got, *want, "{what}");
         }
     }
@@ -348,7 +393,7 @@ mod tests {
             ),
         ];
         for (what, list, want) in cases {
-            let got = choose_successor(list, "me").map(|c| c.identity.as_str());
+            let got = best_candidate(list, "me", SystemTime::now()).map(|c| c.identity.as_str());
             assert_eq!(got, *want, "{what}");
         }
     }

@@ -15,9 +15,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::candidates::{Candidate, Listed, successor_wait};
-use super::controls::{self, Controls};
+use super::controls::Controls;
 use super::{
     About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
+    WaitReason,
 };
 
 /// The in-memory backend's name and advice (it has no TLS, credentials or refusals).
@@ -42,13 +43,13 @@ struct Inner {
     candidates: Vec<(Candidate, Instant, Duration, u64)>,
     /// How many records were ever created (the creation order).
     created: u64,
-    /// The successor named by the last release, and until when the other
-    /// candidates leave it the term.
-    successor: Option<(String, Instant)>,
+    /// The successor named by the last release, until when the other
+    /// candidates leave it the term at least, and when each other
+    /// candidate first saw it (each leaves it the wait from its own first
+    /// sight, as on etcd: a candidate asleep in an earlier wait when the
+    /// release landed still leaves the successor its whole head start).
+    successor: Option<(String, Instant, std::collections::HashMap<String, Instant>)>,
 }
-
-/// The `why` of a campaign that leaves a released term to its named successor.
-const YIELDING: &str = "the term was released to a named successor: leaving it the term first";
 
 /// How long a campaign refused by a pause asks the candidate to wait.
 const PAUSED_RETRY: Duration = Duration::from_secs(1);
@@ -122,24 +123,28 @@ impl MemoryBackend {
     /// is paused (decided under the same lock as the take).
     fn held_back(
         &self,
-        inner: &Inner,
+        inner: &mut Inner,
         identity: &str,
         previous: Option<&Holder>,
     ) -> Option<Campaign> {
-        if let Some((to, until)) = &inner.successor
+        let now = Instant::now();
+        if let Some((to, until, seen)) = &mut inner.successor
             && to != identity
-            && Instant::now() < *until
         {
-            return Some(Campaign::Waiting {
-                previous: None,
-                retry_after: until.saturating_duration_since(Instant::now()),
-                why: YIELDING,
-            });
+            let first = *seen.entry(identity.to_owned()).or_insert(now);
+            let until = (*until).max(first + successor_wait(Duration::ZERO));
+            if now < until {
+                return Some(Campaign::Waiting {
+                    previous: None,
+                    retry_after: until - now,
+                    why: WaitReason::SuccessorHeadStart,
+                });
+            }
         }
         self.controls.borrow().paused.then(|| Campaign::Waiting {
             previous: previous.cloned(),
             retry_after: PAUSED_RETRY,
-            why: controls::PAUSED,
+            why: WaitReason::Paused,
         })
     }
 
@@ -179,7 +184,7 @@ impl LeaseBackend for MemoryBackend {
             holder.expires_in = Some(until.saturating_duration_since(Instant::now()));
             return Ok(Campaign::Following(holder));
         }
-        if let Some(wait) = self.held_back(&inner, identity, previous) {
+        if let Some(wait) = self.held_back(&mut inner, identity, previous) {
             return Ok(wait);
         }
         if let Some(prev) = previous
@@ -188,7 +193,7 @@ impl LeaseBackend for MemoryBackend {
             return Ok(Campaign::Waiting {
                 previous: Some(prev.clone()),
                 retry_after: until.saturating_duration_since(Instant::now()),
-                why: "the key was deleted but the previous term is alive: waiting for it to end",
+                why: WaitReason::PreviousTerm,
             });
         }
         inner.successor = None;
@@ -252,10 +257,14 @@ impl LeaseBackend for MemoryBackend {
         }
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         let mut inner = self.check()?;
         inner.leases.retain(|(id, _)| *id != term.holder.term_id);
         if matches!(&inner.key, Some((h, _)) if h.term_id == term.holder.term_id) {
+            if let Some(to) = successor {
+                let until = Instant::now() + successor_wait(Duration::ZERO);
+                inner.successor = Some((to.to_owned(), until, Default::default()));
+            }
             inner.key = None;
             inner.revision += 1;
             let rev = inner.revision;
@@ -291,18 +300,6 @@ impl LeaseBackend for MemoryBackend {
 
     fn has_registry(&self) -> bool {
         true
-    }
-
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        if let Some(to) = successor {
-            let mut inner = self.check()?;
-            let was_held = matches!(&inner.key, Some((h, _)) if h.term_id == term.holder.term_id);
-            if was_held {
-                let until = Instant::now() + successor_wait(Duration::ZERO);
-                inner.successor = Some((to.to_owned(), until));
-            }
-        }
-        self.resign(term).await
     }
 
     async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {

@@ -1,5 +1,5 @@
 //! The backend seam: the [`LeaseBackend`] trait with the four verbs every
-//! coordination backend offers (campaign, renew, resign, watch), the values
+//! coordination backend offers (campaign, renew, release, watch), the values
 //! they exchange ([`Term`], [`Holder`], [`Campaign`], [`Renewal`]) and the
 //! shared [`BackendError`].
 //!
@@ -24,6 +24,7 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
+mod waits;
 
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use tokio::time::Instant;
 
 pub use error::BackendError;
 pub(crate) use error::is_tls_error;
+pub use waits::WaitReason;
 
 /// A backend's id of one term (etcd: its lease; Redis: the random token in
 /// the key; a Lease: its `holderIdentity`). Opaque to all but the backend
@@ -154,10 +156,9 @@ pub enum Campaign {
         previous: Option<Holder>,
         /// Remaining lifetime of the previous term, as the backend reports it.
         retry_after: Duration,
-        /// What is being waited for, in words for `/leader` and the log
-        /// (e.g. "the Lease was deleted by hand while its holder's term may
-        /// still run").
-        why: &'static str,
+        /// What is being waited for (rendered to words only at the edges:
+        /// `/leader`, the log, `status`).
+        why: WaitReason,
     },
 }
 
@@ -237,7 +238,7 @@ pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 /// A coordination backend for one election key.
 ///
 /// Implementations are cheap to call concurrently through `&self` but the
-/// Elector calls `campaign`, `renew` and `resign` one at a time; `watch` may
+/// Elector calls `campaign`, `renew` and `release` one at a time; `watch` may
 /// run concurrently with them.
 #[async_trait]
 pub trait LeaseBackend: Send + Sync {
@@ -272,12 +273,17 @@ pub trait LeaseBackend: Send + Sync {
     async fn renew(&self, term: &Term) -> Result<Renewal>;
 
     /// End `term` now (etcd: revoke the lease, which deletes the key), so a
-    /// follower can take over at once. Ending a term that is already over is not
+    /// follower can take over at once, naming `successor` (an identity the
+    /// Elector chose from the registry) so that the other candidates leave
+    /// it a head start of [`candidates::successor_wait`] before they
+    /// campaign. `None` names nobody (a lost or abandoned term, or no
+    /// registry). A backend never chooses a successor itself and never
+    /// lists its registry here. Ending a term that is already over is not
     /// an error.
     ///
     /// # Errors
     /// Any [`BackendError`]; the term then ends by TTL.
-    async fn resign(&self, term: &Term) -> Result<()>;
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()>;
 
     /// Read the current holder without campaigning (used while this candidate
     /// stays out of campaigns: resign cooldown, unhealthy app). `None` when
@@ -324,7 +330,7 @@ pub trait LeaseBackend: Send + Sync {
 
     /// Whether this backend keeps a candidate registry
     /// ([`candidates`](self::candidates)); `false` (the default): the
-    /// registry methods do nothing and a release names no successor.
+    /// registry methods do nothing and the Elector names no successor.
     fn has_registry(&self) -> bool {
         false
     }
@@ -373,19 +379,6 @@ pub trait LeaseBackend: Send + Sync {
     /// the registry again and calls this again after a backoff.
     async fn watch_candidates(&self) -> Result<()> {
         std::future::pending().await
-    }
-
-    /// End `term` now like [`resign`](LeaseBackend::resign), naming
-    /// `successor` (an identity from the registry) in the release, so the
-    /// other candidates leave it the wait of
-    /// [`candidates::successor_wait`] before they campaign. `None` names
-    /// nobody. The default ignores `successor` and resigns.
-    ///
-    /// # Errors
-    /// As [`resign`](LeaseBackend::resign).
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        let _ = successor;
-        self.resign(term).await
     }
 
     /// Whether this backend keeps operator controls

@@ -28,6 +28,7 @@ use crate::flags::{ConfigError, config_error};
 /// The backend choice and every backend's connection flags: one group,
 /// flattened into the sidecar's flags and the operator commands' alike.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Election")]
 pub struct BackendArgs {
     /// Which backend to use; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
     #[arg(long, default_value = AUTO, env = "LEADER_ELECTOR_BACKEND", value_parser = backend_names(), value_name = "BACKEND")]

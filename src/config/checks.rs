@@ -116,13 +116,13 @@ pub(crate) fn check_range(flag: &str, value: Duration) -> Result<(), ConfigError
     if value < min || value > max {
         return Err(config_error(format!(
             "{flag} ({}) must be between {} and {}\nhint: see the README's table of flags and ranges",
-            humantime::format_duration(value),
+            crate::flags::format_duration(value),
             if min.is_zero() {
                 "0s".to_owned()
             } else {
-                humantime::format_duration(min).to_string()
+                crate::flags::format_duration(min).to_string()
             },
-            humantime::format_duration(max)
+            crate::flags::format_duration(max)
         )));
     }
     Ok(())

@@ -68,11 +68,11 @@ pub struct Cli {
     pub control_addr: String,
 
     /// Connections each listener (--http-addr, --control-addr) serves at once; beyond it new connections get 503 (GET /healthz still 200) [range: 1-65536].
-    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "LEADER_ELECTOR_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, env = "LEADER_ELECTOR_MAX_CONNECTIONS", value_parser = crate::flags::parse_usize, allow_negative_numbers = true, value_name = "N")]
     pub max_connections: usize,
 
     /// Acquisitions with a `wait` that may wait at once on this sidecar (locks, fair locks, semaphores); beyond it they get 429 [range: 1-65536].
-    #[arg(long, default_value_t = crate::coord::DEFAULT_MAX_WAITERS, env = "LEADER_ELECTOR_COORD_MAX_WAITERS", value_name = "N")]
+    #[arg(long, default_value_t = crate::coord::DEFAULT_MAX_WAITERS, env = "LEADER_ELECTOR_COORD_MAX_WAITERS", value_parser = crate::flags::parse_usize, allow_negative_numbers = true, value_name = "N")]
     pub coord_max_waiters: usize,
 
     /// Time a client has to send a request's headers; also how long an idle keep-alive connection stays open [range: 100ms-5m].
@@ -104,7 +104,7 @@ pub struct Cli {
     pub health_interval: Duration,
 
     /// This candidate's priority: a leader hands over to a ready candidate of a higher one; 0 never leads (follows and reports only).
-    #[arg(long, default_value_t = crate::backend::candidates::DEFAULT_PRIORITY, env = "LEADER_ELECTOR_PRIORITY", value_name = "N")]
+    #[arg(long, default_value_t = crate::backend::candidates::DEFAULT_PRIORITY, env = "LEADER_ELECTOR_PRIORITY", value_parser = crate::flags::parse_u32, allow_negative_numbers = true, value_name = "N")]
     pub priority: u32,
 
     /// How long a ready candidate of a higher priority must stay in the candidate registry before the leader hands over to it.
@@ -153,14 +153,13 @@ pub struct Cli {
     #[arg(long, env = "LEADER_ELECTOR_EVERY", value_parser = parse_duration, value_name = "DURATION")]
     pub every: Option<Duration>,
 
-    /// Run mode: what to do when the command exits on its own.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "resign",
-        env = "LEADER_ELECTOR_ON_CHILD_EXIT"
-    )]
-    pub on_child_exit: OnChildExit,
+    /// Run mode: what to do when the command exits on its own [default: resign].
+    #[arg(long, value_enum, env = "LEADER_ELECTOR_ON_CHILD_EXIT")]
+    pub on_child_exit: Option<OnChildExit>,
+
+    /// Run mode: exit (with the command's code) after this many failed starts in a row (not found, not executable, exit 126 or 127 at once) [default: 3].
+    #[arg(long, env = "LEADER_ELECTOR_START_FAILURES", value_parser = crate::flags::parse_u32, allow_negative_numbers = true, value_name = "N")]
+    pub start_failures: Option<u32>,
 
     /// Run mode (`leader-elector run [flags] -- COMMAND ARGS...`): the command to run only while leading.
     #[arg(last = true, value_name = "COMMAND")]
@@ -214,6 +213,9 @@ pub struct RunOptions {
     pub kill_grace: Duration,
     /// What to do when the child exits on its own.
     pub on_child_exit: OnChildExit,
+    /// Failed starts in a row (`--start-failures`) after which the run
+    /// ends with the command's code.
+    pub start_failures: u32,
     /// Cooldown after a resign caused by the child's exit.
     pub resign_cooldown: Duration,
     /// `--every`: run once per period of this length instead of while

@@ -213,7 +213,7 @@ fn unworkable_values_are_refused_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["--lease-duration=1000y"],
-            "--lease-duration (1000years) must be between 1s and 1h",
+            "--lease-duration (365250d) must be between 1s and 1h",
         ),
         (
             &["--renew-interval=1ms"],
@@ -417,7 +417,20 @@ fn priority_preemption_and_revision_fill_the_standing() {
     assert_eq!((s.priority, s.preempt_after), (0, Duration::from_secs(3)));
     assert_eq!(s.revision, "5d9f");
     let e = cli(&[&base[..], &["--preempt-after", "2d"]].concat()).unwrap_err();
-    assert!(e.contains("--preempt-after (2days) must be between"), "{e}");
-    let e = cli(&[&base[..], &["--priority=-1"]].concat()).unwrap_err();
-    assert!(e.contains("--priority"), "{e}");
+    assert!(
+        e.contains("--preempt-after (2d) must be between 0s and 1d"),
+        "{e}"
+    );
+    for given in [&["--priority=-1"][..], &["--priority", "-1"][..]] {
+        let e = cli(&[&base[..], given].concat()).unwrap_err();
+        assert!(
+            e.contains("--priority") && e.contains("must not be negative"),
+            "{e}"
+        );
+    }
+    let e = cli(&[&base[..], &["--priority", "high"]].concat()).unwrap_err();
+    assert!(
+        e.contains("--priority") && e.contains("not a whole number"),
+        "{e}"
+    );
 }

@@ -12,6 +12,7 @@
 mod checks;
 mod cli;
 mod labeler;
+mod run;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,6 +33,7 @@ pub use checks::{
 use checks::{check_ranges, default_identity};
 pub use cli::*;
 use labeler::{labeler_config, slice_config};
+pub use run::{DEFAULT_START_FAILURES, resolve_command};
 
 /// The checked configuration.
 #[derive(Debug, Clone)]
@@ -85,7 +87,7 @@ impl Timing {
         if cli.lease_duration < Duration::from_secs(1) {
             return Err(config_error(format!(
                 "--lease-duration ({}) must be at least 1s",
-                humantime::format_duration(cli.lease_duration)
+                crate::flags::format_duration(cli.lease_duration)
             )));
         }
         let renew_interval = cli.renew_interval.unwrap_or(cli.lease_duration / 3);
@@ -130,23 +132,22 @@ fn run_options(cli: &Cli, run_mode: bool, t: &Timing) -> Result<Option<RunOption
             "a command after -- ({}) needs run mode\nhint: leader-elector run [flags] -- COMMAND ARGS...",
             cli.command.join(" ")
         ))),
-        (false, true) if cli.every.is_some() => Err(config_error(
-            "--every needs run mode\nhint: leader-elector run --every 5m [flags] -- COMMAND ARGS...",
-        )),
-        (false, true) => Ok(None),
+        (false, true) => run::no_run_flags(cli).map(|_| None),
         (true, false) => {
+            run::resolve_command(&cli.command[0], std::env::var("PATH").ok().as_deref())?;
             if t.kill_grace.is_zero() || t.kill_grace + t.renew_interval >= cli.lease_duration {
                 return Err(config_error(format!(
                     "--kill-grace ({}) plus --renew-interval ({}) must be shorter than --lease-duration ({})\nhint: the command is stopped kill-grace before the validity deadline when renewals fail",
-                    humantime::format_duration(t.kill_grace),
-                    humantime::format_duration(t.renew_interval),
-                    humantime::format_duration(cli.lease_duration)
+                    crate::flags::format_duration(t.kill_grace),
+                    crate::flags::format_duration(t.renew_interval),
+                    crate::flags::format_duration(cli.lease_duration)
                 )));
             }
             Ok(Some(RunOptions {
                 command: cli.command.clone(),
                 kill_grace: t.kill_grace,
-                on_child_exit: cli.on_child_exit,
+                on_child_exit: cli.on_child_exit.unwrap_or(OnChildExit::Resign),
+                start_failures: run::start_failures(cli)?,
                 resign_cooldown: t.resign_cooldown,
                 every: cli.every.map(every).transpose()?,
             }))

@@ -20,20 +20,22 @@
 //! 4 KiB). Every answer is JSON with `Cache-Control: no-store`; bad input is
 //! a 4xx whose `error` names the field and the fix.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::post;
 use serde_json::json;
 
+use super::params::{ClaimParams, LockParams, SemaphoreParams};
+pub(super) use super::params::{RenewParams, TokenParams, token};
 use super::{Claim, CoordError, Kind, Outcome, Service, Try, check_name, check_owner};
 use crate::http::{error_response, json_response};
+use crate::query::Strict;
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY: usize = 4096;
@@ -83,8 +85,6 @@ pub fn routes(state: CoordState) -> Router {
         .with_state(state)
 }
 
-pub(super) type Params = HashMap<String, String>;
-
 pub(super) fn bad(msg: impl Into<String>) -> Response {
     error_response(StatusCode::BAD_REQUEST, msg)
 }
@@ -100,101 +100,48 @@ pub(super) fn reply((status, msg): Bad) -> Response {
     error_response(status, msg)
 }
 
+/// The duration of parameter `field` (`value`; `default` when absent),
+/// checked to lie in `min..=max`.
 pub(super) fn duration(
-    params: &Params,
+    value: Option<&str>,
     field: &str,
     default: Duration,
     min: Duration,
     max: Duration,
 ) -> Result<Duration, Bad> {
-    let Some(text) = params.get(field) else {
+    let Some(text) = value else {
         return Ok(default);
     };
-    let d = humantime::parse_duration(text).map_err(|e| {
-        reject(format!(
-            "query parameter {field} ({text}) is not a duration: {e}; use e.g. {field}=30s"
-        ))
-    })?;
+    let d = crate::flags::parse_duration(text)
+        .map_err(|e| reject(format!("parameter '{field}' ({text}): {e}")))?;
     if d < min || d > max {
         return Err(reject(format!(
-            "query parameter {field} ({text}) must be between {} and {}",
-            humantime::format_duration(min),
-            humantime::format_duration(max)
+            "parameter '{field}' ({text}) must be between {} and {}",
+            crate::flags::format_duration(min),
+            crate::flags::format_duration(max)
         )));
     }
     Ok(d)
 }
 
-pub(super) fn owner(params: &Params, service: &Service) -> Result<String, Bad> {
-    match params.get("owner") {
+pub(super) fn owner(value: Option<&String>, service: &Service) -> Result<String, Bad> {
+    match value {
         None => Ok(service.default_owner.clone()),
         Some(o) => check_owner(o).map(|_| o.clone()).map_err(reject),
     }
 }
 
-/// The token from `?token=` or a JSON body `{"token": "..."}`.
-pub(super) fn token(
-    params: &Params,
-    body: &Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<String, Bad> {
-    if let Some(t) = params.get("token") {
-        return check_token(t);
-    }
-    let bytes = match body {
-        Ok(b) => b,
-        Err(rej) => {
-            // 413 only for a body over the limit; a malformed (e.g. bad
-            // chunked encoding) or stalled body is the client's 400.
-            let status = rej.status();
-            let what = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "too large"
-            } else {
-                "unreadable"
-            };
-            return Err((
-                status,
-                format!(
-                    "the request body is {what} ({rej}); send at most {MAX_BODY} bytes: {{\"token\": \"...\"}}"
-                ),
-            ));
-        }
-    };
-    if bytes.is_empty() {
-        return Err(reject(
-            "token is missing: pass ?token=TOKEN or a JSON body {\"token\": \"TOKEN\"} from the acquisition's answer",
-        ));
-    }
-    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        reject(format!(
-            "the body is not JSON ({e}); send {{\"token\": \"TOKEN\"}}"
-        ))
-    })?;
-    match v.get("token").and_then(|t| t.as_str()) {
-        Some(t) => check_token(t),
-        None => Err(reject(
-            "the body has no string field token; send {\"token\": \"TOKEN\"}",
-        )),
-    }
-}
-
-fn check_token(t: &str) -> Result<String, Bad> {
-    if t.is_empty() || t.len() > 128 || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '.') {
-        return Err(reject(
-            "token is malformed: use the token string from the acquisition's answer",
-        ));
-    }
-    Ok(t.to_owned())
-}
-
 /// `ttl` (default 30 s), `wait` (default 0) and `owner` of an acquisition.
 pub(super) fn acquire_params(
-    p: &Params,
+    ttl: Option<&str>,
+    wait: Option<&str>,
+    owner_value: Option<&String>,
     service: &Service,
 ) -> Result<(Duration, Duration, String), Bad> {
     Ok((
-        duration(p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?,
-        duration(p, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT)?,
-        owner(p, service)?,
+        duration(ttl, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?,
+        duration(wait, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT)?,
+        owner(owner_value, service)?,
     ))
 }
 
@@ -266,22 +213,25 @@ pub(super) fn released(o: Outcome) -> Response {
 async fn lock_acquire(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<LockParams>,
 ) -> Response {
     if let Err(r) = name_ok("lock name", &name) {
         return reply(r);
     }
-    let (ttl, wait, owner) = match acquire_params(&p, &s.service) {
+    let (ttl, wait, owner) = match acquire_params(
+        p.ttl.as_deref(),
+        p.wait.as_deref(),
+        p.owner.as_ref(),
+        &s.service,
+    ) {
         Ok(v) => v,
         Err(r) => return reply(r),
     };
-    let fair = match p.get("fair").map(String::as_str) {
+    let fair = match p.fair.as_deref() {
         None | Some("false") | Some("0") => false,
         Some("true") | Some("1") => true,
         Some(other) => {
-            return bad(format!(
-                "query parameter fair ({other}) must be true or false"
-            ));
+            return bad(format!("parameter 'fair' ({other}) must be true or false"));
         }
     };
     match s.service.lock(&name, &owner, ttl, wait, fair).await {
@@ -304,23 +254,29 @@ fn kind_of(sem: bool) -> (Kind, &'static str) {
 fn name_and_token(
     what: &str,
     name: &str,
-    p: &Params,
+    query_token: Option<&str>,
     body: &Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<String, Bad> {
     name_ok(what, name)?;
-    token(p, body)
+    token(query_token, body)
 }
 
 /// `POST /locks/{name}/renew` and `POST /semaphores/{name}/renew`.
 async fn renew<const SEM: bool>(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<RenewParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let (kind, what) = kind_of(SEM);
-    let checked = name_and_token(what, &name, &p, &body).and_then(|token| {
-        let ttl = duration(&p, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?;
+    let checked = name_and_token(what, &name, p.token.as_deref(), &body).and_then(|token| {
+        let ttl = duration(
+            p.ttl.as_deref(),
+            "ttl",
+            Duration::from_secs(30),
+            MIN_TTL,
+            MAX_TTL,
+        )?;
         Ok((token, ttl))
     });
     let (token, ttl) = match checked {
@@ -337,11 +293,11 @@ async fn renew<const SEM: bool>(
 async fn release<const SEM: bool>(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<TokenParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let (kind, what) = kind_of(SEM);
-    let token = match name_and_token(what, &name, &p, &body) {
+    let token = match name_and_token(what, &name, p.token.as_deref(), &body) {
         Ok(t) => t,
         Err(r) => return reply(r),
     };
@@ -354,25 +310,30 @@ async fn release<const SEM: bool>(
 async fn sem_acquire(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<SemaphoreParams>,
 ) -> Response {
     if let Err(r) = name_ok("semaphore name", &name) {
         return reply(r);
     }
-    let permits: u32 = match p.get("permits").map(|v| v.parse::<u32>()) {
-        Some(Ok(n)) if (1..=MAX_PERMITS).contains(&n) => n,
-        Some(_) => {
+    let permits: u32 = match p.permits.as_deref().map(|v| (v, v.parse::<u32>())) {
+        Some((_, Ok(n))) if (1..=MAX_PERMITS).contains(&n) => n,
+        Some((v, _)) => {
             return bad(format!(
-                "query parameter permits must be an integer from 1 to {MAX_PERMITS}"
+                "parameter 'permits' ({v}) must be an integer from 1 to {MAX_PERMITS}"
             ));
         }
         None => {
             return bad(
-                "query parameter permits is required: the most holders at once, e.g. permits=3",
+                "parameter 'permits' is required: the most holders at once, e.g. permits=3",
             );
         }
     };
-    let (ttl, wait, owner) = match acquire_params(&p, &s.service) {
+    let (ttl, wait, owner) = match acquire_params(
+        p.ttl.as_deref(),
+        p.wait.as_deref(),
+        p.owner.as_ref(),
+        &s.service,
+    ) {
         Ok(v) => v,
         Err(r) => return reply(r),
     };
@@ -385,14 +346,20 @@ async fn sem_acquire(
 async fn job_claim(
     State(s): State<CoordState>,
     Path((queue, job)): Path<(String, String)>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<ClaimParams>,
 ) -> Response {
     if let Err(r) = name_ok("queue name", &queue).and_then(|_| name_ok("job id", &job)) {
         return reply(r);
     }
     let (ttl, owner) = match (
-        duration(&p, "ttl", Duration::from_secs(300), MIN_TTL, MAX_TTL),
-        owner(&p, &s.service),
+        duration(
+            p.ttl.as_deref(),
+            "ttl",
+            Duration::from_secs(300),
+            MIN_TTL,
+            MAX_TTL,
+        ),
+        owner(p.owner.as_ref(), &s.service),
     ) {
         (Ok(t), Ok(o)) => (t, o),
         (Err(r), _) | (_, Err(r)) => return reply(r),
@@ -419,13 +386,13 @@ fn claimed(r: Result<Claim, CoordError>) -> Response {
 async fn job_complete(
     State(s): State<CoordState>,
     Path((queue, job)): Path<(String, String)>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<TokenParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     if let Err(r) = name_ok("queue name", &queue).and_then(|_| name_ok("job id", &job)) {
         return reply(r);
     }
-    let token = match token(&p, &body) {
+    let token = match token(p.token.as_deref(), &body) {
         Ok(t) => t,
         Err(r) => return reply(r),
     };

@@ -8,15 +8,27 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::routing::post;
+use serde::Deserialize;
 
 use super::RwMode;
 use super::http::{
-    Bad, CoordState, MAX_TTL, MIN_TTL, Params, acquire_params, acquired, backend_error, duration,
-    name_ok, reject, released, renewed, reply, token,
+    Bad, CoordState, MAX_TTL, MIN_TTL, RenewParams, TokenParams, acquire_params, acquired,
+    backend_error, duration, name_ok, reject, released, renewed, reply, token,
 };
+use crate::query::Strict;
+
+/// `POST /rwlocks/{name}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RwParams {
+    mode: Option<String>,
+    ttl: Option<String>,
+    wait: Option<String>,
+    owner: Option<String>,
+}
 
 /// The routes of this module, for [`super::http::routes`].
 pub(super) fn routes() -> Router<CoordState> {
@@ -27,15 +39,15 @@ pub(super) fn routes() -> Router<CoordState> {
 }
 
 /// `mode=read|write` (required).
-fn mode(p: &Params) -> Result<RwMode, Bad> {
-    match p.get("mode").map(String::as_str) {
+fn mode(p: &RwParams) -> Result<RwMode, Bad> {
+    match p.mode.as_deref() {
         Some("read") => Ok(RwMode::Read),
         Some("write") => Ok(RwMode::Write),
         Some(other) => Err(reject(format!(
-            "query parameter mode ({other}) must be read or write"
+            "parameter 'mode' ({other}) must be read or write"
         ))),
         None => Err(reject(
-            "query parameter mode is required: mode=read (shared) or mode=write (exclusive)",
+            "parameter 'mode' is required: mode=read (shared) or mode=write (exclusive)",
         )),
     }
 }
@@ -44,11 +56,19 @@ fn mode(p: &Params) -> Result<RwMode, Bad> {
 async fn rw_acquire(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<RwParams>,
 ) -> Response {
     let checked = name_ok("read-write lock name", &name)
         .and_then(|_| mode(&p))
-        .and_then(|m| Ok((m, acquire_params(&p, &s.service)?)));
+        .and_then(|m| {
+            let a = acquire_params(
+                p.ttl.as_deref(),
+                p.wait.as_deref(),
+                p.owner.as_ref(),
+                &s.service,
+            )?;
+            Ok((m, a))
+        });
     let (mode, (ttl, wait, owner)) = match checked {
         Ok(v) => v,
         Err(r) => return reply(r),
@@ -61,19 +81,22 @@ async fn rw_acquire(
 
 /// The token and `ttl` (default `default_ttl`) of a renewal.
 fn renewal(
-    p: &Params,
+    p: &RenewParams,
     body: &Result<Bytes, BytesRejection>,
     default_ttl: Duration,
 ) -> Result<(String, Duration), Bad> {
-    let token = token(p, body)?;
-    Ok((token, duration(p, "ttl", default_ttl, MIN_TTL, MAX_TTL)?))
+    let token = token(p.token.as_deref(), body)?;
+    Ok((
+        token,
+        duration(p.ttl.as_deref(), "ttl", default_ttl, MIN_TTL, MAX_TTL)?,
+    ))
 }
 
 /// `POST /rwlocks/{name}/renew` + token.
 async fn rw_renew(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<RenewParams>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let checked = name_ok("read-write lock name", &name)
@@ -92,10 +115,11 @@ async fn rw_renew(
 async fn rw_release(
     State(s): State<CoordState>,
     Path(name): Path<String>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<TokenParams>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let checked = name_ok("read-write lock name", &name).and_then(|_| token(&p, &body));
+    let checked =
+        name_ok("read-write lock name", &name).and_then(|_| token(p.token.as_deref(), &body));
     let token = match checked {
         Ok(t) => t,
         Err(r) => return reply(r),
@@ -115,7 +139,7 @@ fn job_ok(queue: &str, job: &str) -> Result<(), Bad> {
 async fn job_renew(
     State(s): State<CoordState>,
     Path((queue, job)): Path<(String, String)>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<RenewParams>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let checked = job_ok(&queue, &job).and_then(|_| renewal(&p, &body, Duration::from_secs(300)));
@@ -134,10 +158,10 @@ async fn job_renew(
 pub(super) async fn job_release(
     State(s): State<CoordState>,
     Path((queue, job)): Path<(String, String)>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<TokenParams>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let token = match job_ok(&queue, &job).and_then(|_| token(&p, &body)) {
+    let token = match job_ok(&queue, &job).and_then(|_| token(p.token.as_deref(), &body)) {
         Ok(t) => t,
         Err(r) => return reply(r),
     };

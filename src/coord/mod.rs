@@ -12,6 +12,7 @@
 pub mod http;
 mod http_rw;
 mod metrics;
+mod params;
 pub mod periods;
 mod service;
 mod unserved;

@@ -43,7 +43,7 @@ pub fn check_every(field: &str, every: Duration) -> Result<Duration, String> {
     if every < Duration::from_secs(1) || every > MAX_EVERY || every.subsec_nanos() != 0 {
         return Err(format!(
             "{field} ({}) must be whole seconds from 1s to 366 days",
-            humantime::format_duration(every),
+            crate::flags::format_duration(every),
         ));
     }
     Ok(every)
@@ -98,7 +98,7 @@ impl Period {
         if since.subsec_nanos() != 0 || since.as_secs() % len != 0 {
             return Err(format!(
                 "period start ({start}) is not a whole multiple of every ({}) from the Unix epoch; the period containing it starts at {}",
-                humantime::format_duration(every),
+                crate::flags::format_duration(every),
                 Period::containing(at, every)
             ));
         }

@@ -8,35 +8,54 @@
 use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use serde::Deserialize;
 use serde_json::json;
 
 use super::{
-    Bad, CoordState, MAX_TTL, MIN_TTL, Params, claimed, completed, duration, name_ok, owner,
-    reject, reply, token,
+    Bad, CoordState, MAX_TTL, MIN_TTL, claimed, completed, duration, name_ok, owner, reject, reply,
+    token,
 };
+use crate::query::Strict;
+
+/// `POST /jobs/{name}/periods/{start}/claim`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClaimParams {
+    every: Option<String>,
+    ttl: Option<String>,
+    owner: Option<String>,
+}
+
+/// `POST /jobs/{name}/periods/{start}/complete`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CompleteParams {
+    every: Option<String>,
+    token: Option<String>,
+}
 use crate::coord::periods::{self, MAX_EVERY, Period, When};
 use crate::http::json_response;
 
 /// The schedule's queue and the period a request names, from its path and
 /// `every=`.
-fn period_of(name: &str, start: &str, p: &Params) -> Result<(String, Period), Bad> {
+fn period_of(name: &str, start: &str, every: Option<&str>) -> Result<(String, Period), Bad> {
     name_ok("job name", name)?;
-    if !p.contains_key("every") {
+    if every.is_none() {
         return Err(reject(
-            "query parameter every is required: the period's length, e.g. every=5m",
+            "parameter 'every' is required: the period's length, e.g. every=5m",
         ));
     }
     let every = duration(
-        p,
+        every,
         "every",
         Duration::ZERO,
         Duration::from_secs(1),
         MAX_EVERY,
     )?;
-    let every = periods::check_every("query parameter every", every).map_err(reject)?;
+    let every = periods::check_every("parameter 'every'", every).map_err(reject)?;
     let period = Period::parse(start, every).map_err(reject)?;
     Ok((periods::queue(name), period))
 }
@@ -45,11 +64,11 @@ fn period_of(name: &str, start: &str, p: &Params) -> Result<(String, Period), Ba
 pub(super) async fn claim(
     State(s): State<CoordState>,
     Path((name, start)): Path<(String, String)>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<ClaimParams>,
 ) -> Response {
-    let checked = period_of(&name, &start, &p).and_then(|(queue, period)| {
-        let ttl = duration(&p, "ttl", MIN_TTL, MIN_TTL, MAX_TTL)?;
-        Ok((queue, period, ttl, owner(&p, &s.service)?))
+    let checked = period_of(&name, &start, p.every.as_deref()).and_then(|(queue, period)| {
+        let ttl = duration(p.ttl.as_deref(), "ttl", MIN_TTL, MIN_TTL, MAX_TTL)?;
+        Ok((queue, period, ttl, owner(p.owner.as_ref(), &s.service)?))
     });
     let (queue, period, ttl, owner) = match checked {
         Ok(v) => v,
@@ -80,11 +99,11 @@ pub(super) async fn claim(
 pub(super) async fn complete(
     State(s): State<CoordState>,
     Path((name, start)): Path<(String, String)>,
-    Query(p): Query<Params>,
+    Strict(p): Strict<CompleteParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let checked = period_of(&name, &start, &p).and_then(|(q, period)| {
-        let token = token(&p, &body)?;
+    let checked = period_of(&name, &start, p.every.as_deref()).and_then(|(q, period)| {
+        let token = token(p.token.as_deref(), &body)?;
         Ok((q, period, token))
     });
     let (queue, period, token) = match checked {

@@ -186,8 +186,8 @@ pub enum ElectorConfigError {
     ZeroRetryPeriod,
 }
 
-fn fmt(d: Duration) -> humantime::FormattedDuration {
-    humantime::format_duration(d)
+fn fmt(d: Duration) -> String {
+    crate::flags::format_duration(d)
 }
 
 impl ElectorConfigError {

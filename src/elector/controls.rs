@@ -10,7 +10,7 @@
 //! Invariants:
 //! - The pause itself is kept by the backend's campaign (decided in the
 //!   step that would take the key); the Elector only shows it. Its
-//!   waiting state names [`controls::PAUSED`](crate::backend::controls::PAUSED)
+//!   waiting state names [`WaitReason::Paused`](crate::backend::WaitReason::Paused)
 //!   when a campaign is refused for it.
 //! - A switchover is a handover ([`ElectorHandle::hand_over`]): the leader
 //!   stops claiming, then releases naming the target; the backend's
@@ -25,18 +25,12 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use tracing::{debug, info, warn};
 
+use super::check_target;
 use super::config::Backoff;
-use super::publish::PauseWriter;
+use super::publish::ControlsWriter;
 use super::{ElectorHandle, LeaderState};
-use crate::backend::candidates::Listed;
-use crate::backend::controls::Controls;
+use crate::backend::controls::{Controls, Request};
 use crate::backend::{BackendError, LeaseBackend};
-
-/// The `what` of [`LeaderState::waiting`] while this member is frozen
-/// (`POST /resign?freeze=`): it stays out of campaigns until `until`, even
-/// when no other candidate runs.
-pub const FROZEN: &str =
-    "frozen (POST /resign?freeze=): this member stays out of campaigns until the freeze ends";
 
 /// Why a switchover was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +62,35 @@ pub enum SwitchoverRefusal {
     /// The target has priority 0.
     #[error("{0} has priority 0 and never leads")]
     NeverLeads(String),
+    /// The target is frozen (`POST /resign?freeze=`) until the time given.
+    #[error("{0} is frozen until {1} (POST /resign?freeze=): not eligible")]
+    Frozen(String, String),
+    /// A ready candidate has a higher priority than the target: preemption
+    /// would undo the switchover. Allowed with `force`.
+    #[error(
+        "{to} has priority {priority}, below {best} (priority {best_priority}): preemption would undo the switchover; use force=true (--force) to pin {to} as leader"
+    )]
+    LowerPriority {
+        /// The target.
+        to: String,
+        /// Its priority.
+        priority: u32,
+        /// The best ready candidate.
+        best: String,
+        /// Its priority.
+        best_priority: u32,
+    },
+    /// A ready candidate runs a newer revision than the target: the
+    /// revision handover would undo the switchover. Allowed with `force`.
+    #[error(
+        "{to} runs an older revision than {newer}: the rolling-update handover would undo the switchover; use force=true (--force) to pin {to} as leader"
+    )]
+    OlderRevision {
+        /// The target.
+        to: String,
+        /// A ready candidate of a newer revision.
+        newer: String,
+    },
     /// The registry could not be read.
     #[error("cannot list the candidates: {0}")]
     Backend(String),
@@ -84,46 +107,29 @@ pub struct Handover {
     pub fencing_token: u64,
 }
 
-/// Whether `to` may take over from `leader`, as the registry `listed`
-/// shows it: a record that has not lapsed, is ready, has a priority above
-/// 0 and is not the leader's (the eligibility of
-/// [`choose_successor`](crate::backend::candidates::choose_successor)).
-///
-/// # Errors
-/// The first [`SwitchoverRefusal`] that applies.
-pub fn check_target(listed: &[Listed], leader: &str, to: &str) -> Result<(), SwitchoverRefusal> {
-    if to == leader {
-        return Err(SwitchoverRefusal::Itself(to.to_owned()));
-    }
-    let Some(l) = listed.iter().find(|l| l.candidate.identity == to) else {
-        return Err(SwitchoverRefusal::Unknown(to.to_owned()));
-    };
-    if !l.alive() {
-        Err(SwitchoverRefusal::Lapsed(to.to_owned()))
-    } else if !l.candidate.ready {
-        Err(SwitchoverRefusal::NotReady(to.to_owned()))
-    } else if l.candidate.priority == 0 {
-        Err(SwitchoverRefusal::NeverLeads(to.to_owned()))
-    } else {
-        Ok(())
-    }
-}
-
 impl ElectorHandle {
     /// Hand over to `to` if this candidate leads, the election is not
     /// paused and the candidate registry shows `to` eligible
-    /// ([`check_target`]); answers once the release naming `to` was sent.
+    /// ([`check_target`]: with `force`, even to a lower priority or an
+    /// older revision than the best ready candidate, and then `to` is
+    /// pinned as leader in the controls); answers once the release naming
+    /// `to` was sent.
     ///
     /// # Errors
     /// A [`SwitchoverRefusal`]; nothing changed then.
-    pub async fn switchover(&self, to: &str) -> Result<Handover, SwitchoverRefusal> {
-        let (me, fencing_token, paused) = {
+    pub async fn switchover(&self, to: &str, force: bool) -> Result<Handover, SwitchoverRefusal> {
+        let (me, fencing_token, paused, priority) = {
             let s = self.state.borrow();
             if !s.is_leader_now() {
                 let leader = s.leader_at(Instant::now()).map(str::to_owned);
                 return Err(SwitchoverRefusal::NotLeader { leader });
             }
-            (s.identity.clone(), s.fencing_token.unwrap_or(0), s.paused)
+            (
+                s.identity.clone(),
+                s.fencing_token.unwrap_or(0),
+                s.paused,
+                s.priority,
+            )
         };
         if paused {
             return Err(SwitchoverRefusal::Paused);
@@ -131,13 +137,17 @@ impl ElectorHandle {
         if to == me {
             return Err(SwitchoverRefusal::Itself(me));
         }
+        let now = std::time::SystemTime::now();
         let listed = match timeout(self.call_timeout, self.backend.candidates()).await {
             Ok(Ok(Some(listed))) => listed,
             Ok(Ok(None)) => return Err(SwitchoverRefusal::NoRegistry),
             Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
             Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),
         };
-        check_target(&listed, &me, to)?;
+        check_target(&listed, (&me, Some(priority), paused), to, (force, now))?;
+        if force {
+            self.pin(Some(to)).await;
+        }
         if !self.hand_over(to).await {
             return Err(SwitchoverRefusal::NotLeader { leader: None });
         }
@@ -169,7 +179,7 @@ impl Follower {
     /// keeps no controls.
     pub(super) fn start(
         handle: ElectorHandle,
-        writer: PauseWriter,
+        writer: ControlsWriter,
         waits: (Duration, Duration),
     ) -> Option<Self> {
         if !handle.backend.has_controls() {
@@ -182,7 +192,7 @@ impl Follower {
 
 async fn follow(
     handle: ElectorHandle,
-    writer: PauseWriter,
+    writer: ControlsWriter,
     (retry, refused): (Duration, Duration),
 ) {
     let backend = handle.backend.clone();
@@ -192,11 +202,12 @@ async fn follow(
     let mut said = false;
     loop {
         let from_watch = seen.is_some();
+        let mut at_start = false;
         let read = match &seen {
             None => read(&*backend, handle.call_timeout).await,
             Some(s) => tokio::select! {
                 r = backend.watch_controls(s) => r,
-                () = leading_starts(&mut state) => Ok(s.clone()),
+                () = leading_starts(&mut state) => { at_start = true; Ok(s.clone()) }
             },
         };
         match read {
@@ -210,8 +221,8 @@ async fn follow(
                     let what = if c.paused { "paused" } else { "resumed" };
                     info!(election = %handle.state.borrow().election, "the election is {what}");
                 }
-                writer.set(c.paused);
-                act(&handle, &c).await;
+                writer.set(&c);
+                act(&handle, &c, at_start).await;
                 seen = Some(c);
             }
             Err(e) if !e.is_retryable() => {
@@ -257,24 +268,39 @@ async fn leading_starts(state: &mut watch::Receiver<LeaderState>) {
 }
 
 /// While leading, act on `c`'s switchover request: hand over when the
-/// target is eligible, then clear the request; refuse (a warning naming
-/// why) and clear it otherwise. A request naming this leader is done.
-async fn act(handle: &ElectorHandle, c: &Controls) {
-    let Some(to) = c.switchover.as_deref() else {
+/// target is eligible, then clear the request (a forced one leaves its
+/// target pinned instead); refuse (a warning naming why) and clear it
+/// otherwise. A request naming this leader is done (forced: pinned). A pin
+/// naming another member is cleared by a leader whose term just started
+/// (`at_start`): the pinned member left.
+async fn act(handle: &ElectorHandle, c: &Controls, at_start: bool) {
+    let Some(request) = c.request() else {
         return;
     };
-    let (leading, election) = {
+    let (leading, election, me) = {
         let s = handle.state.borrow();
-        (s.is_leader_now(), s.election.clone())
+        (s.is_leader_now(), s.election.clone(), s.identity.clone())
     };
     if !leading {
         return;
     }
-    match handle.switchover(to).await {
+    let (to, force) = match request {
+        Request::Pinned(p) if p != me && at_start => {
+            info!(%election, pinned = p, "the member pinned by a forced switchover no longer leads: the pin ends");
+            return handle.pin(None).await;
+        }
+        Request::Pinned(_) => return,
+        Request::Switchover { to, force } => (to, force),
+    };
+    match handle.switchover(to, force).await {
         Ok(h) => {
-            info!(%election, from = %h.from, to = %h.to, fencing_token = h.fencing_token, "switchover requested through the backend: handed over")
+            info!(%election, from = %h.from, to = %h.to, fencing_token = h.fencing_token, force, "switchover requested through the backend: handed over");
+            if force {
+                return;
+            }
         }
         Err(SwitchoverRefusal::NotLeader { .. }) => return,
+        Err(SwitchoverRefusal::Itself(_)) if force => return handle.pin(Some(to)).await,
         Err(SwitchoverRefusal::Itself(_)) => {
             debug!(%election, to, "switchover request names this leader: done")
         }
@@ -282,11 +308,20 @@ async fn act(handle: &ElectorHandle, c: &Controls) {
             warn!(%election, to, reason = %why, "switchover request refused; clearing it")
         }
     }
-    let clear = handle.backend.request_switchover(None);
-    match timeout(handle.call_timeout, clear).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(error = %e.report(), "cannot clear the switchover request"),
-        Err(_) => warn!("clearing the switchover request timed out"),
+    handle.pin(None).await;
+}
+
+impl ElectorHandle {
+    /// Write the pin of a forced switchover naming `to` into the controls
+    /// (`None`: clear the request or pin), bounded by the call timeout.
+    async fn pin(&self, to: Option<&str>) {
+        let value = to.map(|to| Request::Pinned(to).encode());
+        let write = self.backend.request_switchover(value.as_deref());
+        match timeout(self.call_timeout, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e.report(), "cannot write the switchover request or pin"),
+            Err(_) => warn!("writing the switchover request or pin timed out"),
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use tracing::debug;
 
 use super::config::jitter;
 use super::{Command, Elector};
-use crate::backend::{BackendError, Holder};
+use crate::backend::{BackendError, Holder, WaitReason};
 
 impl Elector {
     /// Answer a command received while not leading.
@@ -86,7 +86,10 @@ impl Elector {
             .gates
             .cooldown_until()
             .map(|t| t.saturating_duration_since(now));
-        self.set_waiting(left.filter(|d| !d.is_zero()).map(|d| (super::FROZEN, d)));
+        self.set_waiting(
+            left.filter(|d| !d.is_zero())
+                .map(|d| (WaitReason::Frozen, d)),
+        );
     }
 
     /// Follow `holder` until its key changes, the backend's hint of its expiry

@@ -25,7 +25,7 @@
 //! the backend to give it the key.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
@@ -53,6 +53,10 @@ pub(super) struct Gates {
     release_wait: Option<Duration>,
     /// Priority 0: never campaign (follow and report only).
     never_leads: bool,
+    /// The end of the freeze (a cooldown after a resign) on the monotonic
+    /// clock and by the wall clock, for the candidate registry's record
+    /// (`None`: not frozen).
+    frozen: watch::Sender<Option<(Instant, SystemTime)>>,
 }
 
 impl Gates {
@@ -65,7 +69,13 @@ impl Gates {
             drain_timeout: cfg.drain_timeout,
             release_wait: cfg.release_wait,
             never_leads: cfg.standing.priority == 0,
+            frozen: watch::channel(None).0,
         }
+    }
+
+    /// The end of the freeze, as the registry record shows it.
+    pub(super) fn frozen(&self) -> watch::Receiver<Option<(Instant, SystemTime)>> {
+        self.frozen.subscribe()
     }
 
     pub(super) fn set_candidacy(&mut self, gate: watch::Receiver<bool>) {
@@ -91,9 +101,13 @@ impl Gates {
         cooled && healthy && !self.never_leads
     }
 
-    /// Stay out of campaigns for `cooldown` from now (after a resign).
+    /// Stay out of campaigns for `cooldown` from now (after a resign): a
+    /// freeze, which the registry record shows (not eligible until then).
     pub(super) fn cool_down(&mut self, cooldown: Duration) {
-        self.cooldown_until = Some(Instant::now() + cooldown);
+        let until = Instant::now() + cooldown;
+        self.cooldown_until = Some(until);
+        let until = (!cooldown.is_zero()).then(|| (until, SystemTime::now() + cooldown));
+        self.frozen.send_replace(until);
     }
 
     /// The end of the cooldown, if one was set.

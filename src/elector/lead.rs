@@ -77,20 +77,22 @@ enum Renew {
 impl Elector {
     /// Hold `term` (acquired by a request sent at `sent`) until it is lost,
     /// its deadline passes, or shutdown; then stop claiming and resign.
+    /// While paused an unhealthy app does not end the term (nobody could
+    /// take it until resume); the loop wakes when the controls change.
     pub(super) async fn lead(&mut self, term: Term, sent: Instant, shutdown: &CancellationToken) {
         let backend = self.backend.clone();
         let mut held = self.begin_term(&term, sent);
         let mut watch = Some(Box::pin(backend.watch(&term.holder)));
-        // A broken watch is reopened at once (then with backoff): while it
-        // is down the leader is blind to writes by others (see the README's
-        // safety argument).
+        // A broken watch is reopened at once (then with backoff): see the README's safety argument.
         let mut rewatch: Option<Instant> = None;
         let mut rewatch_backoff =
             Backoff::new(Duration::from_millis(20), self.cfg.renew_interval / 4);
         let unhealthy = self.gates.unhealthy_past_grace();
         let preempt = self.preemption();
         tokio::pin!(unhealthy, preempt);
+        let mut known = self.known.subscribe();
         let why = loop {
+            let may_step_down = super::known::may_step_down(&mut known, &self.cfg.identity);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if held.drain_until.is_none() => match self.gates.drain() {
@@ -110,7 +112,8 @@ impl Elector {
                     Some(Command::Release) if held.drain_until.is_some() => break StepDown::Shutdown,
                     Some(Command::Release) | None => {}
                 },
-                _ = &mut unhealthy => break StepDown::Unhealthy,
+                _ = &mut unhealthy, if may_step_down => break StepDown::Unhealthy,
+                _ = known.changed() => {}
                 to = &mut preempt, if held.drain_until.is_none() => { self.successor = Some(to); break StepDown::Resigned }
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
                     Ok(()) => break StepDown::Lost(Loss::KeyChanged),
@@ -165,8 +168,8 @@ impl Elector {
             // First grant that differs (etcd: at least 2 s, whole seconds).
             warn!(
                 election = %self.cfg.election,
-                asked = %humantime::format_duration(asked),
-                granted = %humantime::format_duration(ttl),
+                asked = %crate::flags::format_duration(asked),
+                granted = %crate::flags::format_duration(ttl),
                 "the backend granted a longer lease than --lease-duration; failover takes up to the granted TTL"
             );
         }
@@ -256,20 +259,19 @@ impl Elector {
         self.observe(None);
         self.log_step_down(&term, &why);
         let token = term.holder.fencing_token;
-        let successor = self.successor_for(&why);
-        let released = self
-            .gates
-            .before_release(&mut self.commands, token, valid_until, &why);
-        let (_, successor) = tokio::join!(released, successor);
+        self.gates
+            .before_release(&mut self.commands, token, valid_until, &why)
+            .await;
+        // Chosen after the waits, from the registry already known: the
+        // release itself is the only request.
+        let successor = self.release_successor(&why);
+        if let Some(to) = &successor {
+            info!(election = %self.cfg.election, successor = %to, "releasing the term to the named successor");
+        }
         let backend = self.backend.clone();
-        let released = match successor {
-            Some(to) => {
-                info!(election = %self.cfg.election, successor = %to, "releasing the term to the named successor");
-                self.call("resign", backend.resign_to(&term, Some(&to)))
-                    .await
-            }
-            None => self.call("resign", backend.resign(&term)).await,
-        };
+        let released = self
+            .call("release", backend.release(&term, successor.as_deref()))
+            .await;
         if let Some(reply) = self.handed_over.take() {
             let _ = reply.send(true);
         }

@@ -38,45 +38,20 @@ use tracing::{debug, info};
 
 use super::Standing;
 use super::config::Backoff;
+use super::precedence::successor_for;
 use crate::backend::LeaseBackend;
-use crate::backend::candidates::{
-    Listed, Revisions, choose_successor, higher_priority, newer_revision,
-};
+use crate::backend::candidates::{Listed, Revisions, higher_priority, newer_revision};
 
 /// The shortest time between two lists of the registry by one leader.
 const RELIST_FLOOR: Duration = Duration::from_millis(100);
 
-/// The successor a graceful release by `me` names: the registry's best
-/// candidate ([`choose_successor`]); `None` when there is none, the backend
-/// keeps no registry, or the list fails or takes longer than `limit`.
-pub(super) async fn successor(
-    backend: Arc<dyn LeaseBackend>,
-    me: String,
-    limit: Duration,
-) -> Option<String> {
-    if !backend.has_registry() {
-        return None;
-    }
-    match timeout(limit, backend.candidates()).await {
-        Ok(Ok(Some(listed))) => choose_successor(&listed, &me).map(|c| c.identity.clone()),
-        Ok(Ok(None)) => None,
-        Ok(Err(e)) => {
-            debug!(error = %e.report(), "cannot read the candidate registry; releasing without naming a successor");
-            None
-        }
-        Err(_) => {
-            debug!(
-                "listing the candidate registry timed out; releasing without naming a successor"
-            );
-            None
-        }
-    }
-}
-
 impl super::Elector {
     /// The registry follower of the term about to be held (see [`Preempt`]).
     pub(super) fn preemption(&self) -> impl std::future::Future<Output = String> + 'static {
+        // A new term starts with no registry known.
+        self.known.send_modify(|k| k.registry = None);
         Preempt {
+            known: self.known.clone(),
             backend: self.backend.clone(),
             identity: self.cfg.identity.clone(),
             standing: self.cfg.standing.clone(),
@@ -87,33 +62,30 @@ impl super::Elector {
     }
 
     /// The successor to name when a term ends for `why`: the one set by a
-    /// switchover or a preemption, else the registry's choice on a graceful
-    /// release (resign, shutdown, unhealthy), else nobody (a lost term or a
-    /// missed deadline: there is nothing to hand over).
-    pub(super) fn successor_for(
-        &mut self,
-        why: &super::lead::StepDown,
-    ) -> impl std::future::Future<Output = Option<String>> + 'static {
+    /// switchover or a preemption, else, on a graceful release (resign,
+    /// shutdown, unhealthy), [`successor_for`] over the registry this
+    /// leader already knows (no read on the release path), else nobody (a
+    /// lost term or a missed deadline: there is nothing to hand over).
+    pub(super) fn release_successor(&mut self, why: &super::lead::StepDown) -> Option<String> {
         use super::lead::StepDown;
         let set = self.successor.take();
         let graceful = matches!(
             why,
             StepDown::Resigned | StepDown::Shutdown | StepDown::Unhealthy
         );
-        let (backend, me) = (self.backend.clone(), self.cfg.identity.clone());
-        let limit = self.cfg.call_timeout();
-        async move {
-            match set {
-                Some(to) => Some(to),
-                None if graceful => successor(backend, me, limit).await,
-                None => None,
-            }
+        if set.is_some() || !graceful {
+            return set.filter(|_| graceful);
         }
+        let known = self.known.borrow();
+        let listed = known.registry.as_ref()?;
+        successor_for(listed, &known.rules(&self.cfg.identity)).map(|c| c.identity.clone())
     }
 }
 
 /// What a leader follows in the registry during one term.
 pub(super) struct Preempt {
+    /// Where the lists are kept and the controls read.
+    pub(super) known: super::known::Shared,
     pub(super) backend: Arc<dyn LeaseBackend>,
     pub(super) identity: String,
     pub(super) standing: Standing,
@@ -154,13 +126,18 @@ impl Preempt {
         // each lease duration would cost a request at rest); a new one only
         // after it resolved.
         let mut watch = Box::pin(self.backend.watch_candidates());
+        let mut controls = self.known.subscribe();
         loop {
+            let seen_controls = controls.borrow_and_update().controls.clone();
             let listed_at = Instant::now();
             let (relist, matures) = match timeout(self.call_timeout, self.backend.candidates())
                 .await
             {
                 Ok(Ok(Some(listed))) => {
                     backoff.reset();
+                    let listed = Arc::new(listed);
+                    self.known
+                        .send_modify(|k| k.registry = Some(listed.clone()));
                     match self.judge(&listed, &mut seen, Instant::now()) {
                         Verdict::HandOver(to) => return to,
                         Verdict::Wait(at) => (Instant::now() + self.lease_duration, at),
@@ -183,6 +160,8 @@ impl Preempt {
                 }
                 _ = sleep_until(relist) => {}
                 _ = sleep_until(matures.unwrap_or(relist)) => {}
+                // A resume or a new pin changes what the table allows.
+                _ = async { let _ = controls.wait_for(|k| k.controls != seen_controls).await; } => {}
             }
             // A registry watch that resolves at once never turns this into
             // a busy loop of lists.
@@ -193,12 +172,15 @@ impl Preempt {
     /// Decide on one list taken at `now`.
     fn judge(&self, listed: &[Listed], seen: &mut Seen, now: Instant) -> Verdict {
         let (me, s) = (self.identity.as_str(), &self.standing);
+        // Pause and pin come first in the table: no voluntary handover.
+        let may = self.known.borrow().rules(me).may_hand_over();
         let first = Revisions::of(listed, me).first_created(&s.revision);
         seen.mine = match (seen.mine, first) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        if let Some(c) = newer_revision(listed, me, (s.priority, &s.revision), seen.mine) {
+        let newer = newer_revision(listed, me, (s.priority, &s.revision), seen.mine);
+        if let Some(c) = newer.filter(|_| may) {
             info!(successor = %c.identity, revision = %c.revision, "a ready candidate of a newer revision: handing over");
             return Verdict::HandOver(c.identity.clone());
         }
@@ -207,6 +189,10 @@ impl Preempt {
             .retain(|id, _| higher.iter().any(|c| c.identity == *id));
         for c in &higher {
             seen.higher.entry(c.identity.clone()).or_insert(now);
+        }
+        if !may {
+            // Woken again by a change of the controls (a resume, a new pin).
+            return Verdict::Wait(None);
         }
         let matured = higher
             .iter()

@@ -33,7 +33,7 @@ impl LeaseBackend for Registry {
     async fn renew(&self, _: &Term) -> Result<Renewal> {
         unreachable!()
     }
-    async fn resign(&self, _: &Term) -> Result<()> {
+    async fn release(&self, _: &Term, _: Option<&str>) -> Result<()> {
         unreachable!()
     }
     async fn read(&self) -> Result<Option<Holder>> {
@@ -61,6 +61,7 @@ fn record(id: &str, priority: u32, revision: &str, created: u64) -> Listed {
             priority,
             revision: revision.into(),
             ready: true,
+            frozen_until: None,
         },
         age: Some(Duration::from_secs(1)),
         ttl: Duration::from_secs(180),
@@ -71,6 +72,7 @@ fn record(id: &str, priority: u32, revision: &str, created: u64) -> Listed {
 /// The follower of leader "me" (priority 5, revision "a", preempt after 10 s).
 fn follower(backend: &Arc<Registry>) -> Preempt {
     Preempt {
+        known: super::super::known::shared(),
         backend: backend.clone(),
         identity: "me".into(),
         standing: Standing {
@@ -180,15 +182,12 @@ impl LeaseBackend for Naming {
     async fn renew(&self, term: &Term) -> Result<Renewal> {
         self.inner.renew(term).await
     }
-    async fn resign(&self, term: &Term) -> Result<()> {
-        self.resign_to(term, None).await
-    }
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         self.named
             .lock()
             .unwrap()
             .push(successor.map(str::to_owned));
-        self.inner.resign(term).await
+        self.inner.release(term, successor).await
     }
     async fn read(&self) -> Result<Option<Holder>> {
         self.inner.read().await

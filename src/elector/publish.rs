@@ -16,7 +16,8 @@ use tracing::{info, warn};
 use super::observe::{Observation, Observer};
 use super::transition::{Applied, Change, Note};
 use super::{Elector, Event, LeaderState, OwnTerm, Waiting};
-use crate::backend::{BackendError, Holder, Term};
+use crate::backend::controls::Controls;
+use crate::backend::{BackendError, Holder, Term, WaitReason};
 
 /// Owns the published state and the event stream (see the module docs).
 pub(super) struct Publisher {
@@ -63,9 +64,13 @@ impl Publisher {
         self.state.borrow()
     }
 
-    /// A writer of the pause marker alone, for the controls follower's task.
-    pub(super) fn pause_writer(&self) -> PauseWriter {
-        PauseWriter(self.state.clone())
+    /// A writer of the controls (the pause marker and the pin in the
+    /// state, all of them in `known`), for the controls follower's task.
+    pub(super) fn controls_writer(&self, known: super::known::Shared) -> ControlsWriter {
+        ControlsWriter {
+            state: self.state.clone(),
+            known,
+        }
     }
 
     /// Apply `change`, wake the readers if it matters to them, then log and
@@ -92,7 +97,7 @@ impl Publisher {
             }
             Some(Note::NewWait) => {
                 if let Some(w) = s.waiting {
-                    info!(election = %s.election, waiting_for = w.what, until = %humantime::format_rfc3339_millis(w.until), "not campaigning yet");
+                    info!(election = %s.election, waiting_for = w.what.as_str(), until = %humantime::format_rfc3339_millis(w.until), "not campaigning yet");
                 }
             }
             None => {}
@@ -128,13 +133,25 @@ impl Publisher {
 /// every other change (no leader change follows from it: nothing to log or
 /// announce), from the task that follows the backend's controls.
 #[derive(Clone)]
-pub(super) struct PauseWriter(watch::Sender<LeaderState>);
+pub(super) struct ControlsWriter {
+    state: watch::Sender<LeaderState>,
+    known: super::known::Shared,
+}
 
-impl PauseWriter {
-    /// Publish the pause marker; readers are woken when it changed.
-    pub(super) fn set(&self, paused: bool) {
-        self.0
-            .send_if_modified(|s| s.apply(Change::Paused(paused), SystemTime::now()).notify);
+impl ControlsWriter {
+    /// Publish the controls `c`; readers are woken when they changed.
+    pub(super) fn set(&self, c: &Controls) {
+        let change = Change::Controls {
+            paused: c.paused,
+            pinned: c.pinned().map(str::to_owned),
+        };
+        self.state
+            .send_if_modified(|s| s.apply(change, SystemTime::now()).notify);
+        self.known.send_if_modified(|k| {
+            let changed = k.controls != *c;
+            k.controls = c.clone();
+            changed
+        });
     }
 }
 
@@ -168,7 +185,7 @@ impl Elector {
 
     /// Name the wait that keeps this candidate from campaigning (`None`:
     /// none), for `/leader`; a new kind of wait is logged once.
-    pub(super) fn set_waiting(&mut self, wait: Option<(&'static str, Duration)>) {
+    pub(super) fn set_waiting(&mut self, wait: Option<(WaitReason, Duration)>) {
         let wait = wait.map(|(what, left)| Waiting {
             what,
             until: SystemTime::now() + left,

@@ -13,11 +13,11 @@
 //! are logged and retried, never reported as the election's.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -40,7 +40,7 @@ impl Registry {
     pub(super) fn start(
         backend: Arc<dyn LeaseBackend>,
         candidate: Candidate,
-        (ready, leading): Gates,
+        (ready, leading, frozen): Gates,
         lease_duration: Duration,
         call_timeout: Duration,
     ) -> Option<Registry> {
@@ -53,6 +53,7 @@ impl Registry {
             candidate,
             ready,
             leading,
+            frozen,
             lease_duration,
             call_timeout,
         };
@@ -87,10 +88,11 @@ impl Drop for Registry {
     }
 }
 
-/// The candidacy gate and the published leadership state.
+/// The candidacy gate, the published leadership state and the freeze.
 pub(super) type Gates = (
     Option<watch::Receiver<bool>>,
     Option<watch::Receiver<LeaderState>>,
+    watch::Receiver<Option<(Instant, SystemTime)>>,
 );
 
 struct Keeper {
@@ -98,6 +100,7 @@ struct Keeper {
     candidate: Candidate,
     ready: Option<watch::Receiver<bool>>,
     leading: Option<watch::Receiver<LeaderState>>,
+    frozen: watch::Receiver<Option<(Instant, SystemTime)>>,
     lease_duration: Duration,
     call_timeout: Duration,
 }
@@ -109,7 +112,15 @@ impl Keeper {
             if self.wait_while_leading(&stop).await {
                 return;
             }
-            self.candidate.ready = self.ready.as_mut().is_none_or(|g| *g.borrow_and_update());
+            let healthy = self.ready.as_mut().is_none_or(|g| *g.borrow_and_update());
+            // A frozen member is not eligible: its record says until when,
+            // and `ready` false keeps it out of every choice on backends
+            // that do not store the freeze.
+            // Counted on the monotonic clock, shown by the wall clock.
+            let frozen = (*self.frozen.borrow_and_update()).filter(|(t, _)| *t > Instant::now());
+            self.candidate.frozen_until = frozen.map(|(_, wall)| wall);
+            self.candidate.ready = healthy && frozen.is_none();
+            let thaw = frozen.map(|(t, _)| t - Instant::now());
             let call = self.backend.publish_candidate(&self.candidate, ttl);
             let wait = match timeout(self.call_timeout, call).await {
                 Ok(Ok(())) => renew,
@@ -120,10 +131,12 @@ impl Keeper {
                 Err(_) => self.lease_duration,
             };
             let gate = self.ready.clone();
+            let wait = thaw.map_or(wait, |t| wait.min(t));
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = sleep(wait) => {}
                 closed = readiness_changed(gate) => if closed { self.ready = None },
+                _ = freeze_changed(&mut self.frozen) => {}
             }
         }
     }
@@ -143,6 +156,13 @@ impl Keeper {
             }
         }
         false
+    }
+}
+
+/// Resolves when the freeze changes; pends forever once its sender is gone.
+async fn freeze_changed(frozen: &mut watch::Receiver<Option<(Instant, SystemTime)>>) {
+    if frozen.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -181,7 +201,7 @@ mod tests {
         async fn renew(&self, _: &Term) -> Result<Renewal> {
             unreachable!()
         }
-        async fn resign(&self, _: &Term) -> Result<()> {
+        async fn release(&self, _: &Term, _: Option<&str>) -> Result<()> {
             unreachable!()
         }
         async fn read(&self) -> Result<Option<Holder>> {
@@ -220,7 +240,7 @@ mod tests {
         let registry = Registry::start(
             backend.clone(),
             Candidate::new("pod-a"),
-            (Some(ready), None),
+            (Some(ready), None, watch::channel(None).1),
             lease,
             Duration::from_secs(3),
         )
@@ -257,7 +277,7 @@ mod tests {
         let registry = Registry::start(
             backend.clone(),
             Candidate::new("pod-a"),
-            (None, Some(leading)),
+            (None, Some(leading), watch::channel(None).1),
             lease,
             Duration::from_secs(3),
         )

@@ -47,8 +47,8 @@ impl OwnTerm {
 /// A wait that keeps this candidate from campaigning, named for `/leader`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Waiting {
-    /// What is waited for, in words (from the backend).
-    pub what: &'static str,
+    /// What is waited for (rendered to words at the edges).
+    pub what: crate::backend::WaitReason,
     /// Wall-clock time at which the wait is expected to end (the next
     /// campaign may find another reason to wait).
     pub until: SystemTime,
@@ -106,6 +106,10 @@ pub struct LeaderState {
     pub paused: bool,
     /// This candidate's priority (`--priority`); 0 never campaigns.
     pub priority: u32,
+    /// The member a forced switchover pinned as leader (`switchover
+    /// --force`): no preemption or revision handover moves the term away
+    /// from it until it leaves or a new switchover. `None`: no pin.
+    pub pinned: Option<String>,
 }
 
 impl LeaderState {
@@ -128,6 +132,7 @@ impl LeaderState {
             waiting: None,
             paused: false,
             priority: cfg.standing.priority,
+            pinned: None,
         }
     }
 

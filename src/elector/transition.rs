@@ -65,8 +65,13 @@ pub(super) enum Change {
     },
     /// Shutdown began: never claim again.
     Stopping,
-    /// The election's pause marker as the backend's controls show it.
-    Paused(bool),
+    /// The election's pause marker and pin as the backend's controls show them.
+    Controls {
+        /// Whether the election is paused.
+        paused: bool,
+        /// The member pinned by a forced switchover.
+        pinned: Option<String>,
+    },
 }
 
 /// Something worth one log line, found while applying a [`Change`].
@@ -166,9 +171,10 @@ impl LeaderState {
                 self.stopping = true;
                 Applied::woken(true)
             }
-            Change::Paused(paused) => {
-                let changed = self.paused != paused;
+            Change::Controls { paused, pinned } => {
+                let changed = self.paused != paused || self.pinned != pinned;
                 self.paused = paused;
+                self.pinned = pinned;
                 Applied::woken(changed)
             }
         }
@@ -353,9 +359,15 @@ mod tests {
             what,
             until: SystemTime::now(),
         };
-        let a = s.apply(Change::Waiting(Some(wait("x"))), SystemTime::now());
+        let a = s.apply(
+            Change::Waiting(Some(wait(crate::backend::WaitReason::Paused))),
+            SystemTime::now(),
+        );
         assert_eq!((a.notify, a.note), (true, Some(Note::NewWait)));
-        let a = s.apply(Change::Waiting(Some(wait("x"))), SystemTime::now());
+        let a = s.apply(
+            Change::Waiting(Some(wait(crate::backend::WaitReason::Paused))),
+            SystemTime::now(),
+        );
         assert_eq!((a.notify, a.note), (false, None));
         let a = s.apply(Change::Waiting(None), SystemTime::now());
         assert_eq!((a.notify, a.note), (true, None));

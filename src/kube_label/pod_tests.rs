@@ -88,6 +88,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         waiting: None,
         paused: false,
         priority: 1,
+        pinned: None,
     }
 }
 

@@ -50,11 +50,11 @@ pub async fn read(backend: &dyn LeaseBackend, limit: Duration) -> Option<Vec<Can
             Some(rows)
         }
         Ok(Err(e)) => {
-            eprintln!("warning: cannot list the candidates: {}", e.report());
+            crate::say!("warning: cannot list the candidates: {}", e.report());
             None
         }
         Err(_) => {
-            eprintln!("warning: listing the candidates timed out");
+            crate::say!("warning: listing the candidates timed out");
             None
         }
     }

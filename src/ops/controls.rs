@@ -21,7 +21,7 @@ use clap::Parser;
 use serde_json::json;
 
 use super::{EXIT_NO_LEADER, OpsCli, Output, block_on};
-use crate::backend::controls::Controls;
+use crate::backend::controls::{Controls, Request};
 use crate::backend::{BackendError, Holder, LeaseBackend};
 use crate::config::parse_duration;
 use crate::elector::{SwitchoverRefusal, check_target};
@@ -46,9 +46,13 @@ pub struct SwitchoverCli {
     #[arg(long, value_name = "ID")]
     pub to: String,
 
-    /// How long to wait for the target to hold the term before giving up (and withdrawing the request).
+    /// How long to wait for the target to hold the term before giving up (and withdrawing the request); a switchover issued while nobody leads (a handover in flight) first waits for the next leader within it.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Duration,
+
+    /// Hand over even to a lower priority or an older revision than the best ready candidate, and pin the target as leader (no preemption or rolling-update handover moves the term from it until it leaves or a new switchover).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `leader-elector pause` (`paused`) or `resume`: set the marker, print the state.
@@ -84,7 +88,7 @@ async fn call<T>(
         Err(_) => Err(format!(
             "{} did not answer within {} (--timeout)",
             backend.name(),
-            humantime::format_duration(limit)
+            crate::flags::format_duration(limit)
         )),
     }
 }
@@ -99,7 +103,7 @@ pub(super) async fn paused(backend: &dyn LeaseBackend, limit: Duration) -> Optio
     match call(backend, limit, backend.controls()).await {
         Ok(c) => Some(c.paused),
         Err(e) => {
-            eprintln!("warning: cannot read the operator controls: {e}");
+            crate::say!("warning: cannot read the operator controls: {e}");
             None
         }
     }
@@ -131,7 +135,7 @@ pub async fn pause(
     let (controls, holder) = match read.await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::say!("error: {e}");
             return 1;
         }
     };
@@ -139,9 +143,8 @@ pub async fn pause(
         Output::Json => state_json(cli, backend, &controls, holder.as_ref()).to_string(),
         Output::Table => state_line(cli, &controls, holder.as_ref()),
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     0
 }
 
@@ -188,8 +191,10 @@ pub async fn switchover(
         Ok(None) => return print(cli, out, to, None, true),
         Err(code) => return code,
     };
-    if let Err(e) = call(backend, limit, backend.request_switchover(Some(to))).await {
-        eprintln!("error: {e}");
+    let force = cli.force;
+    let request = Request::Switchover { to, force }.encode();
+    if let Err(e) = call(backend, limit, backend.request_switchover(Some(&request))).await {
+        crate::say!("error: {e}");
         return 1;
     }
     let deadline = tokio::time::Instant::now() + cli.wait;
@@ -198,7 +203,7 @@ pub async fn switchover(
         match call(backend, limit, backend.read()).await {
             Ok(Some(h)) if h.identity == to => return print(cli, out, &from, Some(&h), true),
             Ok(h) => last = Some(h),
-            Err(e) => eprintln!("warning: {e}"),
+            Err(e) => crate::say!("warning: {e}"),
         }
         tokio::time::sleep(POLL).await;
     }
@@ -215,12 +220,19 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
         let listed = call(backend, limit, backend.candidates()).await?;
         Ok::<_, String>((holder, controls, listed))
     };
-    let (holder, controls, listed) = read.await.map_err(|e| {
-        eprintln!("error: {e}");
+    let (mut holder, controls, listed) = read.await.map_err(|e| {
+        crate::say!("error: {e}");
         1
     })?;
+    // A handover in flight (nobody holds the key for a moment): wait for
+    // the next leader within --wait, then act.
+    let deadline = tokio::time::Instant::now() + cli.wait;
+    while holder.is_none() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+        holder = call(backend, limit, backend.read()).await.unwrap_or(None);
+    }
     let Some(leader) = holder.map(|h| h.identity) else {
-        eprintln!(
+        crate::say!(
             "error: nobody leads election {}: nothing to hand over",
             cli.ops.election
         );
@@ -229,17 +241,15 @@ async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option
     if leader == to {
         return Ok(None);
     }
-    let refusal = if controls.paused {
-        Some(SwitchoverRefusal::Paused)
-    } else {
-        match listed {
-            None => Some(SwitchoverRefusal::NoRegistry),
-            Some(listed) => check_target(&listed, &leader, to).err(),
-        }
+    let now = std::time::SystemTime::now();
+    let refusal = match listed {
+        _ if controls.paused => Some(SwitchoverRefusal::Paused),
+        None => Some(SwitchoverRefusal::NoRegistry),
+        Some(listed) => check_target(&listed, (&leader, None, false), to, (cli.force, now)).err(),
     };
     match refusal {
         Some(why) => {
-            eprintln!("error: switchover refused: {why}");
+            crate::say!("error: switchover refused: {why}");
             Err(EXIT_REFUSED)
         }
         None => Ok(Some(leader)),
@@ -276,9 +286,8 @@ fn print(
             ),
         },
     };
-    if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
-        return 1;
-    }
+    // A closed output (`| head -c 1`) is not a failure of the command.
+    crate::console::Lines::new(out).put(&text);
     0
 }
 
@@ -291,12 +300,20 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
         Err(e) => Some(format!("unknown ({e})")),
     };
     let request = match pending.as_deref() {
-        Some(p) if p == to => match call(backend, limit, backend.request_switchover(None)).await {
-            Ok(()) => {
-                "the request was still pending (no leader acted on it) and is withdrawn".to_owned()
+        Some(p)
+            if Request::Switchover {
+                to,
+                force: cli.force,
             }
-            Err(e) => format!("the request is still pending and could not be withdrawn: {e}"),
-        },
+            .encode()
+                == p =>
+        {
+            match call(backend, limit, backend.request_switchover(None)).await {
+                Ok(()) => "the request was still pending (no leader acted on it) and is withdrawn"
+                    .to_owned(),
+                Err(e) => format!("the request is still pending and could not be withdrawn: {e}"),
+            }
+        }
         Some(other) => format!("the pending request now names {other}"),
         None => {
             "the leader took the request (and handed over or refused it: see its log)".to_owned()
@@ -306,10 +323,10 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
         Some(h) => format!("{} leads (fencing token {})", h.identity, h.fencing_token),
         None => "nobody leads".to_owned(),
     };
-    eprintln!(
+    crate::say!(
         "error: {to} does not lead election {} after {} (--wait): the backend shows {leader}; {request}",
         cli.ops.election,
-        humantime::format_duration(cli.wait)
+        crate::flags::format_duration(cli.wait)
     );
     EXIT_NOT_DONE
 }

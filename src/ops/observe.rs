@@ -44,7 +44,7 @@ pub async fn observe(
         if last.as_ref() != Some(&key) {
             let line = change_line(cli, backend.name(), holder.as_ref());
             // A closed output (`| head -1`) ends the command quietly.
-            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            if !crate::console::Lines::new(out).put(&line) {
                 return 0;
             }
             last = Some(key);
@@ -69,16 +69,16 @@ async fn read_holder(
             Some(h)
         }
         Ok(Err(e)) => {
-            eprintln!("error: {}; retrying in {backoff:?}", e.report());
+            crate::say!("error: {}; retrying in {backoff:?}", e.report());
             tokio::time::sleep(*backoff).await;
             *backoff = (*backoff * 2).min(Duration::from_secs(5));
             None
         }
         Err(_) => {
-            eprintln!(
+            crate::say!(
                 "error: {} did not answer within {}; retrying",
                 backend.name(),
-                humantime::format_duration(cli.timeout)
+                crate::flags::format_duration(cli.timeout)
             );
             None
         }
@@ -137,7 +137,7 @@ fn report_watch_error(e: &BackendError) {
     // A watch that ends (compaction, a broken subscription) is followed by a
     // fresh read; only say so at debug level of detail.
     if !matches!(e, BackendError::WatchEnded { .. }) {
-        eprintln!("error: {}; reading again", e.report());
+        crate::say!("error: {}; reading again", e.report());
     }
 }
 

@@ -78,13 +78,13 @@ pub fn main(args: &[String]) -> i32 {
     let (Some(parent), Some("--"), Some(program)) =
         (args.first(), args.get(1).map(String::as_str), args.get(2))
     else {
-        eprintln!("error: __watchdog needs PARENT_PID -- COMMAND [ARGS]...");
+        crate::say!("error: __watchdog needs PARENT_PID -- COMMAND [ARGS]...");
         return 2;
     };
     let lifeline = match prepare() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: the run-mode watchdog {e}");
+            crate::say!("error: the run-mode watchdog {e}");
             return 126;
         }
     };
@@ -100,7 +100,7 @@ pub fn main(args: &[String]) -> i32 {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: cannot run {program}: {e}");
+            crate::say!("error: cannot run {program}: {e}");
             return if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -118,7 +118,7 @@ pub fn main(args: &[String]) -> i32 {
         .stack_size(64 * 1024)
         .spawn(move || watch_lifeline(lifeline));
     if let Err(e) = watcher {
-        eprintln!(
+        crate::say!(
             "error: the run-mode watchdog cannot watch its lifeline: {e}; stopping the command"
         );
         kill_descendants_for(CLEANUP_LIMIT);
@@ -174,7 +174,7 @@ fn reap_until(command: Pid) -> i32 {
             Ok(_) => {}
             Err(Errno::EINTR) => {}
             Err(e) => {
-                eprintln!("error: the run-mode watchdog lost its command: {e}");
+                crate::say!("error: the run-mode watchdog lost its command: {e}");
                 return 1;
             }
         }

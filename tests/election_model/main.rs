@@ -16,6 +16,8 @@
 //!   ([`lease::Rule::FixedFloor`]).
 //! - [`ttl`], [`ttl_rules`]: etcd (a key bound to a lease with a server-side
 //!   TTL) and Redis (a key with `PX`, a fencing counter).
+//! - [`failsafe`], [`failsafe_rules`], [`failsafe_checks`]: failsafe, a
+//!   leader that outlives a backend outage on its members' promises.
 //!
 //! Every safety claim has a twin that must fail (the old rule, or a fault
 //! the rule cannot handle, kept as an asserted known counterexample), so the
@@ -29,6 +31,9 @@
 
 mod canon;
 mod explorer;
+mod failsafe;
+mod failsafe_checks;
+mod failsafe_rules;
 mod lease;
 mod lease_rules;
 mod ttl;
@@ -59,7 +64,7 @@ const ALL_AND_RESTART: &[Fault] = &[
 ];
 
 /// Explores `model`, prints what was found and how long it took.
-fn run<M: Model>(what: &str, model: &M) -> Outcome {
+pub(crate) fn run<M: Model>(what: &str, model: &M) -> Outcome {
     let start = tokio::time::Instant::now();
     let out = explore(model, LIMIT);
     let verdict = match &out.counterexample {
@@ -80,7 +85,7 @@ fn run<M: Model>(what: &str, model: &M) -> Outcome {
 }
 
 /// Asserts that the invariant holds over the whole bounded state space.
-fn holds<M: Model>(what: &str, model: &M) {
+pub(crate) fn holds<M: Model>(what: &str, model: &M) {
     let out = run(what, model);
     assert!(
         out.counterexample.is_none(),
@@ -93,7 +98,7 @@ fn holds<M: Model>(what: &str, model: &M) {
 }
 
 /// Asserts that the checker finds a counterexample, and returns it.
-fn fails<M: Model>(what: &str, model: &M) -> Trace {
+pub(crate) fn fails<M: Model>(what: &str, model: &M) -> Trace {
     let out = run(what, model);
     out.counterexample
         .unwrap_or_else(|| panic!("{what}: the checker found no counterexample"))

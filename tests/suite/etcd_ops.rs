@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leader_elector::backend::candidates::{Candidate, SUCCESSOR_WAIT_CAP};
-use leader_elector::backend::controls::{Controls, PAUSED};
-use leader_elector::backend::etcd::claim::YIELDING;
+use leader_elector::backend::controls::Controls;
 use leader_elector::backend::etcd::{EtcdBackend, EtcdOptions};
-use leader_elector::backend::{Campaign, LeaseBackend, Renewal, Term};
+use leader_elector::backend::{Campaign, LeaseBackend, Renewal, Term, WaitReason};
+use leader_elector::elector::{Rules, successor_for};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::support::*;
@@ -66,7 +66,7 @@ pub async fn until_elected(
     b: &dyn LeaseBackend,
     id: &str,
     limit: Duration,
-) -> Option<(Term, Duration, Vec<&'static str>)> {
+) -> Option<(Term, Duration, Vec<WaitReason>)> {
     let start = Instant::now();
     let mut whys = Vec::new();
     while start.elapsed() < limit {
@@ -193,7 +193,7 @@ fn campaigner(
     id: &'static str,
     delay: Duration,
     limit: Duration,
-) -> tokio::task::JoinHandle<Option<(Term, Duration, Vec<&'static str>)>> {
+) -> tokio::task::JoinHandle<Option<(Term, Duration, Vec<WaitReason>)>> {
     let b = backend.clone();
     tokio::spawn(async move {
         sleep(delay).await;
@@ -212,14 +212,14 @@ async fn hand_over_to_b(make: &dyn Fn() -> Backend, late: Duration) -> Duration 
     sleep(Duration::from_millis(50)).await;
     let bs = campaigner(&b, "b", late, limit);
     let released = Instant::now();
-    a.resign_to(&term, Some("b")).await.unwrap();
+    a.release(&term, Some("b")).await.unwrap();
     let (won, _, _) = bs.await.unwrap().expect("the named successor leads");
     let handover = released.elapsed();
     assert_eq!(won.holder.identity, "b");
     assert!(won.holder.fencing_token > term.holder.fencing_token);
     let third = cs.await.unwrap();
     assert!(third.is_none(), "c took the term: {third:?}");
-    b.resign_to(&won, None).await.unwrap();
+    b.release(&won, None).await.unwrap();
     handover
 }
 
@@ -235,7 +235,8 @@ pub async fn successor_takes_the_term(make: &dyn Fn() -> Backend, name: &str) {
     println!("{name}: handover to a successor starting 60 ms late: {late:?}");
 }
 
-/// A plain release (SIGTERM's) names the registry's choice: `b`, of the
+/// A plain release (SIGTERM's) names the registry's choice, as the
+/// Elector's one `successor_for` ranks the backend's list: `b`, of the
 /// higher priority, leads although `c` campaigns from the start; with
 /// `b`'s record withdrawn, the next plain release names `c`.
 pub async fn a_plain_release_names_the_registry_choice(make: &dyn Fn() -> Backend) {
@@ -252,14 +253,29 @@ pub async fn a_plain_release_names_the_registry_choice(make: &dyn Fn() -> Backen
     let cs = campaigner(&c, "c", Duration::ZERO, limit);
     sleep(Duration::from_millis(50)).await;
     let bs = campaigner(&b, "b", Duration::from_millis(30), limit);
-    a.resign(&term).await.unwrap();
+    let to = choice(&*a, "a").await;
+    assert_eq!(to.as_deref(), Some("b"));
+    a.release(&term, to.as_deref()).await.unwrap();
     let (won, _, _) = bs.await.unwrap().expect("the registry's choice leads");
     assert!(cs.await.unwrap().is_none(), "c took the term");
     b.withdraw_candidate("b").await.unwrap();
     let cs = campaigner(&c, "c", Duration::from_millis(30), limit);
-    b.resign(&won).await.unwrap();
+    let to = choice(&*b, "b").await;
+    b.release(&won, to.as_deref()).await.unwrap();
     let (_, _, whys) = cs.await.unwrap().expect("c leads, named");
     assert!(whys.is_empty(), "c, the one named, waited: {whys:?}");
+}
+
+/// The successor the Elector names for `me` from `backend`'s registry.
+async fn choice(backend: &dyn LeaseBackend, me: &str) -> Option<String> {
+    let listed = backend.candidates().await.unwrap().unwrap_or_default();
+    let rules = Rules {
+        me,
+        paused: false,
+        pinned: None,
+        now: std::time::SystemTime::now(),
+    };
+    successor_for(&listed, &rules).map(|c| c.identity.clone())
 }
 
 /// Liveness twin: a named successor that never campaigns costs the
@@ -267,20 +283,20 @@ pub async fn a_plain_release_names_the_registry_choice(make: &dyn Fn() -> Backen
 pub async fn a_dead_successor_costs_at_most_the_wait(
     make: &dyn Fn() -> Backend,
     name: &str,
-    yielding: &str,
+    yielding: WaitReason,
 ) {
     let (a, c) = (make(), make());
     let term = elect(&*a, "a").await;
     let cs = campaigner(&c, "c", Duration::ZERO, Duration::from_secs(5));
     sleep(Duration::from_millis(50)).await;
     let released = Instant::now();
-    a.resign_to(&term, Some("b")).await.unwrap();
+    a.release(&term, Some("b")).await.unwrap();
     let (won, _, whys) = cs.await.unwrap().expect("c leads after the wait");
     let took = released.elapsed();
     println!("{name}: handover with the named successor dead: {took:?}");
     assert!(whys.contains(&yielding), "{whys:?}");
     assert!(took <= SUCCESSOR_WAIT_CAP + RETRY * 5, "{took:?}");
-    c.resign_to(&won, None).await.unwrap();
+    c.release(&won, None).await.unwrap();
     let (_, took, whys) = until_elected(&*a, "a", RETRY * 5).await.unwrap();
     assert!(
         whys.is_empty(),
@@ -293,7 +309,7 @@ pub async fn a_dead_successor_costs_at_most_the_wait(
 pub async fn a_foreign_successor_costs_at_most_the_wait(
     b: &dyn LeaseBackend,
     name: &str,
-    yielding: &str,
+    yielding: WaitReason,
 ) {
     let (_, took, whys) = until_elected(b, "d", Duration::from_secs(5))
         .await
@@ -316,10 +332,10 @@ pub async fn a_paused_election_starts_no_term(make: &dyn Fn() -> Backend) {
         assert!(matches!(r, Renewal::Renewed { .. }), "{r:?}");
     }
     assert!(matches!(campaign(&*c, "c").await, Campaign::Following(_)));
-    a.resign_to(&term, None).await.unwrap();
+    a.release(&term, None).await.unwrap();
     for _ in 0..5 {
         match campaign(&*c, "c").await {
-            Campaign::Waiting { why, .. } => assert_eq!(why, PAUSED),
+            Campaign::Waiting { why, .. } => assert_eq!(why, WaitReason::Paused),
             other => panic!("a campaign while paused: {other:?}"),
         }
         sleep(RETRY).await;
@@ -329,7 +345,7 @@ pub async fn a_paused_election_starts_no_term(make: &dyn Fn() -> Backend) {
         .await
         .expect("c leads after resume");
     assert!(took < RETRY * 2, "not at once: {took:?}");
-    c.resign_to(&t, None).await.unwrap();
+    c.release(&t, None).await.unwrap();
 }
 
 /// Campaigns racing the pause: any that won started before the pause was
@@ -339,7 +355,7 @@ pub async fn campaigns_racing_the_pause(make: &dyn Fn() -> Backend) {
     let cs: Vec<Backend> = (0..4).map(|_| make()).collect();
     // Past a fresh Redis server's hold-off first.
     let t = elect(&*cs[0], "c0").await;
-    cs[0].resign_to(&t, None).await.unwrap();
+    cs[0].release(&t, None).await.unwrap();
     for round in 0..10 {
         let racers: Vec<_> = cs
             .iter()
@@ -362,12 +378,12 @@ pub async fn campaigns_racing_the_pause(make: &dyn Fn() -> Backend) {
         for (i, b) in cs.iter().enumerate() {
             match campaign(&**b, &format!("c{i}")).await {
                 Campaign::Elected(_) => panic!("round {round}: c{i} won after the pause"),
-                Campaign::Waiting { why, .. } => assert_eq!(why, PAUSED),
+                Campaign::Waiting { why, .. } => assert_eq!(why, WaitReason::Paused),
                 Campaign::Following(h) => assert!(won.is_some(), "{h:?}"),
             }
         }
         if let Some((i, t)) = won {
-            cs[i].resign_to(&t, None).await.unwrap();
+            cs[i].release(&t, None).await.unwrap();
         }
         op.set_paused(false).await.unwrap();
     }
@@ -452,14 +468,19 @@ async fn a_plain_release_names_the_registry_choice_on_etcd() {
 async fn a_dead_or_unknown_successor_costs_at_most_the_wait() {
     let etcd = Etcd::start().await;
     let make = etcd_maker(&etcd, "e-successor-dead");
-    a_dead_successor_costs_at_most_the_wait(&make, "etcd", YIELDING).await;
+    a_dead_successor_costs_at_most_the_wait(&make, "etcd", WaitReason::SuccessorHeadStart).await;
     let k = key("e-successor-foreign");
     let mut client = etcd.client().await;
     client
         .put(format!("{k}/successor"), "nobody", None)
         .await
         .unwrap();
-    a_foreign_successor_costs_at_most_the_wait(&*backend(&etcd, &k), "etcd", YIELDING).await;
+    a_foreign_successor_costs_at_most_the_wait(
+        &*backend(&etcd, &k),
+        "etcd",
+        WaitReason::SuccessorHeadStart,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -505,7 +526,7 @@ async fn a_released_term_is_taken_at_once_and_a_key_deleted_by_hand_waits_for_it
     let Campaign::Following(seen_a) = campaign(&*b, "b").await else {
         panic!("b did not follow a");
     };
-    a.resign_to(&ta, None).await.expect("a releases");
+    a.release(&ta, None).await.expect("a releases");
     let limit = Duration::from_secs(5);
     let tb = match timeout(limit, b.campaign("b", TTL, Some(&seen_a))).await {
         Ok(Ok(Campaign::Elected(t))) => t,

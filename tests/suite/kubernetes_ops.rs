@@ -9,8 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leader_elector::backend::WaitReason;
 use leader_elector::backend::candidates::Candidate;
-use leader_elector::backend::controls::{Controls, PAUSED};
+use leader_elector::backend::controls::Controls;
 use leader_elector::backend::kubernetes::{
     KubeLeaseBackend, PAUSED_ANNOTATION, SUCCESSOR_ANNOTATION, SWITCHOVER_ANNOTATION,
 };
@@ -128,14 +129,14 @@ async fn controls_survive_renewals_and_handovers_and_hold_back_campaigns() {
     let r = b.campaign("b", TTL, None).await.unwrap();
     assert!(matches!(r, Campaign::Following(_)), "{r:?}");
 
-    a.resign_to(&ta, Some("b")).await.unwrap();
+    a.release(&ta, Some("b")).await.unwrap();
     assert_eq!(holder(&api, &el), "", "released while paused");
     assert_eq!(note(&api, &el, SUCCESSOR_ANNOTATION), json!("b"));
     assert_foreign_kept(&api, &el, "after the release");
     assert_eq!(op.controls().await.unwrap(), both, "after the release");
     for _ in 0..2 {
         match b.campaign("b", TTL, None).await.unwrap() {
-            Campaign::Waiting { why, .. } => assert_eq!(why, PAUSED),
+            Campaign::Waiting { why, .. } => assert_eq!(why, WaitReason::Paused),
             other => panic!("the named successor takes nothing while paused: {other:?}"),
         }
     }
@@ -175,7 +176,7 @@ async fn a_pause_written_between_a_campaigns_read_and_write_wins() {
     let ta = elected(a.campaign("a", TTL, None).await.unwrap());
     let r = b.campaign("b", TTL, None).await.unwrap();
     assert!(matches!(r, Campaign::Following(_)), "{r:?}");
-    a.resign(&ta).await.unwrap();
+    a.release(&ta, None).await.unwrap();
     // Every request of b's answered 300 ms late: its read is logged when
     // answered, and its write waits 300 ms before the store sees it.
     b_ep.set_fault(Fault {
@@ -195,7 +196,7 @@ async fn a_pause_written_between_a_campaigns_read_and_write_wins() {
     .await;
     op.set_paused(true).await.unwrap();
     match campaign.await.unwrap().unwrap() {
-        Campaign::Waiting { why, .. } => assert_eq!(why, PAUSED),
+        Campaign::Waiting { why, .. } => assert_eq!(why, WaitReason::Paused),
         other => panic!("a paused election elected nobody: {other:?}"),
     }
     let writes: Vec<u16> = b_ep.log()[mark..]
@@ -445,7 +446,7 @@ async fn a_release_naming_a_successor_hands_over_to_it() {
     assert!(leaders(&cs).await.is_empty(), "x leads");
     let marks: Vec<usize> = eps.iter().map(|ep| ep.log().len()).collect();
     let start = Instant::now();
-    x.resign_to(&tx, Some("pod-b")).await.unwrap();
+    x.release(&tx, Some("pod-b")).await.unwrap();
     let l = until_no_overlap(&cs, Duration::from_secs(10), "the successor", |l| {
         l.len() == 1
     })

@@ -12,8 +12,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cli_docs;
+mod closed_output;
 mod cooperate;
 mod coord;
+mod docs_refs;
 mod etcd;
 mod etcd_ops;
 mod example_operator;
@@ -32,6 +35,9 @@ mod periods;
 mod redis;
 mod redis_ops;
 mod redlock_coord;
+mod run_start;
 mod rwlock;
+mod sentinel;
 mod stand_in;
+mod strict_input;
 mod successor;

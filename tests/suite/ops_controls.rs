@@ -264,6 +264,22 @@ async fn switchover_by_command(fx: &Fixture, name: &str) {
     assert_eq!(code, 5, "{err}");
     assert_eq!(leaders(&cs).await, [l]);
     let to = 1 - l;
+    // The leader checks the target against the registry it follows: wait
+    // until the target's record is listed as ready, as an operator reading
+    // `status` would, so the switchover is not refused for an unseen record.
+    let seen = Instant::now();
+    while seen.elapsed() < LIMIT {
+        let (_, out, _) = fx.command("status", &election, &[]);
+        let listed = out.lines().any(|line| {
+            let mut cols = line.split_whitespace();
+            cols.next() == Some(cs[to].identity.as_str()) && line.contains("true")
+        });
+        if listed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let start = Instant::now();
     let (code, out, err) = fx.command("switchover", &election, &["--to", &cs[to].identity]);
     assert_eq!(code, 0, "{out}{err}");

@@ -492,7 +492,7 @@ async fn tokens_keep_growing_when_the_counter_goes_back() {
     let ttl = Duration::from_secs(1);
     let a = backend_on(std::slice::from_ref(&redis.url), &el);
     let first = elect(&a, "a", ttl, Duration::from_secs(10)).await;
-    a.resign(&first).await.expect("resign");
+    a.release(&first, None).await.expect("resign");
     // The counter now holds what a replica that stopped replicating long ago has.
     set(&redis, &counter_key(&el), "5").await;
     let b = backend_on(std::slice::from_ref(&redis.url), &el);
@@ -515,7 +515,7 @@ async fn a_fencing_counter_that_is_not_a_non_negative_integer_is_refused() {
     let ttl = Duration::from_secs(1);
     let a = backend_on(std::slice::from_ref(&redis.url), &el);
     let t = elect(&a, "a", ttl, Duration::from_secs(10)).await;
-    a.resign(&t).await.expect("resign");
+    a.release(&t, None).await.expect("resign");
     for bad in ["-10", "1.5", "abc", "12345678901234567890"] {
         set(&redis, &counter_key(&el), bad).await;
         match campaign(&a, "a", ttl).await {
@@ -682,9 +682,9 @@ async fn a_promoted_lagging_replica_elects_nobody_for_a_ttl_and_reuses_no_token(
     replica_of(&replica, None).await;
     del(&replica, &election_key(&el)).await;
     // More terms on the primary: its counter moves on, the replica's does not.
-    a.resign(&t1).await.unwrap();
+    a.release(&t1, None).await.unwrap();
     let t2 = elect(&b, "b", ttl, Duration::from_secs(2)).await;
-    b.resign(&t2).await.unwrap();
+    b.release(&t2, None).await.unwrap();
     let t3 = elect(&a, "a", ttl, Duration::from_secs(2)).await;
     assert!(matches!(
         campaign(&b, "b", ttl).await.unwrap(),
@@ -896,7 +896,7 @@ async fn an_unacknowledged_grant_is_given_back_and_an_unacknowledged_renewal_fai
         Err(e) => assert_eq!(e.reason(), "replicas", "{}", e.report()),
         Ok(r) => panic!("a renewal no replica acknowledged counted: {r:?}"),
     }
-    b.resign(&term).await.expect("resign");
+    b.release(&term, None).await.expect("resign");
     let refused = |r: Result<Campaign, BackendError>, what: &str| match r {
         Err(e) => {
             let report = e.report();
@@ -944,7 +944,7 @@ async fn redlock_counts_a_server_only_when_its_replica_acknowledged() {
     replicas[0].stop();
     let term = elect(&b, "a", ttl, Duration::from_secs(10)).await;
     assert_eq!(term.servers.map(|(_, n)| n), Some(3));
-    b.resign(&term).await.expect("resign");
+    b.release(&term, None).await.expect("resign");
     replicas[1].stop();
     for p in &primaries[..2] {
         wait_for(Duration::from_secs(5), "a replica gone", || async move {

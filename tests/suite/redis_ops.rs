@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leader_elector::backend::Campaign;
-use leader_elector::backend::controls::PAUSED;
-use leader_elector::backend::redis::{FALLBACK, RedisBackend, RedisOptions, YIELDING};
+use leader_elector::backend::WaitReason;
+use leader_elector::backend::redis::{FALLBACK, RedisBackend, RedisOptions};
 
 use crate::etcd_ops::*;
 use crate::support::*;
@@ -90,13 +90,13 @@ async fn a_plain_release_names_the_registry_choice_on_redis() {
 async fn a_dead_or_unknown_successor_costs_at_most_the_wait() {
     let r = RedisServer::start().await;
     let make = maker(&[&r], "r-successor-dead");
-    a_dead_successor_costs_at_most_the_wait(&make, "redis", YIELDING).await;
+    a_dead_successor_costs_at_most_the_wait(&make, "redis", WaitReason::SuccessorHeadStart).await;
     // Written by hand without a TTL: the campaign script gives it one.
     let test = "r-successor-foreign";
     let key = format!("{}:successor", base(test));
     by_hand::<()>(&r, &["SET", &key, "nobody"]).await;
     let b = maker(&[&r], test)();
-    a_foreign_successor_costs_at_most_the_wait(&*b, "redis", YIELDING).await;
+    a_foreign_successor_costs_at_most_the_wait(&*b, "redis", WaitReason::SuccessorHeadStart).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,19 +136,19 @@ async fn a_redlock_pause_counts_only_on_a_quorum() {
     };
     let (op, c) = (make(), make());
     let t = elect(&*c, "c").await;
-    c.resign_to(&t, None).await.unwrap();
+    c.release(&t, None).await.unwrap();
     three[2].stop();
     op.set_paused(true).await.expect("a pause on 2 of 3 counts");
     assert!(op.controls().await.unwrap().paused);
     for _ in 0..3 {
         match campaign(&*c, "c").await {
-            Campaign::Waiting { why, .. } => assert_eq!(why, PAUSED),
+            Campaign::Waiting { why, .. } => assert_eq!(why, WaitReason::Paused),
             other => panic!("a campaign while a quorum is paused: {other:?}"),
         }
     }
     op.set_paused(false).await.unwrap();
     let t = elect(&*c, "c").await;
-    c.resign_to(&t, None).await.unwrap();
+    c.release(&t, None).await.unwrap();
     // Two of three down: a pause on one server is refused and taken back.
     three[1].stop();
     let refused = op.set_paused(true).await;

@@ -112,6 +112,10 @@ async fn a_handover_among_ten_goes_to_the_named_successor_in_two_updates() {
     until_registered(&g, N).await;
     let named = (first + 3) % N;
     prefer(&g, &g.cs[named].identity.clone());
+    // The leader names its successor from the registry it follows (its
+    // registry watch, then a list at most every 100 ms), not from a read
+    // at release: let the edit reach it before the SIGTERM.
+    sleep(Duration::from_millis(500)).await;
     let marks = marks(&g);
     let (second, took) = hand_over(&mut g, first, Duration::from_secs(10)).await;
     // Let any straggler's attempt land before counting.

@@ -16,7 +16,9 @@
 //! - [`kube_api`], [`proxy`]: in-process stand-ins (bind port 0);
 //!   [`old_elector`]: the archived leader-elector image's loop, on the
 //!   Kubernetes stand-in;
-//!   [`recorder`]: the fault suite's recorder and checker.
+//!   [`recorder`]: the fault suite's recorder and checker;
+//!   [`sentinel`]: a Redis Sentinel group (a primary, two replicas, three
+//!   Sentinels).
 //!
 //! A missing binary fails the test loudly with the package to install; it
 //! never skips.
@@ -35,6 +37,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod recorder;
 pub mod redis_server;
+pub mod sentinel;
 pub mod sidecar;
 pub mod stats;
 pub mod waits;

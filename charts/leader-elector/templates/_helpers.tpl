@@ -116,11 +116,12 @@ RBAC rules the sidecar needs, for your own Role:
 */}}
 {{/*
 "true" when the sidecar elects through a Kubernetes Lease: backend
-kubernetes, or auto with neither etcd endpoints nor a Redis URLs Secret.
+kubernetes, or auto with neither etcd endpoints nor a Redis URLs Secret nor
+Redis Sentinels.
 */}}
 {{- define "leader-elector.usesLeases" -}}
 {{- $v := .Values }}
-{{- if or (eq $v.backend "kubernetes") (and (eq $v.backend "auto") (not $v.etcd.endpoints) (not $v.redis.urlsSecret.name)) }}true{{ end }}
+{{- if or (eq $v.backend "kubernetes") (and (eq $v.backend "auto") (not $v.etcd.endpoints) (not $v.redis.urlsSecret.name) (not $v.redis.sentinel.hosts)) }}true{{ end }}
 {{- end }}
 
 {{/*

@@ -61,12 +61,19 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- define "leader-elector.sidecar.body" -}}
 {{- $v := .Values }}
 {{- $etcd := and (has $v.backend (list "auto" "etcd")) $v.etcd.endpoints }}
-{{- $redis := and (has $v.backend (list "auto" "redis")) $v.redis.urlsSecret.name }}
+{{- $sentinel := and (has $v.backend (list "auto" "redis")) $v.redis.sentinel.hosts }}
+{{- $redis := and (has $v.backend (list "auto" "redis")) (or $v.redis.urlsSecret.name $v.redis.sentinel.hosts) }}
+{{- if and $sentinel $v.redis.urlsSecret.name }}
+{{- fail "leader-elector: both redis.urlsSecret.name and redis.sentinel.hosts are set: the Sentinels name the one primary; drop redis.urlsSecret" }}
+{{- end }}
+{{- if and $sentinel (not $v.redis.sentinel.master) }}
+{{- fail "leader-elector: redis.sentinel.hosts needs redis.sentinel.master (the NAME in `sentinel monitor NAME ...`, e.g. mymaster)" }}
+{{- end }}
 {{- if and (eq $v.backend "etcd") (not $etcd) }}
 {{- fail "leader-elector: backend \"etcd\" needs etcd.endpoints" }}
 {{- end }}
 {{- if and (eq $v.backend "redis") (not $redis) }}
-{{- fail "leader-elector: backend \"redis\" needs redis.urlsSecret.name" }}
+{{- fail "leader-elector: backend \"redis\" needs redis.urlsSecret.name or redis.sentinel.hosts" }}
 {{- end }}
 {{- $leaseMs := include "leader-elector.durationMs" $v.leaseDuration | int64 }}
 {{- if lt $leaseMs 1000 }}
@@ -82,7 +89,7 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- fail "leader-elector: migrateFromEndpoints needs the Kubernetes Lease backend (the old image elected through the Kubernetes API); it cannot bridge to etcd or Redis" }}
 {{- end }}
 {{- if and $etcd $redis }}
-{{- fail "leader-elector: both etcd.endpoints and redis.urlsSecret.name are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
+{{- fail "leader-elector: both etcd.endpoints and a Redis (redis.urlsSecret.name or redis.sentinel.hosts) are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
 {{- end }}
 {{- if $etcd }}
 {{- if and $v.etcd.auth.username (not $v.etcd.auth.passwordSecret.name) }}
@@ -146,7 +153,12 @@ The sidecar container, as one item of a Pod's `containers` list.
       value: /etc/leader-elector/etcd-auth/password
     {{- end }}
     {{- end }}
-    {{- if $redis }}
+    {{- if $sentinel }}
+    - name: LEADER_ELECTOR_REDIS_SENTINEL
+      value: {{ join "," $v.redis.sentinel.hosts | quote }}
+    - name: LEADER_ELECTOR_REDIS_SENTINEL_MASTER
+      value: {{ $v.redis.sentinel.master | quote }}
+    {{- else if $redis }}
     - name: LEADER_ELECTOR_REDIS_URL
       valueFrom:
         secretKeyRef:

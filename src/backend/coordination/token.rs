@@ -140,8 +140,7 @@ pub fn check_owner(owner: &str) -> std::result::Result<(), String> {
         || owner.chars().any(char::is_control)
     {
         return Err(
-            "query parameter owner must be 1-253 characters without '|' or control characters"
-                .into(),
+            "parameter 'owner' must be 1-253 characters without '|' or control characters".into(),
         );
     }
     Ok(())

@@ -16,7 +16,7 @@
 //!   expired; or a key deleted by hand) the previous lease is checked with
 //!   `LeaseTimeToLive` and, once it is gone, the transaction runs again
 //!   without the mark. A pause answers [`Campaign::Waiting`] with
-//!   [`PAUSED`]. A successor naming another candidate that this candidate
+//!   [`WaitReason::Paused`]. A successor naming another candidate that this candidate
 //!   has seen (the same `mod_revision`) for [`successor_wait`] of its own
 //!   transaction's round trip is taken over by a second transaction that
 //!   compares the key and the pause key absent and the successor key
@@ -46,21 +46,13 @@ use tokio::time::Instant;
 
 use super::store::{Lease, lease_hex, revision_of};
 use super::{EtcdBackend, KeepAlive};
+use crate::backend::WaitReason;
 use crate::backend::candidates::successor_wait;
-use crate::backend::controls::PAUSED;
 use crate::backend::{Campaign, Holder, Result, Term, TermId};
 
 /// How soon a candidate kept out by a pause looks again (the Elector waits
 /// at most its retry period).
 pub const PAUSED_RETRY: Duration = Duration::from_millis(500);
-
-/// The `why` of a candidate leaving the term to the named successor.
-pub const YIELDING: &str =
-    "the release names another candidate as successor: leaving it one round trip to take the term";
-
-/// The `why` of a candidate whose previous holder's lease is alive while
-/// its key is gone.
-const PREVIOUS_ALIVE: &str = "the key was deleted by hand but the previous holder's etcd lease is alive: waiting for it to end";
 
 /// What comes after a claim that did not put the key.
 enum Next {
@@ -320,7 +312,7 @@ impl EtcdBackend {
             return Ok(Next::Answer(Campaign::Waiting {
                 previous: None,
                 retry_after: PAUSED_RETRY,
-                why: PAUSED,
+                why: WaitReason::Paused,
             }));
         }
         if let Some(prev) = mark
@@ -332,7 +324,7 @@ impl EtcdBackend {
                 return Ok(Next::Answer(Campaign::Waiting {
                     previous: previous.cloned(),
                     retry_after: Duration::from_secs(left as u64),
-                    why: PREVIOUS_ALIVE,
+                    why: WaitReason::PreviousTerm,
                 }));
             }
             return Ok(Next::WithoutMark);
@@ -343,14 +335,14 @@ impl EtcdBackend {
                 Some(left) => Campaign::Waiting {
                     previous: None,
                     retry_after: left,
-                    why: YIELDING,
+                    why: WaitReason::SuccessorHeadStart,
                 },
             },
             // The key vanished between the compare and the read: nobody
             // holds it and its previous term is over; try again at once.
             None => Campaign::Waiting {
                 previous: None,
-                why: "the key vanished between the compare and the read; trying again",
+                why: WaitReason::LostRace,
                 retry_after: Duration::ZERO,
             },
         }))
@@ -414,7 +406,7 @@ impl EtcdBackend {
             Some(h) => Campaign::Following(h),
             None => Campaign::Waiting {
                 previous: None,
-                why: "the key vanished between the compare and the read; trying again",
+                why: WaitReason::LostRace,
                 retry_after: Duration::ZERO,
             },
         })

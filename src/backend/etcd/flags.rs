@@ -32,6 +32,7 @@ pub const ROW: Row = Row {
 
 /// The etcd flags.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "etcd")]
 pub struct EtcdArgs {
     /// etcd client URLs, comma-separated (http://host:port or https://host:port).
     #[arg(

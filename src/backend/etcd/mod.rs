@@ -12,9 +12,9 @@
 //!   cadence to the caller; an answer with `ttl <= 0` means the lease is gone),
 //!   and in the same round trip a read of the key to prove it is still bound to
 //!   our lease. Ownership is decided by lease id, never by identity.
-//! - **Resign**: one transaction deletes the key, marks the release and
-//!   names the registry's best other candidate as successor; then the lease
-//!   is revoked ([`claim`]).
+//! - **Release**: one transaction deletes the key, marks the release and
+//!   names the successor the Elector chose (if any; the backend never lists
+//!   the registry here); then the lease is revoked ([`claim`]).
 //! - **Operations**: the candidate registry (`registry`), the pause and
 //!   the switchover request (`controls`); the campaign transaction
 //!   honours the pause and the named successor ([`claim`]).
@@ -310,12 +310,7 @@ impl LeaseBackend for EtcdBackend {
         }
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
-        let successor = self.successor_for(&term.holder.identity).await;
-        self.release_to(term, successor.as_deref()).await
-    }
-
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         self.release_to(term, successor).await
     }
 

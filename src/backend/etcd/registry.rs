@@ -38,6 +38,9 @@ struct Record {
     /// The record's TTL in whole seconds (0: unknown).
     #[serde(default)]
     ttl: u64,
+    /// Until when the candidate is frozen, in ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    frozen_until_ms: Option<u64>,
 }
 
 fn default_priority() -> u32 {
@@ -74,6 +77,9 @@ impl EtcdBackend {
             revision: candidate.revision.clone(),
             ready: candidate.ready,
             ttl: ttl_secs(ttl) as u64,
+            frozen_until_ms: candidate
+                .frozen_until
+                .map(crate::backend::candidates::unix_ms),
         };
         let value = serde_json::to_vec(&record).expect("a record serializes");
         let kept = self
@@ -154,6 +160,9 @@ impl EtcdBackend {
                     priority: r.priority,
                     revision: r.revision,
                     ready: r.ready,
+                    frozen_until: r
+                        .frozen_until_ms
+                        .map(crate::backend::candidates::from_unix_ms),
                 },
                 age: None,
                 ttl: Duration::from_secs(r.ttl.max(1)),
@@ -238,6 +247,7 @@ mod tests {
             priority: 3,
             revision: "r1".into(),
             ready: false,
+            frozen_until_ms: None,
             ttl: 2,
         })
         .unwrap();

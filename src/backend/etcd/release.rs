@@ -7,7 +7,6 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::EtcdBackend;
 use super::store::lease_hex;
-use crate::backend::candidates::choose_successor;
 use crate::backend::{Result, Term};
 
 impl EtcdBackend {
@@ -36,17 +35,5 @@ impl EtcdBackend {
         // revoke still ends the term, naming nobody.
         let _ = self.store.call(None, "txn", client.txn(txn)).await;
         self.store.revoke(&mut client, lease, None).await
-    }
-
-    /// The successor a release by `me` names: the registry's choice, or
-    /// nobody when the registry cannot be read.
-    pub(super) async fn successor_for(&self, me: &str) -> Option<String> {
-        match self.list().await {
-            Ok(listed) => choose_successor(&listed, me).map(|c| c.identity.clone()),
-            Err(e) => {
-                tracing::debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
-        }
     }
 }

@@ -40,6 +40,10 @@ use crate::backend::candidates::{Candidate, Listed};
 pub const ELECTION_LABEL: &str = "leader-elector.io/election";
 /// Label marking a Lease as a candidate record (value `candidate`).
 pub const ROLE_LABEL: &str = "leader-elector.io/role";
+/// Annotation: until when the candidate is frozen, in ms since the Unix
+/// epoch (absent: not frozen).
+pub const FROZEN_UNTIL_ANNOTATION: &str = "leader-elector.io/frozen-until-ms";
+
 /// Annotation: the candidate's priority (a decimal number).
 pub const PRIORITY_ANNOTATION: &str = "leader-elector.io/priority";
 /// Annotation: the revision the candidate runs (may be empty).
@@ -133,7 +137,7 @@ fn record(
         (ELECTION_LABEL.to_owned(), election_label_value(election)),
         (ROLE_LABEL.to_owned(), "candidate".to_owned()),
     ]);
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (
             PRIORITY_ANNOTATION.to_owned(),
             candidate.priority.to_string(),
@@ -141,6 +145,10 @@ fn record(
         (REVISION_ANNOTATION.to_owned(), candidate.revision.clone()),
         (READY_ANNOTATION.to_owned(), candidate.ready.to_string()),
     ]);
+    if let Some(t) = candidate.frozen_until {
+        let ms = crate::backend::candidates::unix_ms(t).to_string();
+        annotations.insert(FROZEN_UNTIL_ANNOTATION.to_owned(), ms);
+    }
     Lease {
         metadata: ObjectMeta {
             name: Some(candidate_lease_name(election, &candidate.identity)),
@@ -184,6 +192,9 @@ fn listed(lease: &Lease) -> Option<Listed> {
                 .unwrap_or(crate::backend::candidates::DEFAULT_PRIORITY),
             revision: note(REVISION_ANNOTATION).unwrap_or_default(),
             ready: note(READY_ANNOTATION).is_none_or(|r| r == "true"),
+            frozen_until: note(FROZEN_UNTIL_ANNOTATION)
+                .and_then(|v| v.parse().ok())
+                .map(crate::backend::candidates::from_unix_ms),
         },
         age,
         ttl: duration_of(lease, Duration::from_secs(1)),

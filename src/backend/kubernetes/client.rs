@@ -229,7 +229,7 @@ impl KubeLeaseBackend {
             info!(
                 lease = %self.name,
                 holder = holder_of(lease),
-                renewed_ago = %humantime::format_duration(Duration::from_secs(ago.as_secs())),
+                renewed_ago = %crate::flags::format_duration(Duration::from_secs(ago.as_secs())),
                 "the Lease was last renewed longer ago than its duration + --max-clock-skew: its holder's term has ended, so it may be taken without waiting"
             );
         }

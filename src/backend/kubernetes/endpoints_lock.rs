@@ -51,6 +51,7 @@ use super::endpoints_record::{
 use super::{FIELD_MANAGER, KubeOptions, connect, term_id};
 use crate::backend::{
     About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, TermId,
+    WaitReason,
 };
 
 /// The Endpoints lock's name and advice (errors name the `kubernetes`
@@ -251,7 +252,7 @@ impl EndpointsLock {
             return Ok(Campaign::Waiting {
                 previous: None,
                 retry_after: Duration::from_millis(100),
-                why: "lost a race for the old image's Endpoints lock; reading it again",
+                why: WaitReason::LostRace,
             });
         };
         let holder = holder_of(&written);
@@ -378,7 +379,7 @@ impl LeaseBackend for EndpointsLock {
                     expires_in: None,
                 }),
                 retry_after: until - now,
-                why: "the old image's Endpoints lock was deleted while its holder's term may still run: waiting out its duration",
+                why: WaitReason::PreviousTerm,
             }),
             (Standing::Held { .. }, Some(e)) => Ok(Campaign::Following(holder_of(&e))),
             (Standing::Free, found) => self.take(conn, found, identity, ttl).await,
@@ -428,7 +429,8 @@ impl LeaseBackend for EndpointsLock {
         })
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
+    /// The old image's lock has no registry: `successor` is not written.
+    async fn release(&self, term: &Term, _successor: Option<&str>) -> Result<()> {
         let conn = self.conn().await?;
         let Some(ours) = self.ours(term) else {
             return Ok(());

@@ -37,6 +37,7 @@ thread_local! {
 
 /// The Kubernetes Lease backend flags (the old `leader-elector` image's names).
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Kubernetes")]
 pub struct KubeArgs {
     /// Namespace of the election Lease (--backend kubernetes) [default: $POD_NAMESPACE, else the kubeconfig's namespace].
     #[arg(
@@ -204,8 +205,8 @@ fn check_max_clock_skew(
     match skew {
         Some(d) if d.is_zero() || d > common.lease_duration => Err(config_error(format!(
             "--max-clock-skew ({}) must be more than 0s and at most --lease-duration ({})\nhint: give the most the candidates' wall clocks may differ (NTP keeps them within milliseconds), e.g. 2s, or leave it out",
-            humantime::format_duration(d),
-            humantime::format_duration(common.lease_duration)
+            crate::flags::format_duration(d),
+            crate::flags::format_duration(common.lease_duration)
         ))),
         _ => Ok(skew),
     }

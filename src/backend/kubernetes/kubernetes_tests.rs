@@ -186,8 +186,8 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
         json!(term.holder.term_id)
     );
 
-    b.resign(&term).await.unwrap();
-    let put = seen.lock().unwrap()[6].clone();
+    b.release(&term, None).await.unwrap();
+    let put = seen.lock().unwrap()[5].clone();
     assert_eq!(put.body["metadata"]["resourceVersion"], json!("102"));
     assert_eq!(put.body["spec"]["holderIdentity"], json!(""));
     assert_eq!(put.body["spec"]["leaseDurationSeconds"], json!(1));
@@ -204,10 +204,8 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
                 "GET {BASE}?&watch=true&timeoutSeconds=290&fieldSelector=metadata.name%3Del&allowWatchBookmarks=true&resourceVersion=100"
             ),
             format!("PUT {BASE}/el?&fieldManager=leader-elector"),
-            // The candidate registry, for a successor to name (none here).
-            format!(
-                "GET {BASE}?&labelSelector=leader-elector.io%2Felection%3Del%2Cleader-elector.io%2Frole%3Dcandidate"
-            ),
+            // The release: no read of the registry (the Elector names the
+            // successor from the registry it follows).
             format!("PUT {BASE}/el?&fieldManager=leader-elector"),
         ]
     );
@@ -327,7 +325,7 @@ async fn a_renew_conflict_with_another_holder_is_lost_without_overwriting() {
         ]
     );
     // Release finds nothing of ours: no write.
-    b.resign(&term).await.unwrap();
+    b.release(&term, None).await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 6);
     // Deleted by hand: renew reports the key gone.
     let (respond, state) = store(None);

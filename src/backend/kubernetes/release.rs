@@ -6,20 +6,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
-use tracing::debug;
 
 use super::verbs::Cas;
 use super::*;
-use crate::backend::candidates::{choose_successor, successor_wait};
-
-/// Whom a release names as successor.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Named<'a> {
-    /// The registry's choice ([`choose_successor`]), read at release.
-    FromRegistry,
-    /// This identity, or nobody.
-    Given(Option<&'a str>),
-}
+use crate::backend::WaitReason;
+use crate::backend::candidates::successor_wait;
 
 /// `lease` released by the holder of term `ours`: holder cleared,
 /// `leaseDurationSeconds: 1`, the release mark naming the term, and the
@@ -48,13 +39,12 @@ pub(super) fn released(mut lease: Lease, ours: &str, successor: Option<&str>) ->
 
 impl KubeLeaseBackend {
     /// End `term` by CAS (client-go's `release()`, see [`released`]),
-    /// naming `named`'s successor; a term already over is not an error.
-    pub(super) async fn release(&self, term: &Term, named: Named<'_>) -> Result<()> {
+    /// naming `successor` (the Elector's choice); a term already over is
+    /// not an error.
+    pub(super) async fn release_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         let conn = self.conn().await?;
         let ours = term.holder.term_id.as_str();
-        // Named once, when there is a term of ours to release.
-        let mut successor = None;
-        for round in 0..CAS_TRIES {
+        for _ in 0..CAS_TRIES {
             let (standing, lease) =
                 self.view(|v| (v.classify(Some(ours), Instant::now()), v.lease().cloned()));
             let base = match (standing, lease) {
@@ -65,16 +55,7 @@ impl KubeLeaseBackend {
                     return Ok(());
                 }
             };
-            if round == 0 {
-                successor = match named {
-                    Named::FromRegistry => self.successor_for(ours).await,
-                    Named::Given(s) => s.map(str::to_owned),
-                };
-            }
-            match self
-                .cas(conn, &released(base, ours, successor.as_deref()))
-                .await?
-            {
+            match self.cas(conn, &released(base, ours, successor)).await? {
                 Cas::Written(_) => {
                     self.view(|v| v.resigned());
                     return Ok(());
@@ -105,21 +86,9 @@ impl KubeLeaseBackend {
             Some(until) if now < until => Ok(Campaign::Waiting {
                 previous: Some(previous),
                 retry_after: until - now,
-                why: "the release names another candidate as successor: leaving it one round trip to take the Lease",
+                why: WaitReason::SuccessorHeadStart,
             }),
             _ => Err(previous),
-        }
-    }
-
-    /// The successor a release of term `ours` names: the registry's choice
-    /// ([`choose_successor`]), or none when the registry cannot be read.
-    async fn successor_for(&self, ours: &str) -> Option<String> {
-        match self.list_candidates().await {
-            Ok(listed) => choose_successor(&listed, identity_of(ours)).map(|c| c.identity.clone()),
-            Err(e) => {
-                debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
         }
     }
 
@@ -131,7 +100,7 @@ impl KubeLeaseBackend {
             previous => Campaign::Waiting {
                 previous,
                 retry_after: Duration::from_millis(100),
-                why: "lost a race for the Lease; reading it again",
+                why: WaitReason::LostRace,
             },
         }
     }

@@ -12,9 +12,7 @@ use tracing::{debug, info};
 
 use super::view::Created;
 use super::*;
-
-/// Why a created Lease is left unclaimed (`/leader`'s `waiting`).
-pub(super) const UNSEEN_TERM: &str = "another term may have run unseen since the Lease was found absent (created and deleted while we waited, or no replay could be had): our created Lease stays unclaimed until that term is over";
+use crate::backend::WaitReason;
 
 /// What the replay from the absence point showed.
 enum Replay {
@@ -77,7 +75,7 @@ impl KubeLeaseBackend {
         Campaign::Waiting {
             previous: Some(previous),
             retry_after: not_before - now,
-            why: UNSEEN_TERM,
+            why: WaitReason::UnseenTerm,
         }
     }
 

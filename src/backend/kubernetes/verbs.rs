@@ -10,11 +10,10 @@ use kube::api::{PostParams, WatchParams};
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, warn};
 
-use super::release::Named;
-use super::replay::UNSEEN_TERM;
 use super::*;
+use crate::backend::WaitReason;
 use crate::backend::candidates::{Candidate, Listed};
-use crate::backend::controls::{Controls, PAUSED};
+use crate::backend::controls::Controls;
 
 #[async_trait]
 impl LeaseBackend for KubeLeaseBackend {
@@ -85,14 +84,10 @@ impl LeaseBackend for KubeLeaseBackend {
         Err(self.contended(conn))
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
-        self.release(term, Named::FromRegistry).await
-    }
-
     /// Release `term` naming `successor` in [`SUCCESSOR_ANNOTATION`]
-    /// (`None`: nobody), instead of the registry's choice.
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        self.release(term, Named::Given(successor)).await
+    /// (`None`: nobody).
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+        self.release_to(term, successor).await
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -243,7 +238,7 @@ fn paused(previous: Holder) -> Campaign {
     Campaign::Waiting {
         previous: Some(previous),
         retry_after: PAUSED_POLL,
-        why: PAUSED,
+        why: WaitReason::Paused,
     }
 }
 
@@ -308,7 +303,7 @@ impl KubeLeaseBackend {
             return Ok(Round::Done(Campaign::Waiting {
                 previous: Some(holder),
                 retry_after: until - now,
-                why: "the Lease was deleted by hand while its holder's term may still run: waiting out its duration",
+                why: WaitReason::PreviousTerm,
             }));
         }
         if round > 0 {
@@ -364,7 +359,7 @@ impl KubeLeaseBackend {
                 return Ok(Round::Done(Campaign::Waiting {
                     previous: Some(previous),
                     retry_after: until - now,
-                    why: UNSEEN_TERM,
+                    why: WaitReason::UnseenTerm,
                 }));
             }
             Standing::Held {
@@ -377,7 +372,7 @@ impl KubeLeaseBackend {
                 return Ok(Round::Done(Campaign::Waiting {
                     previous: Some(holder),
                     retry_after: until - now,
-                    why: "the holder was cleared by someone other than the holder: waiting out what its term promised",
+                    why: WaitReason::PreviousTerm,
                 }));
             }
             Standing::Held {

@@ -14,16 +14,11 @@ use super::group::{Acquisition, Granting, unexpected};
 use super::holders::quorum_holder;
 use super::server::{Server, uint_of};
 use super::{BACKEND, BadCounter, RedisBackend, UNREPLICATED, Unreplicated, drift};
-use crate::backend::controls::PAUSED;
-use crate::backend::{BackendError, Campaign, Holder, Result, Term};
+use crate::backend::{BackendError, Campaign, Holder, Result, Term, WaitReason};
 
 /// How soon a candidate kept out by a pause looks again (the Elector waits
 /// at most its retry period).
 pub const PAUSED_RETRY: Duration = Duration::from_millis(500);
-
-/// The `why` of a candidate leaving the term to the named successor.
-pub const YIELDING: &str =
-    "the release names another candidate as successor: leaving it one round trip to take the term";
 
 /// What one server answered to the campaign script.
 #[derive(Debug, PartialEq, Eq)]
@@ -142,7 +137,7 @@ impl RedisBackend {
             Granting::Unconfirmed { .. } => Ok(Campaign::Waiting {
                 previous: None,
                 retry_after: random_retry(),
-                why: "the fencing counter could not be raised on a quorum of servers; retrying",
+                why: WaitReason::QuorumUnconfirmed,
             }),
             Granting::Refused => self.lose(found),
         }
@@ -163,14 +158,14 @@ impl RedisBackend {
             return Ok(Campaign::Waiting {
                 previous: None,
                 retry_after: PAUSED_RETRY,
-                why: PAUSED,
+                why: WaitReason::Paused,
             });
         }
         if let Some(left) = found.yielding {
             return Ok(Campaign::Waiting {
                 previous: None,
                 retry_after: left,
-                why: YIELDING,
+                why: WaitReason::SuccessorHeadStart,
             });
         }
         // A split: retry after a random delay (Redlock spec), or when the
@@ -183,9 +178,9 @@ impl RedisBackend {
             .min()
             .map_or(random, |e| e.min(random));
         let why = if found.fresh.is_some() {
-            "a Redis server started less than one lease duration ago and may have forgotten a live term: waiting until it has run that long"
+            WaitReason::ServerRestarted
         } else {
-            "no quorum of servers agrees on a holder (a split): retrying after a random delay"
+            WaitReason::Split
         };
         Ok(Campaign::Waiting {
             previous: found.held.into_iter().next(),

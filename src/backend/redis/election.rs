@@ -28,6 +28,7 @@
 //!   such a grant back like any other it does not keep.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,7 +36,7 @@ use futures_util::future::join_all;
 use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::answer::{Answer, Found};
 use super::group::{Acquisition, Group, unexpected};
@@ -45,7 +46,7 @@ use super::released::Released;
 use super::server::{Server, text_of};
 use super::verdict::Verdict;
 use super::{BACKEND, RedisOptions, is_unreplicated};
-use crate::backend::candidates::{Candidate, Listed, SUCCESSOR_WAIT_CAP, choose_successor};
+use crate::backend::candidates::{Candidate, Listed, SUCCESSOR_WAIT_CAP};
 use crate::backend::controls::Controls;
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
@@ -68,6 +69,12 @@ pub struct RedisBackend {
     pub(super) counter_key: String,
     channel: String,
     successor_key: String,
+    /// Since when the server's replication id serves the election (see
+    /// [`Lua::Campaign`]).
+    primary_key: String,
+    /// The largest fencing token this candidate has seen: a campaign's token
+    /// is above it, even on a promoted replica whose counter went back.
+    seen_token: AtomicU64,
     pub(super) group: Arc<Group>,
     /// The release channel, subscribed on every server.
     released: Released,
@@ -95,11 +102,14 @@ impl RedisBackend {
         election: &str,
         options: RedisOptions,
     ) -> std::result::Result<Arc<Self>, String> {
-        let servers = options
-            .urls
-            .iter()
-            .map(|url| Server::open(url, &options))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let servers = match &options.sentinel {
+            Some(sentinel) => vec![Server::sentinel(sentinel, &options)?],
+            None => options
+                .urls
+                .iter()
+                .map(|url| Server::open(url, &options))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+        };
         if servers.is_empty() {
             return Err("no Redis URL given".into());
         }
@@ -110,6 +120,8 @@ impl RedisBackend {
             counter_key: format!("{base}:fencing"),
             channel: format!("{base}:released"),
             successor_key: format!("{base}:successor"),
+            primary_key: format!("{base}:primary"),
+            seen_token: AtomicU64::new(0),
             key: base,
             group: Arc::new(Group::new(servers)),
             released: Released::new(n),
@@ -156,10 +168,17 @@ impl RedisBackend {
         };
         let hold = if holding { "1" } else { "0" };
         let paused = self.paused_key();
-        let keys = [&self.key, &self.counter_key, &paused, &self.successor_key];
+        let keys = [
+            &self.key,
+            &self.counter_key,
+            &paused,
+            &self.successor_key,
+            &self.primary_key,
+        ];
         let want = server.min_replicas().to_string();
         let cap = ms(SUCCESSOR_WAIT_CAP);
-        let args = [token, identity, &ms(ttl), &known, hold, &want, &cap];
+        let seen = self.seen_token.load(Ordering::SeqCst).to_string();
+        let args = [token, identity, &ms(ttl), &known, hold, &want, &cap, &seen];
         let v = server.eval(Lua::Campaign, &keys, &args).await?;
         let Value::Array(items) = &v else {
             return Err(unexpected(&v));
@@ -172,13 +191,15 @@ impl RedisBackend {
         self.answer(server, &v, hold_until)
     }
 
-    /// Record server `i`'s `run_id`. A new process behind the same address:
-    /// keep out of it for one TTL (plus the uptime clock's second) on our own
-    /// clock, whatever its wall clock says. Returns the hold-off's end.
+    /// Record server `i`'s `<run_id>/<master_replid>`. A new process behind
+    /// the same address, or a new replication id (a replica promoted, with
+    /// Sentinel the primary it names now): keep out of it for one TTL (plus
+    /// the uptime clock's second) from now on our own clock, whatever its
+    /// wall clock says. Returns the hold-off's end.
     fn saw_run(&self, i: usize, server: &Server, run: String, ttl: Duration) -> Option<Instant> {
         let mut seen = self.runs[i].lock().expect("run lock");
         if seen.id.as_deref().is_some_and(|k| k != run) {
-            warn!(server = %server.label(), run_id = %run, "the Redis server restarted or was replaced: no campaign on it for one lease duration");
+            warn!(server = %server.label(), run_id = %run, "the Redis server restarted, was replaced or a replica was promoted (a new run_id or replication id): no campaign on it for one lease duration");
             seen.hold_until = Some(Instant::now() + ttl + Duration::from_secs(1));
         }
         seen.id = Some(run);
@@ -192,8 +213,15 @@ impl RedisBackend {
         let mut found = Found::default();
         for (i, a) in answers.into_iter().enumerate() {
             match a {
-                Ok(Answer::Acquired(f)) => found.acquired.push((i, f)),
-                Ok(Answer::Held(v, pttl)) => found.held.push(parse_value(&v, pttl)),
+                Ok(Answer::Acquired(f)) => {
+                    self.saw_token(f);
+                    found.acquired.push((i, f));
+                }
+                Ok(Answer::Held(v, pttl)) => {
+                    let holder = parse_value(&v, pttl);
+                    self.saw_token(holder.fencing_token);
+                    found.held.push(holder);
+                }
                 Ok(Answer::Fresh(ms)) => {
                     let d = Duration::from_millis(ms.max(1) as u64);
                     found.fresh = Some(found.fresh.map_or(d, |f| f.min(d)));
@@ -214,6 +242,11 @@ impl RedisBackend {
         found
     }
 
+    /// Remember `token` if it is the largest seen.
+    fn saw_token(&self, token: u64) {
+        self.seen_token.fetch_max(token, Ordering::SeqCst);
+    }
+
     /// End `term`, naming `successor`: the release script deletes the key
     /// and sets the successor marker for [`SUCCESSOR_WAIT_CAP`], in one
     /// step on each server.
@@ -223,18 +256,6 @@ impl RedisBackend {
         let args = [term.holder.term_id.as_str(), &self.channel, "", to, &wait];
         let keys = [self.key.as_str(), &self.successor_key];
         resigned(self.group.release(Lua::Release, &keys, &args).await)
-    }
-
-    /// The successor a release by `me` names: the registry's choice, or
-    /// nobody when the registry cannot be read.
-    async fn successor_for(&self, me: &str) -> Option<String> {
-        match self.list().await {
-            Ok(listed) => choose_successor(&listed, me).map(|c| c.identity.clone()),
-            Err(e) => {
-                debug!(error = %e.report(), "cannot read the candidate registry; releasing without a successor");
-                None
-            }
-        }
     }
 
     async fn read_on(&self, server: &Server) -> Result<Option<Holder>> {
@@ -262,8 +283,11 @@ impl LeaseBackend for RedisBackend {
         &self,
         identity: &str,
         ttl: Duration,
-        _previous: Option<&Holder>,
+        previous: Option<&Holder>,
     ) -> Result<Campaign> {
+        if let Some(p) = previous {
+            self.saw_token(p.fencing_token);
+        }
         // Subscribe before reading, so a release after our read is not missed.
         self.released.subscribe(&self.group, &self.channel).await;
         let start = Instant::now();
@@ -328,12 +352,7 @@ impl LeaseBackend for RedisBackend {
         renewal(verdict, term, self.servers())
     }
 
-    async fn resign(&self, term: &Term) -> Result<()> {
-        let successor = self.successor_for(&term.holder.identity).await;
-        self.release_to(term, successor.as_deref()).await
-    }
-
-    async fn resign_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
+    async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         self.release_to(term, successor).await
     }
 

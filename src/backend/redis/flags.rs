@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::coord::RedisCoord;
+use super::sentinel::{SentinelOptions, sentinel_url};
 use super::{RedisBackend, RedisOptions, check_url};
 use crate::backend::registry::{Auto, BackendArgs, Common, Connected, Row, Settings};
 use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
@@ -18,11 +19,11 @@ use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
 /// The Redis backend's registry row.
 pub const ROW: Row = Row {
     name: "redis",
-    help: "a Redis key, one server or a Redlock group (--redis-url)",
+    help: "a Redis key, one server or a Redlock group (--redis-url), or the primary a Sentinel group names (--redis-sentinel)",
     auto: Auto::Flag {
         flag: "--redis-url",
         example: "--redis-url (e.g. redis://127.0.0.1:6379)",
-        given: |a| !a.redis.redis_url.is_empty(),
+        given: |a| !a.redis.redis_url.is_empty() || !a.redis.redis_sentinel.is_empty(),
     },
     resolve,
     coordination: Some("one server or a Redlock group: locks, semaphores, job claims"),
@@ -30,6 +31,7 @@ pub const ROW: Row = Row {
 
 /// The Redis flags.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Redis")]
 pub struct RedisArgs {
     /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
     #[arg(
@@ -67,6 +69,31 @@ pub struct RedisArgs {
         value_name = "N"
     )]
     pub redis_min_replicas: u32,
+
+    /// Sentinels to ask for the primary instead of --redis-url (host:port, redis://host:port or rediss://host:port; comma-separated); failovers are followed, and a newly promoted primary is campaigned on only after one lease duration.
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_REDIS_SENTINEL",
+        value_delimiter = ',',
+        value_name = "HOST:PORT"
+    )]
+    pub redis_sentinel: Vec<String>,
+
+    /// The master's name in the Sentinels' configuration (sentinel monitor NAME ...); required with --redis-sentinel.
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_REDIS_SENTINEL_MASTER",
+        value_name = "NAME"
+    )]
+    pub redis_sentinel_master: Option<String>,
+
+    /// File holding the Sentinels' password (its first line), for Sentinel addresses that carry none.
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_REDIS_SENTINEL_PASSWORD_FILE",
+        value_name = "FILE"
+    )]
+    pub redis_sentinel_password_file: Option<PathBuf>,
 }
 
 /// The largest `--redis-min-replicas`: far above any real replica count, so
@@ -136,15 +163,16 @@ fn resolve(
     _chosen_by_auto: bool,
 ) -> Result<Arc<dyn Settings>, ConfigError> {
     let r = &args.redis;
-    if r.redis_url.is_empty() {
+    let sentinel = resolve_sentinel(r)?;
+    if r.redis_url.is_empty() && sentinel.is_none() {
         return Err(config_error(
-            "--redis-url is required with --backend redis\nhint: e.g. --redis-url redis://127.0.0.1:6379",
+            "--redis-url is required with --backend redis (or --redis-sentinel with --redis-sentinel-master)\nhint: e.g. --redis-url redis://127.0.0.1:6379, or --redis-sentinel 127.0.0.1:26379 --redis-sentinel-master mymaster",
         ));
     }
     for url in &r.redis_url {
         check_url(url).map_err(|e| config_error(format!("--redis-url: {e}")))?;
     }
-    let n = r.redis_url.len();
+    let n = r.redis_url.len().max(1);
     let password = r
         .redis_password_file
         .as_deref()
@@ -155,9 +183,14 @@ fn resolve(
         .as_deref()
         .map(|p| read_pem("--redis-ca-file", p, "CERTIFICATE"))
         .transpose()?;
-    if ca_pem.is_some() && !r.redis_url.iter().any(|u| u.starts_with("rediss://")) {
+    let tls = r
+        .redis_url
+        .iter()
+        .chain(&r.redis_sentinel)
+        .any(|u| u.starts_with("rediss://"));
+    if ca_pem.is_some() && !tls {
         return Err(config_error(
-            "--redis-ca-file needs rediss:// URLs in --redis-url",
+            "--redis-ca-file needs rediss:// URLs in --redis-url (or rediss:// Sentinels in --redis-sentinel)",
         ));
     }
     let per_server_timeout = if n == 1 {
@@ -175,6 +208,55 @@ fn resolve(
             ca_pem,
             per_server_timeout,
             min_replicas: r.redis_min_replicas,
+            sentinel,
         },
+    }))
+}
+
+/// The Sentinel settings of `--redis-sentinel*`, `None` without Sentinels.
+fn resolve_sentinel(r: &RedisArgs) -> Result<Option<SentinelOptions>, ConfigError> {
+    if r.redis_sentinel.is_empty() {
+        if r.redis_sentinel_master.is_some() {
+            return Err(config_error(
+                "--redis-sentinel-master needs --redis-sentinel\nhint: e.g. --redis-sentinel 127.0.0.1:26379 --redis-sentinel-master mymaster",
+            ));
+        }
+        return Ok(None);
+    }
+    if !r.redis_url.is_empty() {
+        return Err(config_error(
+            "--redis-sentinel and --redis-url are both given: the Sentinels name the one primary\nhint: drop --redis-url (Redlock over Sentinel groups is not supported)",
+        ));
+    }
+    let master = match r.redis_sentinel_master.as_deref().map(str::trim) {
+        Some(m) if !m.is_empty() && !m.contains(char::is_whitespace) => m.to_owned(),
+        Some(m) => {
+            return Err(config_error(format!(
+                "--redis-sentinel-master {m:?} is not a master name: give the NAME of `sentinel monitor NAME host port quorum`, e.g. mymaster"
+            )));
+        }
+        None => {
+            return Err(config_error(
+                "--redis-sentinel needs --redis-sentinel-master NAME (the name in `sentinel monitor NAME ...`), e.g. mymaster",
+            ));
+        }
+    };
+    for host in &r.redis_sentinel {
+        check_url(&sentinel_url(host.trim()))
+            .map_err(|e| config_error(format!("--redis-sentinel: {e}")))?;
+    }
+    let password = r
+        .redis_sentinel_password_file
+        .as_deref()
+        .map(|p| read_secret("--redis-sentinel-password-file", p))
+        .transpose()?;
+    Ok(Some(SentinelOptions {
+        hosts: r
+            .redis_sentinel
+            .iter()
+            .map(|h| h.trim().to_owned())
+            .collect(),
+        master,
+        password,
     }))
 }

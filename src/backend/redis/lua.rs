@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::lua_campaign::CAMPAIGN;
 use super::lua_ops::{CANDIDATE_LIST, CANDIDATE_PUBLISH, CANDIDATE_WITHDRAW};
 use super::lua_rw::{RW, RW_GIVE_UP, RW_READ, RW_READ_RENEW, RW_UNREAD, RW_WRITE};
 use super::lua_sem::{SEM_ACQUIRE, SEM_LIVE, SEM_RELEASE, SEM_RENEW};
@@ -55,74 +56,6 @@ end
 local function mine(value, token)
   return value and string.sub(value, 1, string.len(token) + 1) == token .. '|'
 end
-";
-
-/// Election campaign. KEYS: key, counter, pause marker, successor. ARGV:
-/// 1 term token, 2 identity, 3 TTL in ms, 4 the run_id this candidate last
-/// saw on this server ('' if none), 5 '1' while this candidate keeps out of
-/// a server it saw restart, 6 `--redis-min-replicas` ('0': off), 7 the
-/// longest a successor marker may keep others out, in ms.
-/// Answers (each ending with the server's run_id): `{1, fencing}` elected
-/// (deleting the successor marker), `{0, value, pttl}` held, `{3, wait_ms}`
-/// too fresh, `{4, counter}` bad counter, `{5, replicas}` fewer replicas
-/// linked and acknowledging than ARGV[6], `{6}` paused, `{7, successor,
-/// pttl}` left to the named successor. The one write of a refusal: a
-/// successor marker without a TTL, or with more than ARGV[7] (written by
-/// hand), gets ARGV[7], so it keeps others out at most that long.
-const CAMPAIGN: &str = r"
-local info = redis.call('INFO', 'server')
-local run = string.match(info, 'run_id:(%x+)') or ''
-local current = redis.call('GET', KEYS[1])
-if current then
-  return {0, current, redis.call('PTTL', KEYS[1]), run}
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {6, run} end
-local named = redis.call('GET', KEYS[4])
-if named and named ~= ARGV[2] then
-  local left, cap = redis.call('PTTL', KEYS[4]), tonumber(ARGV[7])
-  if left < 0 or left > cap then redis.call('PEXPIRE', KEYS[4], cap) left = cap end
-  return {7, named, left, run}
-end
-local ttl = tonumber(ARGV[3])
--- A server that restarted (or was replaced, e.g. a replica promoted) since
--- this candidate last saw it may have forgotten a live term.
-if ARGV[5] == '1' or (ARGV[4] ~= '' and ARGV[4] ~= run) then
-  return {3, ttl + 1000, run}
-end
--- A server up for less than one TTL may have restarted without persistence
--- and forgotten a live term. uptime_in_seconds counts whole wall-clock
--- seconds and reads N after as little as N - 1 s: demand one more second.
-local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-if up and up * 1000 < ttl + 1000 then
-  return {3, ttl + 1000 - up * 1000, run}
-end
--- With --redis-min-replicas: no grant while fewer replicas are online and
--- acknowledging (their last acknowledgement at most 2 s old; they send one
--- every second). WAIT after the grant is the check that counts; this one
--- keeps a grant that cannot count from showing as a holder meanwhile.
-local want = tonumber(ARGV[6] or '0') or 0
-if want > 0 then
-  local live = 0
-  for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,[^\r\n]-lag=(%d+)') do
-    if tonumber(lag) <= 2 then live = live + 1 end
-  end
-  if live < want then return {5, live, run} end
-end
--- The fencing counter must be one a Lua number holds exactly (counter_ok).
-local c = redis.call('GET', KEYS[2])
-if not counter_ok(c) then
-  return {4, c, run}
-end
--- Tokens only grow: the next token is max(counter + 1, server clock in ms),
--- so a counter that went back (a lagging replica promoted, a restart without
--- persistence) does not hand out a token an earlier term had.
-local now = now_ms()
-local fencing = math.max((tonumber(c) or 0) + 1, now)
-local f = string.format('%.0f', fencing)
-redis.call('SET', KEYS[2], f)
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
-if named then redis.call('DEL', KEYS[4]) end
-return {1, f, run}
 ";
 
 /// Election renew. KEYS: key. ARGV: 1 token, 2 TTL in ms, 3 Redlock only:

@@ -33,11 +33,13 @@ pub mod flags;
 pub mod group;
 mod holders;
 pub mod lua;
+mod lua_campaign;
 mod lua_ops;
 mod lua_rw;
 mod lua_sem;
 mod registry;
 mod released;
+pub mod sentinel;
 pub mod server;
 pub mod verdict;
 
@@ -45,7 +47,7 @@ use std::time::Duration;
 
 use crate::backend::About;
 
-pub use answer::{PAUSED_RETRY, YIELDING};
+pub use answer::PAUSED_RETRY;
 pub use election::RedisBackend;
 #[cfg(test)]
 pub(crate) use election::{renewal, resigned};
@@ -64,7 +66,7 @@ pub(crate) const BACKEND: &About = &About {
         ),
         (
             "readonly",
-            "this Redis is a read-only replica (after a failover?): point --redis-url at the primary",
+            "this Redis is a read-only replica (after a failover?): with --redis-sentinel the sidecar asks the Sentinels for the new primary; with --redis-url use --redis-sentinel HOST:PORT --redis-sentinel-master NAME, or point --redis-url at the primary",
         ),
         (
             "loading",
@@ -100,6 +102,9 @@ pub struct RedisOptions {
     /// fencing-counter raise (`WAIT`) before it counts (`--redis-min-replicas`);
     /// 0 = off.
     pub min_replicas: u32,
+    /// A Sentinel group that names the one primary (`--redis-sentinel`),
+    /// instead of `urls`.
+    pub sentinel: Option<sentinel::SentinelOptions>,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -112,6 +117,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("per_server_timeout", &self.per_server_timeout)
             .field("min_replicas", &self.min_replicas)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }

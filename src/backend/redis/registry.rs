@@ -187,6 +187,9 @@ fn listed(v: &Value) -> Option<Listed> {
             priority: priority.parse().unwrap_or(DEFAULT_PRIORITY),
             revision: revision.clone(),
             ready: ready != "false",
+            // Not stored on Redis: a frozen candidate publishes `ready`
+            // false, which keeps it out of every choice.
+            frozen_until: None,
         },
         age: Some(Duration::from_millis(now.saturating_sub(renewed))),
         ttl: Duration::from_millis(num(ttl).unwrap_or(0)),

@@ -8,20 +8,38 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{MultiplexedConnection, PubSub};
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, Value};
+use redis::{AsyncConnectionConfig, Client, FromRedisValue, Value};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::exclusive::Exclusive;
 use super::lua::Lua;
+use super::sentinel::{Locator, READONLY_FIXED, SentinelOptions, confirm_master, open_client};
 use super::{BACKEND, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated, redact};
 use crate::backend::{BackendError, Result, is_tls_error};
 
-/// One Redis server of a single-server set-up or of a Redlock group.
+/// Where a [`Server`]'s requests go.
+enum Target {
+    /// A fixed address (`--redis-url`).
+    Fixed(Client),
+    /// The primary the Sentinels name (`--redis-sentinel`), confirmed by
+    /// `ROLE` on every new connection.
+    Sentinel {
+        locator: Box<Locator>,
+        /// The primary last found, and a client for it (pub/sub).
+        current: std::sync::Mutex<Option<(String, Client)>>,
+    },
+}
+
+/// One Redis server of a single-server set-up or of a Redlock group: a
+/// fixed address, or the primary a Sentinel group names.
 pub struct Server {
     label: String,
-    client: Client,
+    target: Target,
+    /// Whether the hint towards `--redis-sentinel` was logged (fixed URLs
+    /// that meet a replica).
+    told_sentinel: AtomicBool,
     conn: Mutex<Option<MultiplexedConnection>>,
     checked_config: AtomicBool,
     timeout: Duration,
@@ -45,27 +63,39 @@ impl Server {
         if info.redis.password.is_none() {
             info.redis.password = options.password.clone();
         }
-        let tls = matches!(info.addr, ConnectionAddr::TcpTls { .. });
-        let client = match (&options.ca_pem, tls) {
-            (Some(ca), true) => Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(ca.clone()),
-                },
-            ),
-            _ => Client::open(info),
-        }
-        .map_err(|e| format!("{label}: {e}"))?;
-        Ok(Server {
+        let client = open_client(info, options.ca_pem.as_deref(), &label)?;
+        Ok(Self::with_target(label, Target::Fixed(client), options))
+    }
+
+    /// The primary of the Sentinel group `sentinel` (the password and CA of
+    /// `options` apply to the data servers). Does not connect.
+    ///
+    /// # Errors
+    /// A message naming the (redacted) Sentinel address that cannot be used.
+    pub fn sentinel(
+        sentinel: &SentinelOptions,
+        options: &RedisOptions,
+    ) -> std::result::Result<Server, String> {
+        let locator = Box::new(Locator::new(sentinel, options)?);
+        let label = locator.label();
+        let target = Target::Sentinel {
+            locator,
+            current: std::sync::Mutex::new(None),
+        };
+        Ok(Self::with_target(label, target, options))
+    }
+
+    fn with_target(label: String, target: Target, options: &RedisOptions) -> Server {
+        Server {
             label,
-            client,
+            target,
+            told_sentinel: AtomicBool::new(false),
             conn: Mutex::new(None),
             checked_config: AtomicBool::new(false),
             timeout: options.per_server_timeout,
             min_replicas: options.min_replicas,
             exclusive: Exclusive::default(),
-        })
+        }
     }
 
     /// The redacted URL, for logs and errors.
@@ -146,20 +176,52 @@ impl Server {
         }
     }
 
-    /// A new connection under the per-server timeouts.
+    /// A new connection under the per-server timeouts: to the fixed
+    /// address, or to the primary the Sentinels name now, once it said with
+    /// `ROLE` that it is the master.
     async fn dial(&self) -> Result<MultiplexedConnection> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(self.timeout)
             .set_response_timeout(self.timeout);
-        self.client
+        let client = match &self.target {
+            Target::Fixed(client) => client.clone(),
+            Target::Sentinel { .. } => self.discover().await?,
+        };
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| self.classify(e))
+            .map_err(|e| self.classify(e))?;
+        if let Target::Sentinel { current, .. } = &self.target {
+            let at = current.lock().expect("current lock").clone();
+            let at = at.map(|(a, _)| a).unwrap_or_default();
+            confirm_master(&mut conn, &at, |e| self.classify(e)).await?;
+        }
+        Ok(conn)
     }
 
-    /// The shared connection, made on first use.
+    /// Ask the Sentinels for the primary; remember it (and log a change).
+    async fn discover(&self) -> Result<Client> {
+        let Target::Sentinel { locator, current } = &self.target else {
+            unreachable!("discover is for Sentinel targets")
+        };
+        let (at, client) = locator.discover().await?;
+        let mut slot = current.lock().expect("current lock");
+        if slot.as_ref().is_none_or(|(a, _)| *a != at) {
+            info!(master = %locator.master(), primary = %at, "the Sentinels name this primary");
+        }
+        *slot = Some((at, client.clone()));
+        Ok(client)
+    }
+
+    /// The shared connection, made on first use (and again after a
+    /// Sentinel announced a failover).
     async fn connection(&self) -> Result<MultiplexedConnection> {
         let mut guard = self.conn.lock().await;
+        if let Target::Sentinel { locator, .. } = &self.target
+            && locator.switched().await
+        {
+            *guard = None;
+        }
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
@@ -227,13 +289,27 @@ impl Server {
         }
     }
 
-    /// Forget the connection after a transport error or a timeout, so the
-    /// next request connects afresh.
+    /// Forget the connection after a transport error or a timeout (and,
+    /// with Sentinel, a `READONLY` answer), so the next request connects
+    /// afresh (and asks the Sentinels again). Fixed URLs that meet a replica
+    /// say once that `--redis-sentinel` follows failovers.
     async fn forget(&self, err: &BackendError) {
+        let readonly = matches!(
+            err,
+            BackendError::Rejected {
+                code: "readonly",
+                ..
+            }
+        );
+        let sentinel = matches!(self.target, Target::Sentinel { .. });
+        if readonly && !sentinel && !self.told_sentinel.swap(true, Ordering::SeqCst) {
+            warn!(server = %self.label, "{READONLY_FIXED}");
+        }
         if matches!(
             err,
             BackendError::Unreachable { .. } | BackendError::Timeout { .. }
-        ) {
+        ) || (readonly && sentinel)
+        {
             *self.conn.lock().await = None;
         }
     }
@@ -369,7 +445,21 @@ impl Server {
     /// # Errors
     /// A classified [`BackendError`] when the server cannot be reached.
     pub async fn pubsub(&self) -> Result<PubSub> {
-        match timeout(self.timeout, self.client.get_async_pubsub()).await {
+        let client = match &self.target {
+            Target::Fixed(client) => client.clone(),
+            Target::Sentinel { current, .. } => {
+                let known = current.lock().expect("current lock").clone();
+                match known {
+                    Some((_, client)) => client,
+                    None => {
+                        self.connection().await?;
+                        let known = current.lock().expect("current lock").clone();
+                        known.expect("a connection found the primary").1
+                    }
+                }
+            }
+        };
+        match timeout(self.timeout, client.get_async_pubsub()).await {
             Ok(r) => r.map_err(|e| self.classify(e)),
             Err(_) => Err(self.timed_out("subscribe")),
         }

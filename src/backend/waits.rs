@@ -1,0 +1,92 @@
+//! Why a candidate does not campaign right now, as a type: backends answer
+//! [`Campaign::Waiting`](super::Campaign::Waiting) with a [`WaitReason`],
+//! the Elector shows one in [`LeaderState::waiting`](crate::elector::LeaderState::waiting),
+//! and only the edges (`GET /leader`, the log, `status`) turn it into
+//! words ([`WaitReason::as_str`]). Code that must know whether a wait is a
+//! pause compares variants, never sentences.
+
+/// Why a candidate waits before its next campaign.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitReason {
+    /// The election is paused by an operator (`leader-elector pause`): no
+    /// candidate takes a released or expired term until resume.
+    Paused,
+    /// This member is frozen (`POST /resign?freeze=`): it is not eligible
+    /// and stays out of campaigns until the freeze ends.
+    Frozen,
+    /// This candidate has priority 0: it never leads.
+    PriorityZero,
+    /// The last release named another candidate as successor: it gets a
+    /// head start of a few round trips before the others campaign.
+    SuccessorHeadStart,
+    /// The key is gone (deleted by hand, or the holder cleared by someone
+    /// other than the holder) but the previous term may still run: waiting
+    /// out what it promised.
+    PreviousTerm,
+    /// Another term may have run unseen while the key was absent (a
+    /// Kubernetes Lease created and deleted while we waited).
+    UnseenTerm,
+    /// A race for the key was lost: reading it again.
+    LostRace,
+    /// Redis: the fencing counter could not be raised on a quorum.
+    QuorumUnconfirmed,
+    /// Redis: no quorum of servers agrees on a holder (a split).
+    Split,
+    /// Redis: a server started less than one lease duration ago and may
+    /// have forgotten a live term.
+    ServerRestarted,
+}
+
+impl WaitReason {
+    /// The reason in words, for `/leader`, the log and `status`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::Paused => {
+                "the election is paused (leader-elector pause): no candidate takes a released or expired term until leader-elector resume"
+            }
+            WaitReason::Frozen => {
+                "frozen (POST /resign?freeze=): this member is not eligible and stays out of campaigns until the freeze ends"
+            }
+            WaitReason::PriorityZero => {
+                "priority 0 (--priority 0): this candidate never leads; it follows and reports the leader"
+            }
+            WaitReason::SuccessorHeadStart => {
+                "the release names another candidate as successor: leaving it a few round trips to take the term"
+            }
+            WaitReason::PreviousTerm => {
+                "the key was deleted (or its holder cleared) by someone other than the holder while the holder's term may still run: waiting out what it promised"
+            }
+            WaitReason::UnseenTerm => {
+                "another term may have run unseen since the key was found absent: our claim waits until that term is over"
+            }
+            WaitReason::LostRace => "lost a race for the key; reading it again",
+            WaitReason::QuorumUnconfirmed => {
+                "the fencing counter could not be raised on a quorum of servers; retrying"
+            }
+            WaitReason::Split => {
+                "no quorum of servers agrees on a holder (a split): retrying after a random delay"
+            }
+            WaitReason::ServerRestarted => {
+                "a Redis server started, restarted or was promoted from a replica less than one lease duration ago and may lack a live term: waiting until it has served that long"
+            }
+        }
+    }
+
+    /// Whether the wait ends on an operator's act (resume) rather than by
+    /// time: its `until` is not a moment ("until resume").
+    pub fn until_resume(self) -> bool {
+        matches!(self, WaitReason::Paused)
+    }
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for WaitReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}

@@ -1,0 +1,134 @@
+//! Failsafe: a running leader that cannot reach the backend keeps leading
+//! while every member of its roster confirms it over direct peer HTTP
+//! (Patroni's DCS failsafe mode, checked first in the election model:
+//! `tests/election_model/failsafe.rs`).
+//!
+//! This module is the protocol as a capability beside the election; it
+//! knows no backend and never talks to one:
+//! - [`Roster`]: the admitted members (identity and peer address), written
+//!   by the leader with the term's compare-and-swap into a record that
+//!   outlives the term (the model's first counterexample: a roster that
+//!   expires with the key lets a never-admitted candidate campaign while
+//!   the leader still claims).
+//! - [`Heartbeat`] / [`Ack`]: what the leader sends each member, and the
+//!   member's answer.
+//! - [`Promises`]: a member's side. It promises not to campaign for the
+//!   heartbeat's promise on its own monotonic clock from the receipt, and
+//!   a (re)started process waits one maximum promise before it campaigns
+//!   (a restart forgets what the old process promised: the model's third
+//!   counterexample).
+//! - [`Confirmations`]: the leader's side. It claims only until the
+//!   earliest bound **every** required member acknowledged, each counted
+//!   from the heartbeat's *send* instant, minus the drift margin; the
+//!   required set is every roster the leader *sent* this term since its
+//!   last acknowledged write (the model's second counterexample: a renewal
+//!   that admitted a member was applied but its answer lost).
+//! - [`peer`]: the peer listener's router (one route, authenticated by a
+//!   shared secret) and the heartbeat client.
+//!
+//! The invariant kept: at no instant may a member that promised campaign
+//! while the leader counts that promise; a leader whose bound has passed
+//! never resumes on a late acknowledgement.
+
+mod confirm;
+pub mod peer;
+mod promise;
+
+pub use confirm::Confirmations;
+pub use promise::{Promises, Refusal};
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One admitted member: who it is and where its peer listener answers.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Member {
+    /// The candidate's identity (the Pod name by default).
+    pub identity: String,
+    /// `host:port` of its peer listener (`--peer-addr`).
+    pub peer_addr: String,
+}
+
+/// The roster: every member admitted by the leader, sorted by identity.
+/// Only roster members campaign while failsafe is on (an empty roster,
+/// before the first failsafe term, lets anyone campaign).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Roster {
+    /// The members, sorted by identity, each identity once.
+    pub members: Vec<Member>,
+}
+
+impl Roster {
+    /// A roster of `members` (sorted; a repeated identity keeps its last
+    /// address).
+    pub fn new(members: impl IntoIterator<Item = Member>) -> Roster {
+        let mut all: Vec<Member> = members.into_iter().collect();
+        all.reverse();
+        all.sort_by(|a, b| a.identity.cmp(&b.identity));
+        all.dedup_by(|a, b| a.identity == b.identity);
+        Roster { members: all }
+    }
+
+    /// Whether `identity` may campaign: it is a member, or nobody is.
+    pub fn may_campaign(&self, identity: &str) -> bool {
+        self.members.is_empty() || self.contains(identity)
+    }
+
+    /// Whether `identity` is a member.
+    pub fn contains(&self, identity: &str) -> bool {
+        self.members.iter().any(|m| m.identity == identity)
+    }
+
+    /// The members other than `me`: those the leader must hear from.
+    pub fn others<'a>(&'a self, me: &'a str) -> impl Iterator<Item = &'a Member> + 'a {
+        self.members.iter().filter(move |m| m.identity != me)
+    }
+
+    /// The roster as JSON, for the election record.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a roster serializes")
+    }
+
+    /// A roster read from the election record.
+    ///
+    /// # Errors
+    /// The text is not a roster's JSON.
+    pub fn from_json(text: &str) -> Result<Roster, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+/// The leader's heartbeat to one member.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// The election's name (a heartbeat for another election is refused).
+    pub election: String,
+    /// The leader's identity.
+    pub leader: String,
+    /// The leader's fencing token (the term it claims).
+    pub fencing_token: u64,
+    /// How long the member is asked not to campaign, from the receipt on
+    /// its own clock, in milliseconds (the `until` of the design, sent as
+    /// a duration because the two clocks share no epoch).
+    pub promise_ms: u64,
+}
+
+impl Heartbeat {
+    /// The promise asked for.
+    pub fn promise(&self) -> Duration {
+        Duration::from_millis(self.promise_ms)
+    }
+}
+
+/// A member's answer to a heartbeat it accepted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The member's identity.
+    pub member: String,
+    /// The promise it gave, in milliseconds (never more than was asked).
+    pub promise_ms: u64,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,313 @@
+//! The sidecar on a Redis Sentinel group (a primary, two replicas, three
+//! Sentinels, `down-after-milliseconds` 1000), found with `--redis-sentinel`:
+//! three sidecars through a `SENTINEL FAILOVER`, a SIGKILL of the primary and
+//! a SIGSTOP of the primary past `down-after-milliseconds`. Safety (the
+//! recorder's checker): no two leaders at once, fencing tokens that grow
+//! from term to term. Liveness twin (same run): a leader again within one
+//! lease duration + the Sentinels' failover time + 1 s (the promotion
+//! hold-off's second) + one retry period (when a candidate next asks).
+//! Each prints its figures (`--nocapture`). Fixed URLs that meet a failover
+//! name `--redis-sentinel`, once.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::time::{Instant, sleep};
+
+use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::sentinel::SentinelGroup;
+use crate::support::*;
+
+const TTL: Duration = Duration::from_secs(2);
+const RETRY: Duration = Duration::from_millis(500);
+/// A failover of the test group is agreed and done well within this.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(20);
+
+/// How the primary is made to go away.
+#[derive(Clone, Copy, Debug)]
+enum Fault3 {
+    /// `SENTINEL FAILOVER mymaster`: the primary is healthy and demoted.
+    Manual,
+    /// SIGKILL of the primary.
+    Kill,
+    /// SIGSTOP of the primary for 3 × `down-after-milliseconds`, then SIGCONT.
+    Stop,
+}
+
+/// Three sidecars on a fresh Sentinel group, the recorder polling them, and
+/// the first leader.
+async fn three_on(
+    group: &SentinelGroup,
+    test: &str,
+    extra: &[&str],
+) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
+    let name = election(test);
+    let mut args = group.flags();
+    args.extend(FAST.iter().chain(extra).map(|s| s.to_string()));
+    let cs: Vec<Sidecar> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Sidecar::start_raw(&name, id, &args))
+        .collect();
+    let rec = Recorder::new(TTL);
+    for s in &cs {
+        rec.add(&s.identity, s.port);
+    }
+    let first = rec
+        .wait_leader(Duration::from_secs(15))
+        .await
+        .expect("a leader on the Sentinel group within 15 s");
+    (cs, rec, first)
+}
+
+/// Run `fault` against the primary with three sidecars on it; check and
+/// print the recording.
+async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
+    let mut group = SentinelGroup::start().await;
+    let (cs, rec, (l, tok)) = three_on(&group, test, extra).await;
+    // Let a renewal or two land on the replicas.
+    sleep(Duration::from_millis(700)).await;
+    let old = group.primary().await;
+    let f = rec.fault(Fault::new(
+        &format!("{fault:?} of the primary"),
+        Some(l),
+        Expect::Other,
+        FAILOVER_LIMIT + TTL + Duration::from_secs(2),
+    ));
+    let start = Instant::now();
+    match fault {
+        Fault3::Manual => group.failover().await,
+        Fault3::Kill => group.servers[old].stop(),
+        Fault3::Stop => group.signal(old, Signal::SIGSTOP),
+    }
+    let (new, failover) = if let Fault3::Stop = fault {
+        let stopped = Duration::from_millis(3 * crate::support::sentinel::DOWN_AFTER_MS);
+        let found = group.wait_failover(old, FAILOVER_LIMIT).await;
+        sleep(stopped.saturating_sub(start.elapsed())).await;
+        group.signal(old, Signal::SIGCONT);
+        found
+    } else {
+        group.wait_failover(old, FAILOVER_LIMIT).await
+    };
+    rec.heal(f, false);
+    // With --redis-min-replicas a grant needs a replica of the new primary:
+    // the bound counts from the moment one is connected (its resync time
+    // under load is Redis's, not ours).
+    let ready = if extra.contains(&"--redis-min-replicas") {
+        group.wait_replica_of(new, Duration::from_secs(30)).await;
+        start.elapsed()
+    } else {
+        failover
+    };
+    let bound = ready + TTL + Duration::from_secs(1) + RETRY;
+    let again = rec
+        .wait_leader(bound.saturating_sub(start.elapsed()) + Duration::from_secs(5))
+        .await
+        .expect("a leader again after the failover");
+    let leader_after = start.elapsed();
+    // Hold the leader a little longer under the checker.
+    sleep(TTL).await;
+    let report = rec.check(&format!("sentinel: {fault:?}"));
+    eprintln!("{}", report.summary());
+    eprintln!(
+        "sentinel {fault:?}: server {old} -> {new} in {failover:?} (Sentinel); leader {:?} (token {tok}) -> {:?} (token {}); a leader again {leader_after:?} after the fault; longest time without a leader {:?}",
+        cs[l].identity, cs[again.0].identity, again.1, report.longest_gap
+    );
+    assert!(
+        report.overlaps.is_empty(),
+        "two leaders at once: {:?}",
+        report.overlaps
+    );
+    assert!(
+        report.token_regressions.is_empty(),
+        "fencing tokens went back: {:?}",
+        report.token_regressions
+    );
+    if again != (l, tok) {
+        assert_token_grew(tok, again.1, "the term after the failover");
+    }
+    assert!(
+        report.longest_gap <= bound,
+        "no leader for {:?}, more than one lease + the failover ({failover:?}) + 1 s + a retry period = {bound:?}",
+        report.longest_gap
+    );
+    drop(cs);
+    group.servers.clear();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_keeps_one_leader_and_growing_tokens() {
+    survive(Fault3::Manual, "sentinel-manual", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_followed_to_the_promoted_replica() {
+    survive(Fault3::Kill, "sentinel-kill", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_paused_past_down_after_is_followed_to_the_promoted_replica() {
+    survive(Fault3::Stop, "sentinel-stop", &[]).await;
+}
+
+/// `--redis-min-replicas 1` on the primary the Sentinels name: grants and
+/// renewals wait for a replica's acknowledgement, across a SIGKILL of the
+/// primary (the promoted replica's own replica acknowledges afterwards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_works_with_sentinel_across_a_killed_primary() {
+    survive(
+        Fault3::Kill,
+        "sentinel-min-replicas",
+        &["--redis-min-replicas", "1"],
+    )
+    .await;
+}
+
+/// The case: sidecars on the primary's fixed URL, then a failover.
+/// Every campaign meets a read-only replica; the log names
+/// `--redis-sentinel` once (safety: nobody leads on a replica; the hint is
+/// the liveness twin: it says how to get a leader again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_urls_after_a_failover_name_redis_sentinel_once() {
+    let group = SentinelGroup::start().await;
+    let name = election("sentinel-fixed");
+    let url = group.servers[0].url.clone();
+    let cs: Vec<Sidecar> = ["a", "b"]
+        .iter()
+        .map(|id| redis_sidecar(&[&url], &name, id, FAST))
+        .collect();
+    one_leader(&cs, Duration::from_secs(15)).await;
+    group.failover().await;
+    group.wait_failover(0, FAILOVER_LIMIT).await;
+    // The old primary becomes a replica once a Sentinel reconfigures it.
+    let end = Instant::now() + FAILOVER_LIMIT;
+    while !group.servers[0].replication().await.contains("role:slave") {
+        assert!(Instant::now() < end, "the old primary was not demoted");
+        sleep(Duration::from_millis(100)).await;
+    }
+    sleep(TTL * 2).await;
+    assert!(
+        leaders(&cs).await.is_empty(),
+        "a sidecar leads on a read-only replica"
+    );
+    for s in &cs {
+        let log = s.log();
+        assert_eq!(
+            log.matches("this --redis-url leads to a read-only replica")
+                .count(),
+            1,
+            "the hint towards --redis-sentinel is logged once: {log}"
+        );
+    }
+}
+
+/// A lock held by a client across a `SENTINEL FAILOVER` (the coordination
+/// API on Sentinel): safety, a second holder only after the first's TTL;
+/// liveness twin, the second holder gets it then, with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_across_a_failover_has_no_second_holder_before_its_ttl() {
+    use leader_elector::backend::redis::coord::RedisCoord;
+    use leader_elector::backend::redis::sentinel::SentinelOptions;
+    use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+    use leader_elector::coord::{Coordinator, Try};
+
+    let group = SentinelGroup::start().await;
+    let options = RedisOptions {
+        per_server_timeout: Duration::from_millis(500),
+        sentinel: Some(SentinelOptions {
+            hosts: group.sentinels.iter().map(|s| s.addr()).collect(),
+            master: crate::support::sentinel::MASTER.into(),
+            password: None,
+        }),
+        ..RedisOptions::default()
+    };
+    let backend = RedisBackend::new("leader-elector:", &election("sentinel-lock"), options)
+        .expect("a Redis backend on Sentinel");
+    let c = RedisCoord::new(backend);
+    let ttl = Duration::from_secs(3);
+    let asked = Instant::now();
+    let first = match c.lock("L", "a", ttl).await {
+        Ok(Try::Acquired(g)) => g,
+        other => panic!("a's lock: {other:?}"),
+    };
+    sleep(Duration::from_millis(300)).await;
+    group.failover().await;
+    let second = loop {
+        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+            Ok(Ok(Try::Acquired(g))) => break g,
+            Ok(Ok(Try::Held(who))) => assert_eq!(who, "a"),
+            Ok(other) => eprintln!("b's lock during the failover: {other:?}"),
+            Err(_) => eprintln!("b's lock hung for 2 s during the failover"),
+        }
+        assert!(asked.elapsed() < FAILOVER_LIMIT, "b never got the lock");
+        sleep(Duration::from_millis(50)).await;
+    };
+    let after = asked.elapsed();
+    eprintln!(
+        "sentinel lock: a's token {}, b's {} after {after:?} (TTL {ttl:?})",
+        first.fencing_token, second.fencing_token
+    );
+    assert!(
+        after >= ttl,
+        "b got the lock {after:?} after a asked, before a's TTL ({ttl:?}) ran out"
+    );
+    assert_token_grew(first.fencing_token, second.fencing_token, "b's lock");
+}
+
+/// Bad Sentinel flags exit 2 naming the flag (and never print a password).
+#[test]
+fn sentinel_configuration_errors_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--election", "x", "--redis-sentinel", "127.0.0.1:26379"],
+            "--redis-sentinel-master NAME",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-sentinel",
+                "127.0.0.1:26379",
+                "--redis-sentinel-master",
+                "m",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+            ],
+            "--redis-sentinel and --redis-url are both given",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--backend",
+                "redis",
+                "--redis-sentinel-master",
+                "m",
+            ],
+            "--redis-sentinel-master needs --redis-sentinel",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-sentinel",
+                "http://:hunter2@h:1",
+                "--redis-sentinel-master",
+                "m",
+            ],
+            "--redis-sentinel",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(*args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("hunter2"),
+            "a password was printed: {stderr}"
+        );
+    }
+}
