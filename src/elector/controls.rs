@@ -10,7 +10,7 @@
 //! Invariants:
 //! - The pause itself is kept by the backend's campaign (decided in the
 //!   step that would take the key); the Elector only shows it. Its
-//!   waiting state names [`controls::PAUSED`](crate::backend::controls::PAUSED)
+//!   waiting state names [`WaitReason::Paused`](crate::backend::WaitReason::Paused)
 //!   when a campaign is refused for it.
 //! - A switchover is a handover ([`ElectorHandle::hand_over`]): the leader
 //!   stops claiming, then releases naming the target; the backend's

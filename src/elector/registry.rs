@@ -63,13 +63,13 @@ impl Registry {
 
     /// Stop renewing and withdraw the record (bounded by the call timeout).
     pub(super) async fn withdraw(
-        self,
+        mut self,
         backend: &dyn LeaseBackend,
         identity: &str,
         limit: Duration,
     ) {
         self.stop.cancel();
-        let _ = self.task.await;
+        let _ = (&mut self.task).await;
         match timeout(limit, backend.withdraw_candidate(identity)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -77,6 +77,14 @@ impl Registry {
             }
             Err(_) => debug!("withdrawing the candidate record timed out; it lapses by its TTL"),
         }
+    }
+}
+
+/// A keeper dropped without [`Registry::withdraw`] (a dropped `run`)
+/// stops renewing at once; its record lapses by its TTL.
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

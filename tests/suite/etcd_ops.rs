@@ -510,3 +510,60 @@ async fn the_controls_watch_reports_pause_switchover_and_a_foreign_resume() {
     };
     a_pause_deleted_by_hand_resumes(&*make(), delete, Duration::from_secs(2)).await;
 }
+
+/// The release mark: a follower that saw the holder takes its released
+/// term at its first campaign (the holder's lease may still be revoking),
+/// while a key deleted by hand (no mark for that term: the mark names an
+/// earlier one) keeps it out until the holder's lease is gone. Safety:
+/// never elected while the hand-deleted holder's lease lives; liveness:
+/// elected at once after a release, and soon after that lease's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_term_is_taken_at_once_and_a_key_deleted_by_hand_waits_for_its_lease() {
+    let etcd = Etcd::start().await;
+    let k = key("e-release-mark");
+    let (a, b) = (backend(&etcd, &k), backend(&etcd, &k));
+    let ta = elect(&*a, "a").await;
+    let Campaign::Following(seen_a) = campaign(&*b, "b").await else {
+        panic!("b did not follow a");
+    };
+    a.release(&ta, None).await.expect("a releases");
+    let limit = Duration::from_secs(5);
+    let tb = match timeout(limit, b.campaign("b", TTL, Some(&seen_a))).await {
+        Ok(Ok(Campaign::Elected(t))) => t,
+        other => panic!("b not elected at its first campaign after a's release: {other:?}"),
+    };
+    let Campaign::Following(seen_b) = campaign(&*a, "a").await else {
+        panic!("a did not follow b");
+    };
+    let mut client = etcd.client().await;
+    client
+        .delete(k.clone(), None)
+        .await
+        .expect("delete by hand");
+    let lease_b = tb.holder.term_id.number().expect("a lease id");
+    let start = Instant::now();
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "a not elected within 8 s of b's key deleted by hand (b's TTL is 2 s)"
+        );
+        let answer = timeout(limit, a.campaign("a", TTL, Some(&seen_b)))
+            .await
+            .expect("a campaign hung")
+            .expect("a campaign failed");
+        match answer {
+            Campaign::Elected(_) => break,
+            Campaign::Waiting { .. } => sleep(RETRY).await,
+            Campaign::Following(h) => panic!("a follows {h:?} on a key deleted by hand"),
+        }
+    }
+    let left = client
+        .lease_time_to_live(lease_b, None)
+        .await
+        .expect("lease time-to-live")
+        .ttl();
+    assert!(
+        left <= 0,
+        "a was elected while b's lease still had {left} s"
+    );
+}

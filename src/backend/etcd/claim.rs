@@ -1,34 +1,51 @@
 //! The campaign's transaction, with the pause and the named successor, and
 //! the release that names one.
 //!
-//! - **Claim**: one transaction puts the election key under our lease if
-//!   the key, the pause key (`<election key>/controls/paused`) and the
-//!   successor key (`<election key>/successor`) are all absent
-//!   (`create_revision == 0`); else it reads all three. A pause answers
-//!   [`Campaign::Waiting`] with [`WaitReason::Paused`]. A successor naming this
-//!   candidate, or one this candidate has seen (the same `mod_revision`)
-//!   for [`successor_wait`] of its own transaction's round trip, is taken
-//!   over by a second transaction that compares the key and the pause key
-//!   absent and the successor key unchanged, puts the election key and
-//!   deletes the successor key: both decisions are etcd's, atomic with the
-//!   write. Any other candidate waits out the rest of that wait, so a dead,
-//!   unknown or hand-written successor costs at most
+//! - **Lease ahead**: a campaign that does not win keeps its lease as the
+//!   spare of the next one (no revoke); the next campaign takes it while
+//!   at least half its TTL remains and refreshes it with one keep-alive sent
+//!   beside its transaction, so a handover campaign is one round trip, not a
+//!   grant and then a transaction. A spare nobody takes expires by itself
+//!   (it holds no key).
+//! - **Claim**: one transaction (nested) puts the election key under our
+//!   lease if the key and the pause key (`<election key>/controls/paused`)
+//!   are absent, the previous term's release mark (below) names the
+//!   previous holder's lease, and the successor key (`<election
+//!   key>/successor`) names this candidate (then it deletes it) or is
+//!   absent; else it reads them. Without the mark (a crash: the lease
+//!   expired; or a key deleted by hand) the previous lease is checked with
+//!   `LeaseTimeToLive` and, once it is gone, the transaction runs again
+//!   without the mark. A pause answers [`Campaign::Waiting`] with
+//!   [`WaitReason::Paused`]. A successor naming another candidate that this candidate
+//!   has seen (the same `mod_revision`) for [`successor_wait`] of its own
+//!   transaction's round trip is taken over by a second transaction that
+//!   compares the key and the pause key absent and the successor key
+//!   unchanged, puts the election key and deletes the successor key: both
+//!   decisions are etcd's, atomic with the write. Any other candidate waits
+//!   out the rest of that wait, so a dead, unknown or hand-written successor
+//!   costs at most
 //!   [`SUCCESSOR_WAIT_CAP`](crate::backend::candidates::SUCCESSOR_WAIT_CAP)
 //!   plus one retry.
-//! - **Release naming a successor**: a transaction puts the successor key
-//!   while the election key is still bound to our lease, then the lease is
-//!   revoked (which deletes the election key): the name is in place before
-//!   any follower's watch reports the release, and the previous lease is
-//!   gone when they campaign. The successor key is bound to no lease: the
-//!   next claim deletes it.
+//! - **Release**: one transaction, while the election key is still bound to
+//!   our lease, deletes it, puts the release mark `<election key>/released`
+//!   (our lease id) and the successor key when one is named; then the lease
+//!   is revoked. The holder writes the mark only after it stopped claiming,
+//!   so the mark proves the previous term over as the lease's end would:
+//!   followers campaign on the delete event at once, without waiting for the
+//!   revoke or checking the lease (DESIGN.md, "A follower takes over only
+//!   when the previous term is over"). The successor key and the mark are
+//!   bound to no lease: the next claim deletes the successor key, the next
+//!   release overwrites the mark.
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tokio::time::Instant;
 
-use super::EtcdBackend;
 use super::store::{Lease, lease_hex, revision_of};
+use super::{EtcdBackend, KeepAlive};
 use crate::backend::WaitReason;
 use crate::backend::candidates::successor_wait;
 use crate::backend::{Campaign, Holder, Result, Term, TermId};
@@ -37,12 +54,43 @@ use crate::backend::{Campaign, Holder, Result, Term, TermId};
 /// at most its retry period).
 pub const PAUSED_RETRY: Duration = Duration::from_millis(500);
 
-/// What a failed first transaction read.
+/// What comes after a claim that did not put the key.
+enum Next {
+    Answer(Campaign),
+    /// The previous lease is gone: claim again without the release mark.
+    WithoutMark,
+    /// Take the term from the named successor whose key is at this
+    /// `mod_revision`.
+    Take(i64),
+}
+
+/// A lease granted ahead for the next campaign.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Spare {
+    lease: Lease,
+    /// The send instant of its grant or last refresh.
+    at: Instant,
+}
+
+impl Spare {
+    /// Whether it is certainly alive now: at least half its TTL remains.
+    fn usable(&self, ttl: Duration) -> bool {
+        self.lease.ttl >= ttl && self.at.elapsed() < self.lease.ttl / 2
+    }
+}
+
+/// What a claim transaction read or did.
+#[derive(Default)]
 struct Found {
+    /// The transaction put the election key.
+    wrote: bool,
     holder: Option<Holder>,
     paused: bool,
     /// The named successor and its key's `mod_revision`.
     named: Option<(String, i64)>,
+    /// The lease id the release mark names.
+    mark: Option<Vec<u8>>,
+    revision: i64,
 }
 
 impl EtcdBackend {
@@ -50,6 +98,13 @@ impl EtcdBackend {
     pub(super) fn successor_key(&self) -> Vec<u8> {
         let mut k = self.key.clone();
         k.extend_from_slice(b"/successor");
+        k
+    }
+
+    /// The release mark's key.
+    pub(super) fn released_key(&self) -> Vec<u8> {
+        let mut k = self.key.clone();
+        k.extend_from_slice(b"/released");
         k
     }
 
@@ -62,79 +117,235 @@ impl EtcdBackend {
         TxnOp::put(self.key.clone(), identity.as_bytes().to_vec(), Some(opts))
     }
 
-    /// Take the free election key for `identity` under `lease` (granted
-    /// already; revoked unless elected), honouring the pause and the named
-    /// successor (module docs).
-    pub(super) async fn claim(
+    /// Campaign for `identity` after `previous` (module docs).
+    pub(super) async fn campaign_after(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        previous: Option<&Holder>,
+    ) -> Result<Campaign> {
+        let mut client = self.client().await?;
+        let prev = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
+        let (mut lease, mut at, mut refresh) = self.lease_ahead(&mut client, ttl).await?;
+        let mut mark = (prev != 0).then_some(prev);
+        loop {
+            let sent = Instant::now();
+            let claimed = self
+                .claim_txn(&mut client, identity, lease, mark, refresh)
+                .await?;
+            let Some((found, keep_alive)) = claimed else {
+                // The lease was gone: a spare that expired after all (grant
+                // one and try again), or etcd lost a fresh grant.
+                if !refresh {
+                    let lost = "etcd lost the lease granted for the campaign";
+                    return Err(self.store.unreachable(lost.into()));
+                }
+                at = Instant::now();
+                (lease, refresh) = (self.store.grant(&mut client, ttl, None).await?, false);
+                continue;
+            };
+            if refresh {
+                (at, refresh) = (sent, false);
+            }
+            if found.wrote {
+                return Ok(self.won(identity, lease, found.revision, keep_alive).await);
+            }
+            let latency = sent.elapsed();
+            let next = self
+                .after_claim(&client, identity, &found, previous, mark, latency)
+                .await;
+            let answer = match next {
+                Ok(Next::WithoutMark) => {
+                    mark = None;
+                    continue;
+                }
+                Ok(Next::Take(rev)) => {
+                    self.take_from_successor(&mut client, identity, lease, rev)
+                        .await
+                }
+                Ok(Next::Answer(answer)) => Ok(answer),
+                Err(e) => Err(e),
+            };
+            if !matches!(answer, Ok(Campaign::Elected(_))) {
+                *self.spare.lock().expect("spare lease") = Some(Spare { lease, at });
+            }
+            return answer;
+        }
+    }
+
+    /// The spare lease while usable (to be refreshed beside the claim:
+    /// `true`), else a fresh grant (`false`); with the send instant of its
+    /// grant or last refresh.
+    async fn lease_ahead(
+        &self,
+        client: &mut Client,
+        ttl: Duration,
+    ) -> Result<(Lease, Instant, bool)> {
+        let spare = self.spare.lock().expect("spare lease").take();
+        if let Some(s) = spare.filter(|s| s.usable(ttl)) {
+            return Ok((s.lease, s.at, true));
+        }
+        let at = Instant::now();
+        Ok((self.store.grant(client, ttl, None).await?, at, false))
+    }
+
+    /// The claim transaction for `identity` under `lease` (module docs),
+    /// requiring the release mark of `mark` when given; with `refresh`, the
+    /// lease's keep-alive sent beside it. `None` when etcd says the lease
+    /// is gone. The lease is abandoned when the call fails.
+    async fn claim_txn(
         &self,
         client: &mut Client,
         identity: &str,
         lease: Lease,
-    ) -> Result<Campaign> {
-        let first = self.first_txn(identity, lease.id);
-        let sent = Instant::now();
-        let resp = match self.store.call(None, "txn", client.txn(first)).await {
-            Ok(resp) => resp,
+        mark: Option<i64>,
+        refresh: bool,
+    ) -> Result<Option<(Found, Option<KeepAlive>)>> {
+        let txn = self.claim_ops(identity, lease.id, mark);
+        let mut kv = client.clone();
+        let put = async move {
+            match kv.txn(txn).await {
+                Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => {
+                    Ok(None)
+                }
+                other => other.map(Some),
+            }
+        };
+        let mut leases = client.lease_client();
+        let keep = async {
+            if refresh {
+                Some(leases.keep_alive(lease.id).await)
+            } else {
+                None
+            }
+        };
+        let (put, keep) = tokio::join!(self.store.call(None, "txn", put), keep);
+        let resp = match put {
+            Ok(Some(resp)) => resp,
+            Ok(None) => return Ok(None),
             Err(e) => {
                 self.store.abandon(client, lease.id, None, &e).await;
                 return Err(e);
             }
         };
-        if resp.succeeded() {
-            return Ok(self.elected(identity, lease, &resp));
-        }
-        let wait = successor_wait(sent.elapsed());
         let found = self.found(&resp);
-        let named = match found {
-            Found {
-                holder: Some(h), ..
-            } => Some(Err(Campaign::Following(h))),
-            Found { paused: true, .. } => Some(Err(Campaign::Waiting {
-                previous: None,
-                retry_after: PAUSED_RETRY,
-                why: WaitReason::Paused,
-            })),
-            Found {
-                named: Some((who, rev)),
-                ..
-            } => Some(match self.yield_to(&who, rev, identity, wait) {
-                None => Ok(rev),
-                Some(left) => Err(Campaign::Waiting {
-                    previous: None,
-                    retry_after: left,
-                    why: WaitReason::SuccessorHeadStart,
-                }),
+        let keep_alive = match keep {
+            None => None,
+            Some(Ok((keeper, stream))) => Some(KeepAlive {
+                lease: lease.id,
+                keeper,
+                stream,
+                in_flight: false,
             }),
-            _ => None,
+            // Gone (expired between the two): the key, if written, with it.
+            Some(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                let _ = self.store.revoke(client, lease.id, None).await;
+                return Ok(None);
+            }
+            Some(Err(e)) => {
+                let e = self.store.failed(e).await;
+                self.store.abandon(client, lease.id, None, &e).await;
+                return Err(e);
+            }
         };
-        match named {
-            Some(Ok(rev)) => self.take_from_successor(client, identity, lease, rev).await,
-            Some(Err(answer)) => {
-                let _ = self.store.revoke(client, lease.id, None).await;
-                Ok(answer)
-            }
-            None => {
-                let _ = self.store.revoke(client, lease.id, None).await;
-                Ok(self.not_elected(&resp))
-            }
-        }
+        Ok(Some((found, keep_alive)))
     }
 
-    /// The first transaction: put the key if it, the pause key and the
-    /// successor key are absent; else read all three.
-    fn first_txn(&self, identity: &str, lease: i64) -> Txn {
+    /// The nested claim transaction: when the key and the pause key are
+    /// absent (and the release mark names `mark`, when given), put the key
+    /// if the successor key names `identity` (deleting it) or is absent;
+    /// every other branch reads the key, the pause, the successor key and
+    /// the mark.
+    fn claim_ops(&self, identity: &str, lease: i64, mark: Option<i64>) -> Txn {
+        let reads = || {
+            [
+                TxnOp::get(self.key.clone(), None),
+                TxnOp::get(self.paused_key(), None),
+                TxnOp::get(self.successor_key(), None),
+                TxnOp::get(self.released_key(), None),
+            ]
+        };
+        let unnamed = Txn::new()
+            .when([self.absent(self.successor_key())])
+            .and_then([self.put_key(identity, lease)])
+            .or_else(reads());
+        let named = Compare::value(self.successor_key(), CompareOp::Equal, identity);
+        let mut inner = Txn::new()
+            .when([named])
+            .and_then([
+                self.put_key(identity, lease),
+                TxnOp::delete(self.successor_key(), None),
+            ])
+            .or_else([TxnOp::txn(unnamed)]);
+        if let Some(prev) = mark {
+            let marked = Compare::value(self.released_key(), CompareOp::Equal, lease_hex(prev));
+            inner = Txn::new()
+                .when([marked])
+                .and_then([TxnOp::txn(inner)])
+                .or_else(reads());
+        }
         Txn::new()
             .when([
                 self.absent(self.key.clone()),
                 self.absent(self.paused_key()),
-                self.absent(self.successor_key()),
             ])
-            .and_then([self.put_key(identity, lease)])
-            .or_else([
-                TxnOp::get(self.key.clone(), None),
-                TxnOp::get(self.paused_key(), None),
-                TxnOp::get(self.successor_key(), None),
-            ])
+            .and_then([TxnOp::txn(inner)])
+            .or_else(reads())
+    }
+
+    /// What a claim that did not put the key leads to: an answer, the
+    /// claim again without the release mark (the previous lease is gone),
+    /// or the takeover of the successor key at a `mod_revision`.
+    async fn after_claim(
+        &self,
+        client: &Client,
+        identity: &str,
+        found: &Found,
+        previous: Option<&Holder>,
+        mark: Option<i64>,
+        latency: Duration,
+    ) -> Result<Next> {
+        if let Some(h) = &found.holder {
+            return Ok(Next::Answer(Campaign::Following(h.clone())));
+        }
+        if found.paused {
+            return Ok(Next::Answer(Campaign::Waiting {
+                previous: None,
+                retry_after: PAUSED_RETRY,
+                why: WaitReason::Paused,
+            }));
+        }
+        if let Some(prev) = mark
+            && found.mark.as_deref() != Some(lease_hex(prev).as_bytes())
+        {
+            // Not released by its holder: over only once its lease is gone.
+            let left = self.store.time_to_live(client, prev, None).await?;
+            if left > 0 {
+                return Ok(Next::Answer(Campaign::Waiting {
+                    previous: previous.cloned(),
+                    retry_after: Duration::from_secs(left as u64),
+                    why: WaitReason::PreviousTerm,
+                }));
+            }
+            return Ok(Next::WithoutMark);
+        }
+        Ok(Next::Answer(match &found.named {
+            Some((who, rev)) => match self.yield_to(who, *rev, identity, successor_wait(latency)) {
+                None => return Ok(Next::Take(*rev)),
+                Some(left) => Campaign::Waiting {
+                    previous: None,
+                    retry_after: left,
+                    why: WaitReason::SuccessorHeadStart,
+                },
+            },
+            // The key vanished between the compare and the read: nobody
+            // holds it and its previous term is over; try again at once.
+            None => Campaign::Waiting {
+                previous: None,
+                why: WaitReason::LostRace,
+                retry_after: Duration::ZERO,
+            },
+        }))
     }
 
     /// How much longer `identity` leaves the term to the successor `who`
@@ -180,39 +391,76 @@ impl EtcdBackend {
                 TxnOp::delete(self.successor_key(), None),
             ])
             .or_else([TxnOp::get(self.key.clone(), None)]);
-        let created = self.store.put_under(client, lease, txn, None).await?;
-        if created.resp.succeeded() {
-            Ok(self.elected(identity, lease, &created.resp))
-        } else {
-            Ok(self.not_elected(&created.resp))
+        let resp = match self.store.call(None, "txn", client.txn(txn)).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.store.abandon(client, lease.id, None, &e).await;
+                return Err(e);
+            }
+        };
+        let found = self.found(&resp);
+        if found.wrote {
+            return Ok(self.won(identity, lease, found.revision, None).await);
         }
+        Ok(match found.holder {
+            Some(h) => Campaign::Following(h),
+            None => Campaign::Waiting {
+                previous: None,
+                why: WaitReason::LostRace,
+                retry_after: Duration::ZERO,
+            },
+        })
     }
 
+    /// What a (nested) transaction's answer wrote and read.
     fn found(&self, resp: &TxnResponse) -> Found {
         let revision = revision_of(resp.header());
-        let mut kvs = resp.op_responses().into_iter().map(|op| match op {
-            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
-            _ => None,
-        });
-        let holder = kvs
-            .next()
-            .flatten()
-            .map(|kv| self.holder_from(&kv, revision));
-        let paused = kvs.next().flatten().is_some();
-        let named = kvs.next().flatten().map(|kv| {
-            let who = String::from_utf8_lossy(kv.value()).into_owned();
-            (who, kv.mod_revision())
-        });
-        Found {
-            holder,
-            paused,
-            named,
+        let mut found = Found {
+            revision,
+            ..Found::default()
+        };
+        let mut kvs: Vec<KeyValue> = Vec::new();
+        let mut stack = vec![resp.clone()];
+        while let Some(r) = stack.pop() {
+            for op in r.op_responses() {
+                match op {
+                    TxnOpResponse::Put(_) => found.wrote = true,
+                    TxnOpResponse::Get(get) => kvs.extend(get.kvs().iter().cloned()),
+                    TxnOpResponse::Txn(t) => stack.push(t),
+                    TxnOpResponse::Delete(_) => {}
+                }
+            }
         }
+        let (paused, named, released) =
+            (self.paused_key(), self.successor_key(), self.released_key());
+        for kv in &kvs {
+            if kv.key() == self.key.as_slice() {
+                found.holder = Some(self.holder_from(kv, revision));
+            } else if kv.key() == paused.as_slice() {
+                found.paused = true;
+            } else if kv.key() == named.as_slice() {
+                let who = String::from_utf8_lossy(kv.value()).into_owned();
+                found.named = Some((who, kv.mod_revision()));
+            } else if kv.key() == released.as_slice() {
+                found.mark = Some(kv.value().to_vec());
+            }
+        }
+        found
     }
 
-    /// The term won by the transaction `resp` for `identity` under `lease`.
-    pub(super) fn elected(&self, identity: &str, lease: Lease, resp: &TxnResponse) -> Campaign {
-        let revision = revision_of(resp.header());
+    /// The term won at `revision` for `identity` under `lease`; the
+    /// lease's keep-alive stream, when the campaign opened one, serves its
+    /// renewals.
+    async fn won(
+        &self,
+        identity: &str,
+        lease: Lease,
+        revision: i64,
+        keep_alive: Option<KeepAlive>,
+    ) -> Campaign {
+        if let Some(ka) = keep_alive {
+            *self.keep_alive.lock().await = Some(ka);
+        }
         Campaign::Elected(Term {
             holder: Holder {
                 identity: identity.to_owned(),
@@ -225,25 +473,5 @@ impl EtcdBackend {
             granted: lease.ttl,
             servers: None,
         })
-    }
-
-    /// End `term` naming `successor`: put the successor key while the
-    /// election key is still ours, then revoke the lease.
-    pub(super) async fn release_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
-        let mut client = self.client().await?;
-        let lease = term.holder.term_id.number().unwrap_or(0);
-        self.forget_keep_alive(lease).await;
-        if let Some(to) = successor {
-            let txn = Txn::new()
-                .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
-                .and_then([TxnOp::put(
-                    self.successor_key(),
-                    to.as_bytes().to_vec(),
-                    None,
-                )]);
-            // On failure the release still goes ahead, naming nobody.
-            let _ = self.store.call(None, "txn", client.txn(txn)).await;
-        }
-        self.store.revoke(&mut client, lease, None).await
     }
 }

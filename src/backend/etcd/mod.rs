@@ -1,18 +1,20 @@
 //! The etcd backend: one key `<prefix><election>` bound to a lease.
 //!
-//! - **Campaign**: grant a lease, then one transaction: if the key's
-//!   `create_revision == 0` put our identity with the lease, else read the key.
-//!   The fencing token is the key's `create_revision` (strictly larger for every
-//!   new key). Before campaigning on a key whose holder we saw, check with
-//!   `LeaseTimeToLive` that the holder's lease is gone: a key deleted by hand
-//!   does not end the holder's term (DESIGN.md, "A follower takes over only when
-//!   the previous term is over").
+//! - **Campaign**: a lease granted ahead (or now), then one transaction: if
+//!   the key's `create_revision == 0` put our identity with the lease, else
+//!   read the key. The fencing token is the key's `create_revision` (strictly
+//!   larger for every new key). A key whose holder we saw is taken only when
+//!   its holder's release mark names its lease or, without one, once
+//!   `LeaseTimeToLive` says the lease is gone: a key deleted by hand does not
+//!   end the holder's term (DESIGN.md, "A follower takes over only when the
+//!   previous term is over"); see [`claim`].
 //! - **Renew**: one keep-alive on a stream we own (etcd-client leaves the
 //!   cadence to the caller; an answer with `ttl <= 0` means the lease is gone),
 //!   and in the same round trip a read of the key to prove it is still bound to
 //!   our lease. Ownership is decided by lease id, never by identity.
-//! - **Resign**: revoke the lease, which deletes the key; a release names
-//!   the registry's best other candidate as successor first ([`claim`]).
+//! - **Release**: one transaction deletes the key, marks the release and
+//!   names the successor the Elector chose (if any; the backend never lists
+//!   the registry here); then the lease is revoked ([`claim`]).
 //! - **Operations**: the candidate registry (`registry`), the pause and
 //!   the switchover request (`controls`); the campaign transaction
 //!   honours the pause and the named successor ([`claim`]).
@@ -26,22 +28,22 @@ mod controls;
 pub mod coord;
 pub mod flags;
 mod registry;
+mod release;
 pub mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, EventType, TxnOpResponse, WatchOptions};
+use etcd_client::{Client, EventType, WatchOptions};
 use tokio::sync::Mutex;
 use tracing::debug;
 
-use self::store::{BACKEND, EtcdStore, Lease, lease_hex, revision_of};
+use self::store::{BACKEND, EtcdStore, lease_hex, revision_of};
 use super::candidates::{Candidate, Listed};
 use super::controls::Controls;
 use super::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, TermId,
-    WaitReason,
 };
 
 /// How to reach etcd. Secrets are held in memory only and never logged.
@@ -96,6 +98,8 @@ pub struct EtcdBackend {
     /// The successor key's `mod_revision` this candidate last found naming
     /// another, and when it first found it (its own clock).
     named_seen: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
+    /// A lease granted ahead by a campaign that did not win ([`claim`]).
+    spare: std::sync::Mutex<Option<claim::Spare>>,
 }
 
 impl EtcdBackend {
@@ -114,6 +118,7 @@ impl EtcdBackend {
             registry_lease: Mutex::default(),
             registry_rev: std::sync::Mutex::new(0),
             named_seen: std::sync::Mutex::new(None),
+            spare: std::sync::Mutex::new(None),
         })
     }
 
@@ -164,57 +169,6 @@ impl EtcdBackend {
         let revision = revision_of(resp.header());
         let holder = resp.kvs().first().map(|kv| self.holder_from(kv, revision));
         Ok((holder, revision))
-    }
-
-    /// Check that the previous term's lease is over and grant ours in the
-    /// same round trip (handover latency: two round trips, not three).
-    /// Returns the seconds left of the previous lease (0 when none) and ours.
-    async fn check_and_grant(
-        &self,
-        client: &mut Client,
-        ttl: Duration,
-        previous: Option<&Holder>,
-    ) -> Result<(i64, Lease)> {
-        let prev_lease = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
-        let mut granting = client.clone();
-        let (left, lease) = tokio::join!(
-            async {
-                if prev_lease == 0 {
-                    Ok(0)
-                } else {
-                    self.store.time_to_live(client, prev_lease, None).await
-                }
-            },
-            self.store.grant(&mut granting, ttl, None)
-        );
-        let lease = lease?;
-        match left {
-            Ok(left) => Ok((left, lease)),
-            Err(e) => {
-                let _ = self.store.revoke(client, lease.id, None).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// The campaign's answer when the transaction found the key taken.
-    fn not_elected(&self, resp: &etcd_client::TxnResponse) -> Campaign {
-        let revision = revision_of(resp.header());
-        for op in resp.op_responses() {
-            if let TxnOpResponse::Get(get) = op
-                && let Some(kv) = get.kvs().first()
-            {
-                return Campaign::Following(self.holder_from(kv, revision));
-            }
-        }
-        // The key vanished between the compare and the read: nobody holds it
-        // and its previous term is over (it was created under a lease that
-        // the txn saw); try again at once.
-        Campaign::Waiting {
-            previous: None,
-            why: WaitReason::LostRace,
-            retry_after: Duration::ZERO,
-        }
     }
 
     /// One watch of the key from revision `from`: `Ok(None)` when the key
@@ -277,25 +231,7 @@ impl LeaseBackend for EtcdBackend {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
-        let mut client = self.client().await?;
-        let (left, lease) = self.check_and_grant(&mut client, ttl, previous).await?;
-        if left > 0
-            && let Some(prev) = previous
-        {
-            // The previous term is alive. If its key still stands we simply
-            // follow it; if the key was deleted by hand we wait for the lease
-            // to end.
-            let _ = self.store.revoke(&mut client, lease.id, None).await;
-            if let (Some(holder), _) = self.read_key(&mut client).await? {
-                return Ok(Campaign::Following(holder));
-            }
-            return Ok(Campaign::Waiting {
-                previous: Some(prev.clone()),
-                retry_after: Duration::from_secs(left as u64),
-                why: WaitReason::PreviousTerm,
-            });
-        }
-        self.claim(&mut client, identity, lease).await
+        self.campaign_after(identity, ttl, previous).await
     }
 
     async fn read(&self) -> Result<Option<Holder>> {

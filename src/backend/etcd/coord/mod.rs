@@ -335,12 +335,12 @@ impl Coordinator for EtcdCoord {
         if let Some(holder) = self.first(&mut client, &prefix).await? {
             return Ok(Try::Held(holder));
         }
-        let lease = self.lock_lease(&mut client, ttl).await?;
+        let (lease, at) = self.lock_lease(&mut client, ttl).await?;
         let token = Token::new(TokenKind::Lock, lease.id);
         let txn = self.lock_txn(name, owner, &token);
         let created = self.put_under(&mut client, lease, txn).await?;
         if created.resp.succeeded() {
-            self.holding(lease, ttl);
+            self.holding(lease, ttl, at);
             let rev = revision_of(created.resp.header());
             return Ok(Try::Acquired(grant(name, &token, rev, created.lease.ttl)));
         }

@@ -151,11 +151,11 @@ impl EtcdCoord {
         let prefix = self.lock_prefix(name);
         // The watch must start before the join; the grant runs meanwhile.
         let watcher = client.clone();
-        let (lease, deletes) = tokio::join!(
+        let (leased, deletes) = tokio::join!(
             self.lock_lease(&mut client, ttl),
             self.hubs.of(&prefix).subscribe(self, &watcher)
         );
-        let lease = lease?;
+        let (lease, at) = leased?;
         let deletes = self.or_abandon(&mut client, lease.id, deletes).await?;
         let token = Token::new(TokenKind::FairLock, lease.id);
         let mine = self.key_of(Kind::Lock, name, &token);
@@ -192,7 +192,7 @@ impl EtcdCoord {
             .queued(outcome, client, name, &prefix, &token, my_rev, lease.ttl)
             .await;
         if let Ok(Try::Acquired(_)) = answer {
-            self.holding(lease, ttl);
+            self.holding(lease, ttl, at);
         }
         answer
     }

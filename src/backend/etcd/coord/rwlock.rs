@@ -119,13 +119,13 @@ impl EtcdCoord {
         // A lease of a released lock or read-write hold is reused, as for
         // locks ([`super::pool`]): every verb of its old token names its
         // old, deleted key.
-        let lease = self.lock_lease(&mut client, ttl).await?;
+        let (lease, at) = self.lock_lease(&mut client, ttl).await?;
         let token = Token::new(kind, lease.id);
         let intent_rev = seen.intent.as_ref().map_or(0, |i| i.2);
         let txn = self.rw_txn(name, mode, &token, owner, lease.id, intent_rev);
         let created = self.put_under(&mut client, lease, txn).await?;
         if created.resp.succeeded() {
-            self.holding(lease, ttl);
+            self.holding(lease, ttl, at);
             if ours(&seen)
                 && let Some((.., lease)) = seen.intent
             {
@@ -330,10 +330,12 @@ impl EtcdCoord {
             Some(kv) if !holds(kv.value(), token) => return Ok(Outcome::NotYours),
             Some(_) => {}
         }
+        let sent = tokio::time::Instant::now();
         let left = self.keep_alive_once(client, lease).await?;
         if left <= 0 {
             return Ok(Outcome::Gone);
         }
+        self.pool.refreshed(lease, sent);
         Ok(Outcome::Ok(Some(Duration::from_secs(left as u64))))
     }
 }
