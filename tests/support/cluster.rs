@@ -159,20 +159,29 @@ impl RedisCluster {
         Some(self.index_of(n.port))
     }
 
-    /// A replica of node `primary` (an index), as `primary` sees it.
+    /// A replica of node `primary` (an index), as `primary` sees it
+    /// (gossip may take a moment after a replica linked: asked again for
+    /// up to 10 s).
     pub async fn replica_of(&self, primary: usize) -> usize {
-        let view = self.view(primary).await;
-        let me = view
-            .iter()
-            .find(|n| n.port == self.nodes[primary].port)
-            .expect("a node sees itself")
-            .id
-            .clone();
-        let r = view
-            .iter()
-            .find(|n| n.primary_id.as_deref() == Some(me.as_str()))
-            .expect("every primary of the test cluster has a replica");
-        self.index_of(r.port)
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let view = self.view(primary).await;
+            let me = view
+                .iter()
+                .find(|n| n.port == self.nodes[primary].port)
+                .map(|n| n.id.clone());
+            let r = view
+                .iter()
+                .find(|n| me.is_some() && n.primary_id == me && !n.primary);
+            if let Some(r) = r {
+                return self.index_of(r.port);
+            }
+            assert!(
+                Instant::now() < end,
+                "node {primary} names no replica of its own after 10 s: {view:?}"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The slot of `key` (`CLUSTER KEYSLOT` on node 0).
