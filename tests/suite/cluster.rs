@@ -35,9 +35,13 @@ enum Fault3 {
 
 /// Three sidecars on the cluster, the recorder polling them, and the first
 /// leader.
-async fn three_on(cl: &RedisCluster, name: &str) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
+async fn three_on(
+    cl: &RedisCluster,
+    name: &str,
+    extra: &[&str],
+) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
     let mut args = cl.flags();
-    args.extend(FAST.iter().map(|s| s.to_string()));
+    args.extend(FAST.iter().chain(extra).map(|s| s.to_string()));
     let cs: Vec<Sidecar> = ["a", "b", "c"]
         .iter()
         .map(|id| Sidecar::start_raw(name, id, &args))
@@ -55,7 +59,7 @@ async fn three_on(cl: &RedisCluster, name: &str) -> (Vec<Sidecar>, Recorder, (us
 
 /// Run `fault` against the election slot's primary with three sidecars on
 /// the cluster; check and print the recording.
-async fn survive(fault: Fault3, test: &str) {
+async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
     let mut cl = RedisCluster::start().await;
     let name = election(test);
     let slot = cl.slot(&format!("leader-elector:{{{name}}}")).await;
@@ -64,7 +68,7 @@ async fn survive(fault: Fault3, test: &str) {
         .await
         .expect("a primary for the slot");
     let replica = cl.replica_of(old).await;
-    let (cs, rec, (l, tok)) = three_on(&cl, &name).await;
+    let (cs, rec, (l, tok)) = three_on(&cl, &name, extra).await;
     // Let a renewal or two land on the replica.
     sleep(Duration::from_millis(700)).await;
     let f = rec.fault(Fault::new(
@@ -124,17 +128,32 @@ async fn survive(fault: Fault3, test: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_failover_keeps_one_leader_and_growing_tokens() {
-    survive(Fault3::Manual, "cluster-manual").await;
+    survive(Fault3::Manual, "cluster-manual", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_slot_primary_is_followed_to_the_promoted_replica() {
-    survive(Fault3::Kill, "cluster-kill").await;
+    survive(Fault3::Kill, "cluster-kill", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_primary_paused_past_node_timeout_is_followed_to_the_promoted_replica() {
-    survive(Fault3::Stop, "cluster-stop").await;
+    survive(Fault3::Stop, "cluster-stop", &[]).await;
+}
+
+/// `--redis-min-replicas 1` on a cluster: `WAIT` goes to the election
+/// slot's primary (not to every primary), on a connection of its own, across
+/// a `CLUSTER FAILOVER` (the demoted primary becomes the new one's replica
+/// and acknowledges). A SIGKILL would leave the promoted replica without a
+/// replica of its own in a 3+3 cluster: no grant could count there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_works_on_a_cluster_across_a_failover() {
+    survive(
+        Fault3::Manual,
+        "cluster-min-replicas",
+        &["--redis-min-replicas", "1"],
+    )
+    .await;
 }
 
 /// A lock held by a client across a `CLUSTER FAILOVER` of its slot (the
