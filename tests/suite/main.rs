@@ -14,6 +14,7 @@ mod support;
 
 mod cli_docs;
 mod closed_output;
+mod cluster;
 mod cooperate;
 mod coord;
 mod docs_refs;

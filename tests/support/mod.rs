@@ -18,7 +18,8 @@
 //!   Kubernetes stand-in;
 //!   [`recorder`]: the fault suite's recorder and checker;
 //!   [`sentinel`]: a Redis Sentinel group (a primary, two replicas, three
-//!   Sentinels).
+//!   Sentinels); [`cluster`]: a Redis Cluster (three primaries, three
+//!   replicas).
 //!
 //! A missing binary fails the test loudly with the package to install; it
 //! never skips.
@@ -27,6 +28,7 @@
 
 pub mod bench_md;
 pub mod certs;
+pub mod cluster;
 pub mod etcd;
 pub mod fleet;
 pub mod http;

@@ -96,8 +96,9 @@ pub struct SentinelGroup {
     _turn: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// The turn of one Sentinel group at a time (see `SentinelGroup::_turn`).
-static TURN: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+/// The turn of one Sentinel group or Redis Cluster at a time (see
+/// `SentinelGroup::_turn`; `support::cluster` takes it too).
+pub static TURN: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
     std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(1)));
 
 impl SentinelGroup {

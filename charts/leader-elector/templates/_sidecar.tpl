@@ -66,6 +66,12 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- if and $sentinel $v.redis.urlsSecret.name }}
 {{- fail "leader-elector: both redis.urlsSecret.name and redis.sentinel.hosts are set: the Sentinels name the one primary; drop redis.urlsSecret" }}
 {{- end }}
+{{- if and $v.redis.cluster $v.redis.sentinel.hosts }}
+{{- fail "leader-elector: both redis.cluster and redis.sentinel.hosts are set: a Redis Cluster fails over by itself; drop redis.sentinel" }}
+{{- end }}
+{{- if and $v.redis.cluster (not $v.redis.urlsSecret.name) }}
+{{- fail "leader-elector: redis.cluster needs redis.urlsSecret.name (the Secret with the cluster's seed redis:// URLs)" }}
+{{- end }}
 {{- if and $sentinel (not $v.redis.sentinel.master) }}
 {{- fail "leader-elector: redis.sentinel.hosts needs redis.sentinel.master (the NAME in `sentinel monitor NAME ...`, e.g. mymaster)" }}
 {{- end }}
@@ -164,6 +170,10 @@ The sidecar container, as one item of a Pod's `containers` list.
         secretKeyRef:
           name: {{ $v.redis.urlsSecret.name | quote }}
           key: {{ $v.redis.urlsSecret.key | quote }}
+    {{- if $v.redis.cluster }}
+    - name: LEADER_ELECTOR_REDIS_CLUSTER
+      value: "true"
+    {{- end }}
     {{- end }}
     - name: LEADER_ELECTOR_LEASE_DURATION
       value: {{ $v.leaseDuration | quote }}

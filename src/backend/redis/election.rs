@@ -104,6 +104,7 @@ impl RedisBackend {
     ) -> std::result::Result<Arc<Self>, String> {
         let servers = match &options.sentinel {
             Some(sentinel) => vec![Server::sentinel(sentinel, &options)?],
+            None if options.cluster => vec![Server::cluster(&options.urls, &options)?],
             None => options
                 .urls
                 .iter()

@@ -12,8 +12,9 @@
 
 use std::sync::Mutex;
 
-use redis::aio::MultiplexedConnection;
 use tokio::sync::{Semaphore, SemaphorePermit};
+
+use super::conn::Conn;
 
 /// Most connections lent at once per server.
 pub const MAX_LENT: usize = 16;
@@ -22,7 +23,7 @@ pub const KEEP_IDLE: usize = 4;
 
 /// The lendable connections of one server.
 pub struct Exclusive {
-    idle: Mutex<Vec<MultiplexedConnection>>,
+    idle: Mutex<Vec<Conn>>,
     lent: Semaphore,
 }
 
@@ -38,7 +39,7 @@ impl Default for Exclusive {
 /// A connection lent for one write; dropped with it unless [`Lent::keep`].
 pub struct Lent<'a> {
     /// The connection, used by one request at a time.
-    pub conn: MultiplexedConnection,
+    pub conn: Conn,
     home: &'a Exclusive,
     _permit: SemaphorePermit<'a>,
 }
@@ -51,7 +52,7 @@ impl Exclusive {
     /// What `open` returns.
     pub async fn lend<E, F>(&self, open: F) -> Result<Lent<'_>, E>
     where
-        F: AsyncFnOnce() -> Result<MultiplexedConnection, E>,
+        F: AsyncFnOnce() -> Result<Conn, E>,
     {
         let permit = self.lent.acquire().await.expect("never closed");
         let idle = self.idle.lock().expect("idle lock").pop();

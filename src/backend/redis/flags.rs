@@ -19,7 +19,7 @@ use crate::flags::{ConfigError, config_error, read_pem, read_secret, redact};
 /// The Redis backend's registry row.
 pub const ROW: Row = Row {
     name: "redis",
-    help: "a Redis key, one server or a Redlock group (--redis-url), or the primary a Sentinel group names (--redis-sentinel)",
+    help: "a Redis key, one server or a Redlock group (--redis-url), the primary a Sentinel group names (--redis-sentinel), or a Redis Cluster (--redis-cluster)",
     auto: Auto::Flag {
         flag: "--redis-url",
         example: "--redis-url (e.g. redis://127.0.0.1:6379)",
@@ -94,6 +94,10 @@ pub struct RedisArgs {
         value_name = "FILE"
     )]
     pub redis_sentinel_password_file: Option<PathBuf>,
+
+    /// The --redis-url URLs are seed nodes of one Redis Cluster, not independent servers: each election's keys live in one slot, MOVED/ASK and failovers are followed, and a newly promoted primary of the slot is campaigned on only after one lease duration [default: off].
+    #[arg(long, env = "LEADER_ELECTOR_REDIS_CLUSTER", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub redis_cluster: Option<bool>,
 }
 
 /// The largest `--redis-min-replicas`: far above any real replica count, so
@@ -141,7 +145,7 @@ impl Settings for RedisSettings {
 
     fn connect(&self) -> Result<Connected, String> {
         let n = self.options.urls.len();
-        if n > 1 && n.is_multiple_of(2) {
+        if n > 1 && n.is_multiple_of(2) && !self.options.cluster {
             tracing::warn!(
                 servers = n,
                 quorum = n / 2 + 1,
@@ -172,7 +176,9 @@ fn resolve(
     for url in &r.redis_url {
         check_url(url).map_err(|e| config_error(format!("--redis-url: {e}")))?;
     }
-    let n = r.redis_url.len().max(1);
+    let cluster = check_cluster(r, sentinel.is_some())?;
+    // A cluster is one store: one request deadline, as one server's.
+    let n = if cluster { 1 } else { r.redis_url.len().max(1) };
     let password = r
         .redis_password_file
         .as_deref()
@@ -209,8 +215,36 @@ fn resolve(
             per_server_timeout,
             min_replicas: r.redis_min_replicas,
             sentinel,
+            cluster,
         },
     }))
+}
+
+/// Whether `--redis-cluster` is on, checked against the other flags: it
+/// needs `--redis-url` seeds, excludes `--redis-sentinel`, and the prefix
+/// may carry no hash tag braces (the election's and each coordination
+/// object's own tag must decide the slot).
+fn check_cluster(r: &RedisArgs, sentinel: bool) -> Result<bool, ConfigError> {
+    if r.redis_cluster != Some(true) {
+        return Ok(false);
+    }
+    if sentinel {
+        return Err(config_error(
+            "--redis-cluster and --redis-sentinel are both given: a Redis Cluster fails over by itself\nhint: drop --redis-sentinel and give the cluster's nodes with --redis-url",
+        ));
+    }
+    if r.redis_url.is_empty() {
+        return Err(config_error(
+            "--redis-cluster needs seed nodes in --redis-url\nhint: e.g. --redis-cluster --redis-url redis://redis-cluster-0:6379,redis://redis-cluster-1:6379",
+        ));
+    }
+    if r.redis_prefix.contains(['{', '}']) {
+        return Err(config_error(format!(
+            "--redis-prefix {:?} contains a brace: with --redis-cluster the hash tag of each key is the election's or the coordination object's name\nhint: drop the braces from --redis-prefix",
+            r.redis_prefix
+        )));
+    }
+    Ok(true)
 }
 
 /// The Sentinel settings of `--redis-sentinel*`, `None` without Sentinels.

@@ -31,8 +31,11 @@ pub const COUNTER_DIGITS: usize = 15;
 /// `counter_ok(c)` accepts a counter value that is absent (`false`) or a
 /// non-negative integer of at most `COUNTER_DIGITS` digits; `fence_ok(fkey)`
 /// answers `true` for a usable counter at `fkey`, else `false, value`;
-/// `fence_next(fkey)` seeds a missing counter with `now_ms()` (so tokens keep
-/// growing across a restart without persistence) and `INCR`s it; `mine(value,
+/// `fence_next(fkey)` sets the counter to max(counter + 1, `now_ms()`) and
+/// answers it (the election's rule: across a restart without persistence
+/// or a failover to a replica that missed the last raise, the next token
+/// is still larger than the lost ones while those were not ahead of this
+/// server's clock); `mine(value,
 /// token)` is whether a stored value carries `token`.
 const FENCE: &str = r"
 local function now_ms()
@@ -48,10 +51,9 @@ local function fence_ok(fkey)
   return false, c
 end
 local function fence_next(fkey)
-  if redis.call('EXISTS', fkey) == 0 then
-    redis.call('SET', fkey, now_ms())
-  end
-  return redis.call('INCR', fkey)
+  local n = math.max(tonumber(redis.call('GET', fkey) or '0') + 1, now_ms())
+  redis.call('SET', fkey, string.format('%.0f', n))
+  return n
 end
 local function mine(value, token)
   return value and string.sub(value, 1, string.len(token) + 1) == token .. '|'

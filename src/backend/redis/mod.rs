@@ -25,6 +25,8 @@
 //! failover may still promote a replica that missed an acknowledged write).
 
 mod answer;
+pub mod cluster;
+mod conn;
 mod controls;
 pub mod coord;
 mod election;
@@ -105,6 +107,9 @@ pub struct RedisOptions {
     /// A Sentinel group that names the one primary (`--redis-sentinel`),
     /// instead of `urls`.
     pub sentinel: Option<sentinel::SentinelOptions>,
+    /// `urls` are seeds of one Redis Cluster (`--redis-cluster`), not
+    /// independent servers.
+    pub cluster: bool,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -118,6 +123,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("per_server_timeout", &self.per_server_timeout)
             .field("min_replicas", &self.min_replicas)
             .field("sentinel", &self.sentinel)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }

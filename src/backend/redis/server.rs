@@ -7,12 +7,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{MultiplexedConnection, PubSub};
+use redis::aio::PubSub;
+use redis::cluster::ClusterClient;
 use redis::{AsyncConnectionConfig, Client, FromRedisValue, Value};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout};
 use tracing::{info, warn};
 
+use super::conn::Conn;
 use super::exclusive::Exclusive;
 use super::lua::Lua;
 use super::sentinel::{Locator, READONLY_FIXED, SentinelOptions, confirm_master, open_client};
@@ -30,17 +32,26 @@ enum Target {
         /// The primary last found, and a client for it (pub/sub).
         current: std::sync::Mutex<Option<(String, Client)>>,
     },
+    /// A Redis Cluster (`--redis-cluster`): the cluster client over the
+    /// seeds, and a client per seed for pub/sub.
+    Cluster {
+        client: ClusterClient,
+        seeds: Vec<(String, Client)>,
+        /// The seed that last gave a pub/sub connection.
+        last_seed: std::sync::atomic::AtomicUsize,
+    },
 }
 
 /// One Redis server of a single-server set-up or of a Redlock group: a
-/// fixed address, or the primary a Sentinel group names.
+/// fixed address, the primary a Sentinel group names, or a Redis Cluster
+/// (each request on its keys' slot's primary).
 pub struct Server {
     label: String,
     target: Target,
     /// Whether the hint towards `--redis-sentinel` was logged (fixed URLs
     /// that meet a replica).
     told_sentinel: AtomicBool,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    conn: Mutex<Option<Conn>>,
     checked_config: AtomicBool,
     timeout: Duration,
     /// Replicas that must acknowledge a grant (`WAIT`); 0 = off.
@@ -83,6 +94,25 @@ impl Server {
             current: std::sync::Mutex::new(None),
         };
         Ok(Self::with_target(label, target, options))
+    }
+
+    /// A Redis Cluster over the seed `urls` (the password and CA of
+    /// `options` apply to every node). Does not connect.
+    ///
+    /// # Errors
+    /// A message naming the (redacted) URL that cannot be used.
+    pub fn cluster(urls: &[String], options: &RedisOptions) -> std::result::Result<Server, String> {
+        let (client, seeds) = super::cluster::open(urls, options)?;
+        let target = Target::Cluster {
+            client,
+            seeds,
+            last_seed: Default::default(),
+        };
+        Ok(Self::with_target(
+            super::cluster::label(urls),
+            target,
+            options,
+        ))
     }
 
     fn with_target(label: String, target: Target, options: &RedisOptions) -> Server {
@@ -163,7 +193,12 @@ impl Server {
         if err.is_timeout() {
             return self.timed_out("request");
         }
-        if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        let cluster = super::cluster::is_transient(err.kind());
+        if cluster
+            || err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+        {
             return BackendError::Unreachable {
                 backend: BACKEND,
                 endpoints: self.label.clone(),
@@ -179,13 +214,17 @@ impl Server {
     /// A new connection under the per-server timeouts: to the fixed
     /// address, or to the primary the Sentinels name now, once it said with
     /// `ROLE` that it is the master.
-    async fn dial(&self) -> Result<MultiplexedConnection> {
+    async fn dial(&self) -> Result<Conn> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(self.timeout)
             .set_response_timeout(self.timeout);
         let client = match &self.target {
             Target::Fixed(client) => client.clone(),
             Target::Sentinel { .. } => self.discover().await?,
+            Target::Cluster { client, .. } => {
+                let conn = client.get_async_connection().await;
+                return Ok(Conn::Cluster(conn.map_err(|e| self.classify(e))?));
+            }
         };
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
@@ -196,7 +235,7 @@ impl Server {
             let at = at.map(|(a, _)| a).unwrap_or_default();
             confirm_master(&mut conn, &at, |e| self.classify(e)).await?;
         }
-        Ok(conn)
+        Ok(Conn::Single(conn))
     }
 
     /// Ask the Sentinels for the primary; remember it (and log a change).
@@ -215,7 +254,7 @@ impl Server {
 
     /// The shared connection, made on first use (and again after a
     /// Sentinel announced a failover).
-    async fn connection(&self) -> Result<MultiplexedConnection> {
+    async fn connection(&self) -> Result<Conn> {
         let mut guard = self.conn.lock().await;
         if let Target::Sentinel { locator, .. } = &self.target
             && locator.switched().await
@@ -233,60 +272,20 @@ impl Server {
     }
 
     /// A new connection of its own, for one write and its `WAIT`.
-    async fn open_exclusive(&self) -> Result<MultiplexedConnection> {
+    async fn open_exclusive(&self) -> Result<Conn> {
         let conn = self.dial().await?;
         self.check_config(conn.clone()).await;
         Ok(conn)
     }
 
-    /// Warn once when this server can forget or evict the keys.
-    async fn check_config(&self, conn: MultiplexedConnection) {
+    /// Warn once when this server can forget or evict the keys, or has
+    /// fewer replicas than `--redis-min-replicas`.
+    async fn check_config(&self, conn: Conn) {
         if self.checked_config.swap(true, Ordering::SeqCst) {
             return;
         }
-        let get = |name: &'static str| {
-            let mut conn = conn.clone();
-            async move {
-                let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-                    .arg("GET")
-                    .arg(name)
-                    .query_async(&mut conn)
-                    .await;
-                r.ok().and_then(|v| v.get(1).cloned())
-            }
-        };
-        if let Ok(Some(aof)) = timeout(self.timeout, get("appendonly")).await
-            && aof == "no"
-        {
-            warn!(server = %self.label, "appendonly is off: if this Redis restarts it forgets the election key and the fencing counter (run it with --appendonly yes, or keep a restarted server out for one TTL)");
-        }
-        if let Ok(Some(policy)) = timeout(self.timeout, get("maxmemory-policy")).await
-            && policy.starts_with("allkeys")
-        {
-            warn!(server = %self.label, policy = %policy, "maxmemory-policy can evict the election key: use noeviction or a volatile-* policy");
-        }
-        if self.min_replicas > 0 {
-            self.check_replicas(conn).await;
-        }
-    }
-
-    /// Warn once when fewer replicas are linked than `--redis-min-replicas`
-    /// asks for: no grant on this server can count until they are.
-    async fn check_replicas(&self, mut conn: MultiplexedConnection) {
-        let mut cmd = redis::cmd("INFO");
-        cmd.arg("replication");
-        let Ok(Ok(info)) = timeout(self.timeout, cmd.query_async::<String>(&mut conn)).await else {
-            return;
-        };
-        let linked: Option<u32> = info
-            .lines()
-            .find_map(|l| l.strip_prefix("connected_slaves:"))
-            .and_then(|n| n.trim().parse().ok());
-        if let Some(linked) = linked
-            && linked < self.min_replicas
-        {
-            warn!(server = %self.label, replicas = linked, min_replicas = self.min_replicas, "fewer replicas are linked to this Redis than --redis-min-replicas asks for: no grant on it counts until they are");
-        }
+        conn.warn_config(&self.label, self.timeout, self.min_replicas)
+            .await;
     }
 
     /// Forget the connection after a transport error or a timeout (and,
@@ -301,7 +300,7 @@ impl Server {
                 ..
             }
         );
-        let sentinel = matches!(self.target, Target::Sentinel { .. });
+        let sentinel = !matches!(self.target, Target::Fixed(_));
         if readonly && !sentinel && !self.told_sentinel.swap(true, Ordering::SeqCst) {
             warn!(server = %self.label, "{READONLY_FIXED}");
         }
@@ -364,7 +363,8 @@ impl Server {
             let mut lent = self.exclusive.lend(|| self.open_exclusive()).await?;
             let answer = self.invoke(lua, keys, args, &mut lent.conn).await?;
             let acked = if lua.grants(&answer) {
-                self.replicated(&mut lent.conn, sent).await
+                self.replicated(&mut lent.conn, keys[0].as_ref(), sent)
+                    .await
             } else {
                 Ok(())
             };
@@ -386,16 +386,9 @@ impl Server {
         lua: Lua,
         keys: &[K],
         args: &[A],
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
     ) -> Result<Value> {
-        let mut inv = lua.script().prepare_invoke();
-        for k in keys {
-            inv.key(k.as_ref());
-        }
-        for a in args {
-            inv.arg(a.as_ref());
-        }
-        inv.invoke_async::<Value>(conn)
+        conn.eval(lua, keys, args)
             .await
             .map_err(|e| self.classify(e))
     }
@@ -407,12 +400,13 @@ impl Server {
     ///
     /// # Errors
     /// [`UNREPLICATED`] when fewer replicas acknowledged; any error of `WAIT`.
-    async fn replicated(&self, conn: &mut MultiplexedConnection, sent: Instant) -> Result<()> {
+    async fn replicated(&self, conn: &mut Conn, key: &str, sent: Instant) -> Result<()> {
         // At least 1 ms: `WAIT n 0` would block for ever.
         let waited_ms = (self.timeout.saturating_sub(sent.elapsed()).as_millis() as u64 / 2).max(1);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.min_replicas).arg(waited_ms);
-        let acked: i64 = wait.query_async(conn).await.map_err(|e| self.classify(e))?;
+        let acked = conn
+            .wait(key, self.min_replicas, waited_ms)
+            .await
+            .map_err(|e| self.classify(e))?;
         if acked >= i64::from(self.min_replicas) {
             return Ok(());
         }
@@ -447,6 +441,19 @@ impl Server {
     pub async fn pubsub(&self) -> Result<PubSub> {
         let client = match &self.target {
             Target::Fixed(client) => client.clone(),
+            Target::Cluster {
+                seeds, last_seed, ..
+            } => {
+                let start = last_seed.load(Ordering::SeqCst);
+                return match super::cluster::pubsub(seeds, start, self.timeout).await {
+                    Ok((i, ps)) => {
+                        last_seed.store(i, Ordering::SeqCst);
+                        Ok(ps)
+                    }
+                    Err(Some(e)) => Err(self.classify(e)),
+                    Err(None) => Err(self.timed_out("subscribe")),
+                };
+            }
             Target::Sentinel { current, .. } => {
                 let known = current.lock().expect("current lock").clone();
                 match known {

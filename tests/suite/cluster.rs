@@ -1,0 +1,258 @@
+//! The sidecar on a Redis Cluster (three primaries, three replicas,
+//! `cluster-node-timeout` 1000 ms), given with `--redis-cluster` and every
+//! node as a seed: three sidecars through a `CLUSTER FAILOVER` on the replica
+//! of the election slot's primary, a SIGKILL of that primary and a SIGSTOP of
+//! it past `cluster-node-timeout`. Safety (the recorder's checker): no two
+//! leaders at once, fencing tokens that grow from term to term. Liveness twin
+//! (same run): a leader again within one lease duration + the cluster's
+//! failover time + 1 s (the promotion hold-off's second) + one retry period.
+//! Each prints its figures (`--nocapture`).
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::time::{Instant, sleep};
+
+use crate::support::cluster::{NODE_TIMEOUT_MS, RedisCluster};
+use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::*;
+
+const TTL: Duration = Duration::from_secs(2);
+const RETRY: Duration = Duration::from_millis(500);
+/// A failover of the test cluster is agreed and done well within this.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(20);
+
+/// How the election slot's primary is made to go away.
+#[derive(Clone, Copy, Debug)]
+enum Fault3 {
+    /// `CLUSTER FAILOVER` on its replica: the primary is healthy and demoted.
+    Manual,
+    /// SIGKILL of the primary.
+    Kill,
+    /// SIGSTOP of the primary for 3 × `cluster-node-timeout`, then SIGCONT.
+    Stop,
+}
+
+/// Three sidecars on the cluster, the recorder polling them, and the first
+/// leader.
+async fn three_on(
+    cl: &RedisCluster,
+    name: &str,
+    extra: &[&str],
+) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
+    let mut args = cl.flags();
+    args.extend(FAST.iter().chain(extra).map(|s| s.to_string()));
+    let cs: Vec<Sidecar> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Sidecar::start_raw(name, id, &args))
+        .collect();
+    let rec = Recorder::new(TTL);
+    for s in &cs {
+        rec.add(&s.identity, s.port);
+    }
+    let first = rec
+        .wait_leader(Duration::from_secs(15))
+        .await
+        .expect("a leader on the cluster within 15 s");
+    (cs, rec, first)
+}
+
+/// Run `fault` against the election slot's primary with three sidecars on
+/// the cluster; check and print the recording.
+async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
+    let mut cl = RedisCluster::start().await;
+    let name = election(test);
+    let slot = cl.slot(&format!("leader-elector:{{{name}}}")).await;
+    let old = cl
+        .primary_of(slot, 0)
+        .await
+        .expect("a primary for the slot");
+    let replica = cl.replica_of(old).await;
+    let (cs, rec, (l, tok)) = three_on(&cl, &name, extra).await;
+    // Let a renewal or two land on the replica.
+    sleep(Duration::from_millis(700)).await;
+    let f = rec.fault(Fault::new(
+        &format!("{fault:?} of the slot's primary"),
+        Some(l),
+        Expect::Other,
+        FAILOVER_LIMIT + TTL + Duration::from_secs(2),
+    ));
+    let start = Instant::now();
+    match fault {
+        Fault3::Manual => cl.failover(replica).await,
+        Fault3::Kill => cl.nodes[old].stop(),
+        Fault3::Stop => cl.signal(old, Signal::SIGSTOP),
+    }
+    let (new, failover) = cl.wait_failover(slot, old, FAILOVER_LIMIT).await;
+    if let Fault3::Stop = fault {
+        let stopped = Duration::from_millis(3 * NODE_TIMEOUT_MS);
+        sleep(stopped.saturating_sub(start.elapsed())).await;
+        cl.signal(old, Signal::SIGCONT);
+    }
+    rec.heal(f, false);
+    let bound = failover + TTL + Duration::from_secs(1) + RETRY;
+    let again = rec
+        .wait_leader(bound.saturating_sub(start.elapsed()) + Duration::from_secs(5))
+        .await
+        .expect("a leader again after the failover");
+    let leader_after = start.elapsed();
+    // Hold the leader a little longer under the checker.
+    sleep(TTL).await;
+    let report = rec.check(&format!("cluster: {fault:?}"));
+    eprintln!("{}", report.summary());
+    eprintln!(
+        "cluster {fault:?}: slot {slot} node {old} -> {new} in {failover:?} (cluster); leader {:?} (token {tok}) -> {:?} (token {}); a leader again {leader_after:?} after the fault; longest time without a leader {:?}",
+        cs[l].identity, cs[again.0].identity, again.1, report.longest_gap
+    );
+    assert!(
+        report.overlaps.is_empty(),
+        "two leaders at once: {:?}",
+        report.overlaps
+    );
+    assert!(
+        report.token_regressions.is_empty(),
+        "fencing tokens went back: {:?}",
+        report.token_regressions
+    );
+    if again != (l, tok) {
+        assert_token_grew(tok, again.1, "the term after the failover");
+    }
+    assert!(
+        report.longest_gap <= bound,
+        "no leader for {:?}, more than one lease + the failover ({failover:?}) + 1 s + a retry period = {bound:?}",
+        report.longest_gap
+    );
+    drop(cs);
+    cl.nodes.clear();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_keeps_one_leader_and_growing_tokens() {
+    survive(Fault3::Manual, "cluster-manual", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_slot_primary_is_followed_to_the_promoted_replica() {
+    survive(Fault3::Kill, "cluster-kill", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_primary_paused_past_node_timeout_is_followed_to_the_promoted_replica() {
+    survive(Fault3::Stop, "cluster-stop", &[]).await;
+}
+
+/// `--redis-min-replicas 1` on a cluster: `WAIT` goes to the election
+/// slot's primary (not to every primary), on a connection of its own, across
+/// a `CLUSTER FAILOVER` (the demoted primary becomes the new one's replica
+/// and acknowledges). A SIGKILL would leave the promoted replica without a
+/// replica of its own in a 3+3 cluster: no grant could count there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_works_on_a_cluster_across_a_failover() {
+    survive(
+        Fault3::Manual,
+        "cluster-min-replicas",
+        &["--redis-min-replicas", "1"],
+    )
+    .await;
+}
+
+/// A lock held by a client across a `CLUSTER FAILOVER` of its slot (the
+/// coordination API on Cluster): safety, a second holder only after the
+/// first's TTL; liveness twin, the second holder gets it then, with a larger
+/// token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_across_a_cluster_failover_has_no_second_holder_before_its_ttl() {
+    use leader_elector::backend::redis::coord::RedisCoord;
+    use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+    use leader_elector::coord::{Coordinator, Try};
+
+    let cl = RedisCluster::start().await;
+    let options = RedisOptions {
+        urls: cl.urls(),
+        per_server_timeout: Duration::from_millis(500),
+        cluster: true,
+        ..RedisOptions::default()
+    };
+    let backend = RedisBackend::new("leader-elector:", &election("cluster-lock"), options)
+        .expect("a Redis backend on the cluster");
+    let c = RedisCoord::new(backend);
+    let slot = cl.slot("leader-elector:{lock:L}").await;
+    let old = cl
+        .primary_of(slot, 0)
+        .await
+        .expect("a primary for the slot");
+    let replica = cl.replica_of(old).await;
+    let ttl = Duration::from_secs(3);
+    let asked = Instant::now();
+    let first = match c.lock("L", "a", ttl).await {
+        Ok(Try::Acquired(g)) => g,
+        other => panic!("a's lock: {other:?}"),
+    };
+    sleep(Duration::from_millis(300)).await;
+    cl.failover(replica).await;
+    let second = loop {
+        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+            Ok(Ok(Try::Acquired(g))) => break g,
+            Ok(Ok(Try::Held(who))) => assert_eq!(who, "a"),
+            Ok(other) => eprintln!("b's lock during the failover: {other:?}"),
+            Err(_) => eprintln!("b's lock hung for 2 s during the failover"),
+        }
+        assert!(asked.elapsed() < FAILOVER_LIMIT, "b never got the lock");
+        sleep(Duration::from_millis(50)).await;
+    };
+    let after = asked.elapsed();
+    let (new, _) = cl.wait_failover(slot, old, FAILOVER_LIMIT).await;
+    eprintln!(
+        "cluster lock: slot {slot} node {old} -> {new}; a's token {}, b's {} after {after:?} (TTL {ttl:?})",
+        first.fencing_token, second.fencing_token
+    );
+    assert!(
+        after >= ttl,
+        "b got the lock {after:?} after a asked, before a's TTL ({ttl:?}) ran out"
+    );
+    assert_token_grew(first.fencing_token, second.fencing_token, "b's lock");
+}
+
+/// Bad cluster flags exit 2 naming the flag.
+#[test]
+fn cluster_configuration_errors_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--election", "x", "--backend", "redis", "--redis-cluster"],
+            "--redis-url is required",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-cluster",
+                "--redis-sentinel",
+                "127.0.0.1:26379",
+                "--redis-sentinel-master",
+                "m",
+            ],
+            "--redis-cluster and --redis-sentinel are both given",
+        ),
+        (
+            &[
+                "--election",
+                "x",
+                "--redis-cluster",
+                "--redis-url",
+                "redis://127.0.0.1:2",
+                "--redis-prefix",
+                "app{x}:",
+            ],
+            "--redis-prefix",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(*args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
