@@ -28,6 +28,7 @@
 //! rest of this module serves the sidecar binary and its tests and is not a
 //! stable API.
 
+mod agree;
 mod builder;
 mod config;
 mod controls;
@@ -317,6 +318,7 @@ impl Elector {
             Candidate {
                 priority: self.cfg.standing.priority,
                 revision: self.cfg.standing.revision.clone(),
+                preempt_after: Some(self.cfg.standing.preempt_after),
                 ..Candidate::new(self.cfg.identity.clone())
             },
             (

@@ -58,6 +58,11 @@ pub struct Candidate {
     /// not frozen. Wall-clock time, shown by `status`.
     #[serde(serialize_with = "rfc3339", skip_serializing_if = "Option::is_none")]
     pub frozen_until: Option<SystemTime>,
+    /// The candidate's `--preempt-after`, which counts only while it leads
+    /// (an election-wide setting: the leader's value decides). `None`: the
+    /// record does not say (written by an older version).
+    #[serde(skip)]
+    pub preempt_after: Option<Duration>,
 }
 
 fn rfc3339<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
@@ -76,6 +81,7 @@ impl Candidate {
             revision: String::new(),
             ready: true,
             frozen_until: None,
+            preempt_after: None,
         }
     }
 
@@ -278,6 +284,7 @@ mod tests {
                 revision: String::new(),
                 ready,
                 frozen_until: None,
+                preempt_after: None,
             },
             age: Some(Duration::from_secs(age_s)),
             ttl: Duration::from_secs(180),

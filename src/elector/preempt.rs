@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Standing;
 use super::config::Backoff;
@@ -110,6 +110,8 @@ struct Seen {
     higher: HashMap<String, Instant>,
     /// The creation of our revision's first record, as first listed.
     mine: Option<u64>,
+    /// The candidates warned of for another `--preempt-after` this term.
+    warned: HashMap<String, Duration>,
 }
 
 impl Preempt {
@@ -172,6 +174,11 @@ impl Preempt {
     /// Decide on one list taken at `now`.
     fn judge(&self, listed: &[Listed], seen: &mut Seen, now: Instant) -> Verdict {
         let (me, s) = (self.identity.as_str(), &self.standing);
+        for (id, theirs) in super::agree::differs(listed, me, s.preempt_after) {
+            if seen.warned.insert(id.to_owned(), theirs) != Some(theirs) {
+                warn!(candidate = id, candidate_preempt_after = ?theirs, preempt_after = ?s.preempt_after, "a candidate's --preempt-after differs from this leader's: this leader's value counts (it is election-wide)");
+            }
+        }
         // Pause and pin come first in the table: no voluntary handover.
         let may = self.known.borrow().rules(me).may_hand_over();
         let first = Revisions::of(listed, me).first_created(&s.revision);

@@ -62,6 +62,7 @@ fn record(id: &str, priority: u32, revision: &str, created: u64) -> Listed {
             revision: revision.into(),
             ready: true,
             frozen_until: None,
+            preempt_after: None,
         },
         age: Some(Duration::from_secs(1)),
         ttl: Duration::from_secs(180),

@@ -49,6 +49,8 @@ pub fn candidate(id: &str, priority: u32, revision: &str) -> Candidate {
     Candidate {
         priority,
         revision: revision.into(),
+        // Round-trips through every registry (election-wide, compared by followers).
+        preempt_after: Some(Duration::from_millis(2500)),
         ..Candidate::new(id)
     }
 }

@@ -41,6 +41,10 @@ struct Record {
     /// Until when the candidate is frozen, in ms since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     frozen_until_ms: Option<u64>,
+    /// The candidate's `--preempt-after` in ms (election-wide: the
+    /// leader's counts; followers compare theirs with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    preempt_after_ms: Option<u64>,
 }
 
 fn default_priority() -> u32 {
@@ -80,6 +84,7 @@ impl EtcdBackend {
             frozen_until_ms: candidate
                 .frozen_until
                 .map(crate::backend::candidates::unix_ms),
+            preempt_after_ms: candidate.preempt_after.map(|d| d.as_millis() as u64),
         };
         let value = serde_json::to_vec(&record).expect("a record serializes");
         let kept = self
@@ -163,6 +168,7 @@ impl EtcdBackend {
                     frozen_until: r
                         .frozen_until_ms
                         .map(crate::backend::candidates::from_unix_ms),
+                    preempt_after: r.preempt_after_ms.map(Duration::from_millis),
                 },
                 age: None,
                 ttl: Duration::from_secs(r.ttl.max(1)),
@@ -248,6 +254,7 @@ mod tests {
             revision: "r1".into(),
             ready: false,
             frozen_until_ms: None,
+            preempt_after_ms: None,
             ttl: 2,
         })
         .unwrap();
