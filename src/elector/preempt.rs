@@ -47,7 +47,9 @@ const RELIST_FLOOR: Duration = Duration::from_millis(100);
 
 impl super::Elector {
     /// The registry follower of the term about to be held (see [`Preempt`]).
-    pub(super) fn preemption(&self) -> impl std::future::Future<Output = String> + 'static {
+    pub(super) fn preemption(
+        &self,
+    ) -> impl std::future::Future<Output = (String, &'static str)> + 'static {
         // A new term starts with no registry known.
         self.known.send_modify(|k| k.registry = None);
         Preempt {
@@ -57,6 +59,7 @@ impl super::Elector {
             standing: self.cfg.standing.clone(),
             lease_duration: self.cfg.lease_duration,
             call_timeout: self.cfg.call_timeout(),
+            observer: self.publisher.observer(),
         }
         .watch()
     }
@@ -68,7 +71,7 @@ impl super::Elector {
     /// lost term or a missed deadline: there is nothing to hand over).
     pub(super) fn release_successor(&mut self, why: &super::lead::StepDown) -> Option<String> {
         use super::lead::StepDown;
-        let set = self.successor.take();
+        let set = self.successor.take().map(|(to, _)| to);
         let graceful = matches!(
             why,
             StepDown::Resigned | StepDown::Shutdown | StepDown::Unhealthy
@@ -93,12 +96,15 @@ pub(super) struct Preempt {
     pub(super) lease_duration: Duration,
     /// The deadline of each list.
     pub(super) call_timeout: Duration,
+    /// Told of each list's counts (the metrics).
+    pub(super) observer: Option<Arc<dyn super::Observer>>,
 }
 
 /// What one list of the registry decided.
 enum Verdict {
-    /// Hand over to this identity now.
-    HandOver(String),
+    /// Hand over to this identity now, for this reason (`preemption`,
+    /// `revision`).
+    HandOver(String, &'static str),
     /// Nothing yet; the earliest instant a higher priority matures, if any.
     Wait(Option<Instant>),
 }
@@ -116,9 +122,9 @@ struct Seen {
 
 impl Preempt {
     /// Follow the registry while leading; resolves with the identity to
-    /// hand over to (see the module docs). Pends forever on a backend
-    /// without a registry.
-    pub(super) async fn watch(self) -> String {
+    /// hand over to and why (see the module docs). Pends forever on a
+    /// backend without a registry.
+    pub(super) async fn watch(self) -> (String, &'static str) {
         if !self.backend.has_registry() {
             return std::future::pending().await;
         }
@@ -140,8 +146,9 @@ impl Preempt {
                     let listed = Arc::new(listed);
                     self.known
                         .send_modify(|k| k.registry = Some(listed.clone()));
+                    self.count(&listed);
                     match self.judge(&listed, &mut seen, Instant::now()) {
-                        Verdict::HandOver(to) => return to,
+                        Verdict::HandOver(to, why) => return (to, why),
                         Verdict::Wait(at) => (Instant::now() + self.lease_duration, at),
                     }
                 }
@@ -171,6 +178,19 @@ impl Preempt {
         }
     }
 
+    /// Report the records alive in `listed` by readiness to the observer.
+    fn count(&self, listed: &[Listed]) {
+        let Some(obs) = &self.observer else { return };
+        let now = std::time::SystemTime::now();
+        let alive = listed.iter().filter(|l| l.alive());
+        let ready = alive
+            .clone()
+            .filter(|l| l.candidate.ready && !l.candidate.frozen_at(now));
+        let ready = ready.count() as u32;
+        let not_ready = alive.count() as u32 - ready;
+        obs.observe(super::Observation::Candidates { ready, not_ready });
+    }
+
     /// Decide on one list taken at `now`.
     fn judge(&self, listed: &[Listed], seen: &mut Seen, now: Instant) -> Verdict {
         let (me, s) = (self.identity.as_str(), &self.standing);
@@ -189,7 +209,7 @@ impl Preempt {
         let newer = newer_revision(listed, me, (s.priority, &s.revision), seen.mine);
         if let Some(c) = newer.filter(|_| may) {
             info!(successor = %c.identity, revision = %c.revision, "a ready candidate of a newer revision: handing over");
-            return Verdict::HandOver(c.identity.clone());
+            return Verdict::HandOver(c.identity.clone(), "revision");
         }
         let higher = higher_priority(listed, me, s.priority);
         seen.higher
@@ -206,7 +226,7 @@ impl Preempt {
             .find(|c| seen.higher[&c.identity] + s.preempt_after <= now);
         if let Some(c) = matured {
             info!(successor = %c.identity, priority = c.priority, preempt_after = ?s.preempt_after, "a ready candidate of a higher priority stayed: handing over");
-            return Verdict::HandOver(c.identity.clone());
+            return Verdict::HandOver(c.identity.clone(), "preemption");
         }
         Verdict::Wait(seen.higher.values().min().map(|t| *t + s.preempt_after))
     }

@@ -83,6 +83,7 @@ fn follower(backend: &Arc<Registry>) -> Preempt {
         },
         lease_duration: Duration::from_secs(15),
         call_timeout: Duration::from_secs(3),
+        observer: None,
     }
 }
 
@@ -101,7 +102,7 @@ async fn a_higher_priority_is_followed_after_it_stayed_for_the_wait() {
     sleep(Duration::from_millis(200)).await;
     backend.set(vec![record("me", 5, "a", 1), high]);
     let start = Instant::now();
-    assert_eq!(task.await.unwrap(), "high");
+    assert_eq!(task.await.unwrap(), ("high".to_owned(), "preemption"));
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(10),
@@ -125,7 +126,7 @@ async fn a_newer_revision_is_followed_at_once_and_an_older_never() {
         record("new", 5, "b", 20),
     ]);
     let start = Instant::now();
-    assert_eq!(task.await.unwrap(), "new");
+    assert_eq!(task.await.unwrap(), ("new".to_owned(), "revision"));
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
