@@ -118,6 +118,12 @@ pub struct Listed {
     /// the record was created): larger was created later. `None` when the
     /// backend cannot tell. Decides which revision is the newer.
     pub created: Option<u64>,
+    /// How long ago the record's value was last written, by the reader's
+    /// wall clock, where the backend renews a record without rewriting it
+    /// and keeps no age (etcd: a timestamp in the record; a renewal by
+    /// keep-alive does not move it). Shown by `status` as the record's age
+    /// when [`Listed::age`] is `None`; never judged (clocks may differ).
+    pub written_ago: Option<Duration>,
 }
 
 impl Listed {
@@ -289,6 +295,7 @@ mod tests {
             age: Some(Duration::from_secs(age_s)),
             ttl: Duration::from_secs(180),
             created: None,
+            written_ago: None,
         }
     }
 

@@ -109,6 +109,7 @@ mod tests {
             age: None,
             ttl: Duration::from_secs(60),
             created: None,
+            written_ago: None,
         }
     }
 

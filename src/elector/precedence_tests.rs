@@ -18,6 +18,7 @@ fn listed(id: &str, priority: u32, ready: bool, age_s: u64) -> Listed {
         age: Some(Duration::from_secs(age_s)),
         ttl: Duration::from_secs(36),
         created: None,
+        written_ago: None,
     }
 }
 

@@ -67,6 +67,7 @@ fn record(id: &str, priority: u32, revision: &str, created: u64) -> Listed {
         age: Some(Duration::from_secs(1)),
         ttl: Duration::from_secs(180),
         created: Some(created),
+        written_ago: None,
     }
 }
 

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EtcdBackend;
 use super::store::{BACKEND, revision_of, ttl_secs};
-use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed};
+use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed, from_unix_ms, unix_ms};
 use crate::backend::{BackendError, Result};
 
 /// The JSON value of a record.
@@ -45,6 +45,10 @@ struct Record {
     /// leader's counts; followers compare theirs with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     preempt_after_ms: Option<u64>,
+    /// When the value was written, in ms since the Unix epoch by the
+    /// writer's clock (`status` shows the record's age from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    written_ms: Option<u64>,
 }
 
 fn default_priority() -> u32 {
@@ -85,8 +89,16 @@ impl EtcdBackend {
                 .frozen_until
                 .map(crate::backend::candidates::unix_ms),
             preempt_after_ms: candidate.preempt_after.map(|d| d.as_millis() as u64),
+            written_ms: None,
         };
+        // Compared without the time: an unchanged record is renewed by a
+        // keep-alive, not written again.
         let value = serde_json::to_vec(&record).expect("a record serializes");
+        let written = Record {
+            written_ms: Some(unix_ms(std::time::SystemTime::now())),
+            ..record
+        };
+        let written = serde_json::to_vec(&written).expect("a record serializes");
         let kept = self
             .registry_lease
             .lock()
@@ -101,7 +113,7 @@ impl EtcdBackend {
         let lease = self.store.grant(&mut client, ttl, None).await?;
         let put = client.put(
             self.record_key(&candidate.identity),
-            value.clone(),
+            written,
             Some(PutOptions::new().with_lease(lease.id)),
         );
         if let Err(e) = self.store.call(None, "put", put).await {
@@ -173,6 +185,12 @@ impl EtcdBackend {
                 age: None,
                 ttl: Duration::from_secs(r.ttl.max(1)),
                 created: Some(kv.create_revision().max(0) as u64),
+                written_ago: r.written_ms.map(|ms| {
+                    let at = from_unix_ms(ms);
+                    std::time::SystemTime::now()
+                        .duration_since(at)
+                        .unwrap_or_default()
+                }),
             });
         }
         Ok(listed)
@@ -255,6 +273,7 @@ mod tests {
             ready: false,
             frozen_until_ms: None,
             preempt_after_ms: None,
+            written_ms: None,
             ttl: 2,
         })
         .unwrap();

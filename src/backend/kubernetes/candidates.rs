@@ -213,6 +213,7 @@ fn listed(lease: &Lease) -> Option<Listed> {
             .creation_timestamp
             .as_ref()
             .map(|t| t.0.as_millisecond().max(0) as u64),
+        written_ago: None,
     })
 }
 

@@ -199,6 +199,7 @@ fn listed(v: &Value) -> Option<Listed> {
         age: Some(Duration::from_millis(now.saturating_sub(renewed))),
         ttl: Duration::from_millis(num(ttl).unwrap_or(0)),
         created: num(created),
+        written_ago: None,
     })
 }
 
