@@ -28,6 +28,7 @@
 //! rest of this module serves the sidecar binary and its tests and is not a
 //! stable API.
 
+mod agree;
 mod builder;
 mod config;
 mod controls;
@@ -169,8 +170,9 @@ pub struct Elector {
     /// won is valid from then, suspends counted).
     suspended_at_campaign: Duration,
     /// The successor the next release of a held term names (a switchover
-    /// or a preemption); `None`: the Elector's own choice ([`successor_for`]).
-    successor: Option<String>,
+    /// or a preemption), with the handover's reason for the metrics;
+    /// `None`: the Elector's own choice ([`successor_for`]).
+    successor: Option<(String, &'static str)>,
     /// The controls and the registry as last read (the precedence inputs).
     known: known::Shared,
     /// The answer to a handover, sent once its release was sent.
@@ -317,6 +319,7 @@ impl Elector {
             Candidate {
                 priority: self.cfg.standing.priority,
                 revision: self.cfg.standing.revision.clone(),
+                preempt_after: Some(self.cfg.standing.preempt_after),
                 ..Candidate::new(self.cfg.identity.clone())
             },
             (

@@ -23,6 +23,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::WaitReason;
 use crate::elector::LeaderState;
 use crate::metrics::Metrics;
 use crate::query::{NoParams, Strict};
@@ -73,6 +74,12 @@ pub struct LeaderBody {
     /// Whether the election is paused by an operator (`leader-elector
     /// pause`): no candidate takes a released or expired term.
     pub paused: bool,
+    /// This candidate's priority (`--priority`; 0 never leads).
+    pub priority: u32,
+    /// The member a forced switchover pinned as leader (`switchover
+    /// --force`), while the pin holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
     /// Redlock, while leading: servers that answered the last renewal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub servers_answered: Option<usize>,
@@ -99,7 +106,8 @@ pub struct WaitingBody {
     /// What is waited for, in words.
     pub what: &'static str,
     /// RFC 3339 wall-clock time at which the wait is expected to end;
-    /// `None` when it never ends.
+    /// `"resume"` for a pause (it ends when an operator resumes, not at a
+    /// time); `None` when it never ends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
 }
@@ -130,6 +138,8 @@ impl LeaderBody {
             backend_healthy: state.backend_healthy,
             transitions: state.transitions,
             paused: state.paused,
+            priority: state.priority,
+            pinned: state.pinned.clone(),
             servers_answered: state.servers.map(|(a, _)| a),
             servers_total: state.servers.map(|(_, n)| n),
             error,
@@ -140,7 +150,10 @@ impl LeaderBody {
                 }),
                 w => w.map(|w| WaitingBody {
                     what: w.what.as_str(),
-                    until: Some(humantime::format_rfc3339_millis(w.until).to_string()),
+                    until: Some(match w.what {
+                        WaitReason::Paused => "resume".to_owned(),
+                        _ => humantime::format_rfc3339_millis(w.until).to_string(),
+                    }),
                 }),
             },
         }

@@ -317,3 +317,24 @@ async fn a_long_poll_returns_when_the_sidecar_stops_claiming() {
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
     assert_eq!(b["is_leader"], false);
 }
+
+#[tokio::test]
+async fn a_pause_waits_until_resume_and_the_pin_and_priority_are_shown() {
+    let (_tx, rx) = watch::channel(LeaderState {
+        paused: true,
+        priority: 5,
+        pinned: Some("other".into()),
+        waiting: Some(crate::elector::Waiting {
+            what: WaitReason::Paused,
+            until: SystemTime::now() + Duration::from_millis(300),
+        }),
+        ..follower()
+    });
+    let (_, _, body) = get(rx, "/leader").await;
+    assert_eq!(body["waiting"]["until"], "resume", "{body}");
+    assert_eq!(
+        (&body["pinned"], &body["priority"]),
+        (&serde_json::json!("other"), &serde_json::json!(5)),
+        "{body}"
+    );
+}

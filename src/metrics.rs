@@ -16,8 +16,8 @@
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 use tokio::time::Instant;
 
@@ -58,6 +58,125 @@ pub struct Metrics {
     pub last_failover: Gauge,
     /// `leader_election_pod_label_failures_total{name,reason}`: failed label patches (`forbidden`, `not_found`, `api_error`, `unreachable`).
     pub label_patch_failures: IntCounterVec,
+    /// The operations' metrics (pause, freeze, registry, priority, handovers).
+    pub ops: OpsMetrics,
+}
+
+/// The metrics of the operations controls (see [`OpsMetrics::new`]).
+pub struct OpsMetrics {
+    /// `leader_election_paused{name}`: 1 while the election is paused.
+    pub paused: IntGauge,
+    /// `leader_election_frozen_seconds{name}`: seconds this candidate stays frozen.
+    pub frozen_seconds: Gauge,
+    /// `leader_election_candidates{name,ready}`: the registry as the leader lists it.
+    pub candidates: IntGaugeVec,
+    /// `leader_election_priority{name}`: this candidate's `--priority`.
+    pub priority: IntGauge,
+    /// `leader_election_handovers_total{name,reason}`: terms this leader handed over.
+    pub handovers: IntCounterVec,
+    /// The end of the freeze, on the monotonic clock (read at scrape time).
+    frozen_until: std::sync::Mutex<Option<Instant>>,
+}
+
+/// The reasons of `leader_election_handovers_total`, each series present from the start.
+pub const HANDOVER_REASONS: [&str; 6] = [
+    "shutdown",
+    "resign",
+    "switchover",
+    "preemption",
+    "revision",
+    "unhealthy",
+];
+
+impl OpsMetrics {
+    fn new(registry: &Registry, election: &str) -> Result<OpsMetrics, prometheus::Error> {
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label("name", election);
+        let ops = OpsMetrics {
+            paused: register(
+                registry,
+                IntGauge::with_opts(opts(
+                    "leader_election_paused",
+                    "1 while the election is paused (leader-elector pause): no voluntary handover, no new term; else 0.",
+                )),
+            )?,
+            frozen_seconds: register(
+                registry,
+                Gauge::with_opts(opts(
+                    "leader_election_frozen_seconds",
+                    "Seconds this candidate stays frozen (POST /resign?freeze=): not eligible as leader until then; 0 when not frozen.",
+                )),
+            )?,
+            candidates: register(
+                registry,
+                IntGaugeVec::new(
+                    opts(
+                        "leader_election_candidates",
+                        "Candidates in the registry as this leader last listed it, by ready (ready and not frozen); 0 on followers.",
+                    ),
+                    &["ready"],
+                ),
+            )?,
+            priority: register(
+                registry,
+                IntGauge::with_opts(opts(
+                    "leader_election_priority",
+                    "This candidate's --priority (0 never leads).",
+                )),
+            )?,
+            handovers: register(
+                registry,
+                IntCounterVec::new(
+                    opts(
+                        "leader_election_handovers_total",
+                        "Terms this candidate handed over on purpose, by reason (shutdown, resign, switchover, preemption, revision, unhealthy).",
+                    ),
+                    &["reason"],
+                ),
+            )?,
+            frozen_until: std::sync::Mutex::new(None),
+        };
+        for reason in HANDOVER_REASONS {
+            ops.handovers.with_label_values(&[reason]);
+        }
+        for ready in ["true", "false"] {
+            ops.candidates.with_label_values(&[ready]);
+        }
+        Ok(ops)
+    }
+
+    /// Set the gauges that follow the state or the clock.
+    fn refresh(&self, state: &LeaderState, now: Instant) {
+        self.paused.set(i64::from(state.paused));
+        self.priority.set(i64::from(state.priority));
+        let until = *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner());
+        let left = until.map_or(0.0, |u| u.saturating_duration_since(now).as_secs_f64());
+        self.frozen_seconds.set(left);
+        if !state.is_leader(now) {
+            for ready in ["true", "false"] {
+                self.candidates.with_label_values(&[ready]).set(0);
+            }
+        }
+    }
+
+    /// Record an operations observation; `false` when `o` is none.
+    fn observe(&self, o: Observation) -> bool {
+        match o {
+            Observation::Handover { reason } => self.handovers.with_label_values(&[reason]).inc(),
+            Observation::Frozen(until) => {
+                *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+            }
+            Observation::Candidates { ready, not_ready } => {
+                self.candidates
+                    .with_label_values(&["true"])
+                    .set(i64::from(ready));
+                self.candidates
+                    .with_label_values(&["false"])
+                    .set(i64::from(not_ready));
+            }
+            _ => return false,
+        }
+        true
+    }
 }
 
 /// Buckets of the renewal round trip histogram, in seconds: from half a
@@ -187,6 +306,7 @@ impl Metrics {
             last_failover,
             label_patches,
             label_patch_failures,
+            ops: OpsMetrics::new(&registry, election)?,
             registry,
         };
         Ok(Arc::new(m))
@@ -196,6 +316,7 @@ impl Metrics {
     pub fn refresh(&self, state: &LeaderState, now: Instant) {
         self.master_status.set(i64::from(state.is_leader(now)));
         self.valid_for.set(state.valid_for(now).as_secs_f64());
+        self.ops.refresh(state, now);
     }
 
     /// The registry's metrics in the Prometheus text format.
@@ -222,6 +343,9 @@ where
 
 impl Observer for Metrics {
     fn observe(&self, observation: Observation) {
+        if self.ops.observe(observation) {
+            return;
+        }
         match observation {
             Observation::CampaignSent => self.acquire_attempts.inc(),
             Observation::CampaignFailed { reason } => {
@@ -238,6 +362,63 @@ impl Observer for Metrics {
             Observation::BackendUp(up) => self.backend_up.set(i64::from(up)),
             Observation::Transition => self.transitions.inc(),
             Observation::Failover { took } => self.last_failover.set(took.as_secs_f64()),
+            Observation::Handover { .. }
+            | Observation::Frozen(_)
+            | Observation::Candidates { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elector::ElectorConfig;
+
+    #[test]
+    fn the_operations_metrics_follow_the_observations_and_the_state() {
+        let m = Metrics::new(Registry::new(), "e", "memory").unwrap();
+        let text = m.render();
+        for reason in HANDOVER_REASONS {
+            let series =
+                format!("leader_election_handovers_total{{name=\"e\",reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
+        m.observe(Observation::Handover {
+            reason: "preemption",
+        });
+        m.observe(Observation::Candidates {
+            ready: 2,
+            not_ready: 1,
+        });
+        let now = Instant::now();
+        m.observe(Observation::Frozen(Some(
+            now + std::time::Duration::from_secs(30),
+        )));
+        let mut state = LeaderState::new(
+            &ElectorConfig::new("e", "a", std::time::Duration::from_secs(15)),
+            "memory",
+        );
+        state.paused = true;
+        state.priority = 5;
+        m.ops.refresh(&state, now);
+        let text = m.render();
+        for line in [
+            "leader_election_handovers_total{name=\"e\",reason=\"preemption\"} 1",
+            "leader_election_paused{name=\"e\"} 1",
+            "leader_election_priority{name=\"e\"} 5",
+            "leader_election_frozen_seconds{name=\"e\"} 30",
+            // Not leading: the registry counts are the leader's only.
+            "leader_election_candidates{name=\"e\",ready=\"true\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        m.observe(Observation::Candidates {
+            ready: 2,
+            not_ready: 1,
+        });
+        assert!(
+            m.render()
+                .contains("leader_election_candidates{name=\"e\",ready=\"false\"} 1")
+        );
     }
 }

@@ -101,6 +101,9 @@ pub struct Report {
     /// the election is paused (`leader-elector pause`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// `status` only: the member a forced switchover pinned as leader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
     /// `status` only, where the backend keeps a candidate registry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<Vec<CandidateRow>>,
@@ -119,6 +122,7 @@ impl Report {
                 .map(|d| (d.as_secs_f64() * 1000.0).round() / 1000.0),
             since: None,
             paused: None,
+            pinned: None,
             candidates: None,
         }
     }
@@ -206,13 +210,15 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
         }
     };
     let mut report = Report::new(&cli.election, backend.name(), holder.as_ref());
-    report.paused = controls::paused(backend, cli.timeout).await;
+    let controls = controls::paused(backend, cli.timeout).await;
+    report.paused = controls.as_ref().map(|c| c.0);
+    report.pinned = controls.and_then(|c| c.1);
     report.candidates = candidates::read(backend, cli.timeout).await;
     let text = match cli.output {
         Output::Json => serde_json::to_string(&report).unwrap_or_default(),
         Output::Table => {
             table(&report)
-                + &controls::paused_line(report.paused)
+                + &controls::paused_line(report.paused, report.pinned.as_deref())
                 + &candidates::table(report.candidates.as_deref())
         }
     };

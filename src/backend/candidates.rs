@@ -58,6 +58,11 @@ pub struct Candidate {
     /// not frozen. Wall-clock time, shown by `status`.
     #[serde(serialize_with = "rfc3339", skip_serializing_if = "Option::is_none")]
     pub frozen_until: Option<SystemTime>,
+    /// The candidate's `--preempt-after`, which counts only while it leads
+    /// (an election-wide setting: the leader's value decides). `None`: the
+    /// record does not say (written by an older version).
+    #[serde(skip)]
+    pub preempt_after: Option<Duration>,
 }
 
 fn rfc3339<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
@@ -76,6 +81,7 @@ impl Candidate {
             revision: String::new(),
             ready: true,
             frozen_until: None,
+            preempt_after: None,
         }
     }
 
@@ -112,6 +118,12 @@ pub struct Listed {
     /// the record was created): larger was created later. `None` when the
     /// backend cannot tell. Decides which revision is the newer.
     pub created: Option<u64>,
+    /// How long ago the record's value was last written, by the reader's
+    /// wall clock, where the backend renews a record without rewriting it
+    /// and keeps no age (etcd: a timestamp in the record; a renewal by
+    /// keep-alive does not move it). Shown by `status` as the record's age
+    /// when [`Listed::age`] is `None`; never judged (clocks may differ).
+    pub written_ago: Option<Duration>,
 }
 
 impl Listed {
@@ -278,10 +290,12 @@ mod tests {
                 revision: String::new(),
                 ready,
                 frozen_until: None,
+                preempt_after: None,
             },
             age: Some(Duration::from_secs(age_s)),
             ttl: Duration::from_secs(180),
             created: None,
+            written_ago: None,
         }
     }
 

@@ -345,6 +345,7 @@ impl LeaseBackend for MemoryBackend {
             age: Some(now.saturating_duration_since(*at)),
             ttl: *ttl,
             created: Some(*created),
+            written_ago: None,
         });
         Ok(Some(listed.collect()))
     }

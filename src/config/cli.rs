@@ -107,7 +107,7 @@ pub struct Cli {
     #[arg(long, default_value_t = crate::backend::candidates::DEFAULT_PRIORITY, env = "LEADER_ELECTOR_PRIORITY", value_parser = crate::flags::parse_u32, allow_negative_numbers = true, value_name = "N")]
     pub priority: u32,
 
-    /// How long a ready candidate of a higher priority must stay in the candidate registry before the leader hands over to it.
+    /// How long a ready candidate of a higher priority must stay in the candidate registry before the leader hands over to it. Election-wide: the leader's value counts; a candidate whose value differs logs a warning naming both. Set the same on every member.
     #[arg(long, default_value = "10s", env = "LEADER_ELECTOR_PREEMPT_AFTER", value_parser = parse_duration, value_name = "DURATION")]
     pub preempt_after: Duration,
 

@@ -328,3 +328,7 @@ impl ElectorHandle {
 #[cfg(test)]
 #[path = "controls_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "matrix_tests.rs"]
+mod matrix_tests;

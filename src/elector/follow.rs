@@ -20,7 +20,7 @@ impl Elector {
             Some(Command::Resign {
                 cooldown, reply, ..
             }) => {
-                self.gates.cool_down(cooldown);
+                self.cool_down(cooldown);
                 self.show_freeze();
                 let _ = reply.send(false);
             }

@@ -148,14 +148,24 @@ impl Elector {
         successor: Option<String>,
         reply: tokio::sync::oneshot::Sender<bool>,
     ) {
-        self.gates.cool_down(cooldown);
+        self.cool_down(cooldown);
         match successor {
             Some(_) => self.handed_over = Some(reply),
             None => {
                 let _ = reply.send(true);
             }
         }
-        self.successor = successor;
+        self.successor = successor.map(|to| (to, "switchover"));
+    }
+
+    /// Stay out of campaigns for `cooldown` (a freeze when not zero, which
+    /// the metrics show).
+    pub(super) fn cool_down(&mut self, cooldown: Duration) {
+        self.gates.cool_down(cooldown);
+        if !cooldown.is_zero() {
+            let until = self.gates.cooldown_until();
+            self.report(super::Observation::Frozen(until));
+        }
     }
 
     /// Publish our new term (acquired by a request sent at `sent`) and its
@@ -264,7 +274,17 @@ impl Elector {
             .await;
         // Chosen after the waits, from the registry already known: the
         // release itself is the only request.
+        let reason = match (&why, &self.successor) {
+            (StepDown::Shutdown, _) => Some("shutdown"),
+            (StepDown::Unhealthy, _) => Some("unhealthy"),
+            (StepDown::Resigned, Some((_, why))) => Some(*why),
+            (StepDown::Resigned, None) => Some("resign"),
+            (StepDown::Deadline | StepDown::Lost(_), _) => None,
+        };
         let successor = self.release_successor(&why);
+        if let Some(reason) = reason {
+            self.report(super::Observation::Handover { reason });
+        }
         if let Some(to) = &successor {
             info!(election = %self.cfg.election, successor = %to, "releasing the term to the named successor");
         }

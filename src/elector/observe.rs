@@ -45,6 +45,24 @@ pub enum Observation {
         /// term to the observation of the new one.
         took: Duration,
     },
+    /// This leader handed its term over on purpose, for `reason`:
+    /// `shutdown`, `resign`, `switchover`, `preemption`, `revision` or
+    /// `unhealthy` (a lost term or a missed deadline is no handover).
+    Handover {
+        /// Why, in the words above.
+        reason: &'static str,
+    },
+    /// This candidate was frozen (`POST /resign?freeze=`) until this
+    /// instant of the monotonic clock (`None`: the freeze ended).
+    Frozen(Option<tokio::time::Instant>),
+    /// The candidate registry as this leader last listed it: the records
+    /// alive, by whether they are ready (and not frozen).
+    Candidates {
+        /// Ready and not frozen.
+        ready: u32,
+        /// Not ready, or frozen.
+        not_ready: u32,
+    },
 }
 
 /// Receives the Elector's [`Observation`]s. The sidecar's Prometheus

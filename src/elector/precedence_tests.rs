@@ -13,10 +13,12 @@ fn listed(id: &str, priority: u32, ready: bool, age_s: u64) -> Listed {
             revision: String::new(),
             ready,
             frozen_until: None,
+            preempt_after: None,
         },
         age: Some(Duration::from_secs(age_s)),
         ttl: Duration::from_secs(36),
         created: None,
+        written_ago: None,
     }
 }
 

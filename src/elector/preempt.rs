@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Standing;
 use super::config::Backoff;
@@ -47,7 +47,9 @@ const RELIST_FLOOR: Duration = Duration::from_millis(100);
 
 impl super::Elector {
     /// The registry follower of the term about to be held (see [`Preempt`]).
-    pub(super) fn preemption(&self) -> impl std::future::Future<Output = String> + 'static {
+    pub(super) fn preemption(
+        &self,
+    ) -> impl std::future::Future<Output = (String, &'static str)> + 'static {
         // A new term starts with no registry known.
         self.known.send_modify(|k| k.registry = None);
         Preempt {
@@ -57,6 +59,7 @@ impl super::Elector {
             standing: self.cfg.standing.clone(),
             lease_duration: self.cfg.lease_duration,
             call_timeout: self.cfg.call_timeout(),
+            observer: self.publisher.observer(),
         }
         .watch()
     }
@@ -68,7 +71,7 @@ impl super::Elector {
     /// lost term or a missed deadline: there is nothing to hand over).
     pub(super) fn release_successor(&mut self, why: &super::lead::StepDown) -> Option<String> {
         use super::lead::StepDown;
-        let set = self.successor.take();
+        let set = self.successor.take().map(|(to, _)| to);
         let graceful = matches!(
             why,
             StepDown::Resigned | StepDown::Shutdown | StepDown::Unhealthy
@@ -93,12 +96,15 @@ pub(super) struct Preempt {
     pub(super) lease_duration: Duration,
     /// The deadline of each list.
     pub(super) call_timeout: Duration,
+    /// Told of each list's counts (the metrics).
+    pub(super) observer: Option<Arc<dyn super::Observer>>,
 }
 
 /// What one list of the registry decided.
 enum Verdict {
-    /// Hand over to this identity now.
-    HandOver(String),
+    /// Hand over to this identity now, for this reason (`preemption`,
+    /// `revision`).
+    HandOver(String, &'static str),
     /// Nothing yet; the earliest instant a higher priority matures, if any.
     Wait(Option<Instant>),
 }
@@ -110,13 +116,15 @@ struct Seen {
     higher: HashMap<String, Instant>,
     /// The creation of our revision's first record, as first listed.
     mine: Option<u64>,
+    /// The candidates warned of for another `--preempt-after` this term.
+    warned: HashMap<String, Duration>,
 }
 
 impl Preempt {
     /// Follow the registry while leading; resolves with the identity to
-    /// hand over to (see the module docs). Pends forever on a backend
-    /// without a registry.
-    pub(super) async fn watch(self) -> String {
+    /// hand over to and why (see the module docs). Pends forever on a
+    /// backend without a registry.
+    pub(super) async fn watch(self) -> (String, &'static str) {
         if !self.backend.has_registry() {
             return std::future::pending().await;
         }
@@ -138,8 +146,9 @@ impl Preempt {
                     let listed = Arc::new(listed);
                     self.known
                         .send_modify(|k| k.registry = Some(listed.clone()));
+                    self.count(&listed);
                     match self.judge(&listed, &mut seen, Instant::now()) {
-                        Verdict::HandOver(to) => return to,
+                        Verdict::HandOver(to, why) => return (to, why),
                         Verdict::Wait(at) => (Instant::now() + self.lease_duration, at),
                     }
                 }
@@ -169,9 +178,27 @@ impl Preempt {
         }
     }
 
+    /// Report the records alive in `listed` by readiness to the observer.
+    fn count(&self, listed: &[Listed]) {
+        let Some(obs) = &self.observer else { return };
+        let now = std::time::SystemTime::now();
+        let alive = listed.iter().filter(|l| l.alive());
+        let ready = alive
+            .clone()
+            .filter(|l| l.candidate.ready && !l.candidate.frozen_at(now));
+        let ready = ready.count() as u32;
+        let not_ready = alive.count() as u32 - ready;
+        obs.observe(super::Observation::Candidates { ready, not_ready });
+    }
+
     /// Decide on one list taken at `now`.
     fn judge(&self, listed: &[Listed], seen: &mut Seen, now: Instant) -> Verdict {
         let (me, s) = (self.identity.as_str(), &self.standing);
+        for (id, theirs) in super::agree::differs(listed, me, s.preempt_after) {
+            if seen.warned.insert(id.to_owned(), theirs) != Some(theirs) {
+                warn!(candidate = id, candidate_preempt_after = ?theirs, preempt_after = ?s.preempt_after, "a candidate's --preempt-after differs from this leader's: this leader's value counts (it is election-wide)");
+            }
+        }
         // Pause and pin come first in the table: no voluntary handover.
         let may = self.known.borrow().rules(me).may_hand_over();
         let first = Revisions::of(listed, me).first_created(&s.revision);
@@ -182,7 +209,7 @@ impl Preempt {
         let newer = newer_revision(listed, me, (s.priority, &s.revision), seen.mine);
         if let Some(c) = newer.filter(|_| may) {
             info!(successor = %c.identity, revision = %c.revision, "a ready candidate of a newer revision: handing over");
-            return Verdict::HandOver(c.identity.clone());
+            return Verdict::HandOver(c.identity.clone(), "revision");
         }
         let higher = higher_priority(listed, me, s.priority);
         seen.higher
@@ -199,7 +226,7 @@ impl Preempt {
             .find(|c| seen.higher[&c.identity] + s.preempt_after <= now);
         if let Some(c) = matured {
             info!(successor = %c.identity, priority = c.priority, preempt_after = ?s.preempt_after, "a ready candidate of a higher priority stayed: handing over");
-            return Verdict::HandOver(c.identity.clone());
+            return Verdict::HandOver(c.identity.clone(), "preemption");
         }
         Verdict::Wait(seen.higher.values().min().map(|t| *t + s.preempt_after))
     }

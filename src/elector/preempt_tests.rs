@@ -62,10 +62,12 @@ fn record(id: &str, priority: u32, revision: &str, created: u64) -> Listed {
             revision: revision.into(),
             ready: true,
             frozen_until: None,
+            preempt_after: None,
         },
         age: Some(Duration::from_secs(1)),
         ttl: Duration::from_secs(180),
         created: Some(created),
+        written_ago: None,
     }
 }
 
@@ -82,6 +84,7 @@ fn follower(backend: &Arc<Registry>) -> Preempt {
         },
         lease_duration: Duration::from_secs(15),
         call_timeout: Duration::from_secs(3),
+        observer: None,
     }
 }
 
@@ -100,7 +103,7 @@ async fn a_higher_priority_is_followed_after_it_stayed_for_the_wait() {
     sleep(Duration::from_millis(200)).await;
     backend.set(vec![record("me", 5, "a", 1), high]);
     let start = Instant::now();
-    assert_eq!(task.await.unwrap(), "high");
+    assert_eq!(task.await.unwrap(), ("high".to_owned(), "preemption"));
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(10),
@@ -124,7 +127,7 @@ async fn a_newer_revision_is_followed_at_once_and_an_older_never() {
         record("new", 5, "b", 20),
     ]);
     let start = Instant::now();
-    assert_eq!(task.await.unwrap(), "new");
+    assert_eq!(task.await.unwrap(), ("new".to_owned(), "revision"));
     assert_eq!(start.elapsed(), Duration::ZERO);
 }
 

@@ -49,6 +49,11 @@ impl Publisher {
         }
     }
 
+    /// The observer, for the Elector's helper tasks.
+    pub(super) fn observer(&self) -> Option<Arc<dyn Observer>> {
+        self.observer.clone()
+    }
+
     /// A new subscriber to the transitions.
     pub(super) fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()

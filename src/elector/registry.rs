@@ -17,10 +17,11 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::agree::PreemptAfter;
 use crate::backend::LeaseBackend;
 use crate::backend::candidates::{Candidate, timing};
 use crate::elector::LeaderState;
@@ -48,10 +49,13 @@ impl Registry {
             return None;
         }
         let stop = CancellationToken::new();
+        let agree = candidate.preempt_after.map(PreemptAfter::new);
         let keeper = Keeper {
             backend,
             candidate,
             ready,
+            leader: leading.clone(),
+            agree,
             leading,
             frozen,
             lease_duration,
@@ -100,6 +104,10 @@ struct Keeper {
     candidate: Candidate,
     ready: Option<watch::Receiver<bool>>,
     leading: Option<watch::Receiver<LeaderState>>,
+    /// The published state again, to see a new leader ([`PreemptAfter`]).
+    leader: Option<watch::Receiver<LeaderState>>,
+    /// The comparison of `--preempt-after` with the leader's.
+    agree: Option<PreemptAfter>,
     frozen: watch::Receiver<Option<(Instant, SystemTime)>>,
     lease_duration: Duration,
     call_timeout: Duration,
@@ -131,14 +139,45 @@ impl Keeper {
                 Err(_) => self.lease_duration,
             };
             let gate = self.ready.clone();
-            let wait = thaw.map_or(wait, |t| wait.min(t));
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = sleep(wait) => {}
-                closed = readiness_changed(gate) => if closed { self.ready = None },
-                _ = freeze_changed(&mut self.frozen) => {}
+            let until = Instant::now() + thaw.map_or(wait, |t| wait.min(t));
+            loop {
+                self.compare_with_leader().await;
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = sleep_until(until) => {}
+                    closed = readiness_changed(gate.clone()) => if closed { self.ready = None },
+                    _ = freeze_changed(&mut self.frozen) => {}
+                    // A new leader: compare, and keep waiting (no write).
+                    _ = leader_changed(self.leader.as_mut()) => continue,
+                }
+                break;
             }
         }
+    }
+
+    /// Compare this candidate's `--preempt-after` with the leader's record
+    /// (once per leader; see [`PreemptAfter`]).
+    async fn compare_with_leader(&mut self) {
+        let (Some(agree), Some(state)) = (self.agree.as_mut(), self.leader.as_mut()) else {
+            return;
+        };
+        let leader = state.borrow_and_update().leader.clone();
+        let me = self.candidate.identity.as_str();
+        let limit = self.call_timeout;
+        agree
+            .check(&*self.backend, (me, leader.as_deref()), limit)
+            .await;
+    }
+}
+
+/// Resolves when the published state changes; pends forever without one
+/// or once its sender is gone.
+async fn leader_changed(state: Option<&mut watch::Receiver<LeaderState>>) {
+    let Some(s) = state else {
+        return std::future::pending().await;
+    };
+    if s.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -180,6 +219,7 @@ mod tests {
     use std::sync::Mutex;
 
     use async_trait::async_trait;
+    use tokio::time::sleep;
 
     use super::*;
     use crate::backend::{About, Campaign, Holder, Renewal, Result, Term};

@@ -113,7 +113,7 @@ pub struct LeaderState {
 }
 
 impl LeaderState {
-    pub(super) fn new(cfg: &ElectorConfig, backend: &'static str) -> Self {
+    pub(crate) fn new(cfg: &ElectorConfig, backend: &'static str) -> Self {
         LeaderState {
             election: cfg.election.clone(),
             identity: cfg.identity.clone(),

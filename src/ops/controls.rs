@@ -93,15 +93,19 @@ async fn call<T>(
     }
 }
 
-/// Whether the election is paused, for `status`: `None` when the backend
-/// keeps no controls, or they could not be read within `limit` (a warning
-/// on stderr: the leader is still reported).
-pub(super) async fn paused(backend: &dyn LeaseBackend, limit: Duration) -> Option<bool> {
+/// Whether the election is paused and who is pinned by a forced
+/// switchover, for `status`: `None` when the backend keeps no controls, or
+/// they could not be read within `limit` (a warning on stderr: the leader
+/// is still reported).
+pub(super) async fn paused(
+    backend: &dyn LeaseBackend,
+    limit: Duration,
+) -> Option<(bool, Option<String>)> {
     if !backend.has_controls() {
         return None;
     }
     match call(backend, limit, backend.controls()).await {
-        Ok(c) => Some(c.paused),
+        Ok(c) => Some((c.paused, c.pinned().map(str::to_owned))),
         Err(e) => {
             crate::say!("warning: cannot read the operator controls: {e}");
             None
@@ -109,12 +113,17 @@ pub(super) async fn paused(backend: &dyn LeaseBackend, limit: Duration) -> Optio
     }
 }
 
-/// The pause as a line below the status table (empty unless paused).
-pub(super) fn paused_line(paused: Option<bool>) -> String {
-    match paused {
-        Some(true) => "\n\nPAUSED: no candidate takes a released or expired term until `leader-elector resume`".to_owned(),
-        _ => String::new(),
+/// The pause and the pin as lines below the status table (empty unless
+/// paused or pinned).
+pub(super) fn paused_line(paused: Option<bool>, pinned: Option<&str>) -> String {
+    let mut out = String::new();
+    if paused == Some(true) {
+        out.push_str("\n\nPAUSED: no candidate takes a released or expired term until `leader-elector resume`");
     }
+    if let Some(p) = pinned {
+        out.push_str(&format!("\n\nPINNED: {p} (a forced switchover): no preemption or rolling-update handover moves the term from it until it leaves or a new switchover"));
+    }
+    out
 }
 
 /// `pause`/`resume`: set the marker, then print the controls and the

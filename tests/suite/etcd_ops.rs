@@ -49,6 +49,8 @@ pub fn candidate(id: &str, priority: u32, revision: &str) -> Candidate {
     Candidate {
         priority,
         revision: revision.into(),
+        // Round-trips through every registry (election-wide, compared by followers).
+        preempt_after: Some(Duration::from_millis(2500)),
         ..Candidate::new(id)
     }
 }
@@ -123,6 +125,8 @@ pub async fn registry_lists_until_withdrawn_or_lapsed(make: &dyn Fn() -> Backend
     assert_eq!(a.candidate, candidate("a", 3, "r1"));
     assert_eq!(a.ttl, TTL);
     assert!(a.alive(), "{a:?}");
+    // `status` shows an age on every backend (etcd: from the record's write time).
+    assert!(a.age.or(a.written_ago).is_some(), "{a:?}");
     assert!(a.created < bb.created, "{a:?} {bb:?}");
     // A renewal keeps the record's place in the order of creation.
     let created = a.created;

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EtcdBackend;
 use super::store::{BACKEND, revision_of, ttl_secs};
-use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed};
+use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed, from_unix_ms, unix_ms};
 use crate::backend::{BackendError, Result};
 
 /// The JSON value of a record.
@@ -41,6 +41,14 @@ struct Record {
     /// Until when the candidate is frozen, in ms since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     frozen_until_ms: Option<u64>,
+    /// The candidate's `--preempt-after` in ms (election-wide: the
+    /// leader's counts; followers compare theirs with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    preempt_after_ms: Option<u64>,
+    /// When the value was written, in ms since the Unix epoch by the
+    /// writer's clock (`status` shows the record's age from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    written_ms: Option<u64>,
 }
 
 fn default_priority() -> u32 {
@@ -80,8 +88,17 @@ impl EtcdBackend {
             frozen_until_ms: candidate
                 .frozen_until
                 .map(crate::backend::candidates::unix_ms),
+            preempt_after_ms: candidate.preempt_after.map(|d| d.as_millis() as u64),
+            written_ms: None,
         };
+        // Compared without the time: an unchanged record is renewed by a
+        // keep-alive, not written again.
         let value = serde_json::to_vec(&record).expect("a record serializes");
+        let written = Record {
+            written_ms: Some(unix_ms(std::time::SystemTime::now())),
+            ..record
+        };
+        let written = serde_json::to_vec(&written).expect("a record serializes");
         let kept = self
             .registry_lease
             .lock()
@@ -96,7 +113,7 @@ impl EtcdBackend {
         let lease = self.store.grant(&mut client, ttl, None).await?;
         let put = client.put(
             self.record_key(&candidate.identity),
-            value.clone(),
+            written,
             Some(PutOptions::new().with_lease(lease.id)),
         );
         if let Err(e) = self.store.call(None, "put", put).await {
@@ -163,10 +180,17 @@ impl EtcdBackend {
                     frozen_until: r
                         .frozen_until_ms
                         .map(crate::backend::candidates::from_unix_ms),
+                    preempt_after: r.preempt_after_ms.map(Duration::from_millis),
                 },
                 age: None,
                 ttl: Duration::from_secs(r.ttl.max(1)),
                 created: Some(kv.create_revision().max(0) as u64),
+                written_ago: r.written_ms.map(|ms| {
+                    let at = from_unix_ms(ms);
+                    std::time::SystemTime::now()
+                        .duration_since(at)
+                        .unwrap_or_default()
+                }),
             });
         }
         Ok(listed)
@@ -248,6 +272,8 @@ mod tests {
             revision: "r1".into(),
             ready: false,
             frozen_until_ms: None,
+            preempt_after_ms: None,
+            written_ms: None,
             ttl: 2,
         })
         .unwrap();

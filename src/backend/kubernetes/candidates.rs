@@ -43,6 +43,9 @@ pub const ROLE_LABEL: &str = "leader-elector.io/role";
 /// Annotation: until when the candidate is frozen, in ms since the Unix
 /// epoch (absent: not frozen).
 pub const FROZEN_UNTIL_ANNOTATION: &str = "leader-elector.io/frozen-until-ms";
+/// The annotation holding a candidate's `--preempt-after` in ms
+/// (election-wide: the leader's counts).
+pub const PREEMPT_AFTER_ANNOTATION: &str = "leader-elector.io/preempt-after-ms";
 
 /// Annotation: the candidate's priority (a decimal number).
 pub const PRIORITY_ANNOTATION: &str = "leader-elector.io/priority";
@@ -149,6 +152,10 @@ fn record(
         let ms = crate::backend::candidates::unix_ms(t).to_string();
         annotations.insert(FROZEN_UNTIL_ANNOTATION.to_owned(), ms);
     }
+    if let Some(d) = candidate.preempt_after {
+        let ms = d.as_millis().to_string();
+        annotations.insert(PREEMPT_AFTER_ANNOTATION.to_owned(), ms);
+    }
     Lease {
         metadata: ObjectMeta {
             name: Some(candidate_lease_name(election, &candidate.identity)),
@@ -195,6 +202,9 @@ fn listed(lease: &Lease) -> Option<Listed> {
             frozen_until: note(FROZEN_UNTIL_ANNOTATION)
                 .and_then(|v| v.parse().ok())
                 .map(crate::backend::candidates::from_unix_ms),
+            preempt_after: note(PREEMPT_AFTER_ANNOTATION)
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
         },
         age,
         ttl: duration_of(lease, Duration::from_secs(1)),
@@ -203,6 +213,7 @@ fn listed(lease: &Lease) -> Option<Listed> {
             .creation_timestamp
             .as_ref()
             .map(|t| t.0.as_millisecond().max(0) as u64),
+        written_ago: None,
     })
 }
 
@@ -371,6 +382,7 @@ mod tests {
         c.priority = 7;
         c.revision = "abc".into();
         c.ready = false;
+        c.preempt_after = Some(Duration::from_millis(2500));
         let lease = record("e", "ns", &c, Duration::from_secs(180), None);
         let l = listed(&lease).expect("listed");
         assert_eq!(l.candidate, c);

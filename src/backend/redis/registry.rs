@@ -77,6 +77,9 @@ impl RedisBackend {
             if candidate.ready { "true" } else { "false" },
             &ms(ttl),
             &members,
+            &candidate
+                .preempt_after
+                .map_or(String::new(), |d| d.as_millis().to_string()),
         ];
         self.on_quorum(
             Lua::CandidatePublish,
@@ -175,6 +178,7 @@ fn listed(v: &Value) -> Option<Listed> {
         created,
         renewed,
         now,
+        preempt_after,
     ] = text.as_slice()
     else {
         return None;
@@ -190,10 +194,12 @@ fn listed(v: &Value) -> Option<Listed> {
             // Not stored on Redis: a frozen candidate publishes `ready`
             // false, which keeps it out of every choice.
             frozen_until: None,
+            preempt_after: num(preempt_after).map(Duration::from_millis),
         },
         age: Some(Duration::from_millis(now.saturating_sub(renewed))),
         ttl: Duration::from_millis(num(ttl).unwrap_or(0)),
         created: num(created),
+        written_ago: None,
     })
 }
 
@@ -208,7 +214,7 @@ mod tests {
     #[test]
     fn a_listed_record_reads_back() {
         let v = Value::Array(
-            ["a", "3", "r1", "false", "2000", "100", "150", "400"]
+            ["a", "3", "r1", "false", "2000", "100", "150", "400", "3000"]
                 .map(bulk)
                 .to_vec(),
         );
@@ -217,6 +223,7 @@ mod tests {
         assert_eq!((l.candidate.priority, l.candidate.ready), (3, false));
         assert_eq!(l.age, Some(Duration::from_millis(250)));
         assert_eq!((l.ttl, l.created), (Duration::from_secs(2), Some(100)));
+        assert_eq!(l.candidate.preempt_after, Some(Duration::from_secs(3)));
         assert!(listed(&Value::Array(vec![bulk("a")])).is_none());
     }
 }
