@@ -801,6 +801,58 @@ async fn followers_reopen_a_compacted_watch_without_a_loop() {
     );
 }
 
+/// Without `verb` (one the election cannot do without) on leases: never a
+/// claim, the verb named, not ready, and one review per verb.
+async fn without_required(verb: &str) {
+    let api = KubeApi::start(NS);
+    api.deny(verb, "leases");
+    let el = election("k-rbac");
+    let (ep, a) = candidate(&api, &el, "a", &[], false).await;
+    let end = Instant::now() + Duration::from_secs(4);
+    let mut said = false;
+    while Instant::now() < end {
+        let (code, body) = a.leader().await.unwrap();
+        assert_eq!(code, 503, "without {verb}: never a claim: {body}");
+        let err = body["error"].as_str().unwrap_or("");
+        said |= err.contains(verb) && err.contains("leases");
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        said,
+        "without {verb}: /leader names the verb: {:?}",
+        a.leader().await
+    );
+    let (code, _) = http_get(a.port, "/readyz").await.unwrap();
+    assert_eq!(code, 503, "without {verb}: not ready");
+    let writes = ep
+        .log()
+        .iter()
+        .filter(|l| l.resource == "leases" && matches!(l.verb, "create" | "update"))
+        .count();
+    assert_eq!(
+        writes,
+        0,
+        "without {verb}: no campaign at all: {:?}",
+        ep.counts()
+    );
+    // The Elector retries the start, but a missing verb is reviewed
+    // again at most once a minute: one review per verb in 4 s.
+    let reviews = ep
+        .log()
+        .iter()
+        .filter(|l| l.resource == "selfsubjectaccessreviews")
+        .count();
+    assert!(
+        reviews <= 5,
+        "without {verb}: {reviews} SelfSubjectAccessReviews in 4 s (at most one per verb)"
+    );
+    let errors = a.log().matches(" ERROR ").count() + a.log().matches("\"ERROR\"").count();
+    println!(
+        "without {verb}: {errors} ERROR lines in 4 s, {} requests, {reviews} reviews",
+        ep.total()
+    );
+}
+
 /// RBAC missing one verb at a time. Without `update` (or `get`, `create`)
 /// the sidecar can never hold a term: it never claims, says which verb on
 /// `/leader`, and is not ready. Without `list` or `watch` it still leads,
@@ -809,53 +861,7 @@ async fn followers_reopen_a_compacted_watch_without_a_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permissions_missing_one_verb_at_a_time() {
     for verb in ["update", "get", "create"] {
-        let api = KubeApi::start(NS);
-        api.deny(verb, "leases");
-        let el = election("k-rbac");
-        let (ep, a) = candidate(&api, &el, "a", &[], false).await;
-        let end = Instant::now() + Duration::from_secs(4);
-        let mut said = false;
-        while Instant::now() < end {
-            let (code, body) = a.leader().await.unwrap();
-            assert_eq!(code, 503, "without {verb}: never a claim: {body}");
-            let err = body["error"].as_str().unwrap_or("");
-            said |= err.contains(verb) && err.contains("leases");
-            sleep(Duration::from_millis(20)).await;
-        }
-        assert!(
-            said,
-            "without {verb}: /leader names the verb: {:?}",
-            a.leader().await
-        );
-        let (code, _) = http_get(a.port, "/readyz").await.unwrap();
-        assert_eq!(code, 503, "without {verb}: not ready");
-        let writes = ep
-            .log()
-            .iter()
-            .filter(|l| l.resource == "leases" && matches!(l.verb, "create" | "update"))
-            .count();
-        assert_eq!(
-            writes,
-            0,
-            "without {verb}: no campaign at all: {:?}",
-            ep.counts()
-        );
-        // The Elector retries the start, but a missing verb is reviewed
-        // again at most once a minute: one review per verb in 4 s.
-        let reviews = ep
-            .log()
-            .iter()
-            .filter(|l| l.resource == "selfsubjectaccessreviews")
-            .count();
-        assert!(
-            reviews <= 5,
-            "without {verb}: {reviews} SelfSubjectAccessReviews in 4 s (at most one per verb)"
-        );
-        let errors = a.log().matches(" ERROR ").count() + a.log().matches("\"ERROR\"").count();
-        println!(
-            "without {verb}: {errors} ERROR lines in 4 s, {} requests, {reviews} reviews",
-            ep.total()
-        );
+        without_required(verb).await;
     }
     for verb in ["list", "watch"] {
         let api = KubeApi::start(NS);
