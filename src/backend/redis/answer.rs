@@ -146,7 +146,8 @@ impl RedisBackend {
     /// No quorum: follow the holder seen on a quorum, or wait out a split.
     fn lose(&self, found: Found) -> Result<Campaign> {
         let refused = found.paused + usize::from(found.yielding.is_some());
-        if found.acquired.len() + found.held.len() + refused < self.quorum()
+        let answered = found.acquired.len() + found.held.len() + refused;
+        if self.group.short_of_quorum(answered)
             && let Some(e) = found.error
         {
             return Err(e);

@@ -14,6 +14,7 @@
 use redis::Value;
 
 use super::RedisBackend;
+use super::answered::Answers;
 use super::registry::FALLBACK;
 use super::server::Server;
 use crate::backend::Result;
@@ -51,20 +52,8 @@ impl RedisBackend {
     pub(super) async fn read_controls(&self) -> Result<Controls> {
         let servers = self.group.servers();
         let reads = futures_util::future::join_all(servers.iter().map(|s| self.controls_on(s)));
-        let mut seen = Vec::new();
-        let mut error = None;
-        for r in reads.await {
-            match r {
-                Ok(c) => seen.push(c),
-                Err(e) => {
-                    error.get_or_insert(e);
-                }
-            }
-        }
+        let seen = Answers::of(reads.await).on_quorum(&self.group, "answered")?;
         let q = self.quorum();
-        if seen.len() < q {
-            return Err(self.group.no_quorum(error, seen.len(), "answered"));
-        }
         let paused = seen.iter().filter(|(p, _)| *p).count() >= q;
         let switchover = seen.iter().find_map(|(_, to)| {
             let to = to.as_ref()?;
@@ -100,13 +89,11 @@ impl RedisBackend {
     async fn set_control(&self, key: &str, value: Option<&str>) -> Result<()> {
         let done = self.set_everywhere(key, value, None).await;
         let n = done.iter().filter(|d| **d).count();
-        if n >= self.quorum() {
-            return Ok(());
-        }
-        if value.is_some() {
+        let enough = self.group.enough(n, None, "took the change");
+        if enough.is_err() && value.is_some() {
             self.set_everywhere(key, None, Some(&done)).await;
         }
-        Err(self.group.no_quorum(None, n, "took the change"))
+        enough
     }
 
     /// Pause or resume the election.

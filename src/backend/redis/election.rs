@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::answer::{Answer, Found};
+use super::answered::Answers;
 use super::group::{Acquisition, Group, unexpected};
 use super::holders::{parse_value, quorum_holder};
 use super::lua::{Lua, Stored, ms};
@@ -312,23 +313,11 @@ impl LeaseBackend for RedisBackend {
     async fn read(&self) -> Result<Option<Holder>> {
         self.released.subscribe(&self.group, &self.channel).await;
         let reads = join_all(self.group.servers().iter().map(|s| self.read_on(s))).await;
-        let mut held = Vec::new();
-        let mut answered = 0;
-        let mut first_error = None;
-        for r in reads {
-            match r {
-                Ok(h) => {
-                    answered += 1;
-                    held.extend(h);
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if answered < self.quorum() {
-            return Err(first_error.expect("fewer answers than a quorum means an error"));
-        }
+        let held: Vec<Holder> = Answers::of(reads)
+            .on_quorum(&self.group, "answered")?
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(quorum_holder(&held, self.quorum()))
     }
 

@@ -287,21 +287,6 @@ impl Group {
         )
         .await
     }
-
-    /// An error for too few answers: the first server error, else
-    /// `Unreachable` naming the count.
-    pub fn no_quorum(&self, error: Option<BackendError>, ok: usize, what: &str) -> BackendError {
-        error.unwrap_or_else(|| BackendError::Unreachable {
-            backend: BACKEND,
-            endpoints: self.endpoints(),
-            source: format!(
-                "only {ok} of {} servers {what}; a quorum is {}",
-                self.servers.len(),
-                self.quorum
-            )
-            .into(),
-        })
-    }
 }
 
 /// Read one acquisition answer.

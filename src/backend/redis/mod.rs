@@ -7,7 +7,9 @@
 //! - [`server`]: one server (connection, timeouts, error classification);
 //! - [`group`]: Redlock as a quorum combinator over servers (one server is a
 //!   group of one), with the fencing rule that keeps tokens growing, and
-//!   [`verdict`]: the one renew and release verdict of a tally of answers;
+//!   [`verdict`]: the one renew and release verdict of a tally of answers,
+//!   and [`answered`]: the one "enough servers answered" rule of every
+//!   other command sent to all servers;
 //! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]),
 //!   with its operations beside it: the candidate registry (`registry`)
 //!   and the pause and switchover controls (`controls`); the coordination
@@ -25,6 +27,7 @@
 //! failover may still promote a replica that missed an acknowledged write).
 
 mod answer;
+pub mod answered;
 pub mod cluster;
 mod conn;
 mod controls;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::RedisBackend;
+use super::answered::Answers;
 use super::lua::{Lua, ms};
 use super::server::text_of;
 use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed};
@@ -50,20 +51,7 @@ impl RedisBackend {
         args: &[&str],
         what: &str,
     ) -> Result<Vec<Value>> {
-        let mut ok = Vec::new();
-        let mut error = None;
-        for r in self.group.eval_all(lua, keys, args).await {
-            match r {
-                Ok(v) => ok.push(v),
-                Err(e) => {
-                    error.get_or_insert(e);
-                }
-            }
-        }
-        if ok.len() < self.quorum() {
-            return Err(self.group.no_quorum(error, ok.len(), what));
-        }
-        Ok(ok)
+        Answers::of(self.group.eval_all(lua, keys, args).await).on_quorum(&self.group, what)
     }
 
     /// Write or renew `candidate`'s record for `ttl`.

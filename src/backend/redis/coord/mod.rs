@@ -171,16 +171,15 @@ impl RedisCoord {
         if let Some(bad) = bad {
             return Err(bad);
         }
-        if round.answered() < self.group.quorum() {
+        let answered = round.answered();
+        if self.group.short_of_quorum(answered) {
+            let e = round.first_error();
+            let e = self.group.enough(answered, e, "answered").unwrap_err();
             // Named as before: the counter last.
             let mut keys = keys;
             let counter = keys.remove(1);
             keys.push(counter);
-            let e = round.first_error();
-            return Err(failed(
-                self.group.no_quorum(e, round.answered(), "answered"),
-                &keys,
-            ));
+            return Err(failed(e, &keys));
         }
         Ok(Got::Refused(round))
     }

@@ -104,12 +104,9 @@ impl RedisCoord {
                 }
             }
         }
-        if answered < self.group.quorum() {
-            return Err(super::failed(
-                self.group.no_quorum(error, answered, "answered"),
-                &[key],
-            ));
-        }
+        self.group
+            .enough(answered, error, "answered")
+            .map_err(|e| super::failed(e, &[key]))?;
         Ok(scan)
     }
 }
