@@ -31,9 +31,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use leader_elector::{
-    Elector, KubeLeaseBackend, LeaderState, build_kube_client, until_leading, until_not_leading,
-};
+use leader_elector::backends::{KubeLeaseBackend, build_kube_client};
+use leader_elector::{Elector, LeaderState, until_leading, until_not_leading};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

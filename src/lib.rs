@@ -10,7 +10,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use leader_elector::{Elector, KubeLeaseBackend, KubeOptions, until_leading, until_not_leading};
+//! use leader_elector::backends::{KubeLeaseBackend, KubeOptions};
+//! use leader_elector::{Elector, until_leading, until_not_leading};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -124,11 +125,15 @@ pub use backend::{
     About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Term, TermId,
 };
 
-#[cfg(feature = "etcd")]
-pub use backend::etcd::{EtcdBackend, EtcdOptions};
-#[cfg(feature = "kubernetes")]
-pub use backend::kubernetes::{KubeLeaseBackend, KubeOptions};
-#[cfg(feature = "redis")]
-pub use backend::redis::{RedisBackend, RedisOptions};
-#[cfg(feature = "kubernetes")]
-pub use kube_client::build_client as build_kube_client;
+/// The backends an [`Elector`] campaigns on, each behind its cargo feature
+/// (`etcd`, `redis`, `kubernetes`; all three by default).
+pub mod backends {
+    #[cfg(feature = "etcd")]
+    pub use crate::backend::etcd::{EtcdBackend, EtcdOptions};
+    #[cfg(feature = "kubernetes")]
+    pub use crate::backend::kubernetes::{KubeLeaseBackend, KubeOptions};
+    #[cfg(feature = "redis")]
+    pub use crate::backend::redis::{RedisBackend, RedisOptions};
+    #[cfg(feature = "kubernetes")]
+    pub use crate::kube_client::build_client as build_kube_client;
+}

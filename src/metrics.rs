@@ -62,7 +62,7 @@ pub struct Metrics {
     pub ops: OpsMetrics,
 }
 
-/// The metrics of the operations controls (see [`OpsMetrics::new`]).
+/// The metrics of the operations controls (see `OpsMetrics::new`).
 pub struct OpsMetrics {
     /// `leader_election_paused{name}`: 1 while the election is paused.
     pub paused: IntGauge,

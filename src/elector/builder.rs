@@ -51,7 +51,7 @@ fn default_identity() -> String {
 impl Elector {
     /// A builder of an Elector that campaigns on `backend` (one election
     /// key: the backend is made for one election, e.g.
-    /// [`KubeLeaseBackend::new`](crate::KubeLeaseBackend::new) names the Lease).
+    /// [`KubeLeaseBackend::new`](crate::backends::KubeLeaseBackend::new) names the Lease).
     pub fn builder(backend: Arc<dyn LeaseBackend>) -> ElectorBuilder {
         ElectorBuilder {
             backend,

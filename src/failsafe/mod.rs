@@ -5,25 +5,25 @@
 //!
 //! This module is the protocol as a capability beside the election; it
 //! knows no backend and never talks to one:
-//! - [`Roster`]: the admitted members (identity and peer address), written
+//! - [`Roster`](crate::failsafe::Roster): the admitted members (identity and peer address), written
 //!   by the leader with the term's compare-and-swap into a record that
 //!   outlives the term (the model's first counterexample: a roster that
 //!   expires with the key lets a never-admitted candidate campaign while
 //!   the leader still claims).
-//! - [`Heartbeat`] / [`Ack`]: what the leader sends each member, and the
+//! - [`Heartbeat`](crate::failsafe::Heartbeat) / [`Ack`](crate::failsafe::Ack): what the leader sends each member, and the
 //!   member's answer.
-//! - [`Promises`]: a member's side. It promises not to campaign for the
+//! - [`Promises`](crate::failsafe::Promises): a member's side. It promises not to campaign for the
 //!   heartbeat's promise on its own monotonic clock from the receipt, and
 //!   a (re)started process waits one maximum promise before it campaigns
 //!   (a restart forgets what the old process promised: the model's third
 //!   counterexample).
-//! - [`Confirmations`]: the leader's side. It claims only until the
+//! - [`Confirmations`](crate::failsafe::Confirmations): the leader's side. It claims only until the
 //!   earliest bound **every** required member acknowledged, each counted
 //!   from the heartbeat's *send* instant, minus the drift margin; the
 //!   required set is every roster the leader *sent* this term since its
 //!   last acknowledged write (the model's second counterexample: a renewal
 //!   that admitted a member was applied but its answer lost).
-//! - [`peer`]: the peer listener's router (one route, authenticated by a
+//! - [`peer`](crate::failsafe::peer): the peer listener's router (one route, authenticated by a
 //!   shared secret) and the heartbeat client.
 //!
 //! The invariant kept: at no instant may a member that promised campaign

@@ -145,7 +145,7 @@ pub enum KubeLeaseError {
     Forbidden {
         /// The verb that was denied (`get`, `create`, `update`, `watch`).
         verb: &'static str,
-        /// Whose credentials were refused (see [`Connected::credentials`]).
+        /// Whose credentials were refused (see [`Connected::credentials`](crate::kube_client::Connected::credentials)).
         credentials: String,
         /// The election namespace.
         namespace: String,
