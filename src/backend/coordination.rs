@@ -156,6 +156,18 @@ pub enum CoordError {
         /// The lock's name.
         name: String,
     },
+    /// The Redis primary of this object was promoted from a replica less
+    /// than the longest coordination TTL + 1 s ago: it may lack a grant its
+    /// old primary made, so it grants nothing until then (the promotion
+    /// hold-off). Nothing was granted.
+    #[error(
+        "waiting: the Redis primary of this object was promoted from a replica less than the longest coordination TTL + 1 s ago and may lack a grant its old primary made (the promotion hold-off); nothing granted, retry after {} ms",
+        retry_after.as_millis()
+    )]
+    HoldOff {
+        /// When the hold-off ends, from now.
+        retry_after: Duration,
+    },
     /// Too many requests are already waiting on this sidecar.
     #[error(
         "{waiting} requests already wait on this sidecar (the cap is {cap}); retry later or with a shorter wait"

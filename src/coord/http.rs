@@ -164,7 +164,21 @@ pub(super) fn backend_error(e: CoordError) -> Response {
         e @ CoordError::TooManyWaiters { .. } => {
             error_response(StatusCode::TOO_MANY_REQUESTS, e.to_string())
         }
+        e @ CoordError::HoldOff { retry_after } => held_off(&e.to_string(), retry_after),
     }
+}
+
+/// 503 during a promotion hold-off: `waiting` says what and until when,
+/// `Retry-After` in whole seconds (rounded up).
+fn held_off(message: &str, retry_after: Duration) -> Response {
+    let ms = retry_after.as_millis() as u64;
+    let what = "promotion hold-off";
+    let body = json!({ "error": message, "waiting": { "what": what, "retry_after_ms": ms } });
+    let mut resp = json_response(StatusCode::SERVICE_UNAVAILABLE, body);
+    let secs = axum::http::HeaderValue::from(ms.div_ceil(1000).max(1));
+    resp.headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, secs);
+    resp
 }
 
 pub(super) fn acquired(t: Try) -> Response {

@@ -190,7 +190,7 @@ impl Service {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let busy = match attempt().await {
+            let busy = match through_hold_off(&mut attempt, deadline).await {
                 Ok(Try::Acquired(g)) => {
                     self.note(name, "acquired", started, Some(&g));
                     return Ok(Try::Acquired(g));
@@ -467,6 +467,24 @@ impl Service {
 
 #[path = "service_rw.rs"]
 mod rw;
+
+/// One attempt; while the backend answers a promotion hold-off
+/// ([`CoordError::HoldOff`]) that ends before `deadline`, again once it
+/// ended. A request that may not wait that long gets the hold-off.
+async fn through_hold_off<F, Fut>(attempt: &mut F, deadline: Instant) -> Result<Try>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Try>>,
+{
+    loop {
+        match attempt().await {
+            Err(CoordError::HoldOff { retry_after }) if Instant::now() + retry_after < deadline => {
+                tokio::time::sleep(retry_after).await;
+            }
+            other => return other,
+        }
+    }
+}
 
 #[cfg(test)]
 #[path = "service_tests.rs"]

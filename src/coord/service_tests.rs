@@ -309,3 +309,59 @@ impl Coordinator for ArcRw {
         self.0.rw_give_up(n, id).await
     }
 }
+
+/// A lock whose backend holds grants off until `until` (a promoted Redis
+/// primary), then grants.
+struct HeldOff(Instant);
+
+#[async_trait]
+impl Coordinator for HeldOff {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
+        let now = Instant::now();
+        if now < self.0 {
+            return Err(CoordError::HoldOff {
+                retry_after: self.0 - now,
+            });
+        }
+        OneLock::default().lock(name, owner, ttl).await
+    }
+    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn semaphore(&self, _: &str, _: &str, _: u32, _: Duration) -> Result<Try> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn renew(&self, _: Kind, _: &str, _: &str, _: Duration) -> Result<Outcome> {
+        Ok(Outcome::Gone)
+    }
+    async fn release(&self, _: Kind, _: &str, _: &str) -> Result<Outcome> {
+        Ok(Outcome::Gone)
+    }
+    async fn claim(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Claim> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+    async fn complete(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Outcome> {
+        Err(CoordError::Unsupported("no".into()))
+    }
+}
+
+/// A request that may wait past a promotion hold-off is granted once it
+/// ends; one that may not gets the hold-off (503 with Retry-After).
+#[tokio::test(start_paused = true)]
+async fn a_promotion_hold_off_is_waited_out_within_the_wait_and_answered_beyond_it() {
+    let start = Instant::now();
+    let until = start + Duration::from_secs(5);
+    let s = Service::new(Box::new(HeldOff(until)), None, "me".into());
+    let ttl = Duration::from_secs(30);
+    let short = s.lock("L", "a", ttl, Duration::from_secs(1), false).await;
+    assert!(
+        matches!(short, Err(CoordError::HoldOff { .. })),
+        "{short:?}"
+    );
+    let long = s.lock("L", "a", ttl, Duration::from_secs(10), false).await;
+    assert!(matches!(long, Ok(Try::Acquired(_))), "{long:?}");
+    assert!(Instant::now() >= until);
+}

@@ -256,3 +256,90 @@ fn cluster_configuration_errors_exit_2() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+/// A lock granted on its slot's primary that the replica never got (its
+/// link cut, the primary SIGKILLed at once), then the cluster's failover:
+/// the promoted replica never heard of the grant. Safety: a second client
+/// does not get the lock before the first grant's TTL has run out (the
+/// coordination promotion hold-off, one marker per slot); liveness twin: it
+/// gets it within the TTL + the cluster's failover time + 1 s + one retry
+/// period, with a larger fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_with_a_killed_slot_primary_has_no_second_holder_before_its_ttl() {
+    use crate::support::redis_server::cut_off_replicas;
+    use leader_elector::backend::redis::coord::RedisCoord;
+    use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+    use leader_elector::coord::{Coordinator, Try};
+
+    let cl = RedisCluster::start().await;
+    let options = RedisOptions {
+        urls: cl.urls(),
+        per_server_timeout: Duration::from_millis(500),
+        cluster: true,
+        ..RedisOptions::default()
+    };
+    let backend = RedisBackend::new("leader-elector:", &election("cluster-lost"), options)
+        .expect("a Redis backend on the cluster");
+    let c = RedisCoord::new(backend);
+    let ttl = Duration::from_secs(4);
+    // An earlier lock of the same TTL, replicated: the usual life before.
+    assert!(matches!(c.lock("L", "w", ttl).await, Ok(Try::Acquired(_))));
+    sleep(Duration::from_millis(300)).await;
+    let slot = cl.slot("leader-elector:{lock:L}").await;
+    let old = cl
+        .primary_of(slot, 0)
+        .await
+        .expect("a primary for the slot");
+    let replica = cl.replica_of(old).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg("leader-elector:{lock:L}")
+        .query_async(&mut cl.nodes[old].conn().await)
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(300)).await;
+    cut_off_replicas(&cl.nodes[old], &[&cl.nodes[replica]]).await;
+    let granted = Instant::now();
+    let first = match c.lock("L", "a", ttl).await {
+        Ok(Try::Acquired(g)) => g,
+        other => panic!("a's lock: {other:?}"),
+    };
+    cl.signal(old, Signal::SIGKILL);
+    let killed = Instant::now();
+    let (new, failover) = cl.wait_failover(slot, old, FAILOVER_LIMIT).await;
+    let on_new: Option<String> = redis::cmd("GET")
+        .arg("leader-elector:{lock:L}")
+        .query_async(&mut cl.nodes[new].conn().await)
+        .await
+        .unwrap();
+    assert_eq!(on_new, None, "the promoted replica got a's grant after all");
+    let second = loop {
+        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+            Ok(Ok(Try::Acquired(g))) => break g,
+            Ok(other) => eprintln!("b's lock after the failover: {other:?}"),
+            Err(_) => eprintln!("b's lock hung for 2 s after the failover"),
+        }
+        assert!(
+            killed.elapsed() < FAILOVER_LIMIT * 2,
+            "b never got the lock"
+        );
+        sleep(Duration::from_millis(50)).await;
+    };
+    let after = granted.elapsed();
+    let bound = failover + ttl + Duration::from_secs(1) + RETRY * 2;
+    eprintln!(
+        "cluster lost lock: slot {slot} node {old} -> {new}, failover {failover:?}; a's token {}, b's {} {after:?} after a's grant (TTL {ttl:?}, bound {bound:?} after the kill: took {:?})",
+        first.fencing_token,
+        second.fencing_token,
+        killed.elapsed()
+    );
+    assert!(
+        after >= ttl,
+        "b got the lock {after:?} after a's grant, before its TTL ({ttl:?}) ran out: two holders"
+    );
+    assert!(
+        killed.elapsed() <= bound,
+        "b got the lock {:?} after the kill, past TTL + failover + 1 s + retry ({bound:?})",
+        killed.elapsed()
+    );
+    assert_token_grew(first.fencing_token, second.fencing_token, "b's lock");
+}

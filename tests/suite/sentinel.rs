@@ -311,3 +311,89 @@ fn sentinel_configuration_errors_exit_2() {
         );
     }
 }
+
+/// A lock granted on the primary that no replica got (their links cut, the
+/// primary SIGKILLed at once), then a failover: the promoted replica never
+/// heard of the grant. Safety: a second client does not get the lock before
+/// the first grant's TTL has run out (the coordination promotion hold-off);
+/// liveness twin: it gets it within the TTL + Sentinel's failover time +
+/// 1 s + one retry period, with a larger fencing token. On the code before
+/// the coordination hold-off, b got the lock as soon as the Sentinels named
+/// the promoted replica, about 2.5 s after a (TTL 4 s): two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_with_a_killed_primary_has_no_second_holder_before_its_ttl() {
+    use crate::support::redis_server::cut_off_replicas;
+    use leader_elector::backend::redis::coord::RedisCoord;
+    use leader_elector::backend::redis::sentinel::SentinelOptions;
+    use leader_elector::backend::redis::{RedisBackend, RedisOptions};
+    use leader_elector::coord::{Coordinator, Try};
+
+    let group = SentinelGroup::start().await;
+    let options = RedisOptions {
+        per_server_timeout: Duration::from_millis(500),
+        sentinel: Some(SentinelOptions {
+            hosts: group.sentinels.iter().map(|s| s.addr()).collect(),
+            master: crate::support::sentinel::MASTER.into(),
+            password: None,
+        }),
+        ..RedisOptions::default()
+    };
+    let backend = RedisBackend::new("leader-elector:", &election("sentinel-lost"), options)
+        .expect("a Redis backend on Sentinel");
+    let c = RedisCoord::new(backend);
+    let ttl = Duration::from_secs(4);
+    // An earlier lock of the same TTL, replicated: the usual life before.
+    assert!(matches!(
+        c.lock("warm", "a", ttl).await,
+        Ok(Try::Acquired(_))
+    ));
+    sleep(Duration::from_millis(300)).await;
+    let old = group.primary().await;
+    let replicas: Vec<_> = (0..3).filter(|i| *i != old).collect();
+    let rs: Vec<_> = replicas.iter().map(|i| &group.servers[*i]).collect();
+    cut_off_replicas(&group.servers[old], &rs).await;
+    let granted = Instant::now();
+    let first = match c.lock("L", "a", ttl).await {
+        Ok(Try::Acquired(g)) => g,
+        other => panic!("a's lock: {other:?}"),
+    };
+    group.signal(old, Signal::SIGKILL);
+    let killed = Instant::now();
+    let (new, failover) = group.wait_failover(old, FAILOVER_LIMIT).await;
+    let on_new: Option<String> = redis::cmd("GET")
+        .arg("leader-elector:{lock:L}")
+        .query_async(&mut group.servers[new].conn().await)
+        .await
+        .unwrap();
+    assert_eq!(on_new, None, "the promoted replica got a's grant after all");
+    let second = loop {
+        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+            Ok(Ok(Try::Acquired(g))) => break g,
+            Ok(other) => eprintln!("b's lock after the failover: {other:?}"),
+            Err(_) => eprintln!("b's lock hung for 2 s after the failover"),
+        }
+        assert!(
+            killed.elapsed() < FAILOVER_LIMIT * 2,
+            "b never got the lock"
+        );
+        sleep(Duration::from_millis(50)).await;
+    };
+    let after = granted.elapsed();
+    let bound = failover + ttl + Duration::from_secs(1) + RETRY * 2;
+    eprintln!(
+        "sentinel lost lock: failover {failover:?}; a's token {}, b's {} {after:?} after a's grant (TTL {ttl:?}, bound {bound:?} after the kill: took {:?})",
+        first.fencing_token,
+        second.fencing_token,
+        killed.elapsed()
+    );
+    assert!(
+        after >= ttl,
+        "b got the lock {after:?} after a's grant, before its TTL ({ttl:?}) ran out: two holders"
+    );
+    assert!(
+        killed.elapsed() <= bound,
+        "b got the lock {:?} after the kill, past TTL + failover + 1 s + retry ({bound:?})",
+        killed.elapsed()
+    );
+    assert_token_grew(first.fencing_token, second.fencing_token, "b's lock");
+}

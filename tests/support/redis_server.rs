@@ -283,3 +283,29 @@ pub async fn redis_calls(
         })
         .collect()
 }
+
+/// Make `replicas` miss every later write of `primary` while they stay
+/// promotable: a wrong `masterauth` keeps them from linking again (the
+/// primary has no password, so their `AUTH` fails the handshake), then the
+/// primary drops their links (`CLIENT KILL TYPE replica`). A write after
+/// this is on the primary only; kill it and a promoted replica lacks it.
+pub async fn cut_off_replicas(primary: &RedisServer, replicas: &[&RedisServer]) {
+    for r in replicas {
+        let mut c = r.conn().await;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("masterauth")
+            .arg("not-the-password")
+            .query_async(&mut c)
+            .await
+            .expect("CONFIG SET masterauth on a replica");
+    }
+    let mut c = primary.conn().await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut c)
+        .await
+        .expect("CLIENT KILL TYPE replica");
+}

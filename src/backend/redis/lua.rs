@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::coord::promoted::HOLD;
 use super::lua_campaign::CAMPAIGN;
 use super::lua_ops::{CANDIDATE_LIST, CANDIDATE_PUBLISH, CANDIDATE_WITHDRAW};
 use super::lua_rw::{RW, RW_GIVE_UP, RW_READ, RW_READ_RENEW, RW_UNREAD, RW_WRITE};
@@ -361,14 +362,25 @@ impl Lua {
     /// inside a pipeline.
     pub fn source(self) -> String {
         let prelude = format!("local COUNTER_DIGITS = {COUNTER_DIGITS}\n{FENCE}");
+        // Coordination grants wait out a promotion first (`HOLD`).
+        let hold = if self.holds_off() { HOLD } else { "" };
         match self {
-            Lua::Claim => format!("{prelude}{CLAIM}{LOCK}"),
-            Lua::Slots | Lua::SlotLock => format!("{prelude}{SIZE}{}", self.body()),
+            Lua::Claim => format!("{prelude}{hold}{CLAIM}{LOCK}"),
+            Lua::Slots | Lua::SlotLock => format!("{prelude}{SIZE}{hold}{}", self.body()),
             Lua::RwRead | Lua::RwWrite | Lua::RwReadRenew | Lua::RwUnread | Lua::RwGiveUp => {
-                format!("{prelude}{RW}{}", self.body())
+                format!("{prelude}{RW}{hold}{}", self.body())
             }
-            _ => format!("{prelude}{}", self.body()),
+            _ => format!("{prelude}{hold}{}", self.body()),
         }
+    }
+
+    /// Whether the script is a coordination grant, which takes the
+    /// promotion marker as its last key (`super::coord::promoted`).
+    pub fn holds_off(self) -> bool {
+        matches!(
+            self,
+            Lua::Lock | Lua::SlotLock | Lua::Claim | Lua::SemAcquire | Lua::RwRead | Lua::RwWrite
+        )
     }
 
     /// The compiled script (the shared prelude plus the body).

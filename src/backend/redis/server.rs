@@ -96,6 +96,11 @@ impl Server {
         Ok(Self::with_target(label, target, options))
     }
 
+    /// Whether this is a Redis Cluster (`--redis-cluster`).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster { .. })
+    }
+
     /// A Redis Cluster over the seed `urls` (the password and CA of
     /// `options` apply to every node). Does not connect.
     ///

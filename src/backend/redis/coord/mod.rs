@@ -33,6 +33,7 @@
 //! need etcd ([`CoordError::Unsupported`], HTTP 400).
 
 mod jobs;
+pub(super) mod promoted;
 mod rwlock;
 mod slots;
 mod wait;
@@ -66,6 +67,8 @@ pub struct RedisCoord {
     group: Arc<Group>,
     prefix: String,
     waiters: wait::Waiters,
+    /// On a Redis Cluster: one promotion marker per slot, not per server.
+    cluster: bool,
 }
 
 /// One acquisition to try on the group.
@@ -90,8 +93,10 @@ enum Got {
 impl RedisCoord {
     /// Coordination keys under the election's prefix, on its servers.
     pub fn new(backend: Arc<RedisBackend>) -> Self {
+        let group = backend.group();
         RedisCoord {
-            group: backend.group(),
+            cluster: group.servers().iter().any(|s| s.is_cluster()),
+            group,
             prefix: backend.prefix().to_owned(),
             waiters: wait::Waiters::default(),
         }
@@ -121,7 +126,11 @@ impl RedisCoord {
         let keys: Vec<&str> = ask.keys.iter().map(String::as_str).collect();
         let mut args = vec![token.as_str(), ask.owner];
         args.extend(ask.args.iter().map(String::as_str));
-        let round = self.group.acquire_round(ask.lua, &keys, &args).await;
+        // The promotion marker goes last ([`promoted`]).
+        let marker = promoted::marker(&self.prefix, key, self.cluster);
+        let mut with_marker = keys.clone();
+        with_marker.push(&marker);
+        let round = self.group.acquire_round(ask.lua, &with_marker, &args).await;
         let bad = round.refusals().find_map(|r| match r.as_slice() {
             [Value::Int(-2), x] => Some(corrupt_counter(x, &ask.keys[1])),
             _ => None,
@@ -180,6 +189,9 @@ impl RedisCoord {
             let counter = keys.remove(1);
             keys.push(counter);
             return Err(failed(e, &keys));
+        }
+        if let Some(wait) = promoted::held_off(&round) {
+            return Err(wait);
         }
         Ok(Got::Refused(round))
     }
