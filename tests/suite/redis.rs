@@ -388,13 +388,18 @@ async fn campaign(b: &RedisBackend, id: &str, ttl: Duration) -> Result<Campaign,
 }
 
 /// Campaign every 20 ms until elected (a fresh server keeps candidates out for
-/// one TTL plus a second); panics after `limit`.
+/// one TTL plus a second); panics after `limit`. An error is retried, as the
+/// Elector does: while the other servers are fresh, one server's refusal
+/// (say, a replica not yet acknowledging) is the round's only answer.
 async fn elect(b: &RedisBackend, id: &str, ttl: Duration, limit: Duration) -> Term {
     let end = Instant::now() + limit;
     loop {
         match campaign(b, id, ttl).await {
             Ok(Campaign::Elected(t)) => return t,
             Ok(_) => {}
+            Err(e) if Instant::now() < end => {
+                eprintln!("campaign of {id}: {} (retrying)", e.report())
+            }
             Err(e) => panic!("campaign of {id} failed: {}", e.report()),
         }
         assert!(Instant::now() < end, "{id} not elected within {limit:?}");

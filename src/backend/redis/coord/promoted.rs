@@ -5,7 +5,7 @@
 //! Replication is asynchronous: a replica promoted after its primary died
 //! or froze may lack a grant the old primary made, and would grant the
 //! object again at once (two holders). So every grant script first runs
-//! [`HOLD`] on a **promotion marker** `<replid>|<since ms>|<longest TTL ms>`:
+//! [`HOLD`] on a **promotion marker** `<replid>|<since ms>|<last end ms>`:
 //! - the marker is per server (one key, `<prefix>coord-promoted`) on a
 //!   single server, a Sentinel primary or a Redlock member, and **per slot**
 //!   on a Cluster (`<prefix>{coord~<n>}:coord-promoted`, `n` chosen so the
@@ -17,11 +17,16 @@
 //! - a primary whose `master_replid` differs from the marker's (it was
 //!   promoted since: every promotion makes a new id), or that has no marker
 //!   but was promoted, records `since` = now at the first grant attempt on
-//!   it and refuses grants until `since` + the longest TTL recorded (the
-//!   marker's, replicated from the old primary, or the one asked, whichever
-//!   is longer) + 1 s: by then every grant the old primary could have made
-//!   under a recorded TTL has run out;
-//! - the longest TTL is raised (a write) only by a grant with a longer one.
+//!   it and refuses grants until the latest end of any grant recorded (the
+//!   marker's `last end`, replicated from the old primary) or `since` + the
+//!   TTL asked, whichever is later, + 1 s: by then every grant the old
+//!   primary made that reached the replica has run out, and so has a lost
+//!   one made just before the failover with a TTL up to the ones recorded
+//!   or asked (clients ask one object for one TTL);
+//! - every grant raises `last end` to its own end (now + TTL) when that is
+//!   later: a write inside the grant script, which writes anyway. The end
+//!   of a grant, not the longest TTL ever asked, so a 24 h job claim made
+//!   last month does not hold every grant off for 24 h after a failover.
 //!
 //! The Rust side passes the marker as the script's last key, so the cost at
 //! rest is nil in round trips: one `INFO replication` and one `GET` inside
@@ -31,7 +36,8 @@
 //! guard): a coordination client may ask any sidecar, and a sidecar that
 //! never saw the old primary would not wait; the marker makes every client
 //! wait on the server that matters. What it does not cover: a lost grant
-//! whose TTL was longer than every TTL that reached the replica, a jump of
+//! that would end later than every grant that reached the replica and than
+//! the asked TTL from the promotion, a jump of
 //! the promoted server's clock, and a restart without persistence (no
 //! replica promoted: no new id recorded against an old marker).
 
@@ -60,9 +66,9 @@ local function held_off(mkey, ttl)
   local replid = string.match(repl, 'master_replid:(%x+)') or ''
   local now = now_ms()
   local mark = redis.call('GET', mkey)
-  local id, since, longest
-  if mark then id, since, longest = string.match(mark, '^(%x+)|(%d+)|(%d+)$') end
-  longest = tonumber(longest or '0') or 0
+  local id, since, last
+  if mark then id, since, last = string.match(mark, '^(%x+)|(%d+)|(%d+)$') end
+  last = tonumber(last or '0') or 0
   if id == replid and since then
     since = tonumber(since)
   elseif not mark and string.match(repl, 'master_replid2:0+[\r\n]') then
@@ -70,12 +76,16 @@ local function held_off(mkey, ttl)
   else
     since = now
   end
-  local want = math.max(longest, ttl)
-  if id ~= replid or want > longest then
-    redis.call('SET', mkey, replid .. '|' .. string.format('%.0f', since) .. '|' .. string.format('%.0f', want))
+  local hold = 0
+  if since > 0 then hold = math.max(math.max(last, since + ttl) + 1000 - now, 0) end
+  -- Only a grant that may go ahead raises the last end: a refused attempt
+  -- that did would push the end of the hold-off out at every retry.
+  local ends = now + ttl
+  if hold > 0 then ends = last end
+  if id ~= replid or ends > last then
+    redis.call('SET', mkey, replid .. '|' .. string.format('%.0f', since) .. '|' .. string.format('%.0f', math.max(last, ends)))
   end
-  if since == 0 then return 0 end
-  return math.max(since + want + 1000 - now, 0)
+  return hold
 end
 local hold = held_off(KEYS[#KEYS], tonumber(ARGV[3]))
 if hold > 0 then return {3, hold} end
