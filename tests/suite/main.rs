@@ -31,6 +31,7 @@ mod lease_coord;
 mod model;
 mod ops;
 mod ops_controls;
+mod ops_matrix;
 mod ops_priority;
 mod periods;
 mod redis;

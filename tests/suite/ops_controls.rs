@@ -25,7 +25,7 @@ const TTL: Duration = Duration::from_secs(2);
 const LIMIT: Duration = Duration::from_secs(20);
 
 /// One backend the sidecars and the operator commands reach.
-struct Fixture {
+pub(crate) struct Fixture {
     /// The backend's flags, for the sidecar and for the commands alike.
     flags: Vec<String>,
     /// The environment both need (a kubeconfig).
@@ -37,11 +37,12 @@ struct Fixture {
 enum Server {
     Etcd(Etcd),
     Redis(RedisServer),
+    Redlock(Vec<RedisServer>),
     Kube(KubeApi, Arc<Endpoint>),
 }
 
 impl Fixture {
-    async fn etcd() -> Fixture {
+    pub(crate) async fn etcd() -> Fixture {
         let etcd = Etcd::start().await;
         Fixture {
             flags: vec!["--etcd-endpoints".into(), etcd.url.clone()],
@@ -50,7 +51,7 @@ impl Fixture {
         }
     }
 
-    async fn redis() -> Fixture {
+    pub(crate) async fn redis() -> Fixture {
         let redis = RedisServer::start().await;
         Fixture {
             flags: vec!["--redis-url".into(), redis.url.clone()],
@@ -59,7 +60,25 @@ impl Fixture {
         }
     }
 
-    async fn kubernetes() -> Fixture {
+    /// Three Redis servers: a Redlock group (every flag names all three).
+    pub(crate) async fn redlock() -> Fixture {
+        let servers = vec![
+            RedisServer::start().await,
+            RedisServer::start().await,
+            RedisServer::start().await,
+        ];
+        let flags = servers
+            .iter()
+            .flat_map(|s| ["--redis-url".to_owned(), s.url.clone()])
+            .collect();
+        Fixture {
+            flags,
+            env: vec![],
+            _server: Server::Redlock(servers),
+        }
+    }
+
+    pub(crate) async fn kubernetes() -> Fixture {
         let api = KubeApi::start("team-a");
         let ep = api.endpoint("ops").await;
         let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
@@ -78,7 +97,7 @@ impl Fixture {
     }
 
     /// A sidecar of `election` with the control API on and `extra` flags.
-    fn sidecar(&self, election: &str, id: &str, extra: &[&str]) -> Sidecar {
+    pub(crate) fn sidecar(&self, election: &str, id: &str, extra: &[&str]) -> Sidecar {
         let mut args = self.flags.clone();
         let flags = FAST.iter().chain(CONTROL).chain(extra);
         args.extend(flags.map(|s| s.to_string()));
@@ -99,7 +118,12 @@ impl Fixture {
 
     /// Run `leader-elector SUB --election E` with the backend's flags and
     /// `extra`: its exit code, stdout and stderr.
-    fn command(&self, sub: &str, election: &str, extra: &[&str]) -> (i32, String, String) {
+    pub(crate) fn command(
+        &self,
+        sub: &str,
+        election: &str,
+        extra: &[&str],
+    ) -> (i32, String, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
             .arg(sub)
             .args(["--election", election])
