@@ -461,7 +461,10 @@ fn job_worker(port: u16, completed: Noted) -> tokio::task::JoinHandle<()> {
 async fn jobs(kind: &str) {
     let (_b, _s, port) = sidecar(kind, &format!("jobs-{kind}")).await;
     let completed: Noted = Arc::default();
-    let deadline = Instant::now() + Duration::from_secs(90);
+    // Throughput, not a bound of the contract: on a busy 2-core machine
+    // with other suites' servers beside it, 1000 etcd claims and
+    // completions plus the empty passes took over 90 s once (CI).
+    let deadline = Instant::now() + Duration::from_secs(240);
     let mut workers: Vec<_> = (0..5)
         .map(|_| job_worker(port, completed.clone()))
         .collect();
