@@ -275,3 +275,63 @@ async fn a_dead_fair_waiter_blocks_the_lock_only_until_its_ttl() {
     );
     assert!(fence(&g) > fence(&a));
 }
+
+/// Issue 37 item 6: at rest, after a lock was held and released, the stand-in
+/// sees only renewals — the leader's Lease renewals and each candidate's
+/// record renewals — and no LIST from anyone; each follower holds one watch
+/// on the election Lease. Prints every client's requests over the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_rest_after_a_lock_only_renewals_and_one_watch_per_follower() {
+    let (api, s) = sidecars("lease-rest", &["a", "b", "c"], &[]).await;
+    let ports: Vec<u16> = s.iter().map(|x| x.2).collect();
+    let start = Instant::now();
+    let leader = loop {
+        let mut l = Vec::new();
+        for (i, x) in s.iter().enumerate() {
+            if x.1.is_leader().await {
+                l.push(i);
+            }
+        }
+        if l.len() == 1 {
+            break l[0];
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no single leader: {l:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    };
+    println!("leader: {leader}");
+    let (st, g) = call(ports[0], "POST", "/locks/rest?ttl=5s&owner=w1").await;
+    assert_eq!(st, 200, "{g}");
+    let (st, _) = call(
+        ports[0],
+        "DELETE",
+        &format!("/locks/rest?token={}", token(&g)),
+    )
+    .await;
+    assert_eq!(st, 200);
+    sleep(Duration::from_secs(3)).await;
+    let before: Vec<usize> = s.iter().map(|x| x.0.log().len()).collect();
+    let window = Duration::from_secs(10);
+    sleep(window).await;
+    let mut lists = Vec::new();
+    for (i, (ep, _, _)) in s.iter().enumerate() {
+        let log = ep.log();
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for l in &log[before[i]..] {
+            *by.entry(format!("{} {} {}", l.verb, l.resource, l.name))
+                .or_default() += 1;
+            if l.verb == "list" {
+                lists.push((i, l.resource.clone()));
+            }
+        }
+        let watches = log.iter().filter(|l| l.verb == "watch").count();
+        let role = if i == leader { "leader" } else { "follower" };
+        println!(
+            "at rest {window:?}, client {i} ({role}): {by:?}; watches opened since start: {watches}"
+        );
+    }
+    drop(api);
+    assert!(lists.is_empty(), "LISTs at rest: {lists:?}");
+}

@@ -18,17 +18,15 @@
 //! its own wall clock (it is only a hint, see `backend::candidates`).
 //!
 //! A leader follows the registry by one watch of the records' label
-//! selector, resumed between calls from the last version delivered, so a
-//! change made while nobody was watching is still delivered; at rest it
-//! sends nothing but that watch.
+//! selector (`registry_watch`), which keeps a copy of the records: at rest
+//! it sends nothing but that watch, and reads no LIST.
 
 use std::hash::Hasher;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, WatchEvent, WatchParams};
+use kube::api::DeleteParams;
 use std::collections::BTreeMap;
 
 use super::verbs::post_params;
@@ -175,7 +173,7 @@ fn record(
 }
 
 /// A record as listed, its age by this machine's wall clock.
-fn listed(lease: &Lease) -> Option<Listed> {
+pub(super) fn listed(lease: &Lease) -> Option<Listed> {
     let labels = lease.metadata.labels.as_ref()?;
     if labels.get(ROLE_LABEL).map(String::as_str) != Some("candidate") {
         return None;
@@ -275,80 +273,6 @@ impl KubeLeaseBackend {
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(self.classify(conn, "delete", e)),
         }
-    }
-
-    /// LIST the election's records by label.
-    pub(super) async fn list_candidates(&self) -> Result<Vec<Listed>> {
-        let conn = self.conn().await?;
-        let params = ListParams::default().labels(&candidate_selector(&self.name));
-        match conn.api.list(&params).await {
-            Ok(list) => Ok(list.items.iter().filter_map(listed).collect()),
-            Err(e) => Err(self.classify(conn, "list", e)),
-        }
-    }
-}
-
-impl KubeLeaseBackend {
-    /// Resolve at the first record written, renewed or deleted after the
-    /// previous call (the first call: after a LIST of the records). A 410
-    /// resolves too (the caller lists the registry again), and the next
-    /// call starts from a new LIST.
-    ///
-    /// # Errors
-    /// A transport error or an API status other than 410.
-    pub(super) async fn follow_candidates(&self) -> Result<()> {
-        let conn = self.conn().await?;
-        let selector = candidate_selector(&self.name);
-        loop {
-            let rv = match self.marks(|m| m.candidates.clone()) {
-                Some(rv) => rv,
-                None => self.list_mark(conn, &selector).await?,
-            };
-            let params = WatchParams::default()
-                .labels(&selector)
-                .timeout(WATCH_TIMEOUT_SECS);
-            let stream = match conn.api.watch(&params, &rv).await {
-                Ok(stream) => stream,
-                Err(kube::Error::Api(s)) if s.code == 410 => {
-                    self.marks(|m| m.candidates = None);
-                    return Ok(());
-                }
-                Err(e) => return Err(self.classify(conn, "watch", e)),
-            };
-            futures_util::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                let rv = match ev {
-                    Ok(WatchEvent::Bookmark(b)) => {
-                        let rv = b.metadata.resource_version;
-                        self.marks(|m| m.candidates = Some(rv));
-                        continue;
-                    }
-                    Ok(WatchEvent::Added(l) | WatchEvent::Modified(l) | WatchEvent::Deleted(l)) => {
-                        Some(rv_of(&l).to_owned())
-                    }
-                    Ok(WatchEvent::Error(s)) if s.code == 410 => None,
-                    Ok(WatchEvent::Error(s)) => {
-                        return Err(self.classify(conn, "watch", kube::Error::Api(s)));
-                    }
-                    Err(e) => return Err(self.classify(conn, "watch", e)),
-                };
-                self.marks(|m| m.candidates = rv);
-                return Ok(());
-            }
-            // The server's timeout ended the watch: reopen where it was.
-        }
-    }
-
-    /// The version of a LIST of the records (remembered): a watch from it
-    /// misses no change after it.
-    async fn list_mark(&self, conn: &Conn, selector: &str) -> Result<String> {
-        let params = ListParams::default().labels(selector);
-        let rv = match conn.api.list(&params).await {
-            Ok(list) => list.metadata.resource_version.unwrap_or_default(),
-            Err(e) => return Err(self.classify(conn, "list", e)),
-        };
-        self.marks(|m| m.candidates = Some(rv.clone()));
-        Ok(rv)
     }
 }
 

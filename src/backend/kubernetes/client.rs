@@ -25,6 +25,7 @@ impl KubeLeaseBackend {
             conn: OnceCell::new(),
             registry_rv: Mutex::default(),
             marks: Mutex::default(),
+            registry_watch: tokio::sync::Mutex::default(),
         })
     }
 
@@ -68,6 +69,7 @@ impl KubeLeaseBackend {
             view: Mutex::new(LeaseView::default()),
             registry_rv: Mutex::default(),
             marks: Mutex::default(),
+            registry_watch: tokio::sync::Mutex::default(),
         })
     }
 

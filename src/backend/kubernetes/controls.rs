@@ -35,6 +35,9 @@ pub(super) struct Marks {
     /// The registry watch: the version of the last event delivered (or of
     /// the LIST that started it).
     pub(super) candidates: Option<String>,
+    /// The registry's records by Lease name, as of `candidates`
+    /// (`registry_watch`).
+    pub(super) records: Option<std::collections::BTreeMap<String, Lease>>,
     /// The controls watch: the version of the Lease (or of a LIST that
     /// found it absent) and the controls it carried.
     controls: Option<(String, Controls)>,

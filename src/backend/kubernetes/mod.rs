@@ -235,6 +235,9 @@ pub struct KubeLeaseBackend {
     /// Where the watches of the registry and of the controls resume
     /// between calls (`marks`).
     marks: Mutex<Marks>,
+    /// The registry watch left open between follow calls
+    /// (`registry_watch`).
+    registry_watch: tokio::sync::Mutex<Option<registry_watch::Events>>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -322,6 +325,7 @@ mod endpoints_record;
 pub mod flags;
 mod permissions;
 use crate::kube_client::{FIELD_MANAGER, connect};
+mod registry_watch;
 mod release;
 mod replay;
 mod verbs;
