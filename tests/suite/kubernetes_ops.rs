@@ -343,7 +343,10 @@ async fn watch_candidates_resolves_on_a_candidate_joining_and_leaving() {
     let rest = timeout(Duration::from_secs(1), a.watch_candidates()).await;
     assert!(rest.is_err(), "nothing changed: {rest:?}");
     let verbs: Vec<&str> = a_ep.log()[mark..].iter().map(|l| l.verb).collect();
-    assert!(verbs.is_empty(), "the registry read from the watched copy: {verbs:?}");
+    assert!(
+        verbs.is_empty(),
+        "the registry read from the watched copy: {verbs:?}"
+    );
     // The cancelled call closed its watch: nothing keeps the copy current,
     // so the next read is a LIST again.
     a.candidates().await.unwrap();

@@ -326,10 +326,16 @@ async fn at_rest_after_a_lock_only_renewals_and_one_watch_per_follower() {
                 lists.push((i, l.resource.clone()));
             }
         }
-        let watches = log.iter().filter(|l| l.verb == "watch").count();
+        let watches = ep.open_watches();
+        if i != leader {
+            assert_eq!(
+                watches, 1,
+                "follower {i} holds one watch, of the election Lease"
+            );
+        }
         let role = if i == leader { "leader" } else { "follower" };
         println!(
-            "at rest {window:?}, client {i} ({role}): {by:?}; watches opened since start: {watches}"
+            "at rest {window:?}, client {i} ({role}): {by:?}; watches open: {watches}"
         );
     }
     drop(api);

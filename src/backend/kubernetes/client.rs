@@ -26,6 +26,8 @@ impl KubeLeaseBackend {
             registry_rv: Mutex::default(),
             marks: Mutex::default(),
             registry_watch: tokio::sync::Mutex::default(),
+            sightings: tokio::sync::watch::Sender::new(0),
+            election_watches: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -70,6 +72,8 @@ impl KubeLeaseBackend {
             registry_rv: Mutex::default(),
             marks: Mutex::default(),
             registry_watch: tokio::sync::Mutex::default(),
+            sightings: tokio::sync::watch::Sender::new(0),
+            election_watches: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -220,7 +224,16 @@ impl KubeLeaseBackend {
     /// Apply one event (or ask one question) to the view of the Lease, at
     /// the one lock of this backend.
     pub(super) fn view<R>(&self, f: impl FnOnce(&mut LeaseView) -> R) -> R {
-        f(&mut self.view.lock().expect("lease view poisoned"))
+        let (out, seen) = {
+            let mut v = self.view.lock().expect("lease view poisoned");
+            let before = v.sightings();
+            let out = f(&mut v);
+            (out, (v.sightings() != before).then(|| v.sightings()))
+        };
+        if let Some(n) = seen {
+            self.sightings.send_replace(n);
+        }
+        out
     }
 
     /// Record a Lease read or written now (with the wall clock, for the

@@ -133,7 +133,14 @@ impl KubeLeaseBackend {
             });
         }
         let conn = self.conn().await?;
+        let mut open = self.election_watches.subscribe();
         loop {
+            if *open.borrow_and_update() > 0 {
+                if let Some(now) = self.controls_from_view(seen, &mut open).await? {
+                    return Ok(now);
+                }
+                continue;
+            }
             let (rv, now) = match self.marks(|m| m.controls.clone()) {
                 Some(mark) => mark,
                 None => self.list_controls(conn).await?,
@@ -153,10 +160,52 @@ impl KubeLeaseBackend {
                 Err(e) => return Err(self.classify(conn, "watch", e)),
             };
             futures_util::pin_mut!(stream);
-            if let Some(changed) = self.controls_events(conn, seen, &mut stream).await? {
-                return Ok(changed);
+            tokio::select! {
+                changed = self.controls_events(conn, seen, &mut stream) => {
+                    if let Some(changed) = changed? {
+                        return Ok(changed);
+                    }
+                }
+                // The election's watch opened: it serves the controls too,
+                // and this one closes (one watch of the Lease at rest).
+                _ = open.wait_for(|n| *n > 0) => {}
             }
         }
+    }
+
+    /// While a watch of the election Lease is open, it delivers every
+    /// version to the view, which wakes this follow: once the view's
+    /// controls differ from `seen`, one GET says what they are now (the
+    /// view may lag a read that produced `seen`; the answer never goes
+    /// back in time). `None` when that watch closed (the caller watches by
+    /// itself). The mark of the controls' own watch is dropped (it is
+    /// behind the view; a later watch of its own starts from a LIST).
+    async fn controls_from_view(
+        &self,
+        seen: &Controls,
+        open: &mut tokio::sync::watch::Receiver<usize>,
+    ) -> Result<Option<Controls>> {
+        self.marks(|m| m.controls = None);
+        let mut sightings = self.sightings.subscribe();
+        loop {
+            sightings.borrow_and_update();
+            if self.view(|v| v.controls_seen()).is_some_and(|c| c != *seen) {
+                let now = self.read_controls().await?;
+                if now != *seen {
+                    return Ok(Some(now));
+                }
+            }
+            tokio::select! {
+                _ = sightings.changed() => {}
+                _ = open.wait_for(|n| *n == 0) => return Ok(None),
+            }
+        }
+    }
+
+    /// Count one open watch of the election Lease until the guard drops.
+    pub(super) fn election_watch_open(&self) -> OpenWatch<'_> {
+        self.election_watches.send_modify(|n| *n += 1);
+        OpenWatch(&self.election_watches)
     }
 
     /// LIST the election Lease by name: its controls and the version a
@@ -211,5 +260,14 @@ impl KubeLeaseBackend {
             }
         }
         Ok(None)
+    }
+}
+
+/// One open watch of the election Lease, counted until dropped.
+pub(super) struct OpenWatch<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl Drop for OpenWatch<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }

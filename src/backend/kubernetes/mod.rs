@@ -238,6 +238,13 @@ pub struct KubeLeaseBackend {
     /// The registry watch left open between follow calls
     /// (`registry_watch`).
     registry_watch: tokio::sync::Mutex<Option<registry_watch::Events>>,
+    /// The view's count of versions seen, sent at each change: the
+    /// controls follow wakes on it instead of a watch of its own.
+    sightings: tokio::sync::watch::Sender<u64>,
+    /// How many watches of the election Lease are open now (`watch`): while
+    /// one is, it delivers every version to the view, and the controls
+    /// follow opens no watch of its own.
+    election_watches: tokio::sync::watch::Sender<usize>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {

@@ -213,6 +213,7 @@ impl LeaseBackend for KubeLeaseBackend {
                 Err(e) => return Err(self.classify(conn, "watch", e)),
             };
             futures_util::pin_mut!(stream);
+            let _open = self.election_watch_open();
             match self.follow_stream(conn, seen, view, &mut stream).await {
                 Ok(Some(done)) => return Ok(done),
                 Ok(None) => continue,

@@ -276,6 +276,9 @@ pub(super) struct LeaseView {
     watched: Option<(String, Instant)>,
     /// The slowest recent latency of our own requests (decaying).
     slowest: Duration,
+    /// Bumped at every version seen or deletion found, by any path: the
+    /// controls follow wakes on it (`KubeLeaseBackend::view`).
+    sightings: u64,
 }
 
 impl LeaseView {

@@ -134,7 +134,8 @@ pub struct Logged {
     /// The object named: the path's name, or a create's `metadata.name`
     /// (empty for a list, a watch, or a create by `generateName`).
     pub name: String,
-    /// The status code answered (0 for a watch still streaming).
+    /// The status code answered (a watch: the code it started streaming
+    /// with; see [`Endpoint::open_watches`] for those still open).
     pub code: u16,
 }
 
@@ -153,6 +154,8 @@ pub struct Endpoint {
     log: Mutex<Vec<Logged>>,
     /// Bumped by [`Endpoint::reset_watches`]: open watches break.
     resets: tokio::sync::watch::Sender<u64>,
+    /// Watches of this client streaming now.
+    open_watches: std::sync::atomic::AtomicUsize,
 }
 
 /// The stand-in server. Dropping it stops every listener.
@@ -333,6 +336,7 @@ impl KubeApi {
             kubeconfig,
             log: Mutex::new(Vec::new()),
             resets: tokio::sync::watch::channel(0).0,
+            open_watches: Default::default(),
         });
         let app = axum::Router::new().fallback(handle).with_state(ep.clone());
         let task = tokio::spawn(serve_tls(listener, self.tls.clone(), app));
@@ -526,6 +530,11 @@ impl Endpoint {
     fn count(&self, key: String) {
         self.total.fetch_add(1, Ordering::Relaxed);
         *self.counts.lock().unwrap().entry(key).or_default() += 1;
+    }
+
+    /// How many watches of this client are streaming now.
+    pub fn open_watches(&self) -> usize {
+        self.open_watches.load(Ordering::SeqCst)
     }
 
     /// Every request so far, as an audit log would show it.

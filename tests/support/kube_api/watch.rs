@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use super::Endpoint;
+use std::sync::atomic::Ordering;
+
 use super::store::{Change, Resource, Selector, Store};
 
 /// A watch of `r` through `sel` (the query's selectors), from the
@@ -54,7 +56,12 @@ pub async fn watch(
         every,
         timeout,
     };
-    tokio::spawn(feed.run(initial));
+    feed.ep.open_watches.fetch_add(1, Ordering::SeqCst);
+    tokio::spawn(async move {
+        let ep = feed.ep.clone();
+        feed.run(initial).await;
+        ep.open_watches.fetch_sub(1, Ordering::SeqCst);
+    });
     let stream = tokio_stream_from(rx);
     Response::builder()
         .status(200)

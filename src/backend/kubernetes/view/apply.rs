@@ -73,6 +73,7 @@ impl LeaseView {
             None => (now, None, None),
         };
         self.max_token = self.max_token.max(token_of(lease));
+        self.sightings += 1;
         self.resume_rv = Some(rv.to_owned());
         self.absent_rv = None;
         if self
@@ -125,6 +126,7 @@ impl LeaseView {
             s.deleted = true;
             s.absent_since.get_or_insert(now);
         }
+        self.sightings += 1;
         let resume = self.resume_rv.take();
         if self.absent_rv.is_none() {
             self.absent_rv = at.map(str::to_owned).or(resume);
@@ -355,6 +357,20 @@ impl LeaseView {
     /// The Lease as last seen, unless it was deleted since.
     pub(in crate::backend::kubernetes) fn lease(&self) -> Option<&Lease> {
         self.seen.as_ref().filter(|s| !s.deleted).map(|s| &s.lease)
+    }
+
+    /// How many versions (and deletions) this view has taken in so far.
+    pub(in crate::backend::kubernetes) fn sightings(&self) -> u64 {
+        self.sightings
+    }
+
+    /// The controls of the Lease as last seen (none set once it was found
+    /// deleted); `None` before anything was seen.
+    pub(in crate::backend::kubernetes) fn controls_seen(
+        &self,
+    ) -> Option<crate::backend::controls::Controls> {
+        let s = self.seen.as_ref()?;
+        Some(super::controls_of((!s.deleted).then_some(&s.lease)))
     }
 
     /// The last seen Lease's holder (also of a deleted one).
