@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::io::{Decision, View, ms};
 use super::names::{ObjKind, object_name};
 use super::{LeaseCoord, entry, grant, held};
-use crate::backend::coordination::{Claim, Outcome, Result, Token, TokenKind};
+use crate::backend::coordination::{Outcome, Result, Token, TokenKind, Try};
 
 /// Whether the completion in `v` is `token`'s.
 fn done_by(v: &View, token: &str) -> bool {
@@ -16,26 +16,26 @@ fn done_by(v: &View, token: &str) -> bool {
 }
 
 impl LeaseCoord {
-    /// Claim job `job` of `queue` ([`Coordinator::claim`](crate::backend::coordination::Coordinator::claim)).
+    /// Claim job `job` of `queue` ([`Acquire::Job`](crate::backend::coordination::Acquire::Job)).
     pub(super) async fn claim_job(
         &self,
         queue: &str,
         job: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Claim> {
+    ) -> Result<Try> {
         let name = format!("{queue}/{job}");
         let object = object_name(ObjKind::Job, &name);
         let t = self.target(ObjKind::Job, &name, &object);
         let token = Token::new(TokenKind::Job, 0).to_string();
         self.update(&t, |v| {
             let refusal = if v.sight.done_live {
-                Some(Claim::Completed)
+                Some(Try::Completed)
             } else {
                 v.sight
                     .live
                     .first()
-                    .map(|e| Claim::ClaimedByOther(e.owner.clone()))
+                    .map(|e| Try::Held(e.owner.clone()))
             };
             Ok(match refusal {
                 Some(_) if !v.fresh => Decision::Confirm,
@@ -47,7 +47,7 @@ impl LeaseCoord {
                     Decision::Write {
                         state,
                         bump: true,
-                        answer: Claim::Claimed(grant(&name, &token, v.next_fencing, ttl)),
+                        answer: Try::Acquired(grant(&name, &token, v.next_fencing, ttl)),
                     }
                 }
             })
@@ -95,8 +95,8 @@ impl LeaseCoord {
     }
 
     /// Renew (`ttl`) or give back (`None`) the claim `token` holds on job
-    /// `job` of `queue` ([`Coordinator::job_renew`](crate::backend::coordination::Coordinator::job_renew),
-    /// [`Coordinator::job_release`](crate::backend::coordination::Coordinator::job_release)):
+    /// `job` of `queue` ([`Coordinator::renew`](crate::backend::coordination::Coordinator::renew),
+    /// [`Coordinator::release`](crate::backend::coordination::Coordinator::release) of a job):
     /// as on etcd, a renewal of a claim that is not ours (gone, completed,
     /// or another's) answers gone (410); a give-back answers not yours (409)
     /// when another holds or completed the job, else gone. A job given back

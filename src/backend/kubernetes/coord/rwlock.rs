@@ -126,7 +126,7 @@ fn decide(
 
 impl LeaseCoord {
     /// Try once to take read-write lock `name` in `mode`
-    /// ([`Coordinator::rwlock`](crate::backend::coordination::Coordinator::rwlock)).
+    /// ([`Acquire::RwLock`](crate::backend::coordination::Acquire::RwLock)).
     pub(super) async fn rw_acquire(
         &self,
         name: &str,
@@ -179,7 +179,7 @@ impl LeaseCoord {
     }
 
     /// Remove writer intent `id` of read-write lock `name` when it is still
-    /// there ([`Coordinator::rw_give_up`](crate::backend::coordination::Coordinator::rw_give_up)).
+    /// there ([`Coordinator::give_up`](crate::backend::coordination::Coordinator::give_up)).
     pub(super) async fn rw_drop_intent(&self, name: &str, id: &str) -> Result<()> {
         self.waiting_writer(id, None);
         let object = object_name(ObjKind::RwLock, name);
