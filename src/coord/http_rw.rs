@@ -13,11 +13,11 @@ use axum::response::Response;
 use axum::routing::post;
 use serde::Deserialize;
 
-use super::{Acquire, Object, RwMode};
 use super::http::{
     Bad, CoordState, MAX_TTL, MIN_TTL, RenewParams, TokenParams, acquire_params, acquired,
     backend_error, duration, name_ok, reject, released, renewed, reply, token,
 };
+use super::{Acquire, Object, RwMode};
 use crate::query::Strict;
 
 /// `POST /rwlocks/{name}`.

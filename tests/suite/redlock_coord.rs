@@ -39,6 +39,26 @@ fn coord_on(servers: &[RedisServer], test: &str) -> RedisCoord {
     RedisCoord::new(backend)
 }
 
+/// Lock `name`.
+fn lock(name: &str) -> Acquire<'_> {
+    Acquire::Lock(name)
+}
+
+/// One of `permits` permits of semaphore `name`.
+fn sem(name: &str, permits: u32) -> Acquire<'_> {
+    Acquire::Semaphore { name, permits }
+}
+
+/// A claim on job `job` of `queue`.
+fn job<'a>(queue: &'a str, job: &'a str) -> Acquire<'a> {
+    Acquire::Job { queue, job }
+}
+
+/// The claim on job `job` of `queue`, to renew or give back.
+fn claim_of<'a>(queue: &'a str, job: &'a str) -> Object<'a> {
+    Object::Job { queue, job }
+}
+
 /// Bound every call: a hang names the verb.
 async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     timeout(Duration::from_secs(10), f)
@@ -58,9 +78,14 @@ async fn locks_semaphores_and_claims_work_on_three_servers() {
     let servers = three().await;
     let c = coord_on(&servers, "redlock-verbs");
     // Lock: granted, held for another, renewed, released, granted again higher.
-    let a = granted(within("lock", c.acquire(Acquire::Lock("L"), "a", TTL)).await, "lock a");
+    let a = granted(
+        within("lock", c.acquire(lock("L"), "a", TTL)).await,
+        "lock a",
+    );
     assert!(a.ttl_ms > 4800 && a.ttl_ms < 5000, "validity {}", a.ttl_ms);
-    let held = within("lock", c.acquire(Acquire::Lock("L"), "b", TTL)).await.unwrap();
+    let held = within("lock", c.acquire(lock("L"), "b", TTL))
+        .await
+        .unwrap();
     assert_eq!(held, Try::Held("a".into()));
     let renewed = within("renew", c.renew(Object::Lock("L"), &a.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
@@ -68,15 +93,18 @@ async fn locks_semaphores_and_claims_work_on_three_servers() {
     assert_eq!(released.unwrap(), Outcome::Ok(None));
     let again = within("release", c.release(Object::Lock("L"), &a.token)).await;
     assert_eq!(again.unwrap(), Outcome::Gone);
-    let b = granted(within("lock", c.acquire(Acquire::Lock("L"), "b", TTL)).await, "lock b");
+    let b = granted(
+        within("lock", c.acquire(lock("L"), "b", TTL)).await,
+        "lock b",
+    );
     assert!(b.fencing_token > a.fencing_token);
     // Semaphore of 3: three askers get a permit, the fourth is refused.
     let mut permits = Vec::new();
     for i in 0..3 {
-        let t = within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: 3 }, &format!("p{i}"), TTL)).await;
+        let t = within("semaphore", c.acquire(sem("S", 3), &format!("p{i}"), TTL)).await;
         permits.push(granted(t, "permit"));
     }
-    let full = within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: 3 }, "p3", TTL)).await;
+    let full = within("semaphore", c.acquire(sem("S", 3), "p3", TTL)).await;
     assert_eq!(full.unwrap(), Try::Full(3));
     let renewed = within(
         "renew",
@@ -91,24 +119,24 @@ async fn locks_semaphores_and_claims_work_on_three_servers() {
     .await;
     assert_eq!(released.unwrap(), Outcome::Ok(None));
     let p3 = granted(
-        within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: 3 }, "p3", TTL)).await,
+        within("semaphore", c.acquire(sem("S", 3), "p3", TTL)).await,
         "permit",
     );
     assert!(permits.iter().all(|p| p.fencing_token < p3.fencing_token));
     // Claim: one claimant, completed once, then reported completed.
-    let claim = within("claim", c.acquire(Acquire::Job { queue: "q", job: "j1" }, "w1", TTL))
+    let claim = within("claim", c.acquire(job("q", "j1"), "w1", TTL))
         .await
         .unwrap();
     let Try::Acquired(g) = claim else {
         panic!("expected a claim, got {claim:?}")
     };
-    let other = within("claim", c.acquire(Acquire::Job { queue: "q", job: "j1" }, "w2", TTL))
+    let other = within("claim", c.acquire(job("q", "j1"), "w2", TTL))
         .await
         .unwrap();
     assert_eq!(other, Try::Held("w1".into()));
     let done = within("complete", c.complete("q", "j1", &g.token, TTL)).await;
     assert_eq!(done.unwrap(), Outcome::Ok(None));
-    let after = within("claim", c.acquire(Acquire::Job { queue: "q", job: "j1" }, "w2", TTL))
+    let after = within("claim", c.acquire(job("q", "j1"), "w2", TTL))
         .await
         .unwrap();
     assert_eq!(after, Try::Completed);
@@ -120,22 +148,22 @@ async fn a_lock_is_granted_with_one_of_three_down_and_refused_with_two() {
     let c = coord_on(&servers, "redlock-minority");
     servers[0].stop();
     let a = granted(
-        within("lock", c.acquire(Acquire::Lock("L"), "a", TTL)).await,
+        within("lock", c.acquire(lock("L"), "a", TTL)).await,
         "lock with 2 of 3",
     );
     let renewed = within("renew", c.renew(Object::Lock("L"), &a.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
-    let p = within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: 2 }, "a", TTL)).await;
+    let p = within("semaphore", c.acquire(sem("S", 2), "a", TTL)).await;
     granted(p, "permit with 2 of 3");
     servers[1].stop();
-    let refused = within("lock", c.acquire(Acquire::Lock("L2"), "b", TTL)).await;
+    let refused = within("lock", c.acquire(lock("L2"), "b", TTL)).await;
     assert!(
         matches!(refused, Err(CoordError::Backend(_))),
         "a lock with 1 of 3 servers must be refused: {refused:?}"
     );
     let renew = within("renew", c.renew(Object::Lock("L"), &a.token, TTL)).await;
     assert!(renew.is_err(), "a renew on 1 of 3 must fail: {renew:?}");
-    let claim = within("claim", c.acquire(Acquire::Job { queue: "q", job: "j" }, "b", TTL)).await;
+    let claim = within("claim", c.acquire(job("q", "j"), "b", TTL)).await;
     assert!(claim.is_err(), "a claim on 1 of 3 must fail: {claim:?}");
 }
 
@@ -165,7 +193,7 @@ async fn fencing_tokens_grow_across_different_majorities() {
     let mut last = 0;
     for refusing in [2, 0, 1] {
         set_on(&servers[refusing], key, Some("other|1|someone")).await;
-        let g = granted(within("lock", c.acquire(Acquire::Lock("F"), "x", TTL)).await, "lock");
+        let g = granted(within("lock", c.acquire(lock("F"), "x", TTL)).await, "lock");
         within("release", c.release(Object::Lock("F"), &g.token))
             .await
             .unwrap();
@@ -189,11 +217,11 @@ async fn a_semaphores_size_belongs_to_its_name_on_three_servers() {
     let c = coord_on(&servers, "redlock-sem-size");
     let mut permits = Vec::new();
     for i in 0..3 {
-        let t = within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: 3 }, &format!("p{i}"), TTL)).await;
+        let t = within("semaphore", c.acquire(sem("S", 3), &format!("p{i}"), TTL)).await;
         permits.push(granted(t, "permit"));
     }
     for asked in [5, 2] {
-        let r = within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: asked }, "other", TTL)).await;
+        let r = within("semaphore", c.acquire(sem("S", asked), "other", TTL)).await;
         match &r {
             Err(e) if e.to_string().contains("permits=3") => {}
             other => panic!(
@@ -206,7 +234,7 @@ async fn a_semaphores_size_belongs_to_its_name_on_three_servers() {
         assert_eq!(r.unwrap(), Outcome::Ok(None));
     }
     granted(
-        within("semaphore", c.acquire(Acquire::Semaphore { name: "S", permits: 5 }, "new", TTL)).await,
+        within("semaphore", c.acquire(sem("S", 5), "new", TTL)).await,
         "a new size once no permit is live",
     );
 }
@@ -224,7 +252,7 @@ async fn a_fencing_counter_of_sixteen_digits_is_refused_and_fifteen_are_counted_
     for s in &servers {
         set_on(s, counter, Some("1000000000000000")).await;
     }
-    let refused = within("lock", c.acquire(Acquire::Lock("D"), "x", TTL)).await;
+    let refused = within("lock", c.acquire(lock("D"), "x", TTL)).await;
     match &refused {
         Err(CoordError::Corrupt { key: k, found }) => {
             assert_eq!(k, counter);
@@ -242,7 +270,7 @@ async fn a_fencing_counter_of_sixteen_digits_is_refused_and_fifteen_are_counted_
         assert_eq!(exists, 0, "the lock was kept on a refusal");
         set_on(s, counter, Some("999999999999990")).await;
     }
-    let g = granted(within("lock", c.acquire(Acquire::Lock("D"), "x", TTL)).await, "lock");
+    let g = granted(within("lock", c.acquire(lock("D"), "x", TTL)).await, "lock");
     assert!(g.fencing_token > 999_999_999_999_990, "{}", g.fencing_token);
 }
 
@@ -264,7 +292,21 @@ async fn read_write_locks_on_three_servers() {
     let c = coord_on(&servers, "redlock-rw");
     let rw = |name: &'static str, who: &'static str, mode, i: Option<WriteIntent>| {
         let c = &c;
-        async move { within("rwlock", c.acquire(Acquire::RwLock { name: name, mode: mode, intent: i.as_ref() }, who, TTL)).await }
+        async move {
+            within(
+                "rwlock",
+                c.acquire(
+                    Acquire::RwLock {
+                        name,
+                        mode,
+                        intent: i.as_ref(),
+                    },
+                    who,
+                    TTL,
+                ),
+            )
+            .await
+        }
     };
     let a = granted(rw("D", "ra", RwMode::Read, None).await, "reader a");
     let b = granted(rw("D", "rb", RwMode::Read, None).await, "readers share");
@@ -325,22 +367,26 @@ async fn job_claims_renew_and_give_back_on_three_servers() {
     let c = coord_on(&servers, "redlock-jobs");
     let claim = |who: &'static str| {
         let c = &c;
-        async move { within("claim", c.acquire(Acquire::Job { queue: "q", job: "j" }, who, TTL)).await.unwrap() }
+        async move {
+            within("claim", c.acquire(job("q", "j"), who, TTL))
+                .await
+                .unwrap()
+        }
     };
     let Try::Acquired(a) = claim("wa").await else {
         panic!("the first claim")
     };
-    let renewed = within("renew", c.renew(Object::Job { queue: "q", job: "j" }, &a.token, TTL)).await;
+    let renewed = within("renew", c.renew(claim_of("q", "j"), &a.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
     assert_eq!(claim("wb").await, Try::Held("wa".into()));
-    let given = within("give back", c.release(Object::Job { queue: "q", job: "j" }, &a.token)).await;
+    let given = within("give back", c.release(claim_of("q", "j"), &a.token)).await;
     assert_eq!(given.unwrap(), Outcome::Ok(None));
     let Try::Acquired(b) = claim("wb").await else {
         panic!("claimed at once after a give-back")
     };
     assert!(b.fencing_token > a.fencing_token);
-    let old = within("renew", c.renew(Object::Job { queue: "q", job: "j" }, &a.token, TTL)).await;
+    let old = within("renew", c.renew(claim_of("q", "j"), &a.token, TTL)).await;
     assert_eq!(old.unwrap(), Outcome::NotYours);
-    let old = within("give back", c.release(Object::Job { queue: "q", job: "j" }, &a.token)).await;
+    let old = within("give back", c.release(claim_of("q", "j"), &a.token)).await;
     assert_eq!(old.unwrap(), Outcome::NotYours);
 }

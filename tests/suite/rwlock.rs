@@ -463,7 +463,7 @@ async fn a_writer_waiting_beside_an_expired_reader_does_not_spin_on_redis() {
 async fn a_read_write_locks_lease_holds_its_readers_and_a_writers_intent_on_kubernetes() {
     use leader_elector::backend::kubernetes::coord::{ObjKind, STATE_ANNOTATION, object_name};
     let (b, _s, port) = sidecar("kubernetes", "rw-lease").await;
-    let crate::coord::Backend::Kube(api) = &b else {
+    let crate::coord::Backend::Kube(api, _) = &b else {
         unreachable!("a Kubernetes sidecar")
     };
     let object = object_name(ObjKind::RwLock, "My.Doc");

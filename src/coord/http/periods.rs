@@ -78,7 +78,10 @@ pub(super) async fn claim(
     match period.when(SystemTime::now(), ttl) {
         When::Open(ttl) => {
             let job = period.job();
-            let what = Acquire::Job { queue: &queue, job: &job };
+            let what = Acquire::Job {
+                queue: &queue,
+                job: &job,
+            };
             claimed(s.service.acquire(what, &owner, ttl, Duration::ZERO).await)
         }
         When::Ended => json_response(

@@ -82,7 +82,11 @@ async fn waiters_beyond_the_cap_are_refused_and_those_within_it_are_served() {
     let s = service(2);
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(60);
-    let mut holder = token(s.acquire(lock("l"), "me", ttl, Duration::ZERO).await.unwrap());
+    let mut holder = token(
+        s.acquire(lock("l"), "me", ttl, Duration::ZERO)
+            .await
+            .unwrap(),
+    );
     let mut waiters = Vec::new();
     for _ in 0..2 {
         let s = s.clone();
@@ -158,12 +162,23 @@ fn rw_lock(name: &str, mode: RwMode) -> Acquire<'_> {
 async fn a_backend_without_read_write_locks_answers_unsupported() {
     let s = service(1);
     let ttl = Duration::from_secs(30);
-    match s.acquire(rw_lock("d", RwMode::Read), "me", ttl, Duration::ZERO).await {
+    match s
+        .acquire(rw_lock("d", RwMode::Read), "me", ttl, Duration::ZERO)
+        .await
+    {
         Err(CoordError::Unsupported(m)) => assert!(m.contains("memory"), "{m}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
     assert!(matches!(
-        s.renew(Object::Job { queue: "q", job: "j" }, "t", ttl).await,
+        s.renew(
+            Object::Job {
+                queue: "q",
+                job: "j"
+            },
+            "t",
+            ttl
+        )
+        .await,
         Err(CoordError::Unsupported(_))
     ));
 }
@@ -242,10 +257,14 @@ async fn a_writer_that_waits_sends_one_intent_and_gives_it_up_when_unserved() {
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(2);
     assert!(matches!(
-        s.acquire(rw_lock("d", RwMode::Read), "r", ttl, Duration::ZERO).await,
+        s.acquire(rw_lock("d", RwMode::Read), "r", ttl, Duration::ZERO)
+            .await,
         Ok(Try::Acquired(_))
     ));
-    let w = s.acquire(rw_lock("d", RwMode::Write), "w", ttl, wait).await.unwrap();
+    let w = s
+        .acquire(rw_lock("d", RwMode::Write), "w", ttl, wait)
+        .await
+        .unwrap();
     assert_eq!(w, Try::Held("someone".into()));
     let sent = rw.sent.lock().unwrap().clone();
     assert!(sent.len() >= 2, "retried within its wait: {sent:?}");
@@ -253,12 +272,16 @@ async fn a_writer_that_waits_sends_one_intent_and_gives_it_up_when_unserved() {
     assert!(sent.iter().all(|i| i.ttl <= wait + Duration::from_secs(1)));
     assert_eq!(*rw.given_up.lock().unwrap(), vec![sent[0].id.clone()]);
     assert!(matches!(
-        s.acquire(rw_lock("d", RwMode::Read), "r2", ttl, Duration::ZERO).await,
+        s.acquire(rw_lock("d", RwMode::Read), "r2", ttl, Duration::ZERO)
+            .await,
         Ok(Try::Acquired(_))
     ));
     let other = Arc::new(OneRw::default());
     let s = Service::new(Box::new(ArcRw(other.clone())), None, "me".into());
-    let w = s.acquire(rw_lock("d", RwMode::Write), "w", ttl, wait).await.unwrap();
+    let w = s
+        .acquire(rw_lock("d", RwMode::Write), "w", ttl, wait)
+        .await
+        .unwrap();
     assert!(matches!(w, Try::Acquired(_)), "{w:?}");
     assert!(other.given_up.lock().unwrap().is_empty());
 }
@@ -330,7 +353,9 @@ async fn a_promotion_hold_off_is_waited_out_within_the_wait_and_answered_beyond_
         matches!(short, Err(CoordError::HoldOff { .. })),
         "{short:?}"
     );
-    let long = s.acquire(lock("L"), "a", ttl, Duration::from_secs(10)).await;
+    let long = s
+        .acquire(lock("L"), "a", ttl, Duration::from_secs(10))
+        .await;
     assert!(matches!(long, Ok(Try::Acquired(_))), "{long:?}");
     assert!(Instant::now() >= until);
 }

@@ -170,10 +170,7 @@ fn job_claimed(ops: &[TxnOpResponse]) -> Option<Try> {
         return Some(Try::Completed);
     }
     match ops.get(1) {
-        Some(TxnOpResponse::Get(g)) => g
-            .kvs()
-            .first()
-            .map(|kv| Try::Held(owner_of(kv.value()))),
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| Try::Held(owner_of(kv.value()))),
         _ => None,
     }
 }

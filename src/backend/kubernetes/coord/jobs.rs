@@ -32,10 +32,7 @@ impl LeaseCoord {
             let refusal = if v.sight.done_live {
                 Some(Try::Completed)
             } else {
-                v.sight
-                    .live
-                    .first()
-                    .map(|e| Try::Held(e.owner.clone()))
+                v.sight.live.first().map(|e| Try::Held(e.owner.clone()))
             };
             Ok(match refusal {
                 Some(_) if !v.fresh => Decision::Confirm,
