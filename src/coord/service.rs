@@ -268,8 +268,8 @@ impl Service {
 
     /// Acquire `what` for `ttl`, labelled `owner`, waiting up to `wait`:
     /// a lock in arrival order where the backend queues, a read-write lock's
-    /// writer keeping new readers out while it waits ([`rw`]); a job claim
-    /// never waits.
+    /// writer keeping new readers out while it waits (the service makes its
+    /// intent: one given in `what` is not used); a job claim never waits.
     ///
     /// # Errors
     /// [`CoordError`] from the backend, `Unsupported` for what it does not
