@@ -271,6 +271,12 @@ pub enum CoordError {
 /// Shorthand.
 pub type Result<T, E = CoordError> = std::result::Result<T, E>;
 
+/// Sleep until `until`, at most 50 ms: the look-again pause of a waiter
+/// that nothing can wake (no watch, no channel to trust).
+pub async fn nap(until: Instant) {
+    tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
+}
+
 /// The coordination verbs of one backend: one verb set over every [`Kind`].
 /// Each call is one attempt; waiting (`wait=`) is done by the service
 /// (`crate::coord::Service`) except for fair locks, which queue.
@@ -313,7 +319,7 @@ pub trait Coordinator: Send + Sync {
     /// Backends that can tell (etcd: a watch; Redis: pub/sub and the
     /// holder's expiry) override it; the default sleeps 50 ms.
     async fn changed(&self, _object: Object<'_>, _seen: u64, until: Instant) -> Result<()> {
-        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
+        nap(until).await;
         Ok(())
     }
     /// The error of a verb this backend does not serve.

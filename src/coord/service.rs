@@ -200,7 +200,7 @@ impl Service {
                         // A broken watch is no reason to fail the
                         // request: fall back to a short sleep.
                         tracing::debug!(error = %e, name, "waiting for a change failed");
-                        tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(50))).await;
+                        super::nap(deadline).await;
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {}

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::backend::BackendError;
 use crate::backend::coordination::{
     Acquire, CoordError, Coordinator, Grant, Kind, Object, Outcome, Result, Token, TokenKind, Try,
+    nap,
 };
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::etcd::store::{Created, EtcdStore, Lease, revision_of};
@@ -349,7 +350,8 @@ impl Coordinator for EtcdCoord {
 
     async fn changed(&self, object: Object<'_>, _seen: u64, until: Instant) -> Result<()> {
         let Some(prefix) = self.prefix_of(object) else {
-            tokio::time::sleep_until(until).await;
+            // Nobody waits on a job claim.
+            nap(until).await;
             return Ok(());
         };
         // An empty lock (or read-write lock) is free: answer at once.

@@ -57,6 +57,7 @@ use tokio::time::Instant;
 use super::{Conn, KubeLeaseBackend, unix_millis};
 use crate::backend::coordination::{
     Acquire, CoordError, Coordinator, Grant, Kind, Object, Outcome, Result, Token, TokenKind, Try,
+    nap,
 };
 use io::{Decision, View, ms};
 use state::{Entry, Target};
@@ -348,7 +349,10 @@ impl Coordinator for LeaseCoord {
             }
             Object::RwLock(name) => self.rw_wait(name, until).await,
             // Nobody waits on a job claim.
-            Object::Job { .. } => Ok(()),
+            Object::Job { .. } => {
+                nap(until).await;
+                Ok(())
+            }
         }
     }
 

@@ -49,6 +49,7 @@ use tokio::time::Instant;
 use crate::backend::BackendError;
 use crate::backend::coordination::{
     Acquire, CoordError, Coordinator, Grant, Kind, Object, Outcome, Result, Token, TokenKind, Try,
+    nap,
 };
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::group::{Acquisition, Granting, Group, Round, unexpected};
@@ -383,18 +384,17 @@ impl Coordinator for RedisCoord {
 
     async fn changed(&self, object: Object<'_>, seen: u64, until: Instant) -> Result<()> {
         let key = match object {
-            Object::Lock(name) => self.key("lock", name),
-            Object::Semaphore(name) => self.key("sem", name),
-            Object::RwLock(name) => self.rw_base(name),
+            Object::Lock(name) => Some(self.key("lock", name)),
+            Object::Semaphore(name) => Some(self.key("sem", name)),
+            Object::RwLock(name) => Some(self.rw_base(name)),
             // Nobody waits on a job claim.
-            Object::Job { .. } => return Ok(()),
+            Object::Job { .. } => None,
         };
-        if self.group.is_redlock() {
+        let Some(key) = key.filter(|_| !self.group.is_redlock()) else {
             // No single channel to trust on a group: look again soon.
-            let nap = Duration::from_millis(50);
-            tokio::time::sleep_until(until.min(Instant::now() + nap)).await;
+            nap(until).await;
             return Ok(());
-        }
+        };
         let server = &self.group.servers()[0];
         let kind = object.kind();
         self.waiters
