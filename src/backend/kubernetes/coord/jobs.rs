@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use super::io::{Decision, View, ms};
-use super::names::{ObjKind, object_name};
+use super::names::object_name;
 use super::{LeaseCoord, entry, grant, held};
-use crate::backend::coordination::{Outcome, Result, Token, TokenKind, Try};
+use crate::backend::coordination::{Kind, Outcome, Result, Token, TokenKind, Try};
 
 /// Whether the completion in `v` is `token`'s.
 fn done_by(v: &View, token: &str) -> bool {
@@ -25,8 +25,8 @@ impl LeaseCoord {
         ttl: Duration,
     ) -> Result<Try> {
         let name = format!("{queue}/{job}");
-        let object = object_name(ObjKind::Job, &name);
-        let t = self.target(ObjKind::Job, &name, &object);
+        let object = object_name(Kind::Job, &name);
+        let t = self.target(Kind::Job, &name, &object);
         let token = Token::new(TokenKind::Job, 0).to_string();
         self.update(&t, |v| {
             let refusal = if v.sight.done_live {
@@ -62,8 +62,8 @@ impl LeaseCoord {
         retention: Duration,
     ) -> Result<Outcome> {
         let name = format!("{queue}/{job}");
-        let object = object_name(ObjKind::Job, &name);
-        let t = self.target(ObjKind::Job, &name, &object);
+        let object = object_name(Kind::Job, &name);
+        let t = self.target(Kind::Job, &name, &object);
         self.update(&t, |v| {
             if done_by(v, token) {
                 // Completed by us already (a retry).
@@ -106,8 +106,8 @@ impl LeaseCoord {
         ttl: Option<Duration>,
     ) -> Result<Outcome> {
         let name = format!("{queue}/{job}");
-        let object = object_name(ObjKind::Job, &name);
-        let t = self.target(ObjKind::Job, &name, &object);
+        let object = object_name(Kind::Job, &name);
+        let t = self.target(Kind::Job, &name, &object);
         self.update(&t, |v| {
             let Some(mine) = held(v, token) else {
                 let other = v.sight.done_live || !v.sight.live.is_empty();

@@ -62,7 +62,7 @@ use crate::backend::coordination::{
 use io::{Decision, View, ms};
 use state::{Entry, Target};
 
-pub use names::{NAME_ANNOTATION, ObjKind, object_name};
+pub use names::{NAME_ANNOTATION, kind_label, object_name};
 pub use state::{ELECTION_LABEL, KIND_LABEL, STATE_ANNOTATION};
 
 /// Deadline of one API call of the coordination API.
@@ -156,7 +156,7 @@ impl LeaseCoord {
         self.following.load(Ordering::SeqCst)
     }
 
-    fn target<'a>(&'a self, kind: ObjKind, name: &'a str, object: &'a str) -> Target<'a> {
+    fn target<'a>(&'a self, kind: Kind, name: &'a str, object: &'a str) -> Target<'a> {
         Target {
             kind,
             name,
@@ -288,16 +288,6 @@ fn usable(token: &str, kind: TokenKind) -> bool {
     Token::parse(token).is_some_and(|t| t.kind == kind && t.lease == 0)
 }
 
-/// The object kind of the seam's `kind`.
-fn obj_kind(kind: Kind) -> ObjKind {
-    match kind {
-        Kind::Lock => ObjKind::Lock,
-        Kind::Semaphore => ObjKind::Semaphore,
-        Kind::RwLock => ObjKind::RwLock,
-        Kind::Job => ObjKind::Job,
-    }
-}
-
 #[async_trait]
 impl Coordinator for LeaseCoord {
     fn backend(&self) -> &'static str {
@@ -311,15 +301,15 @@ impl Coordinator for LeaseCoord {
     async fn acquire(&self, what: Acquire<'_>, owner: &str, ttl: Duration) -> Result<Try> {
         match what {
             Acquire::Lock(name) => {
-                let object = object_name(ObjKind::Lock, name);
-                let t = self.target(ObjKind::Lock, name, &object);
+                let object = object_name(Kind::Lock, name);
+                let t = self.target(Kind::Lock, name, &object);
                 let token = Token::new(TokenKind::Lock, 0);
                 self.take(&t, owner, ttl, 1, token, None).await
             }
             Acquire::FairLock { name, wait } => self.queue_for(name, owner, ttl, wait).await,
             Acquire::Semaphore { name, permits } => {
-                let object = object_name(ObjKind::Semaphore, name);
-                let t = self.target(ObjKind::Semaphore, name, &object);
+                let object = object_name(Kind::Semaphore, name);
+                let t = self.target(Kind::Semaphore, name, &object);
                 let token = Token::new(TokenKind::Permit, 0);
                 self.take(&t, owner, ttl, permits, token, Some(permits))
                     .await
@@ -342,7 +332,7 @@ impl Coordinator for LeaseCoord {
     async fn changed(&self, object: Object<'_>, seen: u64, until: Instant) -> Result<()> {
         match object {
             Object::Lock(name) | Object::Semaphore(name) => {
-                let object = object_name(obj_kind(object.kind()), name);
+                let object = object_name(object.kind(), name);
                 let fewer = |s: &book::Sight| (s.live.len() as u64) < seen;
                 self.sleep_on(&object, until, fewer).await;
                 Ok(())
@@ -397,8 +387,8 @@ impl LeaseCoord {
         if !ok {
             return Ok(Outcome::Gone);
         }
-        let object = object_name(obj_kind(kind), name);
-        let t = self.target(obj_kind(kind), name, &object);
+        let object = object_name(kind, name);
+        let t = self.target(kind, name, &object);
         self.act(&t, token, ttl).await
     }
 }
