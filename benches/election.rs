@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use support::backends::Backend;
 use support::*;
 use tokio::time::{Instant, sleep};
 
@@ -53,22 +54,20 @@ fn proc_stat(pid: u32) -> (f64, f64) {
     )
 }
 
-enum Server {
-    Etcd(Etcd),
-    Redis(RedisServer),
-}
-
-impl Server {
-    async fn counts(&self) -> BTreeMap<String, f64> {
-        match self {
-            Server::Etcd(e) => etcd_messages(e.port()).await,
-            Server::Redis(r) => {
-                let mut m = redis_calls(&mut r.conn().await).await;
-                // Our own INFO calls are not the group's load.
-                m.remove("info");
-                m
-            }
+/// Requests the group sent so far, by method (our own INFO calls are not
+/// the group's load).
+async fn counts(server: &Backend) -> BTreeMap<String, f64> {
+    match server {
+        Backend::Redis(r) => {
+            let mut m = redis_calls(&mut r.conn().await).await;
+            m.remove("info");
+            m
         }
+        Backend::Etcd(e) => etcd_messages(e.port()).await,
+        other => panic!(
+            "the election bench runs on etcd or Redis, not {}",
+            other.name()
+        ),
     }
 }
 
@@ -89,8 +88,8 @@ async fn main() {
         .unwrap_or(60);
     let backend = std::env::var("BENCH_BACKEND").unwrap_or_else(|_| "etcd".into());
     let server = match backend.as_str() {
-        "redis" => Server::Redis(RedisServer::start().await),
-        _ => Server::Etcd(Etcd::start().await),
+        "redis" => Backend::start("redis").await,
+        _ => Backend::start("etcd").await,
     };
     let mut b = Bench {
         server,
@@ -114,11 +113,11 @@ async fn main() {
     let (fm, fp, fx) = median(&mut failover);
     let ttl = &b.ttl;
     match &b.server {
-        Server::Etcd(_) => println!(
+        Backend::Etcd(_) => println!(
             "## leader-elector on etcd {} (loopback, 1 member, TTL {ttl}, {runs} runs)\n",
             etcd_version()
         ),
-        Server::Redis(_) => println!(
+        _ => println!(
             "## leader-elector on Redis {} (loopback, single instance, TTL {ttl}, {runs} runs)\n",
             redis_version()
         ),
@@ -130,13 +129,13 @@ async fn main() {
     );
     println!("| crash failover: SIGKILL → same | {fm:.0} ms | {fp:.0} ms | {fx:.0} ms |");
     println!();
-    rest.print(&backend, matches!(b.server, Server::Etcd(_)));
+    rest.print(&backend, matches!(b.server, Backend::Etcd(_)));
 }
 
 /// The benchmark's election: its server, its three candidates, and the
 /// leader among them.
 struct Bench {
-    server: Server,
+    server: Backend,
     election: String,
     /// The lease duration, as given (`5s`).
     ttl: String,
@@ -152,8 +151,12 @@ impl Bench {
         let id = format!("c{}", self.next_id);
         let flags = ["--lease-duration", self.ttl.as_str(), "--log-level", "warn"];
         match &self.server {
-            Server::Etcd(e) => Sidecar::start(&e.url, &self.election, &id, &flags),
-            Server::Redis(r) => redis_sidecar(&[&r.url], &self.election, &id, &flags),
+            Backend::Etcd(e) => Sidecar::start(&e.url, &self.election, &id, &flags),
+            Backend::Redis(r) => redis_sidecar(&[&r.url], &self.election, &id, &flags),
+            other => panic!(
+                "the election bench runs on etcd or Redis, not {}",
+                other.name()
+            ),
         }
     }
 
@@ -195,9 +198,9 @@ impl Bench {
         let pid = |s: &Sidecar| s.pid();
         let (_, cpu_l0) = proc_stat(pid(&cs[leader]));
         let (_, cpu_f0) = proc_stat(pid(&cs[follower]));
-        let m0 = self.server.counts().await;
+        let m0 = counts(&self.server).await;
         sleep(Duration::from_secs(rest_secs)).await;
-        let m1 = self.server.counts().await;
+        let m1 = counts(&self.server).await;
         let (rss_l, cpu_l1) = proc_stat(pid(&cs[leader]));
         let (rss_f, cpu_f1) = proc_stat(pid(&cs[follower]));
         let per_min = 60.0 / rest_secs as f64;

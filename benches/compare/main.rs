@@ -49,7 +49,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use support::procfs::{cpu_seconds, loadavg, pss_kib, rss_kib};
-use support::{Etcd, RedisServer, Sidecar, env_or, http_get, redis_sidecar, require};
+use support::{Sidecar, env_or, http_get, redis_sidecar, require};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;

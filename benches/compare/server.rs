@@ -2,6 +2,7 @@
 //! kit), what they served, and what a process used.
 
 use super::*;
+use support::backends::Backend;
 
 // ---------------------------------------------------------------- backends
 
@@ -17,50 +18,46 @@ pub(super) struct Server {
     pub(super) kind: Kind,
     pub(super) url: String,
     pub(super) port: u16,
-    pub(super) process: Process,
+    pub(super) process: Backend,
     /// A connection kept open for `INFO commandstats` (a new one would add
     /// HELLO/CLIENT commands to the counts).
     pub(super) redis: Option<redis::aio::MultiplexedConnection>,
-}
-
-/// The kit's server behind a [`Server`].
-pub(super) enum Process {
-    Etcd(Etcd),
-    Redis(RedisServer),
 }
 
 impl Server {
     pub(super) async fn start(kind: Kind) -> Arc<Server> {
         Arc::new(match kind {
             Kind::Etcd => {
-                let e = Etcd::start().await;
+                let process = Backend::start("etcd").await;
+                let Backend::Etcd(e) = &process else {
+                    unreachable!("an etcd fixture")
+                };
                 Server {
                     kind,
                     url: e.url.clone(),
                     port: e.port(),
-                    process: Process::Etcd(e),
                     redis: None,
+                    process,
                 }
             }
             Kind::Redis => {
-                let r = RedisServer::start().await;
+                let process = Backend::start("redis").await;
+                let Backend::Redis(r) = &process else {
+                    unreachable!("a Redis fixture")
+                };
                 Server {
                     kind,
                     url: r.url.clone(),
                     port: r.port,
                     redis: Some(r.conn().await),
-                    process: Process::Redis(r),
+                    process,
                 }
             }
         })
     }
 
     pub(super) fn pid(&self) -> u32 {
-        match &self.process {
-            Process::Etcd(e) => e.pid(),
-            Process::Redis(r) => r.pid(),
-        }
-        .unwrap_or(0)
+        self.process.pids().first().copied().unwrap_or(0)
     }
 
     /// etcd's WAL fsyncs so far: (seconds spent, count); (0, 0) for Redis.

@@ -1,7 +1,7 @@
 //! The coordination seam: the [`Coordinator`] trait every backend that serves
 //! named locks, fair locks, semaphores and job claims implements, and the
-//! values it exchanges ([`Grant`], [`Try`], [`Claim`], [`Outcome`],
-//! [`Token`], [`CoordError`], [`RwMode`], [`WriteIntent`]). The service, its
+//! values it exchanges ([`Acquire`], [`Object`], [`Grant`], [`Try`],
+//! [`Outcome`], [`Token`], [`CoordError`], [`RwMode`], [`WriteIntent`]). The service, its
 //! HTTP handlers and metrics are in `crate::coord`.
 //!
 //! Safety rules kept by every backend implementation (the bugs hand-rolled
@@ -48,21 +48,13 @@ pub struct Grant {
 /// The answer to one acquisition attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Try {
-    /// Granted.
+    /// Granted (for jobs: claimed).
     Acquired(Grant),
-    /// Held by someone else: the holder's owner label (locks).
+    /// Held by someone else: the holder's owner label (locks, read-write
+    /// locks, job claims).
     Held(String),
     /// A semaphore with all its permits live: how many are live.
     Full(u64),
-}
-
-/// The answer to a job claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// This client now holds the claim.
-    Claimed(Grant),
-    /// Another client holds a live claim (its owner label).
-    ClaimedByOther(String),
     /// The job was completed (and is remembered for the retention time).
     Completed,
 }
@@ -80,13 +72,109 @@ pub enum Outcome {
     AlreadyReleased,
 }
 
-/// Which kind of object a token belongs to.
+/// Which primitive an object is: a new primitive is a new kind, not a
+/// family of trait methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// A named lock (fair or not).
     Lock,
     /// A semaphore permit.
     Semaphore,
+    /// A read-write lock (a reader's or the writer's hold).
+    RwLock,
+    /// A job claim.
+    Job,
+}
+
+/// One object of the coordination API: what a token renews, releases or
+/// waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Object<'a> {
+    /// Lock `name`.
+    Lock(&'a str),
+    /// Semaphore `name`.
+    Semaphore(&'a str),
+    /// Read-write lock `name`.
+    RwLock(&'a str),
+    /// Job `job` of `queue`.
+    Job {
+        /// The queue.
+        queue: &'a str,
+        /// The job within it.
+        job: &'a str,
+    },
+}
+
+impl<'a> Object<'a> {
+    /// Its kind.
+    pub fn kind(self) -> Kind {
+        match self {
+            Object::Lock(_) => Kind::Lock,
+            Object::Semaphore(_) => Kind::Semaphore,
+            Object::RwLock(_) => Kind::RwLock,
+            Object::Job { .. } => Kind::Job,
+        }
+    }
+
+    /// Its name (a job's queue): what metrics count it under.
+    pub fn name(self) -> &'a str {
+        match self {
+            Object::Lock(n) | Object::Semaphore(n) | Object::RwLock(n) => n,
+            Object::Job { queue, .. } => queue,
+        }
+    }
+}
+
+/// One acquisition, parsed once from the request: what to take and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquire<'a> {
+    /// Lock `name`, one attempt.
+    Lock(&'a str),
+    /// Lock `name` in arrival order, waiting up to `wait` in the backend's
+    /// queue (backends whose [`Coordinator::queues`] is true).
+    FairLock {
+        /// The lock.
+        name: &'a str,
+        /// How long to wait in the queue.
+        wait: Duration,
+    },
+    /// One of `permits` permits of semaphore `name`.
+    Semaphore {
+        /// The semaphore.
+        name: &'a str,
+        /// Its size.
+        permits: u32,
+    },
+    /// Read-write lock `name` in `mode`. A writer refused while it waits
+    /// passes `intent`, which the backend records when no other writer's is
+    /// live ([`WriteIntent`]); granted, its intent goes.
+    RwLock {
+        /// The lock.
+        name: &'a str,
+        /// Reader or writer.
+        mode: RwMode,
+        /// A waiting writer's intent.
+        intent: Option<&'a WriteIntent>,
+    },
+    /// A claim on job `job` of `queue`, unless claimed or completed.
+    Job {
+        /// The queue.
+        queue: &'a str,
+        /// The job within it.
+        job: &'a str,
+    },
+}
+
+impl<'a> Acquire<'a> {
+    /// The object it takes.
+    pub fn object(&self) -> Object<'a> {
+        match *self {
+            Acquire::Lock(name) | Acquire::FairLock { name, .. } => Object::Lock(name),
+            Acquire::Semaphore { name, .. } => Object::Semaphore(name),
+            Acquire::RwLock { name, .. } => Object::RwLock(name),
+            Acquire::Job { queue, job } => Object::Job { queue, job },
+        }
+    }
 }
 
 /// The mode of a read-write lock request (`mode=read|write`).
@@ -183,46 +271,36 @@ pub enum CoordError {
 /// Shorthand.
 pub type Result<T, E = CoordError> = std::result::Result<T, E>;
 
-/// The coordination verbs of one backend. Each call is one attempt; waiting
-/// (`wait=`) is done by the service (`crate::coord::Service`) except for
-/// fair locks, which queue.
+/// Sleep until `until`, at most 50 ms: the look-again pause of a waiter
+/// that nothing can wake (no watch, no channel to trust).
+pub async fn nap(until: Instant) {
+    tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
+}
+
+/// The coordination verbs of one backend: one verb set over every [`Kind`].
+/// Each call is one attempt; waiting (`wait=`) is done by the service
+/// (`crate::coord::Service`) except for fair locks, which queue.
 #[async_trait]
 pub trait Coordinator: Send + Sync {
     /// Backend name.
     fn backend(&self) -> &'static str;
-    /// Whether [`Coordinator::lock_fair`] queues waiters (then plain requests
+    /// Whether [`Acquire::FairLock`] queues waiters (then plain requests
     /// that may wait queue too). Default: no.
     fn queues(&self) -> bool {
         false
     }
-    /// Try once to take lock `name` for `ttl`, labelled with `owner`.
-    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try>;
-    /// Take lock `name` in arrival order, waiting up to `wait` (etcd only).
-    async fn lock_fair(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Try>;
-    /// Try once to take one of `permits` permits of semaphore `name`.
-    async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try>;
-    /// Extend a lock or permit; never re-creates an expired one.
-    async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome>;
-    /// Release a lock or permit if `token` still holds it.
-    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome>;
-    /// Wait until lock or semaphore `name` may have changed (a holder left or
-    /// expired), or until `until`. `seen` is what the last attempt saw: 1
-    /// holder (locks) or the live permits (semaphores). Backends that can
-    /// tell (etcd: a watch; Redis: pub/sub and the holder's expiry) override
-    /// it; the default sleeps 50 ms.
-    async fn changed(&self, _kind: Kind, _name: &str, _seen: u64, until: Instant) -> Result<()> {
-        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
-        Ok(())
-    }
-    /// Claim job `job` of `queue` for `ttl` unless claimed or completed.
-    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim>;
-    /// Mark a claimed job completed, remembered for `retention`.
+    /// Try once to take `what` for `ttl`, labelled with `owner` (a fair lock
+    /// waits in its queue). Answers [`Try::Held`] with the holder's owner (a
+    /// read-write lock's: the writer, a reader, or the waiting writer).
+    async fn acquire(&self, what: Acquire<'_>, owner: &str, ttl: Duration) -> Result<Try>;
+    /// Extend the hold `token` has on `object`; never re-creates an expired
+    /// one, never touches a completed job.
+    async fn renew(&self, object: Object<'_>, token: &str, ttl: Duration) -> Result<Outcome>;
+    /// Give `object` back if `token` still holds it (a job can be claimed
+    /// again at once).
+    async fn release(&self, object: Object<'_>, token: &str) -> Result<Outcome>;
+    /// Mark job `job` of `queue`, claimed by `token`, completed, remembered
+    /// for `retention`.
     async fn complete(
         &self,
         queue: &str,
@@ -230,59 +308,19 @@ pub trait Coordinator: Send + Sync {
         token: &str,
         retention: Duration,
     ) -> Result<Outcome>;
-    /// Try once to take read-write lock `name` in `mode` for `ttl`. A writer
-    /// refused while it waits passes `intent`, which the backend records when
-    /// no other writer's is live ([`WriteIntent`]); granted, its intent goes.
-    /// Answers [`Try::Held`] with the writer's owner, a reader's, or the
-    /// waiting writer's. Default: [`CoordError::Unsupported`].
-    async fn rwlock(
-        &self,
-        _name: &str,
-        _owner: &str,
-        _mode: RwMode,
-        _ttl: Duration,
-        _intent: Option<&WriteIntent>,
-    ) -> Result<Try> {
-        Err(self.unserved("read-write locks"))
-    }
     /// Remove the writer intent `id` of read-write lock `name` when it is
     /// still there (the writer gave up). Default: nothing to remove.
-    async fn rw_give_up(&self, _name: &str, _id: &str) -> Result<()> {
+    async fn give_up(&self, _name: &str, _id: &str) -> Result<()> {
         Ok(())
     }
-    /// Extend a reader's or writer's hold of read-write lock `name`; never
-    /// re-creates an expired one. Default: [`CoordError::Unsupported`].
-    async fn rw_renew(&self, _name: &str, _token: &str, _ttl: Duration) -> Result<Outcome> {
-        Err(self.unserved("read-write locks"))
-    }
-    /// Release a reader's or writer's hold of read-write lock `name` if
-    /// `token` still holds it. Default: [`CoordError::Unsupported`].
-    async fn rw_release(&self, _name: &str, _token: &str) -> Result<Outcome> {
-        Err(self.unserved("read-write locks"))
-    }
-    /// Wait until read-write lock `name` may have changed (a reader, writer
-    /// or writer intent left or expired), or until `until`. Default: sleeps
-    /// 50 ms.
-    async fn rw_changed(&self, _name: &str, until: Instant) -> Result<()> {
-        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50))).await;
+    /// Wait until `object` may have changed (a holder, reader, writer or
+    /// writer intent left or expired), or until `until`. `seen` is what the
+    /// last attempt saw: 1 holder (locks) or the live permits (semaphores).
+    /// Backends that can tell (etcd: a watch; Redis: pub/sub and the
+    /// holder's expiry) override it; the default sleeps 50 ms.
+    async fn changed(&self, _object: Object<'_>, _seen: u64, until: Instant) -> Result<()> {
+        nap(until).await;
         Ok(())
-    }
-    /// Extend the claim on job `job` of `queue` that `token` holds; never
-    /// re-creates an expired claim, never touches a completed job. Default:
-    /// [`CoordError::Unsupported`].
-    async fn job_renew(
-        &self,
-        _queue: &str,
-        _job: &str,
-        _token: &str,
-        _ttl: Duration,
-    ) -> Result<Outcome> {
-        Err(self.unserved("renewing job claims"))
-    }
-    /// Give the claim on job `job` of `queue` back if `token` holds it: the
-    /// job can be claimed again at once. Default: [`CoordError::Unsupported`].
-    async fn job_release(&self, _queue: &str, _job: &str, _token: &str) -> Result<Outcome> {
-        Err(self.unserved("giving job claims back"))
     }
     /// The error of a verb this backend does not serve.
     fn unserved(&self, what: &str) -> CoordError {

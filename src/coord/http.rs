@@ -33,7 +33,7 @@ use serde_json::json;
 
 use super::params::{ClaimParams, LockParams, SemaphoreParams};
 pub(super) use super::params::{RenewParams, TokenParams, token};
-use super::{Claim, CoordError, Kind, Outcome, Service, Try, check_name, check_owner};
+use super::{Acquire, CoordError, Object, Outcome, Service, Try, check_name, check_owner};
 use crate::http::{error_response, json_response};
 use crate::query::Strict;
 
@@ -48,7 +48,6 @@ pub const MAX_WAIT: Duration = Duration::from_secs(300);
 /// Most permits of a semaphore.
 pub const MAX_PERMITS: u32 = 10_000;
 
-#[path = "periods_http.rs"]
 mod periods;
 
 /// State of the coordination handlers.
@@ -190,6 +189,10 @@ pub(super) fn acquired(t: Try) -> Response {
             StatusCode::CONFLICT,
             json!({ "error": BUSY, "live_permits": live }),
         ),
+        Try::Completed => json_response(
+            StatusCode::CONFLICT,
+            json!({ "error": "already completed", "state": "completed" }),
+        ),
     }
 }
 
@@ -248,7 +251,12 @@ async fn lock_acquire(
             return bad(format!("parameter 'fair' ({other}) must be true or false"));
         }
     };
-    match s.service.lock(&name, &owner, ttl, wait, fair).await {
+    let what = if fair {
+        Acquire::FairLock { name: &name, wait }
+    } else {
+        Acquire::Lock(&name)
+    };
+    match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
         Err(e) => backend_error(e),
     }
@@ -256,11 +264,11 @@ async fn lock_acquire(
 
 /// What a route of `/locks` (`SEM = false`) or `/semaphores` (`SEM =
 /// true`) serves, and how its name is called in errors.
-fn kind_of(sem: bool) -> (Kind, &'static str) {
+fn object_of(sem: bool, name: &str) -> (Object<'_>, &'static str) {
     if sem {
-        (Kind::Semaphore, "semaphore name")
+        (Object::Semaphore(name), "semaphore name")
     } else {
-        (Kind::Lock, "lock name")
+        (Object::Lock(name), "lock name")
     }
 }
 
@@ -282,7 +290,7 @@ async fn renew<const SEM: bool>(
     Strict(p): Strict<RenewParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let (kind, what) = kind_of(SEM);
+    let (object, what) = object_of(SEM, &name);
     let checked = name_and_token(what, &name, p.token.as_deref(), &body).and_then(|token| {
         let ttl = duration(
             p.ttl.as_deref(),
@@ -297,7 +305,7 @@ async fn renew<const SEM: bool>(
         Ok(v) => v,
         Err(r) => return reply(r),
     };
-    match s.service.renew(kind, &name, &token, ttl).await {
+    match s.service.renew(object, &token, ttl).await {
         Ok(o) => renewed(o),
         Err(e) => backend_error(e),
     }
@@ -310,12 +318,12 @@ async fn release<const SEM: bool>(
     Strict(p): Strict<TokenParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let (kind, what) = kind_of(SEM);
+    let (object, what) = object_of(SEM, &name);
     let token = match name_and_token(what, &name, p.token.as_deref(), &body) {
         Ok(t) => t,
         Err(r) => return reply(r),
     };
-    match s.service.release(kind, &name, &token).await {
+    match s.service.release(object, &token).await {
         Ok(o) => released(o),
         Err(e) => backend_error(e),
     }
@@ -351,7 +359,11 @@ async fn sem_acquire(
         Ok(v) => v,
         Err(r) => return reply(r),
     };
-    match s.service.semaphore(&name, &owner, permits, ttl, wait).await {
+    let what = Acquire::Semaphore {
+        name: &name,
+        permits,
+    };
+    match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
         Err(e) => backend_error(e),
     }
@@ -378,21 +390,22 @@ async fn job_claim(
         (Ok(t), Ok(o)) => (t, o),
         (Err(r), _) | (_, Err(r)) => return reply(r),
     };
-    claimed(s.service.claim(&queue, &job, &owner, ttl).await)
+    let what = Acquire::Job {
+        queue: &queue,
+        job: &job,
+    };
+    claimed(s.service.acquire(what, &owner, ttl, Duration::ZERO).await)
 }
 
 /// The answer to a job claim.
-fn claimed(r: Result<Claim, CoordError>) -> Response {
+fn claimed(r: Result<Try, CoordError>) -> Response {
     match r {
-        Ok(Claim::Claimed(g)) => json_response(StatusCode::OK, g),
-        Ok(Claim::ClaimedByOther(h)) => json_response(
+        Ok(Try::Acquired(g)) => json_response(StatusCode::OK, g),
+        Ok(Try::Held(h)) => json_response(
             StatusCode::CONFLICT,
             json!({ "error": "claimed by someone else", "state": "claimed", "holder": h }),
         ),
-        Ok(Claim::Completed) => json_response(
-            StatusCode::CONFLICT,
-            json!({ "error": "already completed", "state": "completed" }),
-        ),
+        Ok(other @ (Try::Completed | Try::Full(_))) => acquired(other),
         Err(e) => backend_error(e),
     }
 }

@@ -13,11 +13,11 @@ use axum::response::Response;
 use axum::routing::post;
 use serde::Deserialize;
 
-use super::RwMode;
 use super::http::{
     Bad, CoordState, MAX_TTL, MIN_TTL, RenewParams, TokenParams, acquire_params, acquired,
     backend_error, duration, name_ok, reject, released, renewed, reply, token,
 };
+use super::{Acquire, Object, RwMode};
 use crate::query::Strict;
 
 /// `POST /rwlocks/{name}`.
@@ -73,7 +73,12 @@ async fn rw_acquire(
         Ok(v) => v,
         Err(r) => return reply(r),
     };
-    match s.service.rwlock(&name, &owner, mode, ttl, wait).await {
+    let what = Acquire::RwLock {
+        name: &name,
+        mode,
+        intent: None,
+    };
+    match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
         Err(e) => backend_error(e),
     }
@@ -105,7 +110,7 @@ async fn rw_renew(
         Ok(v) => v,
         Err(r) => return reply(r),
     };
-    match s.service.rw_renew(&name, &token, ttl).await {
+    match s.service.renew(Object::RwLock(&name), &token, ttl).await {
         Ok(o) => renewed(o),
         Err(e) => backend_error(e),
     }
@@ -124,10 +129,15 @@ async fn rw_release(
         Ok(t) => t,
         Err(r) => return reply(r),
     };
-    match s.service.rw_release(&name, &token).await {
+    match s.service.release(Object::RwLock(&name), &token).await {
         Ok(o) => released(o),
         Err(e) => backend_error(e),
     }
+}
+
+/// Job `job` of `queue`.
+fn job_object<'a>(queue: &'a str, job: &'a str) -> Object<'a> {
+    Object::Job { queue, job }
 }
 
 fn job_ok(queue: &str, job: &str) -> Result<(), Bad> {
@@ -147,7 +157,7 @@ async fn job_renew(
         Ok(v) => v,
         Err(r) => return reply(r),
     };
-    match s.service.job_renew(&queue, &job, &token, ttl).await {
+    match s.service.renew(job_object(&queue, &job), &token, ttl).await {
         Ok(o) => renewed(o),
         Err(e) => backend_error(e),
     }
@@ -165,7 +175,7 @@ pub(super) async fn job_release(
         Ok(t) => t,
         Err(r) => return reply(r),
     };
-    match s.service.job_release(&queue, &job, &token).await {
+    match s.service.release(job_object(&queue, &job), &token).await {
         Ok(o) => released(o),
         Err(e) => backend_error(e),
     }

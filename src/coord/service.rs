@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Claim, CoordError, CoordMetrics, Coordinator, Grant, Kind, Outcome, Result, Try};
+use super::{
+    Acquire, CoordError, CoordMetrics, Coordinator, Grant, Kind, Object, Outcome, Result, Try,
+};
 
 /// The coordination service: a [`Coordinator`] plus waiting, metrics and the
 /// set of grants made through this sidecar (for `dist_locks_active`).
@@ -147,46 +149,25 @@ impl Service {
     }
 
     /// Retry `attempt` until it grants or `wait` passes. Between attempts
-    /// the waiter sleeps until the backend reports a change of `name`
-    /// ([`Coordinator::changed`]) or a release through this sidecar wakes it.
+    /// the waiter sleeps until the backend reports a change of `object`
+    /// ([`Coordinator::changed`]) or a release through this sidecar wakes it
+    /// ([`Service::wake`]). Counted in metrics under the object's name.
     async fn with_wait<F, Fut>(
         &self,
-        kind: Kind,
-        name: &str,
-        wait: Duration,
-        attempt: F,
-    ) -> Result<Try>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<Try>>,
-    {
-        let changed = |seen, deadline| self.coord.changed(kind, name, seen, deadline);
-        self.wait_on((kind, name), name, wait, attempt, changed)
-            .await
-    }
-
-    /// [`Service::with_wait`] for any object: woken by the local releases
-    /// filed under `wake` ([`Service::wake`]) or by `changed(seen, until)`,
-    /// counted in metrics under `name`.
-    async fn wait_on<F, Fut, C, CFut>(
-        &self,
-        wake: (Kind, &str),
-        name: &str,
+        object: Object<'_>,
         wait: Duration,
         mut attempt: F,
-        changed: C,
     ) -> Result<Try>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Try>>,
-        C: Fn(u64, Instant) -> CFut,
-        CFut: std::future::Future<Output = Result<()>>,
     {
+        let name = object.name();
         let started = Instant::now();
         let deadline = started + wait;
         let mut waiter: Option<Waiting<'_>> = None;
         loop {
-            let wake = self.wakeup(wake.0, wake.1);
+            let wake = self.wakeup(object);
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -214,12 +195,12 @@ impl Service {
             }
             tokio::select! {
                 _ = notified => {}
-                r = changed(seen, deadline) => {
+                r = self.coord.changed(object, seen, deadline) => {
                     if let Err(e) = r {
                         // A broken watch is no reason to fail the
                         // request: fall back to a short sleep.
                         tracing::debug!(error = %e, name, "waiting for a change failed");
-                        tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(50))).await;
+                        super::nap(deadline).await;
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {}
@@ -249,33 +230,35 @@ impl Service {
         Ok(Waiting(&self.waiting))
     }
 
-    /// The local wake-up of waiters on `name` (released through this sidecar).
-    fn wakeup(&self, kind: Kind, name: &str) -> Arc<Notify> {
+    /// The local wake-up of waiters on `object` (released through this
+    /// sidecar).
+    fn wakeup(&self, object: Object<'_>) -> Arc<Notify> {
         let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
         if w.len() > 10_000 {
             // Drop entries nobody waits on (only the map holds them).
             w.retain(|_, n| Arc::strong_count(n) > 1);
         }
-        w.entry((kind, name.to_owned()))
+        w.entry((object.kind(), object.name().to_owned()))
             .or_insert_with(|| Arc::new(Notify::new()))
             .clone()
     }
 
-    fn wake(&self, kind: Kind, name: &str) {
-        if let Some(n) = self.woken(kind, name) {
-            // One release frees one lock or permit: wake one waiter (it
-            // always retries once woken, so the wake-up is never lost).
-            n.notify_one();
-        }
-    }
-
-    /// The wake-up of waiters on `name`, if anyone made one.
-    fn woken(&self, kind: Kind, name: &str) -> Option<Arc<Notify>> {
-        self.wakeups
+    /// Wake the local waiters on `object` after a release: one for a lock or
+    /// a semaphore (one release frees one lock or permit; a woken waiter
+    /// always retries, so the wake-up is never lost), all for a read-write
+    /// lock (a writer's release may let every waiting reader in).
+    fn wake(&self, object: Object<'_>) {
+        let woken = self
+            .wakeups
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(kind, name.to_owned()))
-            .cloned()
+            .get(&(object.kind(), object.name().to_owned()))
+            .cloned();
+        match (woken, object.kind()) {
+            (Some(n), Kind::RwLock) => n.notify_waiters(),
+            (Some(n), _) => n.notify_one(),
+            (None, _) => {}
+        }
     }
 
     /// Requests waiting right now (for tests and metrics).
@@ -283,98 +266,92 @@ impl Service {
         self.waiting.load(Ordering::SeqCst)
     }
 
-    /// Acquire lock `name`, waiting up to `wait`; in arrival order when `fair`.
+    /// Acquire `what` for `ttl`, labelled `owner`, waiting up to `wait`:
+    /// a lock in arrival order where the backend queues, a read-write lock's
+    /// writer keeping new readers out while it waits (the service makes its
+    /// intent: one given in `what` is not used); a job claim never waits.
     ///
     /// # Errors
-    /// [`CoordError`] from the backend, or `Unsupported` for fair locks on Redis.
-    pub async fn lock(
+    /// [`CoordError`] from the backend, `Unsupported` for what it does not
+    /// serve (fair locks on Redis).
+    pub async fn acquire(
         &self,
-        name: &str,
+        what: Acquire<'_>,
         owner: &str,
         ttl: Duration,
         wait: Duration,
-        fair: bool,
     ) -> Result<Try> {
-        // A plain request that may wait joins the queue where the backend
-        // has one (etcd) at once: joining takes the lock when nobody holds it
-        // and nobody queues (exactly a plain try), in fewer round trips than
-        // a try first; one name is one lock, and each release wakes one waiter.
-        let queue = fair || (!wait.is_zero() && self.coord.queues());
-        self.budgeted(wait, self.lock_in(name, owner, ttl, wait, queue))
-            .await
-    }
-
-    /// [`Service::lock`] within its budget; `queue`: through the backend's
-    /// queue.
-    async fn lock_in(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-        queue: bool,
-    ) -> Result<Try> {
-        if queue {
-            let started = Instant::now();
-            let _waiting = if wait.is_zero() {
-                None
-            } else {
-                Some(self.enter_wait()?)
-            };
-            let r = self.coord.lock_fair(name, owner, ttl, wait).await;
-            match &r {
-                Ok(Try::Acquired(g)) => self.note(name, "acquired", started, Some(g)),
-                Ok(_) => self.note(name, "busy", started, None),
-                Err(_) => self.note(name, "error", started, None),
+        match what {
+            // A plain request that may wait joins the queue where the backend
+            // has one (etcd) at once: joining takes the lock when nobody
+            // holds it and nobody queues (exactly a plain try), in fewer
+            // round trips than a try first; one name is one lock, and each
+            // release wakes one waiter.
+            Acquire::Lock(name) if !wait.is_zero() && self.coord.queues() => {
+                let fair = Acquire::FairLock { name, wait };
+                self.budgeted(wait, self.queued(fair, owner, ttl, wait))
+                    .await
             }
-            return r;
+            Acquire::FairLock { .. } => {
+                self.budgeted(wait, self.queued(what, owner, ttl, wait))
+                    .await
+            }
+            Acquire::Lock(_) | Acquire::Semaphore { .. } => {
+                let attempt = || self.coord.acquire(what, owner, ttl);
+                self.budgeted(wait, self.with_wait(what.object(), wait, attempt))
+                    .await
+            }
+            Acquire::RwLock { name, mode, .. } => {
+                self.budgeted(wait, self.rwlock_in(name, owner, mode, ttl, wait))
+                    .await
+            }
+            Acquire::Job { .. } => {
+                let started = Instant::now();
+                let r = self
+                    .budgeted(Duration::ZERO, self.coord.acquire(what, owner, ttl))
+                    .await;
+                self.noted(what.object().name(), started, &r);
+                r
+            }
         }
-        self.with_wait(Kind::Lock, name, wait, || self.coord.lock(name, owner, ttl))
-            .await
     }
 
-    /// Acquire one of `permits` permits of `name`, waiting up to `wait`.
-    ///
-    /// # Errors
-    /// [`CoordError`] from the backend.
-    pub async fn semaphore(
+    /// A fair lock through the backend's queue, where it waits.
+    async fn queued(
         &self,
-        name: &str,
+        fair: Acquire<'_>,
         owner: &str,
-        permits: u32,
         ttl: Duration,
         wait: Duration,
     ) -> Result<Try> {
-        let request = self.with_wait(Kind::Semaphore, name, wait, || {
-            self.coord.semaphore(name, owner, permits, ttl)
-        });
-        self.budgeted(wait, request).await
+        let started = Instant::now();
+        let _waiting = if wait.is_zero() {
+            None
+        } else {
+            Some(self.enter_wait()?)
+        };
+        let r = self.coord.acquire(fair, owner, ttl).await;
+        self.noted(fair.object().name(), started, &r);
+        r
     }
 
-    /// Renew a lock or permit.
+    /// Count the answer `r` to a request that started at `started`.
+    fn noted(&self, name: &str, started: Instant, r: &Result<Try>) {
+        match r {
+            Ok(Try::Acquired(g)) => self.note(name, "acquired", started, Some(g)),
+            Ok(_) => self.note(name, "busy", started, None),
+            Err(_) => self.note(name, "error", started, None),
+        }
+    }
+
+    /// Renew the hold `token` has on `object`.
     ///
     /// # Errors
     /// [`CoordError`] from the backend.
-    pub async fn renew(
-        &self,
-        kind: Kind,
-        name: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<Outcome> {
-        self.renew_by(token, ttl, self.coord.renew(kind, name, token, ttl))
-            .await
-    }
-
-    /// Run the renewal `renew` of `token` within its budget and keep the
-    /// grants of this sidecar up to date with its answer.
-    async fn renew_by(
-        &self,
-        token: &str,
-        ttl: Duration,
-        renew: impl std::future::Future<Output = Result<Outcome>>,
-    ) -> Result<Outcome> {
-        let r = self.budgeted(Duration::ZERO, renew).await?;
+    pub async fn renew(&self, object: Object<'_>, token: &str, ttl: Duration) -> Result<Outcome> {
+        let r = self
+            .budgeted(Duration::ZERO, self.coord.renew(object, token, ttl))
+            .await?;
         match r {
             Outcome::Ok(Some(t)) => self.extend(token, t),
             Outcome::Ok(None) => self.extend(token, ttl),
@@ -383,28 +360,13 @@ impl Service {
         Ok(r)
     }
 
-    /// Release a lock or permit.
+    /// Give `object` back if `token` holds it, unless it was released
+    /// through this sidecar already; once released, wake the local waiters
+    /// and remember the token (a repeated DELETE answers "already released").
     ///
     /// # Errors
     /// [`CoordError`] from the backend.
-    pub async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
-        let release = || self.coord.release(kind, name, token);
-        self.release_by(token, release, || self.wake(kind, name))
-            .await
-    }
-
-    /// Run `release` of `token` within its budget unless it was released
-    /// through this sidecar already; once released, `wake` the local waiters
-    /// and remember the token (a repeated DELETE answers "already released").
-    async fn release_by<Fut>(
-        &self,
-        token: &str,
-        release: impl FnOnce() -> Fut,
-        wake: impl FnOnce(),
-    ) -> Result<Outcome>
-    where
-        Fut: std::future::Future<Output = Result<Outcome>>,
-    {
+    pub async fn release(&self, object: Object<'_>, token: &str) -> Result<Outcome> {
         if self
             .released
             .lock()
@@ -413,9 +375,11 @@ impl Service {
         {
             return Ok(Outcome::AlreadyReleased);
         }
-        let r = self.budgeted(Duration::ZERO, release()).await?;
+        let r = self
+            .budgeted(Duration::ZERO, self.coord.release(object, token))
+            .await?;
         if r == Outcome::Ok(None) {
-            wake();
+            self.wake(object);
             let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
             if released.len() >= REMEMBERED_RELEASES {
                 released.clear();
@@ -426,23 +390,6 @@ impl Service {
             self.forget(token);
         }
         Ok(r)
-    }
-
-    /// Claim a job.
-    ///
-    /// # Errors
-    /// [`CoordError`] from the backend.
-    pub async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
-        let started = Instant::now();
-        let r = self
-            .budgeted(Duration::ZERO, self.coord.claim(queue, job, owner, ttl))
-            .await;
-        match &r {
-            Ok(Claim::Claimed(g)) => self.note(queue, "acquired", started, Some(g)),
-            Ok(_) => self.note(queue, "busy", started, None),
-            Err(_) => self.note(queue, "error", started, None),
-        }
-        r
     }
 
     /// Complete a claimed job.
@@ -465,7 +412,6 @@ impl Service {
     }
 }
 
-#[path = "service_rw.rs"]
 mod rw;
 
 /// One attempt; while the backend answers a promotion hold-off
@@ -487,5 +433,4 @@ where
 }
 
 #[cfg(test)]
-#[path = "service_tests.rs"]
 mod tests;

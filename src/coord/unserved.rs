@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Claim, CoordError, Coordinator, Kind, Outcome, RwMode, Try, WriteIntent};
+use super::{Acquire, CoordError, Coordinator, Object, Outcome, Result, Try};
 
 /// The coordination API of a backend that has none: every call answers
 /// [`CoordError::Unsupported`] with one message (which backends do serve it,
@@ -22,7 +22,7 @@ impl Unserved {
         Unserved { backend, message }
     }
 
-    fn unsupported<T>(&self) -> std::result::Result<T, CoordError> {
+    fn unsupported<T>(&self) -> Result<T> {
         Err(CoordError::Unsupported(self.message.clone()))
     }
 }
@@ -32,93 +32,16 @@ impl Coordinator for Unserved {
     fn backend(&self) -> &'static str {
         self.backend
     }
-    async fn lock(&self, _: &str, _: &str, _: Duration) -> std::result::Result<Try, CoordError> {
+    async fn acquire(&self, _: Acquire<'_>, _: &str, _: Duration) -> Result<Try> {
         self.unsupported()
     }
-    async fn lock_fair(
-        &self,
-        _: &str,
-        _: &str,
-        _: Duration,
-        _: Duration,
-    ) -> std::result::Result<Try, CoordError> {
+    async fn renew(&self, _: Object<'_>, _: &str, _: Duration) -> Result<Outcome> {
         self.unsupported()
     }
-    async fn semaphore(
-        &self,
-        _: &str,
-        _: &str,
-        _: u32,
-        _: Duration,
-    ) -> std::result::Result<Try, CoordError> {
+    async fn release(&self, _: Object<'_>, _: &str) -> Result<Outcome> {
         self.unsupported()
     }
-    async fn renew(
-        &self,
-        _: Kind,
-        _: &str,
-        _: &str,
-        _: Duration,
-    ) -> std::result::Result<Outcome, CoordError> {
-        self.unsupported()
-    }
-    async fn release(&self, _: Kind, _: &str, _: &str) -> std::result::Result<Outcome, CoordError> {
-        self.unsupported()
-    }
-    async fn claim(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: Duration,
-    ) -> std::result::Result<Claim, CoordError> {
-        self.unsupported()
-    }
-    async fn complete(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: Duration,
-    ) -> std::result::Result<Outcome, CoordError> {
-        self.unsupported()
-    }
-    async fn rwlock(
-        &self,
-        _: &str,
-        _: &str,
-        _: RwMode,
-        _: Duration,
-        _: Option<&WriteIntent>,
-    ) -> std::result::Result<Try, CoordError> {
-        self.unsupported()
-    }
-    async fn rw_renew(
-        &self,
-        _: &str,
-        _: &str,
-        _: Duration,
-    ) -> std::result::Result<Outcome, CoordError> {
-        self.unsupported()
-    }
-    async fn rw_release(&self, _: &str, _: &str) -> std::result::Result<Outcome, CoordError> {
-        self.unsupported()
-    }
-    async fn job_renew(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: Duration,
-    ) -> std::result::Result<Outcome, CoordError> {
-        self.unsupported()
-    }
-    async fn job_release(
-        &self,
-        _: &str,
-        _: &str,
-        _: &str,
-    ) -> std::result::Result<Outcome, CoordError> {
+    async fn complete(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Outcome> {
         self.unsupported()
     }
 }

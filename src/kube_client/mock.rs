@@ -49,10 +49,20 @@ pub(crate) type Responder<A> = Arc<dyn Fn(&Seen) -> (u16, A) + Send + Sync>;
 /// answers with `respond`; the log of requests in the order they came.
 /// Must be called inside a tokio runtime (the server is a spawned task).
 pub(crate) fn mock<A: Answer>(respond: Responder<A>) -> (Client, Arc<Mutex<Vec<Seen>>>) {
+    mock_or_hold(Arc::new(move |s: &Seen| Some(respond(s))))
+}
+
+/// Answers a request, or `None` to hold it unanswered for as long as the
+/// server runs (a hung watch; a write applied whose answer was lost).
+pub(crate) type Holder<A> = Arc<dyn Fn(&Seen) -> Option<(u16, A)> + Send + Sync>;
+
+/// [`mock`] whose server may leave requests unanswered ([`Holder`]).
+pub(crate) fn mock_or_hold<A: Answer>(respond: Holder<A>) -> (Client, Arc<Mutex<Vec<Seen>>>) {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     tokio::spawn(async move {
+        let mut held = Vec::new();
         while let Some((req, send)) = handle.next_request().await {
             let method = req.method().to_string();
             let path = req
@@ -74,8 +84,12 @@ pub(crate) fn mock<A: Answer>(respond: Responder<A>) -> (Client, Arc<Mutex<Vec<S
                 content_type,
                 body,
             };
-            let (code, answer) = respond(&s);
+            let answer = respond(&s);
             log.lock().unwrap().push(s);
+            let Some((code, answer)) = answer else {
+                held.push(send);
+                continue;
+            };
             send.send_response(
                 Response::builder()
                     .status(code)

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 
 use super::{Forwarded, KILL_SLACK, RunOptions, Running, exit_code, recv, signal_group, stop};
 use crate::coord::periods::{self, Period, When};
-use crate::coord::{Claim, Grant, Service};
+use crate::coord::{Acquire, Grant, Object, Service, Try};
 use nix::sys::signal::Signal;
 
 /// What `run --every` needs besides the run options.
@@ -88,18 +88,24 @@ impl Every {
         let When::Open(ttl) = period.when(SystemTime::now(), Duration::from_secs(1)) else {
             return Some(());
         };
-        let claim = self.service.claim(&queue, &job, &self.identity, ttl);
+        let what = Acquire::Job {
+            queue: &queue,
+            job: &job,
+        };
+        let claim = self
+            .service
+            .acquire(what, &self.identity, ttl, Duration::ZERO);
         let grant = tokio::select! {
             c = claim => c,
             _ = shutdown.cancelled() => return None,
         };
         let grant = match grant {
-            Ok(Claim::Claimed(g)) => g,
-            Ok(Claim::ClaimedByOther(holder)) => {
+            Ok(Try::Acquired(g)) => g,
+            Ok(Try::Held(holder)) => {
                 debug!(%period, holder, "the period is claimed by another sidecar");
                 return Some(());
             }
-            Ok(Claim::Completed) => {
+            Ok(Try::Completed | Try::Full(_)) => {
                 debug!(%period, "the period was run already");
                 return Some(());
             }
@@ -197,11 +203,11 @@ impl Every {
     async fn renew(&self, held: &Held, ttl: Duration) -> Kept {
         let sent = Instant::now();
         let token = &held.grant.token;
-        match self
-            .service
-            .job_renew(&held.queue, &held.job, token, ttl)
-            .await
-        {
+        let object = Object::Job {
+            queue: &held.queue,
+            job: &held.job,
+        };
+        match self.service.renew(object, token, ttl).await {
             Ok(crate::coord::Outcome::Ok(left)) => Kept::Until(sent, left.unwrap_or(ttl).min(ttl)),
             Ok(other) => {
                 debug!(period = %held.period, outcome = ?other, "the period's claim was not renewed");

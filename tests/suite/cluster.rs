@@ -164,7 +164,7 @@ async fn min_replicas_works_on_a_cluster_across_a_failover() {
 async fn a_lock_held_across_a_cluster_failover_has_no_second_holder_before_its_ttl() {
     use leader_elector::backend::redis::coord::RedisCoord;
     use leader_elector::backend::redis::{RedisBackend, RedisOptions};
-    use leader_elector::coord::{Coordinator, Try};
+    use leader_elector::coord::{Acquire, Coordinator, Try};
 
     let cl = RedisCluster::start().await;
     let options = RedisOptions {
@@ -183,15 +183,16 @@ async fn a_lock_held_across_a_cluster_failover_has_no_second_holder_before_its_t
         .expect("a primary for the slot");
     let replica = cl.replica_of(old).await;
     let ttl = Duration::from_secs(3);
+    let lock = Acquire::Lock("L");
     let asked = Instant::now();
-    let first = match c.lock("L", "a", ttl).await {
+    let first = match c.acquire(lock, "a", ttl).await {
         Ok(Try::Acquired(g)) => g,
         other => panic!("a's lock: {other:?}"),
     };
     sleep(Duration::from_millis(300)).await;
     cl.failover(replica).await;
     let second = loop {
-        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+        match tokio::time::timeout(Duration::from_secs(2), c.acquire(lock, "b", ttl)).await {
             Ok(Ok(Try::Acquired(g))) => break g,
             Ok(Ok(Try::Held(who))) => assert_eq!(who, "a"),
             Ok(other) => eprintln!("b's lock during the failover: {other:?}"),
@@ -269,7 +270,7 @@ async fn a_lock_lost_with_a_killed_slot_primary_has_no_second_holder_before_its_
     use crate::support::redis_server::cut_off_replicas;
     use leader_elector::backend::redis::coord::RedisCoord;
     use leader_elector::backend::redis::{RedisBackend, RedisOptions};
-    use leader_elector::coord::{Coordinator, Try};
+    use leader_elector::coord::{Acquire, Coordinator, Try};
 
     let cl = RedisCluster::start().await;
     let options = RedisOptions {
@@ -282,8 +283,10 @@ async fn a_lock_lost_with_a_killed_slot_primary_has_no_second_holder_before_its_
         .expect("a Redis backend on the cluster");
     let c = RedisCoord::new(backend);
     let ttl = Duration::from_secs(4);
+    let lock = Acquire::Lock("L");
     // An earlier lock of the same TTL, replicated: the usual life before.
-    assert!(matches!(c.lock("L", "w", ttl).await, Ok(Try::Acquired(_))));
+    let warm = c.acquire(lock, "w", ttl).await;
+    assert!(matches!(warm, Ok(Try::Acquired(_))), "{warm:?}");
     sleep(Duration::from_millis(300)).await;
     let slot = cl.slot("leader-elector:{lock:L}").await;
     let old = cl
@@ -299,7 +302,7 @@ async fn a_lock_lost_with_a_killed_slot_primary_has_no_second_holder_before_its_
     sleep(Duration::from_millis(300)).await;
     cut_off_replicas(&cl.nodes[old], &[&cl.nodes[replica]]).await;
     let granted = Instant::now();
-    let first = match c.lock("L", "a", ttl).await {
+    let first = match c.acquire(lock, "a", ttl).await {
         Ok(Try::Acquired(g)) => g,
         other => panic!("a's lock: {other:?}"),
     };
@@ -313,7 +316,7 @@ async fn a_lock_lost_with_a_killed_slot_primary_has_no_second_holder_before_its_
         .unwrap();
     assert_eq!(on_new, None, "the promoted replica got a's grant after all");
     let second = loop {
-        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+        match tokio::time::timeout(Duration::from_secs(2), c.acquire(lock, "b", ttl)).await {
             Ok(Ok(Try::Acquired(g))) => break g,
             Ok(other) => eprintln!("b's lock after the failover: {other:?}"),
             Err(_) => eprintln!("b's lock hung for 2 s after the failover"),

@@ -26,46 +26,17 @@ pub(crate) async fn call(port: u16, method: &str, path: &str, body: Option<&str>
         .unwrap_or_else(|e| panic!("the control API (did the sidecar die or hang?): {e}"))
 }
 
-pub(crate) enum Backend {
-    /// Kept alive for the test's duration.
-    #[allow(dead_code)]
-    Etcd(Etcd),
-    Redis(RedisServer),
-    /// Kept alive for the test's duration.
-    #[allow(dead_code)]
-    Kube(support::kube_api::KubeApi),
-}
+pub(crate) use crate::support::backends::Backend;
 
-/// A sidecar with its control API on a port the kernel chose, for `backend`.
+/// A sidecar with its control API on a port the kernel chose, for `kind`
+/// (the stand-in serves namespace `coord`).
 pub(crate) async fn sidecar(kind: &str, test: &str) -> (Backend, Sidecar, u16) {
-    let mut flags: Vec<String> = FAST.iter().map(|s| s.to_string()).collect();
-    flags.extend(CONTROL.iter().map(|s| s.to_string()));
-    let (backend, s) = match kind {
-        "etcd" => {
-            let e = Etcd::start().await;
-            let mut args = vec!["--etcd-endpoints".to_owned(), e.url.clone()];
-            args.extend(flags);
-            let s = Sidecar::start_raw(&election(test), "me", &args);
-            (Backend::Etcd(e), s)
-        }
-        "kubernetes" => {
-            let api = support::kube_api::KubeApi::start("coord");
-            let ep = api.endpoint("me").await;
-            let mut args = vec!["--backend".to_owned(), "kubernetes".to_owned()];
-            args.extend(flags);
-            let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
-            let env = [("KUBECONFIG", kubeconfig.as_str())];
-            let s = Sidecar::start_env(&election(test), "me", &args, &env);
-            (Backend::Kube(api), s)
-        }
-        _ => {
-            let r = RedisServer::start().await;
-            let mut args = vec!["--redis-url".to_owned(), r.url.clone()];
-            args.extend(flags);
-            let s = Sidecar::start_raw(&election(test), "me", &args);
-            (Backend::Redis(r), s)
-        }
+    let flags: Vec<String> = FAST.iter().chain(CONTROL).map(|s| s.to_string()).collect();
+    let mut backend = match kind {
+        "kubernetes" => Backend::kubernetes("coord"),
+        other => Backend::start(other).await,
     };
+    let s = backend.sidecar(&election(test), "me", &flags).await;
     // Bound before the "starting" line: connections queue until it serves.
     let port = s.control();
     (backend, s, port)
@@ -222,7 +193,7 @@ async fn live_permits(b: &Backend, name: &str) -> Option<usize> {
     match b {
         // etcd holds a waiting candidate's key briefly before it knows it lost,
         // so a raw key count is not the number of holders: see the clients' own count.
-        Backend::Etcd(_) | Backend::Kube(_) => None,
+        Backend::Etcd(_) | Backend::Redlock(_) | Backend::Kube(..) => None,
         Backend::Redis(r) => {
             let mut c = r.conn().await;
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();

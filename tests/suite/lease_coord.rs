@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use crate::support::kube_api::{Endpoint, KubeApi};
 use crate::support::*;
-use leader_elector::backend::kubernetes::coord::{ObjKind, object_name};
+use leader_elector::backend::kubernetes::coord::object_name;
+use leader_elector::coord::Kind;
 use serde_json::Value;
 use tokio::time::{Instant, sleep};
 
@@ -63,7 +64,7 @@ async fn lock_semaphore_and_job_leases_say_what_they_are_and_keep_their_fencing_
     let port = s[0].2;
     let (st, g1) = call(port, "POST", "/locks/My.Lock?ttl=5s&owner=w1").await;
     assert_eq!(st, 200, "{g1}");
-    let object = object_name(ObjKind::Lock, "My.Lock");
+    let object = object_name(Kind::Lock, "My.Lock");
     let lease = api.lease(&object).expect("one Lease for the lock");
     let meta = &lease["metadata"];
     assert_eq!(meta["labels"]["leader-elector.io/kind"], "lock");
@@ -90,12 +91,12 @@ async fn lock_semaphore_and_job_leases_say_what_they_are_and_keep_their_fencing_
         (
             "/semaphores/pool?permits=2&ttl=5s",
             "semaphore",
-            object_name(ObjKind::Semaphore, "pool"),
+            object_name(Kind::Semaphore, "pool"),
         ),
         (
             "/jobs/q/j1/claim?ttl=5s",
             "job",
-            object_name(ObjKind::Job, "q/j1"),
+            object_name(Kind::Job, "q/j1"),
         ),
     ] {
         let (st, g) = call(port, "POST", path).await;
@@ -120,7 +121,7 @@ async fn lock_semaphore_and_job_leases_say_what_they_are_and_keep_their_fencing_
 async fn third_party(test: &str, edit: bool) {
     let (api, s) = sidecars(test, &["a", "b"], &[]).await;
     let (pa, pb) = (s[0].2, s[1].2);
-    let object = object_name(ObjKind::Lock, "res");
+    let object = object_name(Kind::Lock, "res");
     let sent = Instant::now();
     let (st, a) = call(pa, "POST", "/locks/res?ttl=3s&owner=first").await;
     assert_eq!(st, 200, "{a}");
@@ -206,7 +207,7 @@ async fn a_completed_jobs_lease_is_deleted_after_the_retention_and_the_job_claim
     let extra = ["--completed-retention", "1s"];
     let (api, s) = sidecars("lease-jobs", &["a"], &extra).await;
     let port = s[0].2;
-    let object = object_name(ObjKind::Job, "q/7");
+    let object = object_name(Kind::Job, "q/7");
     let (st, c) = call(port, "POST", "/jobs/q/7/claim?ttl=5s").await;
     assert_eq!(st, 200, "{c}");
     let (st, _) = call(

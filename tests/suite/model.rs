@@ -44,7 +44,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::kube_api::{Endpoint, Fault, KubeApi};
+use crate::support::backends::Backend;
+use crate::support::kube_api::{Endpoint, Fault};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::*;
 use rand::rngs::StdRng;
@@ -115,65 +116,44 @@ fn faults() -> bool {
     std::env::var("MODEL_FAULTS").is_ok_and(|v| v == "1")
 }
 
-enum Server {
-    Etcd(Etcd),
-    Redis(RedisServer),
-    /// A Redlock group of three servers.
-    Redlock(Vec<RedisServer>),
-    /// The Kubernetes API stand-in, one endpoint per sidecar.
-    Kube(KubeApi, Vec<Arc<Endpoint>>),
+/// The backend of a model run: Redis servers keep every write
+/// (`appendfsync always`); on the stand-in, one endpoint per sidecar (`a`,
+/// `b`).
+async fn start_server(kind: &str) -> Backend {
+    let keep = ["--appendonly", "yes", "--appendfsync", "always"];
+    let mut server = match kind {
+        "kubernetes" => Backend::kubernetes("model"),
+        other => Backend::start_with(other, &keep).await,
+    };
+    if let Backend::Kube(api, eps) = &mut server {
+        eps.push(api.endpoint("a").await);
+        eps.push(api.endpoint("b").await);
+    }
+    server
 }
 
-impl Server {
-    async fn start(kind: &str) -> Server {
-        let keep = ["--appendonly", "yes", "--appendfsync", "always"];
-        match kind {
-            "etcd" => Server::Etcd(Etcd::start().await),
-            "redlock" => Server::Redlock(vec![
-                RedisServer::start_with(&keep).await,
-                RedisServer::start_with(&keep).await,
-                RedisServer::start_with(&keep).await,
-            ]),
-            "kubernetes" => {
-                let api = KubeApi::start("model");
-                let eps = vec![api.endpoint("a").await, api.endpoint("b").await];
-                Server::Kube(api, eps)
-            }
-            _ => Server::Redis(RedisServer::start_with(&keep).await),
-        }
+/// Cut (or heal) every sidecar's connection where no proxy can: the
+/// stand-in's endpoints hang.
+fn cut(server: &Backend, on: bool) {
+    if let Backend::Kube(api, _) = server {
+        api.set_fault_all(Fault {
+            hang: on,
+            ..Fault::default()
+        });
     }
+}
 
-    fn urls(&self) -> Vec<String> {
-        match self {
-            Server::Etcd(e) => vec![e.url.clone()],
-            Server::Redis(r) => vec![r.url.clone()],
-            Server::Redlock(g) => g.iter().map(|r| r.url.clone()).collect(),
-            Server::Kube(..) => Vec::new(),
+/// Restart the server (on a Redlock group: one of them, by `pick`; on the
+/// stand-in: one fault for a while).
+async fn restart(server: &mut Backend, pick: usize) {
+    match server {
+        Backend::Etcd(e) => e.restart().await,
+        Backend::Redis(r) => r.restart().await,
+        Backend::Redlock(g) => {
+            let n = g.len();
+            g[pick % n].restart().await
         }
-    }
-
-    /// Cut (or heal) every sidecar's connection where no proxy can: the
-    /// stand-in's endpoints hang.
-    fn cut(&self, on: bool) {
-        if let Server::Kube(api, _) = self {
-            api.set_fault_all(Fault {
-                hang: on,
-                ..Fault::default()
-            });
-        }
-    }
-
-    /// Restart the server (on a Redlock group: one of them, by `pick`).
-    async fn restart(&mut self, pick: usize) {
-        match self {
-            Server::Etcd(e) => e.restart().await,
-            Server::Redis(r) => r.restart().await,
-            Server::Redlock(g) => {
-                let n = g.len();
-                g[pick % n].restart().await
-            }
-            Server::Kube(_, eps) => kube_fault(eps, pick).await,
-        }
+        Backend::Kube(_, eps) => kube_fault(eps, pick).await,
     }
 }
 
@@ -209,11 +189,11 @@ async fn kube_fault(eps: &[Arc<Endpoint>], pick: usize) {
 
 /// The two sidecars under test on `server` (through `via` where proxied)
 /// and their control ports.
-async fn sidecars(kind: &str, server: &Server, via: &str, test: &str) -> Vec<(Sidecar, u16)> {
+async fn sidecars(kind: &str, server: &Backend, via: &str, test: &str) -> Vec<(Sidecar, u16)> {
     let mut out = Vec::new();
     for (i, id) in ["a", "b"].into_iter().enumerate() {
         out.push(match server {
-            Server::Kube(_, eps) => {
+            Backend::Kube(_, eps) => {
                 let mut args = vec!["--backend".to_owned(), "kubernetes".to_owned()];
                 args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
                 args.extend(["--log-level".into(), "warn".into()]);
@@ -835,7 +815,7 @@ async fn inject_faults(
     rng: &mut StdRng,
     until: Instant,
     proxies: &[Proxy],
-    server: &mut Server,
+    server: &mut Backend,
 ) -> Vec<(Instant, Instant)> {
     let mut outages = Vec::new();
     while Instant::now() + Duration::from_secs(8) < until {
@@ -843,12 +823,12 @@ async fn inject_faults(
         let from = Instant::now();
         if rng.random_bool(0.5) {
             proxies.iter().for_each(|p| p.set(Mode::Blackhole));
-            server.cut(true);
+            cut(server, true);
             sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
             proxies.iter().for_each(|p| p.set(Mode::Pass));
-            server.cut(false);
+            cut(server, false);
         } else {
-            server.restart(rng.random_range(0..3)).await;
+            restart(server, rng.random_range(0..3)).await;
         }
         outages.push((from, Instant::now()));
     }
@@ -899,7 +879,7 @@ fn report(
 }
 
 /// A proxy before every server, and the URL(s) to reach them (comma-joined).
-async fn proxies_to(server: &Server) -> (Vec<Proxy>, String) {
+async fn proxies_to(server: &Backend) -> (Vec<Proxy>, String) {
     let mut proxies = Vec::new();
     let mut vias = Vec::new();
     for url in server.urls() {
@@ -961,7 +941,7 @@ async fn model_check(kind: &'static str) {
         faults as u8
     );
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut server = Server::start(kind).await;
+    let mut server = start_server(kind).await;
     let (proxies, via) = proxies_to(&server).await;
     let test = format!("model-{kind}");
     let sidecars = sidecars(kind, &server, &via, &test).await;

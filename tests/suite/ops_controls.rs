@@ -7,14 +7,13 @@
 //! frozen, then leading). Times are printed, never asserted.
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::time::{Instant, sleep};
 
-use crate::support::kube_api::{Endpoint, KubeApi};
+use crate::support::backends::Backend;
 use crate::support::recorder::Recorder;
 use crate::support::*;
 
@@ -30,63 +29,38 @@ pub(crate) struct Fixture {
     flags: Vec<String>,
     /// The environment both need (a kubeconfig).
     env: Vec<(String, String)>,
-    _server: Server,
-}
-
-#[allow(dead_code)] // held for their Drop (the servers stop with them)
-enum Server {
-    Etcd(Etcd),
-    Redis(RedisServer),
-    Redlock(Vec<RedisServer>),
-    Kube(KubeApi, Arc<Endpoint>),
+    /// Held for its Drop (the servers stop with it).
+    _server: Backend,
 }
 
 impl Fixture {
-    pub(crate) async fn etcd() -> Fixture {
-        let etcd = Etcd::start().await;
+    /// A fixture on a fresh `kind` (a [`Backend`] kind), its flags those of
+    /// one sidecar (`ops`), shared by the sidecars and the commands.
+    async fn on(kind: &str) -> Fixture {
+        let mut server = Backend::start(kind).await;
+        let (flags, env) = server.sidecar_flags("ops").await;
         Fixture {
-            flags: vec!["--etcd-endpoints".into(), etcd.url.clone()],
-            env: vec![],
-            _server: Server::Etcd(etcd),
+            flags,
+            env,
+            _server: server,
         }
     }
 
+    pub(crate) async fn etcd() -> Fixture {
+        Self::on("etcd").await
+    }
+
     pub(crate) async fn redis() -> Fixture {
-        let redis = RedisServer::start().await;
-        Fixture {
-            flags: vec!["--redis-url".into(), redis.url.clone()],
-            env: vec![],
-            _server: Server::Redis(redis),
-        }
+        Self::on("redis").await
     }
 
     /// Three Redis servers: a Redlock group (every flag names all three).
     pub(crate) async fn redlock() -> Fixture {
-        let servers = vec![
-            RedisServer::start().await,
-            RedisServer::start().await,
-            RedisServer::start().await,
-        ];
-        let flags = servers
-            .iter()
-            .flat_map(|s| ["--redis-url".to_owned(), s.url.clone()])
-            .collect();
-        Fixture {
-            flags,
-            env: vec![],
-            _server: Server::Redlock(servers),
-        }
+        Self::on("redlock").await
     }
 
     pub(crate) async fn kubernetes() -> Fixture {
-        let api = KubeApi::start("team-a");
-        let ep = api.endpoint("ops").await;
-        let kubeconfig = ep.kubeconfig().to_string_lossy().into_owned();
-        Fixture {
-            flags: vec!["--backend".into(), "kubernetes".into()],
-            env: vec![("KUBECONFIG".into(), kubeconfig)],
-            _server: Server::Kube(api, ep),
-        }
+        Self::on("kubernetes").await
     }
 
     fn env(&self) -> Vec<(&str, &str)> {

@@ -11,59 +11,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::backends::Backend;
 use crate::support::*;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::time::sleep;
 
 /// libfaketime as Debian installs it (`apt-get install faketime`).
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-/// The servers of these tests.
-enum Server {
-    Etcd(Etcd),
-    Redis(RedisServer),
-    /// Three servers: a Redlock group.
-    Redlock(Vec<RedisServer>),
-}
-
-impl Server {
-    async fn start(kind: &str) -> Server {
-        match kind {
-            "etcd" => Server::Etcd(Etcd::start().await),
-            "redlock" => Server::Redlock(vec![
-                RedisServer::start().await,
-                RedisServer::start().await,
-                RedisServer::start().await,
-            ]),
-            _ => Server::Redis(RedisServer::start().await),
-        }
-    }
-
-    /// The backend flags of a sidecar on this server.
-    fn args(&self) -> Vec<String> {
-        match self {
-            Server::Etcd(e) => vec!["--etcd-endpoints".into(), e.url.clone()],
-            Server::Redis(r) => vec!["--redis-url".into(), r.url.clone()],
-            Server::Redlock(rs) => rs
-                .iter()
-                .flat_map(|r| ["--redis-url".to_owned(), r.url.clone()])
-                .collect(),
-        }
-    }
-
-    fn signal(&self, sig: Signal) {
-        let pids = match self {
-            Server::Etcd(e) => vec![e.pid()],
-            Server::Redis(r) => vec![r.pid()],
-            Server::Redlock(rs) => rs.iter().map(RedisServer::pid).collect(),
-        };
-        for pid in pids {
-            kill(Pid::from_raw(pid.expect("the server runs") as i32), sig).unwrap();
-        }
-    }
-}
 
 fn periods_wanted() -> u64 {
     std::env::var("LEADER_ELECTOR_TEST_PERIODS")
@@ -79,8 +34,8 @@ fn now() -> Duration {
 /// `run --every 1s` whose command appends "<period start> <identity>" to
 /// `file`, under libfaketime with the wall clock moved by `skew` (e.g.
 /// `+2s`).
-fn skewed(server: &Server, election: &str, id: &str, skew: &str, file: &Path) -> Sidecar {
-    let mut args = server.args();
+fn skewed(server: &Backend, election: &str, id: &str, skew: &str, file: &Path) -> Sidecar {
+    let mut args = server.server_flags();
     args.extend(FAST.iter().map(|s| s.to_string()));
     args.extend(["--every".into(), "1s".into(), "--".into()]);
     args.extend([
@@ -136,7 +91,7 @@ fn assert_at_most_once(runs: &BTreeMap<u64, Vec<String>>) {
 }
 
 async fn once_per_period_with_skewed_clocks(kind: &str) {
-    let server = Server::start(kind).await;
+    let server = Backend::start(kind).await;
     let dir = tempfile::TempDir::new().unwrap();
     let file = dir.path().join("runs");
     let election = election(&format!("periods-skew-{kind}"));
@@ -187,7 +142,7 @@ async fn redlock_runs_each_period_once_across_skewed_clocks() {
 }
 
 async fn a_period_without_the_backend_does_not_run(kind: &str) {
-    let server = Server::start(kind).await;
+    let server = Backend::start(kind).await;
     let dir = tempfile::TempDir::new().unwrap();
     let file = dir.path().join("runs");
     let election = election(&format!("periods-cut-{kind}"));
@@ -254,8 +209,8 @@ fn rfc3339(secs: u64) -> String {
 }
 
 async fn the_period_route(kind: &str) {
-    let server = Server::start(kind).await;
-    let mut args = server.args();
+    let server = Backend::start(kind).await;
+    let mut args = server.server_flags();
     args.extend(FAST.iter().chain(CONTROL).map(|s| s.to_string()));
     let s = Sidecar::start_raw(&election(&format!("periods-http-{kind}")), "me", &args);
     let port = s.control();
@@ -335,10 +290,10 @@ async fn redlock_the_period_route_answers_like_a_job_claim() {
 /// 6 s), never later.
 #[tokio::test]
 async fn a_long_run_keeps_its_claim_by_renewing_and_stops_when_it_cannot() {
-    let server = Server::start("redis").await;
+    let server = Backend::start("redis").await;
     let dir = tempfile::TempDir::new().unwrap();
     let file = dir.path().join("runs");
-    let mut args = server.args();
+    let mut args = server.server_flags();
     args.extend(FAST.iter().map(|s| s.to_string()));
     let script = format!(
         "while :; do echo \"$LEADER_ELECTOR_PERIOD_START $(date +%s%N)\" >> {}; sleep 0.1; done",

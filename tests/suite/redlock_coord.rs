@@ -11,7 +11,7 @@ use crate::support::*;
 use leader_elector::backend::redis::coord::RedisCoord;
 use leader_elector::backend::redis::{RedisBackend, RedisOptions};
 use leader_elector::coord::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, RwMode, Try, WriteIntent,
+    Acquire, CoordError, Coordinator, Grant, Object, Outcome, RwMode, Try, WriteIntent,
 };
 use tokio::time::timeout;
 
@@ -39,6 +39,26 @@ fn coord_on(servers: &[RedisServer], test: &str) -> RedisCoord {
     RedisCoord::new(backend)
 }
 
+/// Lock `name`.
+fn lock(name: &str) -> Acquire<'_> {
+    Acquire::Lock(name)
+}
+
+/// One of `permits` permits of semaphore `name`.
+fn sem(name: &str, permits: u32) -> Acquire<'_> {
+    Acquire::Semaphore { name, permits }
+}
+
+/// A claim on job `job` of `queue`.
+fn job<'a>(queue: &'a str, job: &'a str) -> Acquire<'a> {
+    Acquire::Job { queue, job }
+}
+
+/// The claim on job `job` of `queue`, to renew or give back.
+fn claim_of<'a>(queue: &'a str, job: &'a str) -> Object<'a> {
+    Object::Job { queue, job }
+}
+
 /// Bound every call: a hang names the verb.
 async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     timeout(Duration::from_secs(10), f)
@@ -58,60 +78,68 @@ async fn locks_semaphores_and_claims_work_on_three_servers() {
     let servers = three().await;
     let c = coord_on(&servers, "redlock-verbs");
     // Lock: granted, held for another, renewed, released, granted again higher.
-    let a = granted(within("lock", c.lock("L", "a", TTL)).await, "lock a");
+    let a = granted(
+        within("lock", c.acquire(lock("L"), "a", TTL)).await,
+        "lock a",
+    );
     assert!(a.ttl_ms > 4800 && a.ttl_ms < 5000, "validity {}", a.ttl_ms);
-    let held = within("lock", c.lock("L", "b", TTL)).await.unwrap();
+    let held = within("lock", c.acquire(lock("L"), "b", TTL))
+        .await
+        .unwrap();
     assert_eq!(held, Try::Held("a".into()));
-    let renewed = within("renew", c.renew(Kind::Lock, "L", &a.token, TTL)).await;
+    let renewed = within("renew", c.renew(Object::Lock("L"), &a.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
-    let released = within("release", c.release(Kind::Lock, "L", &a.token)).await;
+    let released = within("release", c.release(Object::Lock("L"), &a.token)).await;
     assert_eq!(released.unwrap(), Outcome::Ok(None));
-    let again = within("release", c.release(Kind::Lock, "L", &a.token)).await;
+    let again = within("release", c.release(Object::Lock("L"), &a.token)).await;
     assert_eq!(again.unwrap(), Outcome::Gone);
-    let b = granted(within("lock", c.lock("L", "b", TTL)).await, "lock b");
+    let b = granted(
+        within("lock", c.acquire(lock("L"), "b", TTL)).await,
+        "lock b",
+    );
     assert!(b.fencing_token > a.fencing_token);
     // Semaphore of 3: three askers get a permit, the fourth is refused.
     let mut permits = Vec::new();
     for i in 0..3 {
-        let t = within("semaphore", c.semaphore("S", &format!("p{i}"), 3, TTL)).await;
+        let t = within("semaphore", c.acquire(sem("S", 3), &format!("p{i}"), TTL)).await;
         permits.push(granted(t, "permit"));
     }
-    let full = within("semaphore", c.semaphore("S", "p3", 3, TTL)).await;
+    let full = within("semaphore", c.acquire(sem("S", 3), "p3", TTL)).await;
     assert_eq!(full.unwrap(), Try::Full(3));
     let renewed = within(
         "renew",
-        c.renew(Kind::Semaphore, "S", &permits[1].token, TTL),
+        c.renew(Object::Semaphore("S"), &permits[1].token, TTL),
     )
     .await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
     let released = within(
         "release",
-        c.release(Kind::Semaphore, "S", &permits[1].token),
+        c.release(Object::Semaphore("S"), &permits[1].token),
     )
     .await;
     assert_eq!(released.unwrap(), Outcome::Ok(None));
     let p3 = granted(
-        within("semaphore", c.semaphore("S", "p3", 3, TTL)).await,
+        within("semaphore", c.acquire(sem("S", 3), "p3", TTL)).await,
         "permit",
     );
     assert!(permits.iter().all(|p| p.fencing_token < p3.fencing_token));
     // Claim: one claimant, completed once, then reported completed.
-    let claim = within("claim", c.claim("q", "j1", "w1", TTL))
+    let claim = within("claim", c.acquire(job("q", "j1"), "w1", TTL))
         .await
         .unwrap();
-    let Claim::Claimed(g) = claim else {
+    let Try::Acquired(g) = claim else {
         panic!("expected a claim, got {claim:?}")
     };
-    let other = within("claim", c.claim("q", "j1", "w2", TTL))
+    let other = within("claim", c.acquire(job("q", "j1"), "w2", TTL))
         .await
         .unwrap();
-    assert_eq!(other, Claim::ClaimedByOther("w1".into()));
+    assert_eq!(other, Try::Held("w1".into()));
     let done = within("complete", c.complete("q", "j1", &g.token, TTL)).await;
     assert_eq!(done.unwrap(), Outcome::Ok(None));
-    let after = within("claim", c.claim("q", "j1", "w2", TTL))
+    let after = within("claim", c.acquire(job("q", "j1"), "w2", TTL))
         .await
         .unwrap();
-    assert_eq!(after, Claim::Completed);
+    assert_eq!(after, Try::Completed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,22 +148,22 @@ async fn a_lock_is_granted_with_one_of_three_down_and_refused_with_two() {
     let c = coord_on(&servers, "redlock-minority");
     servers[0].stop();
     let a = granted(
-        within("lock", c.lock("L", "a", TTL)).await,
+        within("lock", c.acquire(lock("L"), "a", TTL)).await,
         "lock with 2 of 3",
     );
-    let renewed = within("renew", c.renew(Kind::Lock, "L", &a.token, TTL)).await;
+    let renewed = within("renew", c.renew(Object::Lock("L"), &a.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
-    let p = within("semaphore", c.semaphore("S", "a", 2, TTL)).await;
+    let p = within("semaphore", c.acquire(sem("S", 2), "a", TTL)).await;
     granted(p, "permit with 2 of 3");
     servers[1].stop();
-    let refused = within("lock", c.lock("L2", "b", TTL)).await;
+    let refused = within("lock", c.acquire(lock("L2"), "b", TTL)).await;
     assert!(
         matches!(refused, Err(CoordError::Backend(_))),
         "a lock with 1 of 3 servers must be refused: {refused:?}"
     );
-    let renew = within("renew", c.renew(Kind::Lock, "L", &a.token, TTL)).await;
+    let renew = within("renew", c.renew(Object::Lock("L"), &a.token, TTL)).await;
     assert!(renew.is_err(), "a renew on 1 of 3 must fail: {renew:?}");
-    let claim = within("claim", c.claim("q", "j", "b", TTL)).await;
+    let claim = within("claim", c.acquire(job("q", "j"), "b", TTL)).await;
     assert!(claim.is_err(), "a claim on 1 of 3 must fail: {claim:?}");
 }
 
@@ -165,8 +193,8 @@ async fn fencing_tokens_grow_across_different_majorities() {
     let mut last = 0;
     for refusing in [2, 0, 1] {
         set_on(&servers[refusing], key, Some("other|1|someone")).await;
-        let g = granted(within("lock", c.lock("F", "x", TTL)).await, "lock");
-        within("release", c.release(Kind::Lock, "F", &g.token))
+        let g = granted(within("lock", c.acquire(lock("F"), "x", TTL)).await, "lock");
+        within("release", c.release(Object::Lock("F"), &g.token))
             .await
             .unwrap();
         set_on(&servers[refusing], key, None).await;
@@ -189,11 +217,11 @@ async fn a_semaphores_size_belongs_to_its_name_on_three_servers() {
     let c = coord_on(&servers, "redlock-sem-size");
     let mut permits = Vec::new();
     for i in 0..3 {
-        let t = within("semaphore", c.semaphore("S", &format!("p{i}"), 3, TTL)).await;
+        let t = within("semaphore", c.acquire(sem("S", 3), &format!("p{i}"), TTL)).await;
         permits.push(granted(t, "permit"));
     }
     for asked in [5, 2] {
-        let r = within("semaphore", c.semaphore("S", "other", asked, TTL)).await;
+        let r = within("semaphore", c.acquire(sem("S", asked), "other", TTL)).await;
         match &r {
             Err(e) if e.to_string().contains("permits=3") => {}
             other => panic!(
@@ -202,11 +230,11 @@ async fn a_semaphores_size_belongs_to_its_name_on_three_servers() {
         }
     }
     for p in &permits {
-        let r = within("release", c.release(Kind::Semaphore, "S", &p.token)).await;
+        let r = within("release", c.release(Object::Semaphore("S"), &p.token)).await;
         assert_eq!(r.unwrap(), Outcome::Ok(None));
     }
     granted(
-        within("semaphore", c.semaphore("S", "new", 5, TTL)).await,
+        within("semaphore", c.acquire(sem("S", 5), "new", TTL)).await,
         "a new size once no permit is live",
     );
 }
@@ -224,7 +252,7 @@ async fn a_fencing_counter_of_sixteen_digits_is_refused_and_fifteen_are_counted_
     for s in &servers {
         set_on(s, counter, Some("1000000000000000")).await;
     }
-    let refused = within("lock", c.lock("D", "x", TTL)).await;
+    let refused = within("lock", c.acquire(lock("D"), "x", TTL)).await;
     match &refused {
         Err(CoordError::Corrupt { key: k, found }) => {
             assert_eq!(k, counter);
@@ -242,7 +270,7 @@ async fn a_fencing_counter_of_sixteen_digits_is_refused_and_fifteen_are_counted_
         assert_eq!(exists, 0, "the lock was kept on a refusal");
         set_on(s, counter, Some("999999999999990")).await;
     }
-    let g = granted(within("lock", c.lock("D", "x", TTL)).await, "lock");
+    let g = granted(within("lock", c.acquire(lock("D"), "x", TTL)).await, "lock");
     assert!(g.fencing_token > 999_999_999_999_990, "{}", g.fencing_token);
 }
 
@@ -264,7 +292,21 @@ async fn read_write_locks_on_three_servers() {
     let c = coord_on(&servers, "redlock-rw");
     let rw = |name: &'static str, who: &'static str, mode, i: Option<WriteIntent>| {
         let c = &c;
-        async move { within("rwlock", c.rwlock(name, who, mode, TTL, i.as_ref())).await }
+        async move {
+            within(
+                "rwlock",
+                c.acquire(
+                    Acquire::RwLock {
+                        name,
+                        mode,
+                        intent: i.as_ref(),
+                    },
+                    who,
+                    TTL,
+                ),
+            )
+            .await
+        }
     };
     let a = granted(rw("D", "ra", RwMode::Read, None).await, "reader a");
     let b = granted(rw("D", "rb", RwMode::Read, None).await, "readers share");
@@ -279,7 +321,7 @@ async fn read_write_locks_on_three_servers() {
     let held = rw("D", "rc", RwMode::Read, None).await.unwrap();
     assert_eq!(held, Try::Held("w".into()));
     for g in [&a, &b] {
-        let r = within("release", c.rw_release("D", &g.token)).await;
+        let r = within("release", c.release(Object::RwLock("D"), &g.token)).await;
         assert_eq!(r.unwrap(), Outcome::Ok(None));
     }
     let wg = granted(
@@ -289,11 +331,11 @@ async fn read_write_locks_on_three_servers() {
     assert!(wg.fencing_token > a.fencing_token.max(b.fencing_token));
     let held = rw("D", "rd", RwMode::Read, None).await.unwrap();
     assert_eq!(held, Try::Held("w".into()));
-    let renewed = within("renew", c.rw_renew("D", &wg.token, TTL)).await;
+    let renewed = within("renew", c.renew(Object::RwLock("D"), &wg.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
-    let r = within("release", c.rw_release("D", &wg.token)).await;
+    let r = within("release", c.release(Object::RwLock("D"), &wg.token)).await;
     assert_eq!(r.unwrap(), Outcome::Ok(None));
-    let again = within("release", c.rw_release("D", &wg.token)).await;
+    let again = within("release", c.release(Object::RwLock("D"), &wg.token)).await;
     assert_eq!(again.unwrap(), Outcome::Gone);
     // One server down: a reader holds, a writer waits and gives up, a
     // reader enters at once.
@@ -307,13 +349,13 @@ async fn read_write_locks_on_three_servers() {
         rw("E", "rf", RwMode::Read, None).await.unwrap(),
         Try::Held("w2".into())
     );
-    within("give up", c.rw_give_up("E", "i2")).await.unwrap();
+    within("give up", c.give_up("E", "i2")).await.unwrap();
     let f = granted(
         rw("E", "rf", RwMode::Read, None).await,
         "a reader after the give-up",
     );
     assert!(f.fencing_token > e.fencing_token);
-    let gone = within("renew", c.rw_renew("E", &wg.token, TTL)).await;
+    let gone = within("renew", c.renew(Object::RwLock("E"), &wg.token, TTL)).await;
     assert_eq!(gone.unwrap(), Outcome::Gone);
 }
 
@@ -325,22 +367,26 @@ async fn job_claims_renew_and_give_back_on_three_servers() {
     let c = coord_on(&servers, "redlock-jobs");
     let claim = |who: &'static str| {
         let c = &c;
-        async move { within("claim", c.claim("q", "j", who, TTL)).await.unwrap() }
+        async move {
+            within("claim", c.acquire(job("q", "j"), who, TTL))
+                .await
+                .unwrap()
+        }
     };
-    let Claim::Claimed(a) = claim("wa").await else {
+    let Try::Acquired(a) = claim("wa").await else {
         panic!("the first claim")
     };
-    let renewed = within("renew", c.job_renew("q", "j", &a.token, TTL)).await;
+    let renewed = within("renew", c.renew(claim_of("q", "j"), &a.token, TTL)).await;
     assert!(matches!(renewed, Ok(Outcome::Ok(Some(_)))), "{renewed:?}");
-    assert_eq!(claim("wb").await, Claim::ClaimedByOther("wa".into()));
-    let given = within("give back", c.job_release("q", "j", &a.token)).await;
+    assert_eq!(claim("wb").await, Try::Held("wa".into()));
+    let given = within("give back", c.release(claim_of("q", "j"), &a.token)).await;
     assert_eq!(given.unwrap(), Outcome::Ok(None));
-    let Claim::Claimed(b) = claim("wb").await else {
+    let Try::Acquired(b) = claim("wb").await else {
         panic!("claimed at once after a give-back")
     };
     assert!(b.fencing_token > a.fencing_token);
-    let old = within("renew", c.job_renew("q", "j", &a.token, TTL)).await;
+    let old = within("renew", c.renew(claim_of("q", "j"), &a.token, TTL)).await;
     assert_eq!(old.unwrap(), Outcome::NotYours);
-    let old = within("give back", c.job_release("q", "j", &a.token)).await;
+    let old = within("give back", c.release(claim_of("q", "j"), &a.token)).await;
     assert_eq!(old.unwrap(), Outcome::NotYours);
 }

@@ -461,12 +461,13 @@ async fn a_writer_waiting_beside_an_expired_reader_does_not_spin_on_redis() {
 /// them in (the liveness twin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_write_locks_lease_holds_its_readers_and_a_writers_intent_on_kubernetes() {
-    use leader_elector::backend::kubernetes::coord::{ObjKind, STATE_ANNOTATION, object_name};
+    use leader_elector::backend::kubernetes::coord::{STATE_ANNOTATION, object_name};
+    use leader_elector::coord::Kind;
     let (b, _s, port) = sidecar("kubernetes", "rw-lease").await;
-    let crate::coord::Backend::Kube(api) = &b else {
+    let crate::coord::Backend::Kube(api, _) = &b else {
         unreachable!("a Kubernetes sidecar")
     };
-    let object = object_name(ObjKind::RwLock, "My.Doc");
+    let object = object_name(Kind::RwLock, "My.Doc");
     assert!(object.starts_with("le-rw-my-doc-"), "{object}");
     let (st, a) = call(port, "POST", "/rwlocks/My.Doc?mode=read&owner=ra", None).await;
     assert_eq!(st, 200, "{a}");

@@ -208,7 +208,7 @@ async fn a_lock_held_across_a_failover_has_no_second_holder_before_its_ttl() {
     use leader_elector::backend::redis::coord::RedisCoord;
     use leader_elector::backend::redis::sentinel::SentinelOptions;
     use leader_elector::backend::redis::{RedisBackend, RedisOptions};
-    use leader_elector::coord::{Coordinator, Try};
+    use leader_elector::coord::{Acquire, Coordinator, Try};
 
     let group = SentinelGroup::start().await;
     let options = RedisOptions {
@@ -224,15 +224,16 @@ async fn a_lock_held_across_a_failover_has_no_second_holder_before_its_ttl() {
         .expect("a Redis backend on Sentinel");
     let c = RedisCoord::new(backend);
     let ttl = Duration::from_secs(3);
+    let lock = Acquire::Lock("L");
     let asked = Instant::now();
-    let first = match c.lock("L", "a", ttl).await {
+    let first = match c.acquire(lock, "a", ttl).await {
         Ok(Try::Acquired(g)) => g,
         other => panic!("a's lock: {other:?}"),
     };
     sleep(Duration::from_millis(300)).await;
     group.failover().await;
     let second = loop {
-        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+        match tokio::time::timeout(Duration::from_secs(2), c.acquire(lock, "b", ttl)).await {
             Ok(Ok(Try::Acquired(g))) => break g,
             Ok(Ok(Try::Held(who))) => assert_eq!(who, "a"),
             Ok(other) => eprintln!("b's lock during the failover: {other:?}"),
@@ -326,7 +327,7 @@ async fn a_lock_lost_with_a_killed_primary_has_no_second_holder_before_its_ttl()
     use leader_elector::backend::redis::coord::RedisCoord;
     use leader_elector::backend::redis::sentinel::SentinelOptions;
     use leader_elector::backend::redis::{RedisBackend, RedisOptions};
-    use leader_elector::coord::{Coordinator, Try};
+    use leader_elector::coord::{Acquire, Coordinator, Try};
 
     let group = SentinelGroup::start().await;
     let options = RedisOptions {
@@ -342,9 +343,10 @@ async fn a_lock_lost_with_a_killed_primary_has_no_second_holder_before_its_ttl()
         .expect("a Redis backend on Sentinel");
     let c = RedisCoord::new(backend);
     let ttl = Duration::from_secs(4);
+    let lock = Acquire::Lock("L");
     // An earlier lock of the same TTL, replicated: the usual life before.
     assert!(matches!(
-        c.lock("warm", "a", ttl).await,
+        c.acquire(Acquire::Lock("warm"), "a", ttl).await,
         Ok(Try::Acquired(_))
     ));
     sleep(Duration::from_millis(300)).await;
@@ -353,7 +355,7 @@ async fn a_lock_lost_with_a_killed_primary_has_no_second_holder_before_its_ttl()
     let rs: Vec<_> = replicas.iter().map(|i| &group.servers[*i]).collect();
     cut_off_replicas(&group.servers[old], &rs).await;
     let granted = Instant::now();
-    let first = match c.lock("L", "a", ttl).await {
+    let first = match c.acquire(lock, "a", ttl).await {
         Ok(Try::Acquired(g)) => g,
         other => panic!("a's lock: {other:?}"),
     };
@@ -367,7 +369,7 @@ async fn a_lock_lost_with_a_killed_primary_has_no_second_holder_before_its_ttl()
         .unwrap();
     assert_eq!(on_new, None, "the promoted replica got a's grant after all");
     let second = loop {
-        match tokio::time::timeout(Duration::from_secs(2), c.lock("L", "b", ttl)).await {
+        match tokio::time::timeout(Duration::from_secs(2), c.acquire(lock, "b", ttl)).await {
             Ok(Ok(Try::Acquired(g))) => break g,
             Ok(other) => eprintln!("b's lock after the failover: {other:?}"),
             Err(_) => eprintln!("b's lock hung for 2 s after the failover"),

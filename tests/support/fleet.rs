@@ -11,28 +11,16 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::time::{Instant, sleep};
 
-use super::kube_api::{Endpoint, KubeApi};
+use super::backends::Backend;
 use super::recorder::{Recorder, runs};
-use super::{Etcd, FAST, RedisServer, Sidecar, election, wait_for};
+use super::{FAST, Sidecar, election, wait_for};
 
-/// The backend a fleet's sidecars share.
-pub enum Store {
-    /// The Kubernetes API stand-in (one endpoint per sidecar).
-    Kubernetes(KubeApi),
-    /// One etcd member.
-    Etcd(Etcd),
-    /// One Redis server.
-    Redis(RedisServer),
-}
-
-/// Sidecars of one election on one [`Store`].
+/// Sidecars of one election on one [`Backend`].
 pub struct Fleet {
-    /// The backend.
-    pub store: Store,
+    /// The backend (on the stand-in it keeps the sidecars' endpoints open).
+    pub backend: Backend,
     /// The election's name (unique per test).
     pub election: String,
-    /// The stand-in endpoints in use (kept open while their sidecars run).
-    endpoints: Vec<Arc<Endpoint>>,
     /// Flags every sidecar gets before its own ([`FAST`] by default).
     pub common: Vec<String>,
 }
@@ -41,54 +29,34 @@ pub struct Fleet {
 pub const FLEET_LEASE: Duration = Duration::from_secs(2);
 
 impl Fleet {
-    fn new(store: Store, test: &str) -> Fleet {
+    fn new(backend: Backend, test: &str) -> Fleet {
         Fleet {
-            store,
+            backend,
             election: election(test),
-            endpoints: Vec::new(),
             common: FAST.iter().map(|s| s.to_string()).collect(),
         }
     }
 
     /// A fleet on the Kubernetes API stand-in.
     pub async fn kubernetes(test: &str) -> Fleet {
-        Self::new(Store::Kubernetes(KubeApi::start("team-a")), test)
+        Self::new(Backend::kubernetes("team-a"), test)
     }
 
     /// A fleet on a fresh etcd.
     pub async fn etcd(test: &str) -> Fleet {
-        Self::new(Store::Etcd(Etcd::start().await), test)
+        Self::new(Backend::start("etcd").await, test)
     }
 
     /// A fleet on a fresh Redis server.
     pub async fn redis(test: &str) -> Fleet {
-        Self::new(Store::Redis(RedisServer::start().await), test)
+        Self::new(Backend::start("redis").await, test)
     }
 
     /// Start sidecar `id` with `flags` after the common ones.
     pub async fn start(&mut self, id: &str, flags: &[&str]) -> Sidecar {
         let mut args = self.common.clone();
         args.extend(flags.iter().map(|s| s.to_string()));
-        match &self.store {
-            Store::Kubernetes(api) => {
-                let ep = api.endpoint(id).await;
-                let kc = ep.kubeconfig().to_string_lossy().into_owned();
-                self.endpoints.push(ep);
-                let mut all = vec!["--backend".to_owned(), "kubernetes".to_owned()];
-                all.extend(args);
-                Sidecar::start_env(&self.election, id, &all, &[("KUBECONFIG", kc.as_str())])
-            }
-            Store::Etcd(etcd) => {
-                let mut all = vec!["--etcd-endpoints".to_owned(), etcd.url.clone()];
-                all.extend(args);
-                Sidecar::start_raw(&self.election, id, &all)
-            }
-            Store::Redis(redis) => {
-                let mut all = vec!["--redis-url".to_owned(), redis.url.clone()];
-                all.extend(args);
-                Sidecar::start_raw(&self.election, id, &all)
-            }
-        }
+        self.backend.sidecar(&self.election, id, &args).await
     }
 }
 

@@ -5,6 +5,8 @@
 //! - [`ports`]: ports for servers that cannot bind port 0 (below the kernel's
 //!   ephemeral range, per-process, never probed-and-released in that range),
 //!   and `RefusedPort` for a URL that must refuse connections.
+//! - [`backends`]: the one backend fixture (`Backend`: etcd, Redis, a
+//!   Redlock group or the Kubernetes stand-in) and a sidecar's flags for it.
 //! - [`etcd`], [`redis_server`], [`sidecar`]: the processes (`Etcd`,
 //!   `EtcdCluster`, `RedisServer`, `Sidecar`); the sidecar binds port 0 and
 //!   reports its addresses in its log.
@@ -26,6 +28,7 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod backends;
 pub mod bench_md;
 pub mod certs;
 pub mod cluster;

@@ -51,6 +51,8 @@ impl TokenKind {
             (self, kind),
             (TokenKind::Lock | TokenKind::FairLock, Kind::Lock)
                 | (TokenKind::Permit, Kind::Semaphore)
+                | (TokenKind::Reader | TokenKind::Writer, Kind::RwLock)
+                | (TokenKind::Job, Kind::Job)
         )
     }
 }

@@ -5,14 +5,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use http::{Request, Response};
 use kube::Client;
-use kube::client::Body;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::*;
-use crate::kube_client::mock::{Seen, mock};
+use crate::kube_client::mock::{Seen, mock, mock_or_hold};
 
 type Responder = crate::kube_client::mock::Responder<String>;
 
@@ -469,37 +467,8 @@ async fn followers_watch_the_named_lease_from_the_version_read() {
 /// A client whose watch requests hang forever (never answered) and whose
 /// other requests `respond` answers: a hung watch beside a working API.
 fn hung_watch_client(respond: Responder) -> Client {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            if path.contains("watch=true") {
-                held.push(send); // never answered
-                continue;
-            }
-            let bytes = req.into_body().collect_bytes().await.unwrap();
-            let s = Seen {
-                method,
-                path,
-                content_type: String::new(),
-                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            };
-            let (code, answer) = respond(&s);
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .body(Body::from(answer.into_bytes()))
-                    .unwrap(),
-            );
-        }
-    });
-    Client::new(svc, "default")
+    let hold = move |s: &Seen| (!s.path.contains("watch=true")).then(|| respond(s));
+    mock_or_hold(Arc::new(hold)).0
 }
 
 #[tokio::test(start_paused = true)]
@@ -571,51 +540,34 @@ async fn an_acquisition_whose_answer_was_lost_is_replaced_at_once_not_waited_out
     // The first PUT is applied by the server but its answer never arrives
     // (the Elector's deadline drops the call). Nobody claimed that term, so
     // the next campaign replaces it by CAS instead of waiting its 15 s.
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let state = Arc::new(Mutex::new(released("pod-1_abc", 7, 41, 3)));
     let st = state.clone();
     let puts = Arc::new(Mutex::new(0));
     let p = puts.clone();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let bytes = req.into_body().collect_bytes().await.unwrap();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let answer = match method.as_str() {
-                "GET" => st.lock().unwrap().clone(),
-                _ => {
-                    let mut cur = st.lock().unwrap();
-                    assert_eq!(
-                        cur["metadata"]["resourceVersion"],
-                        body["metadata"]["resourceVersion"]
-                    );
-                    let rv: u64 = cur["metadata"]["resourceVersion"]
-                        .as_str()
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    let mut next = body.clone();
-                    next["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
-                    *cur = next.clone();
-                    let mut n = p.lock().unwrap();
-                    *n += 1;
-                    if *n == 1 {
-                        held.push(send); // applied, never answered
-                        continue;
-                    }
-                    next
-                }
-            };
-            send.send_response(
-                Response::builder()
-                    .status(200)
-                    .body(Body::from(answer.to_string().into_bytes()))
-                    .unwrap(),
-            );
+    let respond = move |s: &Seen| {
+        if s.method == "GET" {
+            return Some((200, st.lock().unwrap().clone()));
         }
-    });
-    let b = KubeLeaseBackend::with_client(Client::new(svc, "default"), "ns", "el");
+        let mut cur = st.lock().unwrap();
+        assert_eq!(
+            cur["metadata"]["resourceVersion"],
+            s.body["metadata"]["resourceVersion"]
+        );
+        let rv: u64 = cur["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut next = s.body.clone();
+        next["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+        *cur = next.clone();
+        let mut n = p.lock().unwrap();
+        *n += 1;
+        // The first PUT is applied and never answered.
+        (*n > 1).then_some((200, next))
+    };
+    let (client, _) = mock_or_hold(Arc::new(respond));
+    let b = KubeLeaseBackend::with_client(client, "ns", "el");
     let lost = tokio::time::timeout(
         Duration::from_millis(300),
         b.campaign("pod-0", Duration::from_secs(15), None),

@@ -8,11 +8,11 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::{EtcdCoord, grant, holds, owner_of};
-use crate::backend::coordination::{Claim, Outcome, Result, Token, TokenKind};
+use crate::backend::coordination::{Outcome, Result, Token, TokenKind, Try};
 use crate::backend::etcd::store::revision_of;
 
 impl EtcdCoord {
-    /// Claim a job ([`Coordinator::claim`](crate::backend::coordination::Coordinator::claim)):
+    /// Claim a job ([`Acquire::Job`](crate::backend::coordination::Acquire::Job)):
     /// one read when it is claimed or completed, else a create bound to a
     /// lease of `ttl` unless a done or claim key exists.
     pub(super) async fn claim_job(
@@ -21,7 +21,7 @@ impl EtcdCoord {
         job: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Claim> {
+    ) -> Result<Try> {
         let mut client = self.client().await?;
         let claim = self.job_key(queue, job, "claim");
         let done = self.job_key(queue, job, "done");
@@ -50,10 +50,10 @@ impl EtcdCoord {
         if created.resp.succeeded() {
             let rev = revision_of(created.resp.header());
             let name = format!("{queue}/{job}");
-            return Ok(Claim::Claimed(grant(&name, &token, rev, created.lease.ttl)));
+            return Ok(Try::Acquired(grant(&name, &token, rev, created.lease.ttl)));
         }
         let state = job_claimed(created.resp.op_responses().as_slice());
-        Ok(state.unwrap_or_else(|| Claim::ClaimedByOther(String::new())))
+        Ok(state.unwrap_or_else(|| Try::Held(String::new())))
     }
 
     /// Complete a claimed job ([`Coordinator::complete`](crate::backend::coordination::Coordinator::complete)):
@@ -110,7 +110,7 @@ impl EtcdCoord {
     }
 
     /// Renew the claim `token` holds
-    /// ([`Coordinator::job_renew`](crate::backend::coordination::Coordinator::job_renew)):
+    /// ([`Coordinator::renew`](crate::backend::coordination::Coordinator::renew) of a job):
     /// one keep-alive of its lease once the claim key is seen to be the token's.
     pub(super) async fn renew_job(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
         let Some(t) = job_token(token) else {
@@ -122,7 +122,7 @@ impl EtcdCoord {
     }
 
     /// Give back the claim `token` holds
-    /// ([`Coordinator::job_release`](crate::backend::coordination::Coordinator::job_release)):
+    /// ([`Coordinator::release`](crate::backend::coordination::Coordinator::release) of a job):
     /// its claim key is deleted if it is still the token's (a done key is
     /// never touched), then its lease is revoked off the answer path.
     pub(super) async fn release_job(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
@@ -165,15 +165,12 @@ fn job_token(token: &str) -> Option<Token> {
 
 /// A job's state from the answers of [`EtcdCoord::job_state`]: `None` when
 /// it is neither completed nor claimed.
-fn job_claimed(ops: &[TxnOpResponse]) -> Option<Claim> {
+fn job_claimed(ops: &[TxnOpResponse]) -> Option<Try> {
     if matches!(ops.first(), Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty()) {
-        return Some(Claim::Completed);
+        return Some(Try::Completed);
     }
     match ops.get(1) {
-        Some(TxnOpResponse::Get(g)) => g
-            .kvs()
-            .first()
-            .map(|kv| Claim::ClaimedByOther(owner_of(kv.value()))),
+        Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| Try::Held(owner_of(kv.value()))),
         _ => None,
     }
 }

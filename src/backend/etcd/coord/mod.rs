@@ -32,8 +32,8 @@ use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::backend::coordination::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, RwMode, Token, TokenKind, Try,
-    WriteIntent,
+    Acquire, CoordError, Coordinator, Grant, Kind, Object, Outcome, Result, Token, TokenKind, Try,
+    nap,
 };
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::etcd::store::{Created, EtcdStore, Lease, revision_of};
@@ -196,22 +196,34 @@ impl EtcdCoord {
     fn job_key(&self, queue: &str, job: &str, part: &str) -> String {
         format!("{}jobs/{queue}/{job}/{part}", self.prefix)
     }
-    fn prefix_of(&self, kind: Kind, name: &str) -> String {
-        match kind {
-            Kind::Lock => self.lock_prefix(name),
-            Kind::Semaphore => self.sem_prefix(name),
+    /// The prefix under which the keys of `object` live (none for jobs:
+    /// nobody waits on one).
+    fn prefix_of(&self, object: Object<'_>) -> Option<String> {
+        match object {
+            Object::Lock(name) => Some(self.lock_prefix(name)),
+            Object::Semaphore(name) => Some(self.sem_prefix(name)),
+            Object::RwLock(name) => Some(self.rw_prefix(name)),
+            Object::Job { .. } => None,
         }
     }
     /// The key of a lock or permit: `<prefix><lease hex>.<nonce>`. The whole
     /// token is in the key's name, so a key that exists under this name is
     /// the token's own: a release is one delete, with no read before it.
-    fn key_of(&self, kind: Kind, name: &str, token: &Token) -> String {
-        format!(
-            "{}{:x}.{}",
-            self.prefix_of(kind, name),
-            token.lease,
-            token.nonce
-        )
+    fn key_of(&self, prefix: &str, token: &Token) -> String {
+        format!("{prefix}{:x}.{}", token.lease, token.nonce)
+    }
+    /// The token and key of the hold `token` has on a lock, permit or
+    /// read-write lock; `None` when the token cannot hold `object`.
+    fn held(&self, object: Object<'_>, token: &str) -> Option<(Token, String)> {
+        match object {
+            Object::Lock(_) | Object::Semaphore(_) => {
+                let t = parse(object.kind(), token)?;
+                let key = self.key_of(&self.prefix_of(object)?, &t);
+                Some((t, key))
+            }
+            Object::RwLock(name) => self.rw_parts(name, token),
+            Object::Job { .. } => None,
+        }
     }
 
     /// One keep-alive of `lease`: the TTL it now has, 0 when it is gone.
@@ -243,7 +255,7 @@ impl EtcdCoord {
         Txn::new()
             .when([Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
-                self.key_of(Kind::Lock, name, token),
+                self.key_of(&prefix, token),
                 format!("{token}|{owner}"),
                 Some(PutOptions::new().with_lease(token.lease)),
             )])
@@ -324,7 +336,89 @@ impl Coordinator for EtcdCoord {
         Some(self.deadline)
     }
 
-    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
+    async fn acquire(&self, what: Acquire<'_>, owner: &str, ttl: Duration) -> Result<Try> {
+        match what {
+            Acquire::Lock(name) => self.try_lock(name, owner, ttl).await,
+            Acquire::FairLock { name, wait } => self.queue_for(name, owner, ttl, wait).await,
+            Acquire::Semaphore { name, permits } => self.permit(name, owner, permits, ttl).await,
+            Acquire::RwLock { name, mode, intent } => {
+                self.rw_acquire(name, owner, mode, ttl, intent).await
+            }
+            Acquire::Job { queue, job } => self.claim_job(queue, job, owner, ttl).await,
+        }
+    }
+
+    async fn changed(&self, object: Object<'_>, _seen: u64, until: Instant) -> Result<()> {
+        let Some(prefix) = self.prefix_of(object) else {
+            // Nobody waits on a job claim.
+            nap(until).await;
+            return Ok(());
+        };
+        // An empty lock (or read-write lock) is free: answer at once.
+        let lock = object.kind() != Kind::Semaphore;
+        self.changed_under(&prefix, lock, until).await
+    }
+
+    async fn renew(&self, object: Object<'_>, token: &str, _ttl: Duration) -> Result<Outcome> {
+        if let Object::Job { queue, job } = object {
+            return self.renew_job(queue, job, token).await;
+        }
+        let Some((t, key)) = self.held(object, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        self.renew_key(&mut client, &key, token, t.lease).await
+    }
+
+    async fn release(&self, object: Object<'_>, token: &str) -> Result<Outcome> {
+        if let Object::Job { queue, job } = object {
+            return self.release_job(queue, job, token).await;
+        }
+        let Some((t, key)) = self.held(object, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let mut client = self.client().await?;
+        // The key's name holds the whole token: if it exists it is ours, and
+        // one delete releases it (the next waiter's watch sees the delete).
+        let deleted = self.call("delete", client.delete(key, None)).await?;
+        if deleted.deleted() == 0 {
+            return Ok(Outcome::Gone);
+        }
+        // The lease holds no key any more: keep it for the next acquisition,
+        // or revoke it off the answer path.
+        if !self.pool.released(t.lease) {
+            self.revoke_later(client, t.lease);
+        }
+        Ok(Outcome::Ok(None))
+    }
+
+    async fn complete(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        retention: Duration,
+    ) -> Result<Outcome> {
+        self.complete_job(queue, job, token, retention).await
+    }
+
+    async fn give_up(&self, name: &str, id: &str) -> Result<()> {
+        self.rw_drop_intent(name, id).await
+    }
+
+    async fn close(&self) {
+        let mut tasks =
+            std::mem::take(&mut *self.revokes.lock().unwrap_or_else(|e| e.into_inner()));
+        let waited = tokio::time::timeout(self.deadline, async {
+            while tasks.join_next().await.is_some() {}
+        });
+        let _ = waited.await;
+    }
+}
+
+impl EtcdCoord {
+    /// One attempt at plain lock `name` ([`Acquire::Lock`]).
+    async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let mut client = self.client().await?;
         // A lease kept by a release: one round trip ([`EtcdCoord::lock_pooled`]).
         if let Some(answer) = self.lock_pooled(&client, name, owner, ttl).await? {
@@ -345,118 +439,6 @@ impl Coordinator for EtcdCoord {
             return Ok(Try::Acquired(grant(name, &token, rev, created.lease.ttl)));
         }
         Ok(Try::Held(held_by(&created.resp)))
-    }
-
-    async fn lock_fair(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Try> {
-        self.queue_for(name, owner, ttl, wait).await
-    }
-
-    async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
-        self.permit(name, owner, permits, ttl).await
-    }
-
-    async fn changed(&self, kind: Kind, name: &str, _seen: u64, until: Instant) -> Result<()> {
-        self.changed_under(&self.prefix_of(kind, name), kind == Kind::Lock, until)
-            .await
-    }
-
-    async fn renew(&self, kind: Kind, name: &str, token: &str, _ttl: Duration) -> Result<Outcome> {
-        let Some(t) = parse(kind, token) else {
-            return Ok(Outcome::Gone);
-        };
-        let mut client = self.client().await?;
-        let key = self.key_of(kind, name, &t);
-        self.renew_key(&mut client, &key, token, t.lease).await
-    }
-
-    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
-        let Some(t) = parse(kind, token) else {
-            return Ok(Outcome::Gone);
-        };
-        let mut client = self.client().await?;
-        // The key's name holds the whole token: if it exists it is ours, and
-        // one delete releases it (the next waiter's watch sees the delete).
-        let key = self.key_of(kind, name, &t);
-        let deleted = self.call("delete", client.delete(key, None)).await?;
-        if deleted.deleted() == 0 {
-            return Ok(Outcome::Gone);
-        }
-        // The lease holds no key any more: keep it for the next waiter, or
-        // revoke it off the answer path.
-        if !self.pool.released(t.lease) {
-            self.revoke_later(client, t.lease);
-        }
-        Ok(Outcome::Ok(None))
-    }
-
-    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
-        self.claim_job(queue, job, owner, ttl).await
-    }
-
-    async fn complete(
-        &self,
-        queue: &str,
-        job: &str,
-        token: &str,
-        retention: Duration,
-    ) -> Result<Outcome> {
-        self.complete_job(queue, job, token, retention).await
-    }
-
-    async fn rwlock(
-        &self,
-        name: &str,
-        owner: &str,
-        mode: RwMode,
-        ttl: Duration,
-        intent: Option<&WriteIntent>,
-    ) -> Result<Try> {
-        self.rw_acquire(name, owner, mode, ttl, intent).await
-    }
-
-    async fn rw_give_up(&self, name: &str, id: &str) -> Result<()> {
-        self.rw_drop_intent(name, id).await
-    }
-
-    async fn rw_renew(&self, name: &str, token: &str, _ttl: Duration) -> Result<Outcome> {
-        self.rw_extend(name, token).await
-    }
-
-    async fn rw_release(&self, name: &str, token: &str) -> Result<Outcome> {
-        self.rw_drop(name, token).await
-    }
-
-    async fn rw_changed(&self, name: &str, until: Instant) -> Result<()> {
-        self.rw_wait(name, until).await
-    }
-
-    async fn job_renew(
-        &self,
-        queue: &str,
-        job: &str,
-        token: &str,
-        _ttl: Duration,
-    ) -> Result<Outcome> {
-        self.renew_job(queue, job, token).await
-    }
-
-    async fn job_release(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
-        self.release_job(queue, job, token).await
-    }
-
-    async fn close(&self) {
-        let mut tasks =
-            std::mem::take(&mut *self.revokes.lock().unwrap_or_else(|e| e.into_inner()));
-        let waited = tokio::time::timeout(self.deadline, async {
-            while tasks.join_next().await.is_some() {}
-        });
-        let _ = waited.await;
     }
 }
 

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::hub::{Seen, Subscription};
 use super::{EtcdCoord, grant};
-use crate::backend::coordination::{CoordError, Kind, Result, Token, TokenKind, Try};
+use crate::backend::coordination::{CoordError, Result, Token, TokenKind, Try};
 use crate::backend::etcd::store::revision_of;
 
 /// Most keys ahead a joining waiter reads by name. With more ahead, it waits
@@ -131,7 +131,7 @@ async fn keep_queued(client: Client, lease: i64, granted: Duration) {
 
 impl EtcdCoord {
     /// Take lock `name` in arrival order, waiting up to `wait`
-    /// ([`crate::backend::coordination::Coordinator::lock_fair`]).
+    /// ([`crate::backend::coordination::Acquire::FairLock`]).
     ///
     /// The waiter watches the deletes under the lock's prefix from before it
     /// joins, joins (one txn: read the names of the keys ahead, put ours),
@@ -158,7 +158,7 @@ impl EtcdCoord {
         let (lease, at) = leased?;
         let deletes = self.or_abandon(&mut client, lease.id, deletes).await?;
         let token = Token::new(TokenKind::FairLock, lease.id);
-        let mine = self.key_of(Kind::Lock, name, &token);
+        let mine = self.key_of(&self.lock_prefix(name), &token);
         let (my_rev, ahead) = self
             .join(
                 &mut client,

@@ -19,7 +19,6 @@
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use tokio::time::Instant;
 
 use super::{EtcdCoord, grant, holds, oldest, owner_of};
 use crate::backend::coordination::{Outcome, Result, RwMode, Token, TokenKind, Try, WriteIntent};
@@ -59,7 +58,7 @@ impl Seen {
 }
 
 impl EtcdCoord {
-    fn rw_prefix(&self, name: &str) -> String {
+    pub(super) fn rw_prefix(&self, name: &str) -> String {
         format!("{}rw/{name}/", self.prefix)
     }
 
@@ -88,7 +87,7 @@ impl EtcdCoord {
     }
 
     /// Try once to take read-write lock `name` in `mode`
-    /// ([`Coordinator::rwlock`](crate::backend::coordination::Coordinator::rwlock)):
+    /// ([`Acquire::RwLock`](crate::backend::coordination::Acquire::RwLock)):
     /// one read when it is busy, else a lease and a compare-and-put.
     pub(super) async fn rw_acquire(
         &self,
@@ -275,43 +274,10 @@ impl EtcdCoord {
     }
 
     /// A reader's or writer's token issued on etcd, and its key.
-    fn rw_parts(&self, name: &str, token: &str) -> Option<(Token, String)> {
+    pub(super) fn rw_parts(&self, name: &str, token: &str) -> Option<(Token, String)> {
         let t = Token::parse(token).filter(|t| t.lease > 0)?;
         let key = self.rw_key(name, &t)?;
         Some((t, key))
-    }
-
-    /// Renew a reader's or writer's hold.
-    pub(super) async fn rw_extend(&self, name: &str, token: &str) -> Result<Outcome> {
-        let Some((t, key)) = self.rw_parts(name, token) else {
-            return Ok(Outcome::Gone);
-        };
-        let mut client = self.client().await?;
-        self.renew_key(&mut client, &key, token, t.lease).await
-    }
-
-    /// Release a reader's or writer's hold: one delete, then its lease is
-    /// revoked off the answer path.
-    pub(super) async fn rw_drop(&self, name: &str, token: &str) -> Result<Outcome> {
-        let Some((t, key)) = self.rw_parts(name, token) else {
-            return Ok(Outcome::Gone);
-        };
-        let mut client = self.client().await?;
-        let deleted = self.call("delete", client.delete(key, None)).await?;
-        if deleted.deleted() == 0 {
-            return Ok(Outcome::Gone);
-        }
-        // The lease holds no key any more: keep it for the next
-        // acquisition, or revoke it off the answer path.
-        if !self.pool.released(t.lease) {
-            self.revoke_later(client, t.lease);
-        }
-        Ok(Outcome::Ok(None))
-    }
-
-    /// Wait until a key of read-write lock `name` seen now goes, or `until`.
-    pub(super) async fn rw_wait(&self, name: &str, until: Instant) -> Result<()> {
-        self.changed_under(&self.rw_prefix(name), true, until).await
     }
 
     /// Renew the hold of `key` by `token` on `lease`: a read proving the key

@@ -7,12 +7,12 @@ use std::time::Duration;
 use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget};
 
 use super::{EtcdCoord, grant};
-use crate::backend::coordination::{CoordError, Kind, Result, Token, TokenKind, Try};
+use crate::backend::coordination::{CoordError, Result, Token, TokenKind, Try};
 use crate::backend::etcd::store::revision_of;
 
 impl EtcdCoord {
     /// Try once to take one of `permits` permits of semaphore `name`
-    /// ([`Coordinator::semaphore`](crate::backend::coordination::Coordinator::semaphore)).
+    /// ([`Acquire::Semaphore`](crate::backend::coordination::Acquire::Semaphore)).
     pub(super) async fn permit(
         &self,
         name: &str,
@@ -23,7 +23,7 @@ impl EtcdCoord {
         let mut client = self.client().await?;
         let lease = self.store.grant(&mut client, ttl, self.limit()).await?;
         let token = Token::new(TokenKind::Permit, lease.id);
-        let key = self.key_of(Kind::Semaphore, name, &token);
+        let key = self.key_of(&self.sem_prefix(name), &token);
         let put = PutOptions::new().with_lease(lease.id);
         let value = permit_value(&token, owner, permits);
         let put = self.call("put", client.put(key, value, Some(put))).await;

@@ -4,7 +4,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, advance};
 
 use super::*;
-use crate::backend::kubernetes::coord::names::ObjKind;
+use crate::backend::coordination::Kind;
 use crate::backend::kubernetes::coord::state::{Target, lease_for};
 
 const OBJ: &str = "le-lock-x-0";
@@ -21,7 +21,7 @@ fn holder(token: &str, at_ms: u64) -> Entry {
 /// A version `rv` of the object with `state`.
 fn version(rv: u64, state: &Stored) -> Lease {
     let t = Target {
-        kind: ObjKind::Lock,
+        kind: Kind::Lock,
         name: "x",
         object: OBJ,
         election: "e",

@@ -14,10 +14,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::io::{Decision, View};
-use super::names::{ObjKind, object_name};
+use super::names::object_name;
 use super::state::{Entry, Target};
 use super::{LeaseCoord, entry, grant};
-use crate::backend::coordination::{CoordError, Result, Token, TokenKind, Try};
+use crate::backend::coordination::{CoordError, Kind, Result, Token, TokenKind, Try};
 
 /// Where a waiter stands after one look.
 enum Stand {
@@ -64,8 +64,8 @@ impl LeaseCoord {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Try> {
-        let object = object_name(ObjKind::Lock, name);
-        let t = self.target(ObjKind::Lock, name, &object);
+        let object = object_name(Kind::Lock, name);
+        let t = self.target(Kind::Lock, name, &object);
         let token = Token::new(TokenKind::FairLock, 0).to_string();
         let until = Instant::now() + wait;
         let mut refreshed = Instant::now();

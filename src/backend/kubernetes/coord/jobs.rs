@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use super::io::{Decision, View, ms};
-use super::names::{ObjKind, object_name};
+use super::names::object_name;
 use super::{LeaseCoord, entry, grant, held};
-use crate::backend::coordination::{Claim, Outcome, Result, Token, TokenKind};
+use crate::backend::coordination::{Kind, Outcome, Result, Token, TokenKind, Try};
 
 /// Whether the completion in `v` is `token`'s.
 fn done_by(v: &View, token: &str) -> bool {
@@ -16,26 +16,23 @@ fn done_by(v: &View, token: &str) -> bool {
 }
 
 impl LeaseCoord {
-    /// Claim job `job` of `queue` ([`Coordinator::claim`](crate::backend::coordination::Coordinator::claim)).
+    /// Claim job `job` of `queue` ([`Acquire::Job`](crate::backend::coordination::Acquire::Job)).
     pub(super) async fn claim_job(
         &self,
         queue: &str,
         job: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Claim> {
+    ) -> Result<Try> {
         let name = format!("{queue}/{job}");
-        let object = object_name(ObjKind::Job, &name);
-        let t = self.target(ObjKind::Job, &name, &object);
+        let object = object_name(Kind::Job, &name);
+        let t = self.target(Kind::Job, &name, &object);
         let token = Token::new(TokenKind::Job, 0).to_string();
         self.update(&t, |v| {
             let refusal = if v.sight.done_live {
-                Some(Claim::Completed)
+                Some(Try::Completed)
             } else {
-                v.sight
-                    .live
-                    .first()
-                    .map(|e| Claim::ClaimedByOther(e.owner.clone()))
+                v.sight.live.first().map(|e| Try::Held(e.owner.clone()))
             };
             Ok(match refusal {
                 Some(_) if !v.fresh => Decision::Confirm,
@@ -47,7 +44,7 @@ impl LeaseCoord {
                     Decision::Write {
                         state,
                         bump: true,
-                        answer: Claim::Claimed(grant(&name, &token, v.next_fencing, ttl)),
+                        answer: Try::Acquired(grant(&name, &token, v.next_fencing, ttl)),
                     }
                 }
             })
@@ -65,8 +62,8 @@ impl LeaseCoord {
         retention: Duration,
     ) -> Result<Outcome> {
         let name = format!("{queue}/{job}");
-        let object = object_name(ObjKind::Job, &name);
-        let t = self.target(ObjKind::Job, &name, &object);
+        let object = object_name(Kind::Job, &name);
+        let t = self.target(Kind::Job, &name, &object);
         self.update(&t, |v| {
             if done_by(v, token) {
                 // Completed by us already (a retry).
@@ -95,8 +92,8 @@ impl LeaseCoord {
     }
 
     /// Renew (`ttl`) or give back (`None`) the claim `token` holds on job
-    /// `job` of `queue` ([`Coordinator::job_renew`](crate::backend::coordination::Coordinator::job_renew),
-    /// [`Coordinator::job_release`](crate::backend::coordination::Coordinator::job_release)):
+    /// `job` of `queue` ([`Coordinator::renew`](crate::backend::coordination::Coordinator::renew),
+    /// [`Coordinator::release`](crate::backend::coordination::Coordinator::release) of a job):
     /// as on etcd, a renewal of a claim that is not ours (gone, completed,
     /// or another's) answers gone (410); a give-back answers not yours (409)
     /// when another holds or completed the job, else gone. A job given back
@@ -109,8 +106,8 @@ impl LeaseCoord {
         ttl: Option<Duration>,
     ) -> Result<Outcome> {
         let name = format!("{queue}/{job}");
-        let object = object_name(ObjKind::Job, &name);
-        let t = self.target(ObjKind::Job, &name, &object);
+        let object = object_name(Kind::Job, &name);
+        let t = self.target(Kind::Job, &name, &object);
         self.update(&t, |v| {
             let Some(mine) = held(v, token) else {
                 let other = v.sight.done_live || !v.sight.live.is_empty();

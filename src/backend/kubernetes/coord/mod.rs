@@ -56,13 +56,13 @@ use tokio::time::Instant;
 
 use super::{Conn, KubeLeaseBackend, unix_millis};
 use crate::backend::coordination::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, RwMode, Token, TokenKind, Try,
-    WriteIntent,
+    Acquire, CoordError, Coordinator, Grant, Kind, Object, Outcome, Result, Token, TokenKind, Try,
+    nap,
 };
 use io::{Decision, View, ms};
 use state::{Entry, Target};
 
-pub use names::{NAME_ANNOTATION, ObjKind, object_name};
+pub use names::{NAME_ANNOTATION, kind_label, object_name};
 pub use state::{ELECTION_LABEL, KIND_LABEL, STATE_ANNOTATION};
 
 /// Deadline of one API call of the coordination API.
@@ -156,7 +156,7 @@ impl LeaseCoord {
         self.following.load(Ordering::SeqCst)
     }
 
-    fn target<'a>(&'a self, kind: ObjKind, name: &'a str, object: &'a str) -> Target<'a> {
+    fn target<'a>(&'a self, kind: Kind, name: &'a str, object: &'a str) -> Target<'a> {
         Target {
             kind,
             name,
@@ -288,13 +288,6 @@ fn usable(token: &str, kind: TokenKind) -> bool {
     Token::parse(token).is_some_and(|t| t.kind == kind && t.lease == 0)
 }
 
-fn obj_kind(kind: Kind) -> ObjKind {
-    match kind {
-        Kind::Lock => ObjKind::Lock,
-        Kind::Semaphore => ObjKind::Semaphore,
-    }
-}
-
 #[async_trait]
 impl Coordinator for LeaseCoord {
     fn backend(&self) -> &'static str {
@@ -305,60 +298,52 @@ impl Coordinator for LeaseCoord {
         Some(self.deadline)
     }
 
-    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
-        let object = object_name(ObjKind::Lock, name);
-        let t = self.target(ObjKind::Lock, name, &object);
-        let token = Token::new(TokenKind::Lock, 0);
-        self.take(&t, owner, ttl, 1, token, None).await
-    }
-
-    async fn lock_fair(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Try> {
-        self.queue_for(name, owner, ttl, wait).await
-    }
-
-    async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
-        let object = object_name(ObjKind::Semaphore, name);
-        let t = self.target(ObjKind::Semaphore, name, &object);
-        let token = Token::new(TokenKind::Permit, 0);
-        self.take(&t, owner, ttl, permits, token, Some(permits))
-            .await
-    }
-
-    async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
-        let ok = Token::parse(token).is_some_and(|t| t.kind.serves(kind) && t.lease == 0);
-        if !ok {
-            return Ok(Outcome::Gone);
+    async fn acquire(&self, what: Acquire<'_>, owner: &str, ttl: Duration) -> Result<Try> {
+        match what {
+            Acquire::Lock(name) => {
+                let object = object_name(Kind::Lock, name);
+                let t = self.target(Kind::Lock, name, &object);
+                let token = Token::new(TokenKind::Lock, 0);
+                self.take(&t, owner, ttl, 1, token, None).await
+            }
+            Acquire::FairLock { name, wait } => self.queue_for(name, owner, ttl, wait).await,
+            Acquire::Semaphore { name, permits } => {
+                let object = object_name(Kind::Semaphore, name);
+                let t = self.target(Kind::Semaphore, name, &object);
+                let token = Token::new(TokenKind::Permit, 0);
+                self.take(&t, owner, ttl, permits, token, Some(permits))
+                    .await
+            }
+            Acquire::RwLock { name, mode, intent } => {
+                self.rw_acquire(name, owner, mode, ttl, intent).await
+            }
+            Acquire::Job { queue, job } => self.claim_job(queue, job, owner, ttl).await,
         }
-        let object = object_name(obj_kind(kind), name);
-        let t = self.target(obj_kind(kind), name, &object);
-        self.act(&t, token, Some(ttl)).await
     }
 
-    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
-        let ok = Token::parse(token).is_some_and(|t| t.kind.serves(kind) && t.lease == 0);
-        if !ok {
-            return Ok(Outcome::Gone);
+    async fn renew(&self, object: Object<'_>, token: &str, ttl: Duration) -> Result<Outcome> {
+        self.act_on(object, token, Some(ttl)).await
+    }
+
+    async fn release(&self, object: Object<'_>, token: &str) -> Result<Outcome> {
+        self.act_on(object, token, None).await
+    }
+
+    async fn changed(&self, object: Object<'_>, seen: u64, until: Instant) -> Result<()> {
+        match object {
+            Object::Lock(name) | Object::Semaphore(name) => {
+                let object = object_name(object.kind(), name);
+                let fewer = |s: &book::Sight| (s.live.len() as u64) < seen;
+                self.sleep_on(&object, until, fewer).await;
+                Ok(())
+            }
+            Object::RwLock(name) => self.rw_wait(name, until).await,
+            // Nobody waits on a job claim.
+            Object::Job { .. } => {
+                nap(until).await;
+                Ok(())
+            }
         }
-        let object = object_name(obj_kind(kind), name);
-        let t = self.target(obj_kind(kind), name, &object);
-        self.act(&t, token, None).await
-    }
-
-    async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
-        let object = object_name(obj_kind(kind), name);
-        let fewer = |s: &book::Sight| (s.live.len() as u64) < seen;
-        self.sleep_on(&object, until, fewer).await;
-        Ok(())
-    }
-
-    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
-        self.claim_job(queue, job, owner, ttl).await
     }
 
     async fn complete(
@@ -374,50 +359,36 @@ impl Coordinator for LeaseCoord {
         self.complete_job(queue, job, token, retention).await
     }
 
-    async fn job_renew(
-        &self,
-        queue: &str,
-        job: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<Outcome> {
-        if !usable(token, TokenKind::Job) {
-            return Ok(Outcome::Gone);
-        }
-        self.job_act(queue, job, token, Some(ttl)).await
-    }
-
-    async fn job_release(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
-        if !usable(token, TokenKind::Job) {
-            return Ok(Outcome::Gone);
-        }
-        self.job_act(queue, job, token, None).await
-    }
-
-    async fn rwlock(
-        &self,
-        name: &str,
-        owner: &str,
-        mode: RwMode,
-        ttl: Duration,
-        intent: Option<&WriteIntent>,
-    ) -> Result<Try> {
-        self.rw_acquire(name, owner, mode, ttl, intent).await
-    }
-
-    async fn rw_give_up(&self, name: &str, id: &str) -> Result<()> {
+    async fn give_up(&self, name: &str, id: &str) -> Result<()> {
         self.rw_drop_intent(name, id).await
     }
+}
 
-    async fn rw_renew(&self, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
-        self.rw_act(name, token, Some(ttl)).await
-    }
-
-    async fn rw_release(&self, name: &str, token: &str) -> Result<Outcome> {
-        self.rw_act(name, token, None).await
-    }
-
-    async fn rw_changed(&self, name: &str, until: Instant) -> Result<()> {
-        self.rw_wait(name, until).await
+impl LeaseCoord {
+    /// Renew (`ttl`) or release (`None`) the hold `token` has on `object`.
+    async fn act_on(
+        &self,
+        object: Object<'_>,
+        token: &str,
+        ttl: Option<Duration>,
+    ) -> Result<Outcome> {
+        let name = match object {
+            Object::Lock(name) | Object::Semaphore(name) => name,
+            Object::RwLock(name) => return self.rw_act(name, token, ttl).await,
+            Object::Job { queue, job } => {
+                if !usable(token, TokenKind::Job) {
+                    return Ok(Outcome::Gone);
+                }
+                return self.job_act(queue, job, token, ttl).await;
+            }
+        };
+        let kind = object.kind();
+        let ok = Token::parse(token).is_some_and(|t| t.kind.serves(kind) && t.lease == 0);
+        if !ok {
+            return Ok(Outcome::Gone);
+        }
+        let object = object_name(kind, name);
+        let t = self.target(kind, name, &object);
+        self.act(&t, token, ttl).await
     }
 }

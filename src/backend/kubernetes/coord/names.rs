@@ -13,53 +13,40 @@
 
 use std::hash::Hasher;
 
+use crate::backend::coordination::Kind;
+
 /// Annotation holding the exact coordination name an object stands for.
 pub const NAME_ANNOTATION: &str = "leader-elector.io/name";
 
 /// Every coordination object's name starts with this.
 pub const PREFIX: &str = "le-";
 
-/// What a coordination object is: its `leader-elector.io/kind` label and
-/// the kind part of its name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ObjKind {
-    /// A named lock (`lock`).
-    Lock,
-    /// A semaphore: one object holding its permits (`semaphore`).
-    Semaphore,
-    /// One job of a queue (`job`).
-    Job,
-    /// A read-write lock: its readers or writer, and a waiting writer's
-    /// intent (`rwlock`; object name `le-rw-…`).
-    RwLock,
+/// The `leader-elector.io/kind` label of a coordination object of `kind`.
+pub fn kind_label(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Lock => "lock",
+        Kind::Semaphore => "semaphore",
+        Kind::Job => "job",
+        // Its readers or writer, and a waiting writer's intent.
+        Kind::RwLock => "rwlock",
+    }
 }
 
-impl ObjKind {
-    /// The label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            ObjKind::Lock => "lock",
-            ObjKind::Semaphore => "semaphore",
-            ObjKind::Job => "job",
-            ObjKind::RwLock => "rwlock",
-        }
-    }
-
-    fn short(self) -> &'static str {
-        match self {
-            ObjKind::Lock => "lock",
-            ObjKind::Semaphore => "sem",
-            ObjKind::Job => "job",
-            ObjKind::RwLock => "rw",
-        }
+/// The kind part of an object's name (`le-<short>-…`).
+fn short(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Lock => "lock",
+        Kind::Semaphore => "sem",
+        Kind::Job => "job",
+        Kind::RwLock => "rw",
     }
 }
 
 /// The object name of coordination name `name` of `kind` (see the module
 /// docs); at most 3 + 5 + 128 + 1 + 16 = 153 characters.
-pub fn object_name(kind: ObjKind, name: &str) -> String {
+pub fn object_name(kind: Kind, name: &str) -> String {
     let mut h = fnv::FnvHasher::default();
-    h.write(kind.label().as_bytes());
+    h.write(kind_label(kind).as_bytes());
     h.write(b"/");
     h.write(name.as_bytes());
     let readable: String = name
@@ -71,7 +58,7 @@ pub fn object_name(kind: ObjKind, name: &str) -> String {
             _ => '-',
         })
         .collect();
-    format!("{PREFIX}{}-{readable}-{:016x}", kind.short(), h.finish())
+    format!("{PREFIX}{}-{readable}-{:016x}", short(kind), h.finish())
 }
 
 /// A label value for `value` (at most 63 characters of `[A-Za-z0-9._-]`,
@@ -103,25 +90,17 @@ mod tests {
             "Foo", "foo", "a.b", "a_b", "a-b", "-", ".", "_", &long, "q/j1",
         ];
         let mut seen = std::collections::HashSet::new();
-        for kind in [
-            ObjKind::Lock,
-            ObjKind::Semaphore,
-            ObjKind::Job,
-            ObjKind::RwLock,
-        ] {
+        for kind in [Kind::Lock, Kind::Semaphore, Kind::Job, Kind::RwLock] {
             for n in names {
                 let o = object_name(kind, n);
                 assert!(dns_subdomain(&o), "{n} -> {o}");
                 assert!(seen.insert(o.clone()), "{n} -> {o} collides");
             }
         }
-        assert!(object_name(ObjKind::Lock, "My.Lock").starts_with("le-lock-my-lock-"));
-        assert!(object_name(ObjKind::RwLock, "My.Doc").starts_with("le-rw-my-doc-"));
+        assert!(object_name(Kind::Lock, "My.Lock").starts_with("le-lock-my-lock-"));
+        assert!(object_name(Kind::RwLock, "My.Doc").starts_with("le-rw-my-doc-"));
         // Stable across versions: the hash is FNV-1a, not std's.
-        assert_eq!(
-            object_name(ObjKind::Lock, "x"),
-            object_name(ObjKind::Lock, "x")
-        );
+        assert_eq!(object_name(Kind::Lock, "x"), object_name(Kind::Lock, "x"));
     }
 
     #[test]

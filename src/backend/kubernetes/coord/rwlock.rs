@@ -28,10 +28,12 @@ use tokio::time::Instant;
 
 use super::book::Sight;
 use super::io::{Decision, View, ms};
-use super::names::{ObjKind, object_name};
+use super::names::object_name;
 use super::state::{Entry, Stored};
 use super::{LeaseCoord, entry, grant};
-use crate::backend::coordination::{Outcome, Result, RwMode, Token, TokenKind, Try, WriteIntent};
+use crate::backend::coordination::{
+    Kind, Outcome, Result, RwMode, Token, TokenKind, Try, WriteIntent,
+};
 use crate::backend::kubernetes::unix_millis;
 
 /// The `resourceVersion` of `lease`.
@@ -126,7 +128,7 @@ fn decide(
 
 impl LeaseCoord {
     /// Try once to take read-write lock `name` in `mode`
-    /// ([`Coordinator::rwlock`](crate::backend::coordination::Coordinator::rwlock)).
+    /// ([`Acquire::RwLock`](crate::backend::coordination::Acquire::RwLock)).
     pub(super) async fn rw_acquire(
         &self,
         name: &str,
@@ -135,8 +137,8 @@ impl LeaseCoord {
         ttl: Duration,
         intent: Option<&WriteIntent>,
     ) -> Result<Try> {
-        let object = object_name(ObjKind::RwLock, name);
-        let t = self.target(ObjKind::RwLock, name, &object);
+        let object = object_name(Kind::RwLock, name);
+        let t = self.target(Kind::RwLock, name, &object);
         let kind = match mode {
             RwMode::Read => TokenKind::Reader,
             RwMode::Write => TokenKind::Writer,
@@ -179,11 +181,11 @@ impl LeaseCoord {
     }
 
     /// Remove writer intent `id` of read-write lock `name` when it is still
-    /// there ([`Coordinator::rw_give_up`](crate::backend::coordination::Coordinator::rw_give_up)).
+    /// there ([`Coordinator::give_up`](crate::backend::coordination::Coordinator::give_up)).
     pub(super) async fn rw_drop_intent(&self, name: &str, id: &str) -> Result<()> {
         self.waiting_writer(id, None);
-        let object = object_name(ObjKind::RwLock, name);
-        let t = self.target(ObjKind::RwLock, name, &object);
+        let object = object_name(Kind::RwLock, name);
+        let t = self.target(Kind::RwLock, name, &object);
         self.update(&t, |v| {
             if v.stored.intent.as_ref().is_none_or(|i| i.token != id) {
                 return Ok(Decision::Answer(()));
@@ -213,8 +215,8 @@ impl LeaseCoord {
         if !ours {
             return Ok(Outcome::Gone);
         }
-        let object = object_name(ObjKind::RwLock, name);
-        let t = self.target(ObjKind::RwLock, name, &object);
+        let object = object_name(Kind::RwLock, name);
+        let t = self.target(Kind::RwLock, name, &object);
         self.act(&t, token, ttl).await
     }
 
@@ -226,7 +228,7 @@ impl LeaseCoord {
     /// (and nobody spins while the writer takes its turn); else until the
     /// object's next watch event or the next expiry by sight.
     pub(super) async fn rw_wait(&self, name: &str, until: Instant) -> Result<()> {
-        let object = object_name(ObjKind::RwLock, name);
+        let object = object_name(Kind::RwLock, name);
         let may_enter = |s: &Sight| {
             let intent = s.intent.as_ref();
             let reader = !s.live.iter().any(is_writer) && intent.is_none();

@@ -12,7 +12,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use super::names::{NAME_ANNOTATION, ObjKind, label_value};
+use super::names::{NAME_ANNOTATION, kind_label, label_value};
+use crate::backend::coordination::Kind;
 use crate::backend::kubernetes::{TOKEN_ANNOTATION, lease_duration_secs, now_micro, token_of};
 
 /// Annotation holding a coordination object's `Stored` state (JSON).
@@ -128,7 +129,7 @@ pub fn stored_of(lease: &Lease, name: &str) -> Result<Stored, Unusable> {
 /// Where an object is and what it is, for writes.
 pub struct Target<'a> {
     /// Its kind.
-    pub kind: ObjKind,
+    pub kind: Kind,
     /// The client's name (`queue/job` for jobs).
     pub name: &'a str,
     /// The object name.
@@ -149,7 +150,7 @@ pub fn lease_for(base: Option<&Lease>, t: &Target<'_>, state: &Stored, fencing: 
         });
     meta.managed_fields = None;
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-    labels.insert(KIND_LABEL.into(), t.kind.label().into());
+    labels.insert(KIND_LABEL.into(), kind_label(t.kind).into());
     labels
         .entry(ELECTION_LABEL.into())
         .or_insert_with(|| label_value(t.election));
@@ -201,7 +202,7 @@ mod tests {
         };
         st.release("a");
         let t = Target {
-            kind: ObjKind::Semaphore,
+            kind: Kind::Semaphore,
             name: "Pool",
             object: "le-sem-pool-0",
             election: "e",

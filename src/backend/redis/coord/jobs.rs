@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use redis::Value;
 
 use super::{Ask, Got, RedisCoord, held_by, outcome};
-use crate::backend::coordination::{Claim, Outcome, Result, Token, TokenKind};
+use crate::backend::coordination::{Outcome, Result, Token, TokenKind, Try};
 use crate::backend::redis::lua::{Lua, ms};
 use crate::backend::redis::verdict::Tally;
 
@@ -60,7 +60,7 @@ impl RedisCoord {
         job: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Claim> {
+    ) -> Result<Try> {
         let name = format!("{queue}/{job}");
         let base = self.key("job", &name);
         let keys = [
@@ -77,16 +77,16 @@ impl RedisCoord {
             token: Token::new(TokenKind::Job, 0),
             ttl,
         };
-        match self.acquire(ask).await? {
-            Got::Granted(g) => Ok(Claim::Claimed(g)),
+        match self.attempt(ask).await? {
+            Got::Granted(g) => Ok(Try::Acquired(g)),
             Got::Refused(round) => {
                 if round
                     .refusals()
                     .any(|r| matches!(r.as_slice(), [Value::Int(2)]))
                 {
-                    return Ok(Claim::Completed);
+                    return Ok(Try::Completed);
                 }
-                Ok(Claim::ClaimedByOther(held_by(&round).unwrap_or_default()))
+                Ok(Try::Held(held_by(&round).unwrap_or_default()))
             }
         }
     }

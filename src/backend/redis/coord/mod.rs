@@ -48,8 +48,8 @@ use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::backend::coordination::{
-    Claim, CoordError, Coordinator, Grant, Kind, Outcome, Result, RwMode, Token, TokenKind, Try,
-    WriteIntent,
+    Acquire, CoordError, Coordinator, Grant, Kind, Object, Outcome, Result, Token, TokenKind, Try,
+    nap,
 };
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::group::{Acquisition, Granting, Group, Round, unexpected};
@@ -198,7 +198,7 @@ impl RedisCoord {
 
     /// [`RedisCoord::try_once`], again after a random delay while it split
     /// a Redlock group (some servers granted, too few).
-    async fn acquire(&self, ask: Ask<'_>) -> Result<Got> {
+    async fn attempt(&self, ask: Ask<'_>) -> Result<Got> {
         let mut attempt = 1;
         loop {
             let got = self.try_once(&ask).await?;
@@ -306,6 +306,105 @@ impl Coordinator for RedisCoord {
         self.group.servers().iter().map(|s| s.timeout()).max()
     }
 
+    async fn acquire(&self, what: Acquire<'_>, owner: &str, ttl: Duration) -> Result<Try> {
+        match what {
+            Acquire::Lock(name) => self.lock(name, owner, ttl).await,
+            Acquire::FairLock { .. } => Err(CoordError::Unsupported(
+                "fair locks need the etcd or the Kubernetes Lease backend (their waiters queue in arrival order); on Redis use fair=false".into(),
+            )),
+            Acquire::Semaphore { name, permits } => {
+                self.semaphore(name, owner, permits, ttl).await
+            }
+            Acquire::RwLock { name, mode, intent } => {
+                self.rw_acquire(name, owner, mode, ttl, intent).await
+            }
+            Acquire::Job { queue, job } => self.claim_job(queue, job, owner, ttl).await,
+        }
+    }
+
+    async fn renew(&self, object: Object<'_>, token: &str, ttl: Duration) -> Result<Outcome> {
+        let name = match object {
+            Object::Lock(name) | Object::Semaphore(name) => name,
+            Object::RwLock(name) => return self.rw_extend(name, token, ttl).await,
+            Object::Job { queue, job } => return self.renew_job(queue, job, token, ttl).await,
+        };
+        let kind = object.kind();
+        let Some(t) = self.usable(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let start = Instant::now();
+        let (lua, key) = match kind {
+            Kind::Semaphore if self.group.is_redlock() => (Lua::Renew, self.permit_key(name, &t)),
+            Kind::Semaphore => (Lua::SemRenew, self.key("sem", name)),
+            _ => (Lua::Renew, self.key("lock", name)),
+        };
+        let verdict = self.group.renew(lua, &[&key], &[token, &ms(ttl)]).await;
+        let promise = self.promise(ttl, self.group.validity(ttl, start));
+        outcome(verdict, Some(promise), &[&key])
+    }
+
+    async fn release(&self, object: Object<'_>, token: &str) -> Result<Outcome> {
+        let name = match object {
+            Object::Lock(name) | Object::Semaphore(name) => name,
+            Object::RwLock(name) => return self.rw_drop(name, token).await,
+            Object::Job { queue, job } => return self.release_job(queue, job, token).await,
+        };
+        let kind = object.kind();
+        let Some(t) = self.usable(kind, token) else {
+            return Ok(Outcome::Gone);
+        };
+        let key = match kind {
+            Kind::Semaphore => self.permit_key(name, &t),
+            _ => self.key("lock", name),
+        };
+        let verdict = if kind == Kind::Semaphore && !self.group.is_redlock() {
+            // A permit that is gone cannot be told from one never held.
+            self.group.release(Lua::SemRelease, &[&key], &[token]).await
+        } else {
+            let args = [token, key.as_str(), "released"];
+            self.group.release(Lua::Release, &[&key], &args).await
+        };
+        outcome(verdict, None, &[&key])
+    }
+
+    async fn complete(
+        &self,
+        queue: &str,
+        job: &str,
+        token: &str,
+        retention: Duration,
+    ) -> Result<Outcome> {
+        self.complete_job(queue, job, token, retention).await
+    }
+
+    async fn give_up(&self, name: &str, id: &str) -> Result<()> {
+        self.rw_drop_intent(name, id).await;
+        Ok(())
+    }
+
+    async fn changed(&self, object: Object<'_>, seen: u64, until: Instant) -> Result<()> {
+        let key = match object {
+            Object::Lock(name) => Some(self.key("lock", name)),
+            Object::Semaphore(name) => Some(self.key("sem", name)),
+            Object::RwLock(name) => Some(self.rw_base(name)),
+            // Nobody waits on a job claim.
+            Object::Job { .. } => None,
+        };
+        let Some(key) = key.filter(|_| !self.group.is_redlock()) else {
+            // No single channel to trust on a group: look again soon.
+            nap(until).await;
+            return Ok(());
+        };
+        let server = &self.group.servers()[0];
+        let kind = object.kind();
+        self.waiters
+            .changed(server, &self.prefix, kind, &key, seen, until)
+            .await
+    }
+}
+
+impl RedisCoord {
+    /// One attempt at plain lock `name` ([`Acquire::Lock`]).
     async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
         let key = self.key("lock", name);
         let keys = [key.clone(), format!("{key}:fencing")];
@@ -318,18 +417,14 @@ impl Coordinator for RedisCoord {
             token: Token::new(TokenKind::Lock, 0),
             ttl,
         };
-        match self.acquire(ask).await? {
+        match self.attempt(ask).await? {
             Got::Granted(g) => Ok(Try::Acquired(g)),
             Got::Refused(round) => Ok(Try::Held(held_by(&round).unwrap_or_default())),
         }
     }
 
-    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported(
-            "fair locks need the etcd or the Kubernetes Lease backend (their waiters queue in arrival order); on Redis use fair=false".into(),
-        ))
-    }
-
+    /// One attempt at one of `permits` permits of semaphore `name`
+    /// ([`Acquire::Semaphore`]).
     async fn semaphore(&self, name: &str, owner: &str, permits: u32, ttl: Duration) -> Result<Try> {
         if self.group.is_redlock() {
             return self.slot_semaphore(name, owner, permits, ttl).await;
@@ -346,7 +441,7 @@ impl Coordinator for RedisCoord {
             token: Token::new(TokenKind::Permit, 0),
             ttl,
         };
-        match self.acquire(ask).await? {
+        match self.attempt(ask).await? {
             Got::Granted(g) => Ok(Try::Acquired(g)),
             Got::Refused(round) => {
                 if let Some(established) = slots::other_size(&round) {
@@ -360,119 +455,6 @@ impl Coordinator for RedisCoord {
                     .ok_or_else(|| CoordError::Backend(unexpected(&Value::Nil)))
             }
         }
-    }
-
-    async fn renew(&self, kind: Kind, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
-        let Some(t) = self.usable(kind, token) else {
-            return Ok(Outcome::Gone);
-        };
-        let start = Instant::now();
-        let (lua, key) = match kind {
-            Kind::Lock => (Lua::Renew, self.key("lock", name)),
-            Kind::Semaphore if self.group.is_redlock() => (Lua::Renew, self.permit_key(name, &t)),
-            Kind::Semaphore => (Lua::SemRenew, self.key("sem", name)),
-        };
-        let verdict = self.group.renew(lua, &[&key], &[token, &ms(ttl)]).await;
-        let promise = self.promise(ttl, self.group.validity(ttl, start));
-        outcome(verdict, Some(promise), &[&key])
-    }
-
-    async fn release(&self, kind: Kind, name: &str, token: &str) -> Result<Outcome> {
-        let Some(t) = self.usable(kind, token) else {
-            return Ok(Outcome::Gone);
-        };
-        let key = match kind {
-            Kind::Lock => self.key("lock", name),
-            Kind::Semaphore => self.permit_key(name, &t),
-        };
-        let verdict = if kind == Kind::Semaphore && !self.group.is_redlock() {
-            // A permit that is gone cannot be told from one never held.
-            self.group.release(Lua::SemRelease, &[&key], &[token]).await
-        } else {
-            let args = [token, key.as_str(), "released"];
-            self.group.release(Lua::Release, &[&key], &args).await
-        };
-        outcome(verdict, None, &[&key])
-    }
-
-    async fn changed(&self, kind: Kind, name: &str, seen: u64, until: Instant) -> Result<()> {
-        if self.group.is_redlock() {
-            // No single channel to trust on a group: look again soon.
-            let nap = Duration::from_millis(50);
-            tokio::time::sleep_until(until.min(Instant::now() + nap)).await;
-            return Ok(());
-        }
-        let key = match kind {
-            Kind::Lock => self.key("lock", name),
-            Kind::Semaphore => self.key("sem", name),
-        };
-        let server = &self.group.servers()[0];
-        self.waiters
-            .changed(
-                server,
-                &self.prefix,
-                wait::Look::Of(kind),
-                &key,
-                seen,
-                until,
-            )
-            .await
-    }
-
-    async fn rwlock(
-        &self,
-        name: &str,
-        owner: &str,
-        mode: RwMode,
-        ttl: Duration,
-        intent: Option<&WriteIntent>,
-    ) -> Result<Try> {
-        self.rw_acquire(name, owner, mode, ttl, intent).await
-    }
-
-    async fn rw_give_up(&self, name: &str, id: &str) -> Result<()> {
-        self.rw_drop_intent(name, id).await;
-        Ok(())
-    }
-
-    async fn rw_renew(&self, name: &str, token: &str, ttl: Duration) -> Result<Outcome> {
-        self.rw_extend(name, token, ttl).await
-    }
-
-    async fn rw_release(&self, name: &str, token: &str) -> Result<Outcome> {
-        self.rw_drop(name, token).await
-    }
-
-    async fn rw_changed(&self, name: &str, until: Instant) -> Result<()> {
-        self.rw_wait(name, until).await
-    }
-
-    async fn job_renew(
-        &self,
-        queue: &str,
-        job: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<Outcome> {
-        self.renew_job(queue, job, token, ttl).await
-    }
-
-    async fn job_release(&self, queue: &str, job: &str, token: &str) -> Result<Outcome> {
-        self.release_job(queue, job, token).await
-    }
-
-    async fn claim(&self, queue: &str, job: &str, owner: &str, ttl: Duration) -> Result<Claim> {
-        self.claim_job(queue, job, owner, ttl).await
-    }
-
-    async fn complete(
-        &self,
-        queue: &str,
-        job: &str,
-        token: &str,
-        retention: Duration,
-    ) -> Result<Outcome> {
-        self.complete_job(queue, job, token, retention).await
     }
 }
 

@@ -15,14 +15,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::wait::Look;
 use super::{Ask, Got, RedisCoord, held_by, outcome};
 use crate::backend::coordination::{Outcome, Result, RwMode, Token, TokenKind, Try, WriteIntent};
 use crate::backend::redis::lua::{Lua, ms};
 
 impl RedisCoord {
     /// The base key of read-write lock `name` (the writer's value).
-    fn rw_base(&self, name: &str) -> String {
+    pub(super) fn rw_base(&self, name: &str) -> String {
         self.key("rw", name)
     }
 
@@ -55,7 +54,7 @@ impl RedisCoord {
             token: Token::new(kind, 0),
             ttl,
         };
-        match self.acquire(ask).await? {
+        match self.attempt(ask).await? {
             Got::Granted(g) => {
                 if let Some(i) = intent
                     && self.group.is_redlock()
@@ -118,20 +117,5 @@ impl RedisCoord {
     pub(super) async fn rw_drop_intent(&self, name: &str, id: &str) {
         let base = self.rw_base(name);
         self.group.eval_all(Lua::RwGiveUp, &[&base], &[id]).await;
-    }
-
-    /// Wait until read-write lock `name` may have changed, or `until`.
-    pub(super) async fn rw_wait(&self, name: &str, until: Instant) -> Result<()> {
-        if self.group.is_redlock() {
-            // No single channel to trust on a group: look again soon.
-            let nap = Duration::from_millis(50);
-            tokio::time::sleep_until(until.min(Instant::now() + nap)).await;
-            return Ok(());
-        }
-        let base = self.rw_base(name);
-        let server = &self.group.servers()[0];
-        self.waiters
-            .changed(server, &self.prefix, Look::Rw, &base, 1, until)
-            .await
     }
 }

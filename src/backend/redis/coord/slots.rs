@@ -54,7 +54,7 @@ impl RedisCoord {
                 token: Token::new(TokenKind::Permit, *slot as i64),
                 ttl,
             };
-            match self.acquire(ask).await? {
+            match self.attempt(ask).await? {
                 Got::Granted(g) => return Ok(Try::Acquired(g)),
                 Got::Refused(round) => {
                     if let Some(established) = other_size(&round) {

@@ -59,15 +59,6 @@ fn pattern(prefix: &str) -> String {
     p
 }
 
-/// What a waiter looks at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Look {
-    /// A lock or a semaphore.
-    Of(Kind),
-    /// A read-write lock: its writer, intent and readers.
-    Rw,
-}
-
 /// Milliseconds from the local clock's now until the server-clock instant
 /// `at` (ms since the Unix epoch), at least 1.
 fn until_ms(at: f64) -> Duration {
@@ -104,12 +95,12 @@ async fn rw_due(server: &Server, base: &str) -> Result<Option<Duration>> {
 
 /// When the next change of `key` is due without a notice: `None` when it
 /// changed already (fewer than `seen` holders), else the next expiry.
-async fn due(server: &Server, look: Look, key: &str, seen: u64) -> Result<Option<Duration>> {
-    let kind = match look {
-        Look::Rw => return rw_due(server, key).await,
-        Look::Of(kind) => kind,
-    };
+async fn due(server: &Server, kind: Kind, key: &str, seen: u64) -> Result<Option<Duration>> {
     match kind {
+        // A read-write lock: its writer, intent and readers.
+        Kind::RwLock => rw_due(server, key).await,
+        // Nobody waits on a job claim: look again at once.
+        Kind::Job => Ok(None),
         Kind::Lock => {
             let (pttl,): (i64,) = server
                 .query("read", redis::pipe().cmd("PTTL").arg(key))
@@ -233,7 +224,7 @@ impl Waiters {
         &self,
         server: &Server,
         prefix: &str,
-        look: Look,
+        kind: Kind,
         key: &str,
         seen: u64,
         until: Instant,
@@ -249,7 +240,7 @@ impl Waiters {
         // subscription was confirmed before the look, nap at most MAX_NAP.
         let sure = self.subscribed.load(Ordering::SeqCst);
         let mut reader = self.subscribe(server, prefix).await?;
-        let Some(due) = due(server, look, key, seen).await? else {
+        let Some(due) = due(server, kind, key, seen).await? else {
             return Ok(());
         };
         let sure = sure || reader.as_ref().is_some_and(|g| g.is_some());

@@ -18,6 +18,7 @@ use super::{
     Bad, CoordState, MAX_TTL, MIN_TTL, claimed, completed, duration, name_ok, owner, reject, reply,
     token,
 };
+use crate::coord::Acquire;
 use crate::query::Strict;
 
 /// `POST /jobs/{name}/periods/{start}/claim`.
@@ -75,7 +76,14 @@ pub(super) async fn claim(
         Err(r) => return reply(r),
     };
     match period.when(SystemTime::now(), ttl) {
-        When::Open(ttl) => claimed(s.service.claim(&queue, &period.job(), &owner, ttl).await),
+        When::Open(ttl) => {
+            let job = period.job();
+            let what = Acquire::Job {
+                queue: &queue,
+                job: &job,
+            };
+            claimed(s.service.acquire(what, &owner, ttl, Duration::ZERO).await)
+        }
         When::Ended => json_response(
             StatusCode::CONFLICT,
             json!({

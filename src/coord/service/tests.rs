@@ -19,7 +19,12 @@ impl Coordinator for OneLock {
     fn backend(&self) -> &'static str {
         "memory"
     }
-    async fn lock(&self, name: &str, _: &str, ttl: Duration) -> Result<Try> {
+    async fn acquire(&self, what: Acquire<'_>, _: &str, ttl: Duration) -> Result<Try> {
+        let name = match what {
+            Acquire::Lock(name) => name,
+            Acquire::RwLock { .. } => return Err(self.unserved("read-write locks")),
+            _ => return Err(CoordError::Unsupported("no".into())),
+        };
         let mut held = self.0.lock().unwrap();
         if held.is_some() {
             return Ok(Try::Held("someone".into()));
@@ -33,20 +38,17 @@ impl Coordinator for OneLock {
             ttl_ms: ttl.as_millis() as u64,
         }))
     }
-    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn semaphore(&self, _: &str, _: &str, _: u32, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn changed(&self, _: Kind, _: &str, _: u64, until: Instant) -> Result<()> {
+    async fn changed(&self, _: Object<'_>, _: u64, until: Instant) -> Result<()> {
         tokio::time::sleep_until(until).await;
         Ok(())
     }
-    async fn renew(&self, _: Kind, _: &str, _: &str, _: Duration) -> Result<Outcome> {
-        Ok(Outcome::Gone)
+    async fn renew(&self, object: Object<'_>, _: &str, _: Duration) -> Result<Outcome> {
+        match object {
+            Object::Job { .. } => Err(self.unserved("renewing job claims")),
+            _ => Ok(Outcome::Gone),
+        }
     }
-    async fn release(&self, _: Kind, _: &str, token: &str) -> Result<Outcome> {
+    async fn release(&self, _: Object<'_>, token: &str) -> Result<Outcome> {
         let mut held = self.0.lock().unwrap();
         if held.as_deref() == Some(token) {
             *held = None;
@@ -54,12 +56,14 @@ impl Coordinator for OneLock {
         }
         Ok(Outcome::Gone)
     }
-    async fn claim(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Claim> {
-        Err(CoordError::Unsupported("no".into()))
-    }
     async fn complete(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Outcome> {
         Err(CoordError::Unsupported("no".into()))
     }
+}
+
+/// An acquisition of lock `name`, once or waiting.
+fn lock(name: &str) -> Acquire<'_> {
+    Acquire::Lock(name)
 }
 
 fn service(cap: usize) -> Arc<Service> {
@@ -78,19 +82,23 @@ async fn waiters_beyond_the_cap_are_refused_and_those_within_it_are_served() {
     let s = service(2);
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(60);
-    let mut holder = token(s.lock("l", "me", ttl, Duration::ZERO, false).await.unwrap());
+    let mut holder = token(
+        s.acquire(lock("l"), "me", ttl, Duration::ZERO)
+            .await
+            .unwrap(),
+    );
     let mut waiters = Vec::new();
     for _ in 0..2 {
         let s = s.clone();
         waiters.push(tokio::spawn(async move {
-            s.lock("l", "w", ttl, wait, false).await
+            s.acquire(lock("l"), "w", ttl, wait).await
         }));
     }
     while s.waiting() < 2 {
         tokio::task::yield_now().await;
     }
     // The third waiter is refused at once, with the cap in the message.
-    match s.lock("l", "w3", ttl, wait, false).await {
+    match s.acquire(lock("l"), "w3", ttl, wait).await {
         Err(e @ CoordError::TooManyWaiters { cap: 2, .. }) => {
             assert!(e.to_string().contains("cap is 2"), "{e}")
         }
@@ -101,7 +109,7 @@ async fn waiters_beyond_the_cap_are_refused_and_those_within_it_are_served() {
     let started = Instant::now();
     for _ in 0..2 {
         assert_eq!(
-            s.release(Kind::Lock, "l", &holder).await.unwrap(),
+            s.release(Object::Lock("l"), &holder).await.unwrap(),
             Outcome::Ok(None)
         );
         let mut next = None;
@@ -124,9 +132,9 @@ async fn waiters_beyond_the_cap_are_refused_and_those_within_it_are_served() {
     );
     assert_eq!(s.waiting(), 0);
     // A repeated release says so.
-    s.release(Kind::Lock, "l", &holder).await.unwrap();
+    s.release(Object::Lock("l"), &holder).await.unwrap();
     assert_eq!(
-        s.release(Kind::Lock, "l", &holder).await.unwrap(),
+        s.release(Object::Lock("l"), &holder).await.unwrap(),
         Outcome::AlreadyReleased
     );
 }
@@ -139,18 +147,38 @@ fn owners_with_control_characters_are_refused() {
     }
 }
 
+/// A read-write lock `name` in `mode` (the service adds the intent).
+fn rw_lock(name: &str, mode: RwMode) -> Acquire<'_> {
+    Acquire::RwLock {
+        name,
+        mode,
+        intent: None,
+    }
+}
+
 /// A backend without read-write locks answers their verbs with
-/// `Unsupported` (HTTP 400) naming itself, through the trait's defaults.
+/// `Unsupported` (HTTP 400) naming itself ([`Coordinator::unserved`]).
 #[tokio::test]
 async fn a_backend_without_read_write_locks_answers_unsupported() {
     let s = service(1);
     let ttl = Duration::from_secs(30);
-    match s.rwlock("d", "me", RwMode::Read, ttl, Duration::ZERO).await {
+    match s
+        .acquire(rw_lock("d", RwMode::Read), "me", ttl, Duration::ZERO)
+        .await
+    {
         Err(CoordError::Unsupported(m)) => assert!(m.contains("memory"), "{m}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
     assert!(matches!(
-        s.job_renew("q", "j", "t", ttl).await,
+        s.renew(
+            Object::Job {
+                queue: "q",
+                job: "j"
+            },
+            "t",
+            ttl
+        )
+        .await,
         Err(CoordError::Unsupported(_))
     ));
 }
@@ -169,35 +197,19 @@ impl Coordinator for OneRw {
     fn backend(&self) -> &'static str {
         "memory"
     }
-    async fn lock(&self, _: &str, _: &str, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn semaphore(&self, _: &str, _: &str, _: u32, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn renew(&self, _: Kind, _: &str, _: &str, _: Duration) -> Result<Outcome> {
+    async fn renew(&self, _: Object<'_>, _: &str, _: Duration) -> Result<Outcome> {
         Ok(Outcome::Gone)
     }
-    async fn release(&self, _: Kind, _: &str, _: &str) -> Result<Outcome> {
+    async fn release(&self, _: Object<'_>, _: &str) -> Result<Outcome> {
         Ok(Outcome::Gone)
-    }
-    async fn claim(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Claim> {
-        Err(CoordError::Unsupported("no".into()))
     }
     async fn complete(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Outcome> {
         Err(CoordError::Unsupported("no".into()))
     }
-    async fn rwlock(
-        &self,
-        name: &str,
-        _: &str,
-        mode: RwMode,
-        ttl: Duration,
-        intent: Option<&WriteIntent>,
-    ) -> Result<Try> {
+    async fn acquire(&self, what: Acquire<'_>, _: &str, ttl: Duration) -> Result<Try> {
+        let Acquire::RwLock { name, mode, intent } = what else {
+            return Err(CoordError::Unsupported("no".into()));
+        };
         let mut st = self.state.lock().unwrap();
         if let Some(i) = intent {
             self.sent.lock().unwrap().push(i.clone());
@@ -224,7 +236,7 @@ impl Coordinator for OneRw {
             ttl_ms: ttl.as_millis() as u64,
         }))
     }
-    async fn rw_give_up(&self, _: &str, id: &str) -> Result<()> {
+    async fn give_up(&self, _: &str, id: &str) -> Result<()> {
         let mut st = self.state.lock().unwrap();
         if st.2.as_deref() == Some(id) {
             st.2 = None;
@@ -245,10 +257,14 @@ async fn a_writer_that_waits_sends_one_intent_and_gives_it_up_when_unserved() {
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(2);
     assert!(matches!(
-        s.rwlock("d", "r", RwMode::Read, ttl, Duration::ZERO).await,
+        s.acquire(rw_lock("d", RwMode::Read), "r", ttl, Duration::ZERO)
+            .await,
         Ok(Try::Acquired(_))
     ));
-    let w = s.rwlock("d", "w", RwMode::Write, ttl, wait).await.unwrap();
+    let w = s
+        .acquire(rw_lock("d", RwMode::Write), "w", ttl, wait)
+        .await
+        .unwrap();
     assert_eq!(w, Try::Held("someone".into()));
     let sent = rw.sent.lock().unwrap().clone();
     assert!(sent.len() >= 2, "retried within its wait: {sent:?}");
@@ -256,12 +272,16 @@ async fn a_writer_that_waits_sends_one_intent_and_gives_it_up_when_unserved() {
     assert!(sent.iter().all(|i| i.ttl <= wait + Duration::from_secs(1)));
     assert_eq!(*rw.given_up.lock().unwrap(), vec![sent[0].id.clone()]);
     assert!(matches!(
-        s.rwlock("d", "r2", RwMode::Read, ttl, Duration::ZERO).await,
+        s.acquire(rw_lock("d", RwMode::Read), "r2", ttl, Duration::ZERO)
+            .await,
         Ok(Try::Acquired(_))
     ));
     let other = Arc::new(OneRw::default());
     let s = Service::new(Box::new(ArcRw(other.clone())), None, "me".into());
-    let w = s.rwlock("d", "w", RwMode::Write, ttl, wait).await.unwrap();
+    let w = s
+        .acquire(rw_lock("d", RwMode::Write), "w", ttl, wait)
+        .await
+        .unwrap();
     assert!(matches!(w, Try::Acquired(_)), "{w:?}");
     assert!(other.given_up.lock().unwrap().is_empty());
 }
@@ -274,39 +294,20 @@ impl Coordinator for ArcRw {
     fn backend(&self) -> &'static str {
         "memory"
     }
-    async fn lock(&self, n: &str, o: &str, t: Duration) -> Result<Try> {
-        self.0.lock(n, o, t).await
+    async fn acquire(&self, what: Acquire<'_>, o: &str, t: Duration) -> Result<Try> {
+        self.0.acquire(what, o, t).await
     }
-    async fn lock_fair(&self, n: &str, o: &str, t: Duration, w: Duration) -> Result<Try> {
-        self.0.lock_fair(n, o, t, w).await
+    async fn renew(&self, object: Object<'_>, t: &str, d: Duration) -> Result<Outcome> {
+        self.0.renew(object, t, d).await
     }
-    async fn semaphore(&self, n: &str, o: &str, p: u32, t: Duration) -> Result<Try> {
-        self.0.semaphore(n, o, p, t).await
-    }
-    async fn renew(&self, k: Kind, n: &str, t: &str, d: Duration) -> Result<Outcome> {
-        self.0.renew(k, n, t, d).await
-    }
-    async fn release(&self, k: Kind, n: &str, t: &str) -> Result<Outcome> {
-        self.0.release(k, n, t).await
-    }
-    async fn claim(&self, q: &str, j: &str, o: &str, t: Duration) -> Result<Claim> {
-        self.0.claim(q, j, o, t).await
+    async fn release(&self, object: Object<'_>, t: &str) -> Result<Outcome> {
+        self.0.release(object, t).await
     }
     async fn complete(&self, q: &str, j: &str, t: &str, r: Duration) -> Result<Outcome> {
         self.0.complete(q, j, t, r).await
     }
-    async fn rwlock(
-        &self,
-        n: &str,
-        o: &str,
-        m: RwMode,
-        t: Duration,
-        i: Option<&WriteIntent>,
-    ) -> Result<Try> {
-        self.0.rwlock(n, o, m, t, i).await
-    }
-    async fn rw_give_up(&self, n: &str, id: &str) -> Result<()> {
-        self.0.rw_give_up(n, id).await
+    async fn give_up(&self, n: &str, id: &str) -> Result<()> {
+        self.0.give_up(n, id).await
     }
 }
 
@@ -319,29 +320,20 @@ impl Coordinator for HeldOff {
     fn backend(&self) -> &'static str {
         "memory"
     }
-    async fn lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Try> {
+    async fn acquire(&self, what: Acquire<'_>, owner: &str, ttl: Duration) -> Result<Try> {
         let now = Instant::now();
         if now < self.0 {
             return Err(CoordError::HoldOff {
                 retry_after: self.0 - now,
             });
         }
-        OneLock::default().lock(name, owner, ttl).await
+        OneLock::default().acquire(what, owner, ttl).await
     }
-    async fn lock_fair(&self, _: &str, _: &str, _: Duration, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn semaphore(&self, _: &str, _: &str, _: u32, _: Duration) -> Result<Try> {
-        Err(CoordError::Unsupported("no".into()))
-    }
-    async fn renew(&self, _: Kind, _: &str, _: &str, _: Duration) -> Result<Outcome> {
+    async fn renew(&self, _: Object<'_>, _: &str, _: Duration) -> Result<Outcome> {
         Ok(Outcome::Gone)
     }
-    async fn release(&self, _: Kind, _: &str, _: &str) -> Result<Outcome> {
+    async fn release(&self, _: Object<'_>, _: &str) -> Result<Outcome> {
         Ok(Outcome::Gone)
-    }
-    async fn claim(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Claim> {
-        Err(CoordError::Unsupported("no".into()))
     }
     async fn complete(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<Outcome> {
         Err(CoordError::Unsupported("no".into()))
@@ -356,12 +348,14 @@ async fn a_promotion_hold_off_is_waited_out_within_the_wait_and_answered_beyond_
     let until = start + Duration::from_secs(5);
     let s = Service::new(Box::new(HeldOff(until)), None, "me".into());
     let ttl = Duration::from_secs(30);
-    let short = s.lock("L", "a", ttl, Duration::from_secs(1), false).await;
+    let short = s.acquire(lock("L"), "a", ttl, Duration::from_secs(1)).await;
     assert!(
         matches!(short, Err(CoordError::HoldOff { .. })),
         "{short:?}"
     );
-    let long = s.lock("L", "a", ttl, Duration::from_secs(10), false).await;
+    let long = s
+        .acquire(lock("L"), "a", ttl, Duration::from_secs(10))
+        .await;
     assert!(matches!(long, Ok(Try::Acquired(_))), "{long:?}");
     assert!(Instant::now() >= until);
 }
