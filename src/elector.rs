@@ -261,7 +261,7 @@ impl Elector {
     /// Backend faults never end this loop.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let backend = self.backend.clone();
-        let registry = self.start_registry();
+        let registry = self.start_registry(&shutdown);
         let controls = controls::Follower::start(
             self.handle(),
             self.publisher.controls_writer(self.known.clone()),
@@ -313,8 +313,9 @@ impl Elector {
 
     /// Start keeping this candidate's record in the registry (`None`: the
     /// backend keeps none).
-    fn start_registry(&self) -> Option<registry::Registry> {
+    fn start_registry(&self, shutdown: &CancellationToken) -> Option<registry::Registry> {
         registry::Registry::start(
+            shutdown,
             self.backend.clone(),
             Candidate {
                 priority: self.cfg.standing.priority,

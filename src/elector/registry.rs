@@ -37,8 +37,12 @@ impl Registry {
     /// whose lease lasts `lease_duration`; each call gets `call_timeout`.
     /// `gates` are the candidacy gate (`None`: always ready) and the
     /// published leadership state (`None`: never skip while leading).
-    /// `None` when the backend has no registry.
+    /// `None` when the backend has no registry. The keeper stops with
+    /// `shutdown`: a leader shutting down writes no record after its
+    /// release (that write and its lease would race the successor's
+    /// campaign on the backend); [`Registry::withdraw`] removes it.
     pub(super) fn start(
+        shutdown: &CancellationToken,
         backend: Arc<dyn LeaseBackend>,
         candidate: Candidate,
         (ready, leading, frozen): Gates,
@@ -48,7 +52,7 @@ impl Registry {
         if !backend.has_registry() {
             return None;
         }
-        let stop = CancellationToken::new();
+        let stop = shutdown.child_token();
         let agree = candidate.preempt_after.map(PreemptAfter::new);
         let keeper = Keeper {
             backend,
@@ -278,6 +282,7 @@ mod tests {
         let (gate, ready) = watch::channel(true);
         let lease = Duration::from_secs(15);
         let registry = Registry::start(
+            &CancellationToken::new(),
             backend.clone(),
             Candidate::new("pod-a"),
             (Some(ready), None, watch::channel(None).1),
@@ -315,6 +320,7 @@ mod tests {
         let cfg = ElectorConfig::new("e", "pod-a", lease);
         let (state, leading) = watch::channel(LeaderState::new(&cfg, "memory"));
         let registry = Registry::start(
+            &CancellationToken::new(),
             backend.clone(),
             Candidate::new("pod-a"),
             (None, Some(leading), watch::channel(None).1),

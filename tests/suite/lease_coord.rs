@@ -335,9 +335,7 @@ async fn at_rest_after_a_lock_only_renewals_and_one_watch_per_follower() {
             );
         }
         let role = if i == leader { "leader" } else { "follower" };
-        println!(
-            "at rest {window:?}, client {i} ({role}): {by:?}; watches open: {watches}"
-        );
+        println!("at rest {window:?}, client {i} ({role}): {by:?}; watches open: {watches}");
     }
     drop(api);
     assert!(lists.is_empty(), "LISTs at rest: {lists:?}");
