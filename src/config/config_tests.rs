@@ -149,6 +149,15 @@ fn redis_urls_repeat_or_split_on_commas_and_are_checked() {
     let options = &redis(&c).options;
     assert_eq!(options.urls.len(), 3);
     assert_eq!(options.per_server_timeout, Duration::from_millis(500));
+    // The registry and controls re-read: the lease duration, at least 5 s.
+    assert_eq!(redis(&c).reread, Duration::from_secs(15));
+    let short = cli(&[
+        "--election=a",
+        "--id=me",
+        "--redis-url=redis://h:1",
+        "--lease-duration=2s",
+    ]);
+    assert_eq!(redis(&short.unwrap()).reread, Duration::from_secs(5));
     let e = cli(&["--election=a", "--id=me", "--redis-url=http://u:secret@h:1"]).unwrap_err();
     assert!(e.contains("--redis-url") && !e.contains("secret"), "{e}");
 }

@@ -15,7 +15,7 @@ use redis::Value;
 
 use super::RedisBackend;
 use super::answered::Answers;
-use super::registry::FALLBACK;
+
 use super::server::Server;
 use crate::backend::Result;
 use crate::backend::controls::Controls;
@@ -117,7 +117,7 @@ impl RedisBackend {
             if now != *seen {
                 return Ok(now);
             }
-            if let Ok(false) = tokio::time::timeout(FALLBACK, self.control_notes.any()).await {
+            if let Ok(false) = tokio::time::timeout(self.reread(), self.control_notes.any()).await {
                 return Err(self.broken("controls"));
             }
         }

@@ -85,6 +85,9 @@ pub struct RedisBackend {
     pub(super) control_notes: Released,
     /// Per server: the process last seen.
     runs: Vec<std::sync::Mutex<RunSeen>>,
+    /// How long the registry and controls watches wait for a notice before
+    /// they read again, in ms ([`RedisBackend::set_reread`]).
+    reread_ms: AtomicU64,
 }
 
 fn new_token() -> String {
@@ -130,7 +133,23 @@ impl RedisBackend {
             registry_notes: Released::new(n),
             control_notes: Released::new(n),
             runs: (0..n).map(|_| Default::default()).collect(),
+            reread_ms: AtomicU64::new(super::FALLBACK.as_millis() as u64),
         }))
+    }
+
+    /// How long the registry and controls watches wait for a pub/sub notice
+    /// before they read again (default [`FALLBACK`](super::FALLBACK); the sidecar sets
+    /// the lease duration, at least that). A notice is lost only with its
+    /// subscription, which the watch sees and reports; the re-read finds
+    /// what no notice announces (a hand edit of a control key).
+    pub fn set_reread(&self, every: Duration) {
+        self.reread_ms
+            .store(every.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// See [`RedisBackend::set_reread`].
+    pub(super) fn reread(&self) -> Duration {
+        Duration::from_millis(self.reread_ms.load(Ordering::Relaxed))
     }
 
     /// Number of servers that must agree (N/2 + 1).

@@ -136,6 +136,10 @@ pub struct RedisSettings {
     pub election: String,
     /// How to reach the servers.
     pub options: RedisOptions,
+    /// The longest the registry and controls watches wait for a pub/sub
+    /// notice before reading again: the lease duration, at least
+    /// [`FALLBACK`](super::FALLBACK).
+    pub reread: std::time::Duration,
 }
 
 impl Settings for RedisSettings {
@@ -153,6 +157,7 @@ impl Settings for RedisSettings {
             );
         }
         let backend = RedisBackend::new(&self.prefix, &self.election, self.options.clone())?;
+        backend.set_reread(self.reread);
         let coord = RedisCoord::new(backend.clone());
         Ok(Connected {
             election: backend,
@@ -217,6 +222,7 @@ fn resolve(
             sentinel,
             cluster,
         },
+        reread: common.lease_duration.max(super::FALLBACK),
     }))
 }
 

@@ -29,8 +29,9 @@ use super::server::text_of;
 use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed};
 use crate::backend::{BackendError, Result};
 
-/// The longest a registry or controls watch waits for a message before it
-/// resolves anyway (the caller reads again).
+/// The shortest wait of a registry or controls watch for a message before it
+/// resolves anyway (the caller reads again); the sidecar waits the lease
+/// duration when that is longer ([`RedisBackend::set_reread`]).
 pub const FALLBACK: Duration = Duration::from_secs(5);
 
 impl RedisBackend {
@@ -130,14 +131,15 @@ impl RedisBackend {
         Ok(merged.into_values().collect())
     }
 
-    /// Resolve on the next registry message, or after [`FALLBACK`].
+    /// Resolve on the next registry message, or after the re-read interval
+    /// ([`RedisBackend::set_reread`]).
     ///
     /// # Errors
     /// [`BackendError::Unreachable`] when no server's subscription works.
     pub(super) async fn watch_registry(&self) -> Result<()> {
         let channel = self.registry_channel();
         self.registry_notes.subscribe(&self.group, &channel).await;
-        match tokio::time::timeout(FALLBACK, self.registry_notes.any()).await {
+        match tokio::time::timeout(self.reread(), self.registry_notes.any()).await {
             Ok(false) => Err(self.broken("registry")),
             _ => Ok(()),
         }
