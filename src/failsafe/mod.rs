@@ -31,11 +31,15 @@
 //! never resumes on a late acknowledgement.
 
 mod confirm;
+mod node;
 pub mod peer;
 mod promise;
+mod store;
 
 pub use confirm::Confirmations;
+pub use node::{Failsafe, Hold};
 pub use promise::{Promises, Refusal};
+pub use store::RosterStore;
 
 use std::time::Duration;
 
