@@ -83,7 +83,12 @@ impl Elector {
             Hold::Promised(until) => {
                 let left = until.saturating_duration_since(now);
                 self.set_waiting(Some((WaitReason::FailsafePromise, left)));
-                Some(left.max(Duration::from_millis(10)))
+                // Look again each renew interval: a new heartbeat extends
+                // the promise, and the leader stays named meanwhile.
+                Some(
+                    left.min(self.cfg.renew_interval)
+                        .max(Duration::from_millis(10)),
+                )
             }
             Hold::NotOnRoster => {
                 self.set_waiting(Some((WaitReason::NotOnRoster, retry)));

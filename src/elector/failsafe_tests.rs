@@ -153,6 +153,16 @@ async fn a_leader_leads_through_a_backend_outage_while_every_member_confirms() {
     let l = nodes.iter().find(|n| n.id == leader).unwrap();
     let view = l.state.borrow().failsafe.unwrap();
     assert!(view.active && view.members_confirmed == 2, "{view:?}");
+    let body = crate::http::LeaderBody::at(&l.state.borrow(), Instant::now());
+    let shown = body.failsafe.unwrap();
+    assert!(
+        body.is_leader && shown.active && shown.until.is_some(),
+        "{shown:?}"
+    );
+    // A follower names the leader it promised while the backend is silent.
+    let f = nodes.iter().find(|n| n.id != leader).unwrap();
+    let fb = crate::http::LeaderBody::at(&f.state.borrow(), Instant::now());
+    assert_eq!(fb.leader.as_deref(), Some(leader.as_str()));
     server.stop(false);
     watch_for(&nodes, TTL * 2, &mut max).await;
     assert_eq!(leaders(&nodes), [(leader, token)], "same term after");

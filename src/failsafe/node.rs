@@ -124,6 +124,10 @@ impl Failsafe {
     /// # Errors
     /// [`Hold`]: why not now.
     pub async fn before_campaign(&self, call_timeout: Duration) -> Result<(), Hold> {
+        let until = self.promises.lock().expect("the promises lock").until();
+        if Instant::now() < until {
+            return Err(Hold::Promised(until));
+        }
         let roster = tokio::time::timeout(call_timeout, self.store.roster()).await;
         match roster {
             Ok(Ok(Some(r))) if !r.may_campaign(&self.me.identity) => return Err(Hold::NotOnRoster),
