@@ -255,19 +255,6 @@ impl Elector {
         self
     }
 
-    /// Turn failsafe on: campaign only as its gate allows, and lead on
-    /// through a backend outage while every roster member confirms
-    /// (see [`crate::failsafe`]). Serve its peer listener yourself
-    /// ([`Failsafe::serve`](crate::failsafe::Failsafe::serve)).
-    pub fn with_failsafe(mut self, failsafe: Arc<crate::failsafe::Failsafe>) -> Self {
-        self.failsafe = Some(failsafe);
-        self.publish(Change::Failsafe {
-            view: state::FailsafeView::default(),
-            claim: None,
-        });
-        self
-    }
-
     /// Register a reader that acts for our terms (e.g. labels our Pod as the
     /// leader). It sends `Some(fencing_token)` while acting for a term and
     /// `None` when done; after a step-down the Elector waits for `None` (at
@@ -338,16 +325,6 @@ impl Elector {
                 .withdraw(&*backend, &self.cfg.identity, limit)
                 .await;
         }
-    }
-
-    /// Tell failsafe a campaign's answer came back.
-    fn campaign_answered(&mut self, attempt: &Result<Campaign, BackendError>) {
-        let (elected, token) = match attempt {
-            Ok(Campaign::Elected(t)) => (true, Some(t.holder.fencing_token)),
-            Ok(Campaign::Following(h)) => (false, Some(h.fencing_token)),
-            _ => (false, None),
-        };
-        self.failsafe_campaign_ended(elected, token);
     }
 
     /// Start keeping this candidate's record in the registry (`None`: the
@@ -506,7 +483,3 @@ impl Elector {
 #[cfg(test)]
 #[path = "elector_tests.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "elector/failsafe_tests.rs"]
-mod failsafe_tests;

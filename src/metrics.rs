@@ -91,6 +91,16 @@ pub const HANDOVER_REASONS: [&str; 6] = [
     "unhealthy",
 ];
 
+/// `leader_election_failsafe_active{name}`.
+fn failsafe_gauge(registry: &Registry, election: &str) -> Result<IntGauge, prometheus::Error> {
+    let opts = Opts::new(
+        "leader_election_failsafe_active",
+        "1 while this leader claims on its failsafe members' promises (its renewals find the backend unreachable); else 0.",
+    )
+    .const_label("name", election);
+    register(registry, IntGauge::with_opts(opts))
+}
+
 impl OpsMetrics {
     fn new(registry: &Registry, election: &str) -> Result<OpsMetrics, prometheus::Error> {
         let opts = |name: &str, help: &str| Opts::new(name, help).const_label("name", election);
@@ -136,13 +146,7 @@ impl OpsMetrics {
                     &["reason"],
                 ),
             )?,
-            failsafe_active: register(
-                registry,
-                IntGauge::with_opts(opts(
-                    "leader_election_failsafe_active",
-                    "1 while this leader claims on its failsafe members' promises (its renewals find the backend unreachable); else 0.",
-                )),
-            )?,
+            failsafe_active: failsafe_gauge(registry, election)?,
             frozen_until: std::sync::Mutex::new(None),
         };
         for reason in HANDOVER_REASONS {

@@ -15,10 +15,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use std::sync::Arc;
+
 use super::Elector;
 use super::state::FailsafeView;
 use super::transition::Change;
-use crate::backend::{BackendError, Term, WaitReason};
+use crate::backend::{BackendError, Campaign, Term, WaitReason};
 use crate::failsafe::{Confirmations, Hold, Roster};
 
 /// The leader's failsafe for one term.
@@ -59,6 +61,29 @@ pub(super) fn is_outage(e: &BackendError) -> bool {
 }
 
 impl Elector {
+    /// Turn failsafe on: campaign only as its gate allows, and lead on
+    /// through a backend outage while every roster member confirms
+    /// (see [`crate::failsafe`]). Serve its peer listener yourself
+    /// ([`Failsafe::serve`](crate::failsafe::Failsafe::serve)).
+    pub fn with_failsafe(mut self, failsafe: Arc<crate::failsafe::Failsafe>) -> Self {
+        self.failsafe = Some(failsafe);
+        self.publish(Change::Failsafe {
+            view: FailsafeView::default(),
+            claim: None,
+        });
+        self
+    }
+
+    /// Tell failsafe a campaign's answer came back.
+    pub(super) fn campaign_answered(&mut self, attempt: &Result<Campaign, BackendError>) {
+        let (elected, token) = match attempt {
+            Ok(Campaign::Elected(t)) => (true, Some(t.holder.fencing_token)),
+            Ok(Campaign::Following(h)) => (false, Some(h.fencing_token)),
+            _ => (false, None),
+        };
+        self.failsafe_campaign_ended(elected, token);
+    }
+
     /// Before a campaign: `None` to campaign now, else how long to wait
     /// (a promise holds, this member is not on the roster, or the roster
     /// cannot be read). Stages the roster the campaign writes.
@@ -243,3 +268,7 @@ impl Elector {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "failsafe_tests.rs"]
+mod tests;

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::{Elector, LeaderState};
 use crate::backend::memory::MemoryBackend;
+use crate::elector::{Elector, LeaderState};
 use crate::failsafe::peer::Secret;
 use crate::failsafe::{Failsafe, Member};
 

@@ -130,9 +130,7 @@ impl Elector {
                     rewatch = None;
                     watch = Some(Box::pin(backend.watch(&term.holder)));
                 }
-                _ = sleep_until(heartbeat_at(&held)), if heartbeat_due(&held) => {
-                    if !self.heartbeat(&term, &mut held).await { break StepDown::Deadline }
-                }
+                _ = sleep_until(heartbeat_at(&held)), if heartbeat_due(&held) => if !self.heartbeat(&term, &mut held).await { break StepDown::Deadline },
                 _ = sleep_until(held.next_renew) => match self.renew(&term, &mut held).await {
                     Renew::Renewed => rewatch_backoff.reset(),
                     Renew::Failed => {}
@@ -141,6 +139,11 @@ impl Elector {
             }
         };
         drop(watch);
+        self.end_term(term, why, held).await;
+    }
+
+    /// The term is over (`why`): failsafe ends, then the step-down.
+    async fn end_term(&mut self, term: Term, why: StepDown, held: Held) {
         self.failsafe_ended(held.fs.as_ref());
         self.step_down(term, why, held.valid_until).await;
     }

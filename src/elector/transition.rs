@@ -127,6 +127,21 @@ impl Applied {
 }
 
 impl LeaderState {
+    /// Failsafe's view, and our term's new claim when given.
+    fn failsafe(
+        &mut self,
+        view: super::state::FailsafeView,
+        claim: Option<(Instant, Duration)>,
+    ) -> Applied {
+        if let (Some(t), Some((until, suspended))) = (&mut self.own_term, claim) {
+            t.valid_until = until;
+            t.suspended_at_send = suspended;
+        }
+        let changed = self.failsafe.is_some_and(|f| f.active) != view.active;
+        self.failsafe = Some(view);
+        Applied::woken(changed || claim.is_some())
+    }
+
     /// Apply `change` at wall-clock time `wall` (stamped on a new term);
     /// the one writer of the state (see the module docs).
     pub(super) fn apply(&mut self, change: Change, wall: SystemTime) -> Applied {
@@ -176,15 +191,7 @@ impl LeaderState {
                 let transition = self.holder(leader, fencing_token, None, wall);
                 Applied::moved(transition.is_some(), transition)
             }
-            Change::Failsafe { view, claim } => {
-                if let (Some(t), Some((until, suspended))) = (&mut self.own_term, claim) {
-                    t.valid_until = until;
-                    t.suspended_at_send = suspended;
-                }
-                let changed = self.failsafe.is_some_and(|f| f.active) != view.active;
-                self.failsafe = Some(view);
-                Applied::woken(changed || claim.is_some())
-            }
+            Change::Failsafe { view, claim } => self.failsafe(view, claim),
             Change::Stopping => {
                 self.stopping = true;
                 Applied::woken(true)

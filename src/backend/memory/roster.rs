@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::MemoryBackend;
 use crate::backend::BackendError;
-use crate::failsafe::{Member, Roster, RosterStore};
+use crate::backend::roster::{Member, Roster, RosterStore};
 
 /// The roster, what each identity's next write carries, and the applications.
 #[derive(Default)]
