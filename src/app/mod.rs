@@ -8,6 +8,7 @@
 //! hidden from the documentation, not a stable API.
 
 pub mod backends;
+mod failsafe_tasks;
 mod pod_tasks;
 pub mod tasks;
 
@@ -84,6 +85,8 @@ pub struct App {
     backend: Arc<dyn LeaseBackend>,
     metrics: Arc<Metrics>,
     serving: Serving,
+    /// Failsafe and its peer listener (`None`: off).
+    failsafe: failsafe_tasks::Built,
 }
 
 /// What the two HTTP listeners are built from.
@@ -103,7 +106,8 @@ impl App {
     /// [`RunError::Metrics`] when metrics cannot be registered,
     /// [`RunError::Bind`] naming the flag whose address cannot be bound.
     pub async fn build(cfg: Config) -> Result<App, RunError> {
-        let (backend, coordinator) = connect(cfg.backend.as_ref())?;
+        let (backend, coordinator, roster) = connect(cfg.backend.as_ref())?;
+        let failsafe = failsafe_tasks::build(&cfg, roster).await?;
         let registry = Registry::new();
         let metrics = Metrics::new(registry.clone(), &cfg.elector.election, backend.name())
             .map_err(RunError::Metrics)?;
@@ -119,6 +123,7 @@ impl App {
             cfg,
             backend,
             metrics,
+            failsafe,
             serving: Serving {
                 listener,
                 control_listener,
@@ -200,6 +205,11 @@ impl App {
         );
         let handle = elector.handle();
         let mut tasks = Tasks::default();
+        let elector =
+            match failsafe_tasks::spawn(cfg, self.failsafe, &mut tasks, shutdown, http_stop) {
+                Some(fs) => elector.with_failsafe(fs),
+                None => elector,
+            };
         let (mut elector, health, notify) = hook_rows(cfg, elector, shutdown);
         let labeler =
             pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
