@@ -35,6 +35,7 @@ pub(super) async fn build(
     })?;
     let listener = bind("--peer-addr", fs.peer_addr).await?;
     let addr = listener.local_addr().unwrap_or(fs.peer_addr);
+    tracing::info!(peer_addr = %addr, "failsafe on: serving the peer heartbeat");
     let me = Member {
         identity: cfg.elector.identity.clone(),
         peer_addr: addr.to_string(),
