@@ -12,6 +12,7 @@ use super::tasks::{Stop, Task, Tasks};
 use super::{RunError, bind, none};
 use crate::backend::roster::{Member, RosterStore};
 use crate::config::Config;
+use crate::elector::Elector;
 use crate::failsafe::Failsafe;
 
 /// Failsafe, built: its state and its bound peer listener.
@@ -52,15 +53,18 @@ pub(super) async fn build(
 }
 
 /// Spawn the peer listener (stopped with the HTTP listeners, so it answers
-/// while the Elector resigns) and the application task.
+/// while the Elector resigns) and the application task, and turn failsafe
+/// on in `elector` (`stops`: the shutdown and the HTTP stop tokens).
 pub(super) fn spawn(
     cfg: &Config,
     built: Built,
+    elector: Elector,
     tasks: &mut Tasks,
-    shutdown: &CancellationToken,
-    http_stop: &CancellationToken,
-) -> Option<Arc<Failsafe>> {
-    let (fs, listener) = built?;
+    (shutdown, http_stop): (&CancellationToken, &CancellationToken),
+) -> Elector {
+    let Some((fs, listener)) = built else {
+        return elector;
+    };
     let (f, stop) = (fs.clone(), http_stop.clone());
     let serve = async move {
         if let Err(e) = f.serve(listener, stop).await {
@@ -87,5 +91,5 @@ pub(super) fn spawn(
         span,
         none(apply),
     ));
-    Some(fs)
+    elector.with_failsafe(fs)
 }

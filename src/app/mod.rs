@@ -198,18 +198,12 @@ impl App {
     /// Spawn every task into the table, in shutdown order.
     async fn spawn(self, shutdown: &CancellationToken, http_stop: &CancellationToken) -> Tasks {
         let cfg = &self.cfg;
-        let (elector, state) = Elector::new(
-            cfg.elector.clone(),
-            self.backend,
-            Some(self.metrics.clone()),
-        );
+        let observer: Arc<dyn crate::elector::Observer> = self.metrics.clone();
+        let (elector, state) = Elector::new(cfg.elector.clone(), self.backend, Some(observer));
         let handle = elector.handle();
         let mut tasks = Tasks::default();
-        let elector =
-            match failsafe_tasks::spawn(cfg, self.failsafe, &mut tasks, shutdown, http_stop) {
-                Some(fs) => elector.with_failsafe(fs),
-                None => elector,
-            };
+        let stops = (shutdown, http_stop);
+        let elector = failsafe_tasks::spawn(cfg, self.failsafe, elector, &mut tasks, stops);
         let (mut elector, health, notify) = hook_rows(cfg, elector, shutdown);
         let labeler =
             pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
