@@ -232,3 +232,63 @@ async fn a_heartbeat_with_a_wrong_secret_is_401_and_changes_nothing() {
     // Nothing changed: it still leads on its own once its start-up wait is over.
     one_leader(std::slice::from_ref(&s), Duration::from_secs(30)).await;
 }
+
+/// The roster members as etcd holds them (`<key>/failsafe/roster`).
+async fn roster_on(cl: &EtcdCluster, name: &str) -> Vec<String> {
+    let mut c = etcd_client::Client::connect(cl.urls(), None).await.unwrap();
+    let key = format!("/leader-elector/{name}/failsafe/roster");
+    let resp = c.get(key, None).await.unwrap();
+    let Some(kv) = resp.kvs().first() else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_slice(kv.value()).unwrap();
+    v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["identity"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_in_the_outage_never_campaigns_and_is_admitted_after() {
+    let mut cl = EtcdCluster::start(3).await;
+    let dir = tempfile::TempDir::new().unwrap();
+    let secret = secret_file(dir.path(), "s");
+    let name = election("fs-new");
+    let mut sidecars: Vec<Sidecar> = (0..2)
+        .map(|i| start(&cl, &name, &format!("m{i}"), Some(secret.as_str())))
+        .collect();
+    let first = one_leader(&sidecars, Duration::from_secs(30)).await;
+    let token = token_of(&sidecars[first]).await;
+    sleep(TTL * 2).await;
+    assert_eq!(roster_on(&cl, &name).await, ["m0", "m1"]);
+    stop_all(&mut cl);
+    sidecars.push(start(&cl, &name, "late", Some(secret.as_str())));
+    let w = watch(&sidecars, TTL * 4).await;
+    assert_eq!(w.led_until, None, "the leader led throughout");
+    assert_eq!(
+        w.leaders.len(),
+        1,
+        "the newcomer never led: {:?}",
+        w.leaders
+    );
+    start_all(&mut cl).await;
+    let after = Instant::now();
+    let mut roster = roster_on(&cl, &name).await;
+    while !roster.contains(&"late".to_owned()) {
+        assert!(
+            after.elapsed() < Duration::from_secs(30),
+            "not admitted: {roster:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+        roster = roster_on(&cl, &name).await;
+    }
+    println!(
+        "newcomer in the outage: never led; admitted {:?} after the cluster returned (roster {roster:?}); overlaps 0",
+        after.elapsed()
+    );
+    watch(&sidecars, TTL).await;
+    assert_eq!(leaders(&sidecars).await, [first]);
+    assert_eq!(token_of(&sidecars[first]).await, token, "same term");
+}
