@@ -144,6 +144,10 @@ const ENV_NOTE: &str = "Each sidecar flag also reads LEADER_ELECTOR_ + its name 
 /// name theirs in their flag structs).
 const HEADINGS: &[(&str, &[&str])] = &[
     (
+        "Failsafe",
+        &["failsafe", "peer_addr", "failsafe_secret_file"],
+    ),
+    (
         "Election",
         &[
             "election",

@@ -32,6 +32,7 @@ mod agree;
 mod builder;
 mod config;
 mod controls;
+mod failsafe;
 mod follow;
 mod gates;
 mod known;
@@ -65,7 +66,7 @@ pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
 pub use precedence::{Rules, check_target, successor_for};
 use publish::Publisher;
-pub use state::{Event, EventKind, LeaderState, OwnTerm, Waiting};
+pub use state::{Event, EventKind, FailsafeView, LeaderState, OwnTerm, Waiting};
 use transition::Change;
 pub use watching::{LEADING_RECHECK, until_leading, until_not_leading};
 
@@ -177,6 +178,11 @@ pub struct Elector {
     known: known::Shared,
     /// The answer to a handover, sent once its release was sent.
     handed_over: Option<oneshot::Sender<bool>>,
+    /// Failsafe (`None`: off): the member's promises and the leader's
+    /// confirmations ([`crate::failsafe`]).
+    failsafe: Option<Arc<crate::failsafe::Failsafe>>,
+    /// The roster staged with the campaign being sent.
+    staged: Option<crate::failsafe::Roster>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -219,6 +225,8 @@ impl Elector {
                 successor: None,
                 handed_over: None,
                 known: known::shared(),
+                failsafe: None,
+                staged: None,
             },
             rx,
         )
@@ -280,6 +288,13 @@ impl Elector {
                 debug!(error = %e.report(), "could not resign an abandoned term yet");
                 self.abandoned = Some(term);
             }
+            if let Some(wait) = self.failsafe_gate().await {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = sleep(wait) => {}
+                }
+                continue;
+            }
             self.report(Observation::CampaignSent);
             let sent = Instant::now();
             self.suspended_at_campaign = suspend::suspended();
@@ -287,6 +302,7 @@ impl Elector {
                 _ = shutdown.cancelled() => break,
                 r = self.call("campaign", backend.campaign(&self.cfg.identity, self.cfg.lease_duration, self.last_seen.as_ref())) => r,
             };
+            self.campaign_answered(&attempt);
             // A timed wait (a successor's head start, a pause) ends early
             // when the controls change: a resume, a new switchover request.
             let mut known = self.known.subscribe();

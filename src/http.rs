@@ -94,6 +94,23 @@ pub struct LeaderBody {
     /// which never campaigns).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting: Option<WaitingBody>,
+    /// Failsafe (absent when off): whether this leader claims on its
+    /// members' promises, for how many more milliseconds their confirmed
+    /// bound lasts, and how many members hold a promise now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<FailsafeBody>,
+}
+
+/// The `failsafe` field of `GET /leader`.
+#[derive(Debug, Serialize)]
+pub struct FailsafeBody {
+    /// Whether this leader claims on its members' promises right now.
+    pub active: bool,
+    /// Milliseconds from now until the bound every member confirmed
+    /// (`null` when none holds).
+    pub until: Option<u64>,
+    /// Members whose promise holds now.
+    pub members_confirmed: usize,
 }
 
 /// The `waiting.what` of a candidate with priority 0.
@@ -143,6 +160,14 @@ impl LeaderBody {
             servers_answered: state.servers.map(|(a, _)| a),
             servers_total: state.servers.map(|(_, n)| n),
             error,
+            failsafe: state.failsafe.map(|f| FailsafeBody {
+                active: f.active && is_leader,
+                until: f
+                    .until
+                    .filter(|u| *u > now && is_leader)
+                    .map(|u| (u - now).as_millis() as u64),
+                members_confirmed: f.members_confirmed,
+            }),
             waiting: match state.waiting.filter(|_| !is_leader) {
                 _ if state.priority == 0 => Some(WaitingBody {
                     what: NEVER_LEADS,

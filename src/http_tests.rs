@@ -32,6 +32,7 @@ fn follower() -> LeaderState {
         paused: false,
         priority: 1,
         pinned: None,
+        failsafe: None,
     }
 }
 

@@ -74,6 +74,9 @@ pub struct OpsMetrics {
     pub priority: IntGauge,
     /// `leader_election_handovers_total{name,reason}`: terms this leader handed over.
     pub handovers: IntCounterVec,
+    /// `leader_election_failsafe_active{name}`: 1 while this leader claims
+    /// on its members' promises (failsafe), else 0.
+    pub failsafe_active: IntGauge,
     /// The end of the freeze, on the monotonic clock (read at scrape time).
     frozen_until: std::sync::Mutex<Option<Instant>>,
 }
@@ -87,6 +90,16 @@ pub const HANDOVER_REASONS: [&str; 6] = [
     "revision",
     "unhealthy",
 ];
+
+/// `leader_election_failsafe_active{name}`.
+fn failsafe_gauge(registry: &Registry, election: &str) -> Result<IntGauge, prometheus::Error> {
+    let opts = Opts::new(
+        "leader_election_failsafe_active",
+        "1 while this leader claims on its failsafe members' promises (its renewals find the backend unreachable); else 0.",
+    )
+    .const_label("name", election);
+    register(registry, IntGauge::with_opts(opts))
+}
 
 impl OpsMetrics {
     fn new(registry: &Registry, election: &str) -> Result<OpsMetrics, prometheus::Error> {
@@ -133,6 +146,7 @@ impl OpsMetrics {
                     &["reason"],
                 ),
             )?,
+            failsafe_active: failsafe_gauge(registry, election)?,
             frozen_until: std::sync::Mutex::new(None),
         };
         for reason in HANDOVER_REASONS {
@@ -148,6 +162,8 @@ impl OpsMetrics {
     fn refresh(&self, state: &LeaderState, now: Instant) {
         self.paused.set(i64::from(state.paused));
         self.priority.set(i64::from(state.priority));
+        let failsafe = state.failsafe.is_some_and(|f| f.active) && state.is_leader(now);
+        self.failsafe_active.set(i64::from(failsafe));
         let until = *self.frozen_until.lock().unwrap_or_else(|e| e.into_inner());
         let left = until.map_or(0.0, |u| u.saturating_duration_since(now).as_secs_f64());
         self.frozen_seconds.set(left);

@@ -5,12 +5,18 @@ use std::sync::Arc;
 
 use crate::backend::LeaseBackend;
 use crate::backend::registry::{Settings, unserved_message};
+use crate::backend::roster::RosterStore;
 use crate::coord::{Coordinator, Unserved};
 
 use super::RunError;
 
-/// The election backend and the coordination API over the same connection.
-pub type Backends = (Arc<dyn LeaseBackend>, Box<dyn Coordinator>);
+/// The election backend, the coordination API and the failsafe roster
+/// (`None` when the backend keeps none) over the same connection.
+pub type Backends = (
+    Arc<dyn LeaseBackend>,
+    Box<dyn Coordinator>,
+    Option<Arc<dyn RosterStore>>,
+);
 
 /// Connect the backend chosen at start-up. Never switched while running. A
 /// backend without coordination gets [`Unserved`], which answers every call
@@ -24,5 +30,5 @@ pub fn connect(settings: &dyn Settings) -> Result<Backends, RunError> {
     let coordination = connected
         .coordination
         .unwrap_or_else(|| Box::new(Unserved::new(name, unserved_message(name))));
-    Ok((connected.election, coordination))
+    Ok((connected.election, coordination, connected.roster))
 }

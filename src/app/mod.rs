@@ -8,6 +8,7 @@
 //! hidden from the documentation, not a stable API.
 
 pub mod backends;
+mod failsafe_tasks;
 mod pod_tasks;
 pub mod tasks;
 
@@ -84,6 +85,8 @@ pub struct App {
     backend: Arc<dyn LeaseBackend>,
     metrics: Arc<Metrics>,
     serving: Serving,
+    /// Failsafe and its peer listener (`None`: off).
+    failsafe: failsafe_tasks::Built,
 }
 
 /// What the two HTTP listeners are built from.
@@ -103,7 +106,8 @@ impl App {
     /// [`RunError::Metrics`] when metrics cannot be registered,
     /// [`RunError::Bind`] naming the flag whose address cannot be bound.
     pub async fn build(cfg: Config) -> Result<App, RunError> {
-        let (backend, coordinator) = connect(cfg.backend.as_ref())?;
+        let (backend, coordinator, roster) = connect(cfg.backend.as_ref())?;
+        let failsafe = failsafe_tasks::build(&cfg, roster).await?;
         let registry = Registry::new();
         let metrics = Metrics::new(registry.clone(), &cfg.elector.election, backend.name())
             .map_err(RunError::Metrics)?;
@@ -119,6 +123,7 @@ impl App {
             cfg,
             backend,
             metrics,
+            failsafe,
             serving: Serving {
                 listener,
                 control_listener,
@@ -193,13 +198,12 @@ impl App {
     /// Spawn every task into the table, in shutdown order.
     async fn spawn(self, shutdown: &CancellationToken, http_stop: &CancellationToken) -> Tasks {
         let cfg = &self.cfg;
-        let (elector, state) = Elector::new(
-            cfg.elector.clone(),
-            self.backend,
-            Some(self.metrics.clone()),
-        );
+        let observer: Arc<dyn crate::elector::Observer> = self.metrics.clone();
+        let (elector, state) = Elector::new(cfg.elector.clone(), self.backend, Some(observer));
         let handle = elector.handle();
         let mut tasks = Tasks::default();
+        let stops = (shutdown, http_stop);
+        let elector = failsafe_tasks::spawn(cfg, self.failsafe, elector, &mut tasks, stops);
         let (mut elector, health, notify) = hook_rows(cfg, elector, shutdown);
         let labeler =
             pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;

@@ -49,7 +49,15 @@ struct Inner {
     /// sight, as on etcd: a candidate asleep in an earlier wait when the
     /// release landed still leaves the successor its whole head start).
     successor: Option<(String, Instant, std::collections::HashMap<String, Instant>)>,
+    /// The failsafe roster (no TTL), what each identity's next write
+    /// carries, and the applications with their expiry (see `roster`).
+    roster: roster::Rosters,
+    /// Since when the server is stopped (`stop`): leases do not run out
+    /// while it is, as a restarted etcd gives every lease its TTL again.
+    stopped_at: Option<Instant>,
 }
+
+mod roster;
 
 /// How long a campaign refused by a pause asks the candidate to wait.
 const PAUSED_RETRY: Duration = Duration::from_secs(1);
@@ -62,6 +70,9 @@ pub struct MemoryBackend {
     changed: Arc<watch::Sender<i64>>,
     controls: Arc<watch::Sender<Controls>>,
     registry: Arc<watch::Sender<u64>>,
+    /// This handle's own link to the server (`cut`): one candidate cut
+    /// off while the others reach it.
+    link_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for MemoryBackend {
@@ -78,7 +89,47 @@ impl MemoryBackend {
             changed: Arc::new(watch::channel(0).0),
             controls: Arc::new(watch::channel(Controls::default()).0),
             registry: Arc::new(watch::channel(0).0),
+            link_down: Arc::default(),
         }
+    }
+
+    /// Another handle on the same server with a link of its own (see
+    /// [`MemoryBackend::cut`]); a clone shares its link.
+    pub fn handle(&self) -> MemoryBackend {
+        MemoryBackend {
+            link_down: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Cut this handle's link to the server (`true`) or heal it: its calls
+    /// fail as unreachable while the server keeps counting.
+    pub fn cut(&self, down: bool) {
+        self.link_down
+            .store(down, std::sync::atomic::Ordering::SeqCst);
+        self.changed.send_modify(|_| {});
+    }
+
+    /// Stop the server (`true`: every call fails as unreachable, and no
+    /// lease runs out meanwhile) or start it again (every lease gets back
+    /// the time it was stopped, as a restarted etcd renews every lease's TTL).
+    pub fn stop(&self, stopped: bool) {
+        let mut inner = self.inner.lock().unwrap();
+        let now = Instant::now();
+        match (stopped, inner.stopped_at) {
+            (true, None) => inner.stopped_at = Some(now),
+            (false, Some(at)) => {
+                let gap = now - at;
+                inner.stopped_at = None;
+                inner.leases.iter_mut().for_each(|(_, u)| *u += gap);
+                if let Some((_, u)) = &mut inner.key {
+                    *u += gap;
+                }
+            }
+            _ => {}
+        }
+        drop(inner);
+        self.changed.send_modify(|_| {});
     }
 
     /// Make every call fail with [`BackendError::Unreachable`] (`true`) or work again.
@@ -107,6 +158,9 @@ impl MemoryBackend {
 
     fn expire(inner: &mut Inner) -> bool {
         let now = Instant::now();
+        if inner.stopped_at.is_some() {
+            return false;
+        }
         inner.leases.retain(|(_, until)| *until > now);
         if let Some((_, until)) = &inner.key
             && *until <= now
@@ -150,7 +204,8 @@ impl MemoryBackend {
 
     fn check(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
         let mut inner = self.inner.lock().unwrap();
-        if inner.unreachable {
+        let cut = self.link_down.load(std::sync::atomic::Ordering::SeqCst);
+        if inner.unreachable || cut || inner.stopped_at.is_some() {
             return Err(BackendError::Unreachable {
                 backend: ABOUT,
                 endpoints: "memory".into(),
@@ -209,6 +264,7 @@ impl LeaseBackend for MemoryBackend {
         let until = Instant::now() + ttl;
         inner.key = Some((holder.clone(), until));
         inner.leases.push((holder.term_id.clone(), until));
+        inner.roster.write_staged(identity);
         let rev = inner.revision;
         drop(inner);
         self.changed.send_replace(rev);
@@ -249,6 +305,8 @@ impl LeaseBackend for MemoryBackend {
             }
             Some((_, until)) => {
                 *until = now + term.ttl;
+                let inner = &mut *inner;
+                inner.roster.write_staged(&term.holder.identity);
                 Ok(Renewal::Renewed {
                     ttl: term.ttl,
                     servers: None,

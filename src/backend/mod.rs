@@ -24,6 +24,7 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
+pub mod roster;
 mod waits;
 
 use std::time::Duration;

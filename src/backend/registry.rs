@@ -82,6 +82,8 @@ pub struct Row {
     /// claims"), for the answers of backends that serve none; `None` when
     /// it serves none.
     pub coordination: Option<&'static str>,
+    /// Whether it keeps a failsafe roster (`--failsafe` is refused otherwise).
+    pub failsafe: bool,
 }
 
 /// A row's `resolve`: its flags and the common settings (and whether
@@ -143,6 +145,9 @@ pub struct Connected {
     /// The coordination API over the same connection; `None` when the
     /// backend serves none.
     pub coordination: Option<Box<dyn Coordinator>>,
+    /// The failsafe roster over the same connection; `None` when the
+    /// backend keeps none (then `--failsafe` is refused).
+    pub roster: Option<Arc<dyn super::roster::RosterStore>>,
 }
 
 fn backend_names() -> PossibleValuesParser {

@@ -35,6 +35,12 @@ pub enum WaitReason {
     /// Redis: a server started less than one lease duration ago and may
     /// have forgotten a live term.
     ServerRestarted,
+    /// Failsafe: this member promised the leader not to campaign (or
+    /// started less than one maximum promise ago).
+    FailsafePromise,
+    /// Failsafe: a roster exists and does not list this candidate yet; the
+    /// leader admits it at its next renewal.
+    NotOnRoster,
 }
 
 impl WaitReason {
@@ -68,6 +74,12 @@ impl WaitReason {
             }
             WaitReason::ServerRestarted => {
                 "a Redis server started, restarted or was promoted from a replica less than one lease duration ago and may lack a live term: waiting until it has served that long"
+            }
+            WaitReason::FailsafePromise => {
+                "failsafe: this member promised the leader not to campaign (or started less than one maximum promise ago)"
+            }
+            WaitReason::NotOnRoster => {
+                "failsafe: not on the roster yet; the leader admits this candidate at its next renewal"
             }
         }
     }

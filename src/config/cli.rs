@@ -38,6 +38,10 @@ pub struct Cli {
     #[command(flatten)]
     pub store: BackendArgs,
 
+    /// The failsafe flags.
+    #[command(flatten)]
+    pub failsafe: super::failsafe::FailsafeArgs,
+
     /// Lease TTL: how long the backend keeps the key without a renewal (e.g. 15s).
     #[arg(long, visible_alias = "ttl", default_value = "15s", env = "LEADER_ELECTOR_LEASE_DURATION", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_duration: Duration,

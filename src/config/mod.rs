@@ -11,6 +11,7 @@
 
 mod checks;
 mod cli;
+pub mod failsafe;
 mod labeler;
 mod run;
 
@@ -69,6 +70,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter.
     pub log_level: String,
+    /// Failsafe: `None` when off.
+    pub failsafe: Option<failsafe::FailsafeSettings>,
 }
 
 /// The durations derived from the timing flags and their defaults.
@@ -266,7 +269,16 @@ impl Config {
             },
         )?;
         check_every_backend(run.as_ref(), backend.name())?;
+        let pod_ip = std::env::var("POD_IP").ok();
+        let failsafe = failsafe::resolve(&cli.failsafe, pod_ip.as_deref())?;
+        if failsafe.is_some() && !registry::row(backend.name()).is_some_and(|r| r.failsafe) {
+            return Err(config_error(format!(
+                "--failsafe: the {} backend keeps no failsafe roster yet\nhint: leave --failsafe off; it is built on etcd so far",
+                backend.name()
+            )));
+        }
         Ok(Config {
+            failsafe,
             elector,
             backend,
             http_addr: cli.http_addr,

@@ -65,6 +65,8 @@ struct Held {
     /// Set while draining after shutdown: the lease is kept until the app
     /// releases or this instant passes.
     drain_until: Option<Instant>,
+    /// The failsafe of this term (`None`: failsafe off).
+    fs: Option<super::failsafe::Guard>,
 }
 
 /// The outcome of one renewal.
@@ -128,6 +130,7 @@ impl Elector {
                     rewatch = None;
                     watch = Some(Box::pin(backend.watch(&term.holder)));
                 }
+                _ = sleep_until(heartbeat_at(&held)), if heartbeat_due(&held) => if !self.heartbeat(&term, &mut held).await { break StepDown::Deadline },
                 _ = sleep_until(held.next_renew) => match self.renew(&term, &mut held).await {
                     Renew::Renewed => rewatch_backoff.reset(),
                     Renew::Failed => {}
@@ -136,6 +139,12 @@ impl Elector {
             }
         };
         drop(watch);
+        self.end_term(term, why, held).await;
+    }
+
+    /// The term is over (`why`): failsafe ends, then the step-down.
+    async fn end_term(&mut self, term: Term, why: StepDown, held: Held) {
+        self.failsafe_ended(held.fs.as_ref());
         self.step_down(term, why, held.valid_until).await;
     }
 
@@ -191,6 +200,7 @@ impl Elector {
             next_renew: sent + self.cfg.renew_interval,
             retry: Backoff::new(Duration::from_millis(50), self.cfg.renew_interval / 4),
             drain_until: None,
+            fs: self.failsafe_begin(valid_until),
         }
     }
 
@@ -220,6 +230,9 @@ impl Elector {
             .cfg
             .call_timeout()
             .min(held.valid_until.saturating_duration_since(send));
+        if let Some(g) = &mut held.fs {
+            self.failsafe_before_write(g);
+        }
         self.report(Observation::RenewSent);
         let r = match timeout(deadline, backend.renew(term)).await {
             Ok(r) => r,
@@ -234,6 +247,9 @@ impl Elector {
                 let rtt = send.elapsed();
                 held.valid_until = send + ttl.saturating_sub(self.cfg.margin(ttl, rtt));
                 held.next_renew = send + self.cfg.renew_interval;
+                if let Some(g) = &mut held.fs {
+                    self.failsafe_renewed(g, held.valid_until);
+                }
                 held.retry.reset();
                 self.report(Observation::Renewed { round_trip: rtt });
                 self.backend_ok();
@@ -252,10 +268,29 @@ impl Elector {
                 // Throttled: again after the Retry-After; `valid_until`
                 // still ends the term if that is too late.
                 let wait = self.retry_wait(&e, |_| held.retry.next());
+                if let Some(g) = &mut held.fs {
+                    self.failsafe_renew_failed(g, &e);
+                }
                 self.backend_failed(e);
                 held.next_renew = Instant::now() + wait;
                 Renew::Failed
             }
+        }
+    }
+
+    /// One failsafe heartbeat round; `false` when the claim has passed for good.
+    async fn heartbeat(&mut self, term: &Term, held: &mut Held) -> bool {
+        let Some(mut g) = held.fs.take() else {
+            return true;
+        };
+        let claim = self.failsafe_heartbeat(term, &mut g).await;
+        held.fs = Some(g);
+        match claim {
+            Some(until) => {
+                held.valid_until = until;
+                true
+            }
+            None => false,
         }
     }
 
@@ -326,4 +361,17 @@ impl Elector {
             }
         }
     }
+}
+
+/// Whether a failsafe heartbeat round is due at some instant.
+fn heartbeat_due(held: &Held) -> bool {
+    held.fs.as_ref().is_some_and(|g| g.next_heartbeat.is_some())
+}
+
+/// When the next failsafe heartbeat round is due (now when none is).
+fn heartbeat_at(held: &Held) -> Instant {
+    held.fs
+        .as_ref()
+        .and_then(|g| g.next_heartbeat)
+        .unwrap_or_else(Instant::now)
 }

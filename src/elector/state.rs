@@ -44,6 +44,18 @@ impl OwnTerm {
     }
 }
 
+/// Failsafe as this candidate shows it (`/leader`'s `failsafe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailsafeView {
+    /// Whether this leader claims on its members' promises (its renewals
+    /// find the backend unreachable).
+    pub active: bool,
+    /// The bound every required member confirmed (monotonic), if any.
+    pub until: Option<Instant>,
+    /// How many required members hold a promise now.
+    pub members_confirmed: usize,
+}
+
 /// A wait that keeps this candidate from campaigning, named for `/leader`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Waiting {
@@ -110,6 +122,8 @@ pub struct LeaderState {
     /// --force`): no preemption or revision handover moves the term away
     /// from it until it leaves or a new switchover. `None`: no pin.
     pub pinned: Option<String>,
+    /// Failsafe: `None` when off.
+    pub failsafe: Option<FailsafeView>,
 }
 
 impl LeaderState {
@@ -133,6 +147,7 @@ impl LeaderState {
             paused: false,
             priority: cfg.standing.priority,
             pinned: None,
+            failsafe: None,
         }
     }
 

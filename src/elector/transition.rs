@@ -63,6 +63,15 @@ pub(super) enum Change {
         /// The holder's fencing token.
         fencing_token: Option<u64>,
     },
+    /// Failsafe's view changed; `claim`: our term's new validity deadline
+    /// (the later of the lease's and the members' confirmed bound) and the
+    /// host's suspended time when the heartbeats behind it were sent.
+    Failsafe {
+        /// What `/leader` shows.
+        view: super::state::FailsafeView,
+        /// The new claim.
+        claim: Option<(Instant, Duration)>,
+    },
     /// Shutdown began: never claim again.
     Stopping,
     /// The election's pause marker and pin as the backend's controls show them.
@@ -118,6 +127,21 @@ impl Applied {
 }
 
 impl LeaderState {
+    /// Failsafe's view, and our term's new claim when given.
+    fn failsafe(
+        &mut self,
+        view: super::state::FailsafeView,
+        claim: Option<(Instant, Duration)>,
+    ) -> Applied {
+        if let (Some(t), Some((until, suspended))) = (&mut self.own_term, claim) {
+            t.valid_until = until;
+            t.suspended_at_send = suspended;
+        }
+        let changed = self.failsafe.is_some_and(|f| f.active) != view.active;
+        self.failsafe = Some(view);
+        Applied::woken(changed || claim.is_some())
+    }
+
     /// Apply `change` at wall-clock time `wall` (stamped on a new term);
     /// the one writer of the state (see the module docs).
     pub(super) fn apply(&mut self, change: Change, wall: SystemTime) -> Applied {
@@ -167,6 +191,7 @@ impl LeaderState {
                 let transition = self.holder(leader, fencing_token, None, wall);
                 Applied::moved(transition.is_some(), transition)
             }
+            Change::Failsafe { view, claim } => self.failsafe(view, claim),
             Change::Stopping => {
                 self.stopping = true;
                 Applied::woken(true)

@@ -31,73 +31,18 @@
 //! never resumes on a late acknowledgement.
 
 mod confirm;
+mod node;
 pub mod peer;
 mod promise;
 
+pub use crate::backend::roster::{Member, Roster, RosterStore};
 pub use confirm::Confirmations;
+pub use node::{Failsafe, Hold};
 pub use promise::{Promises, Refusal};
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-/// One admitted member: who it is and where its peer listener answers.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Member {
-    /// The candidate's identity (the Pod name by default).
-    pub identity: String,
-    /// `host:port` of its peer listener (`--peer-addr`).
-    pub peer_addr: String,
-}
-
-/// The roster: every member admitted by the leader, sorted by identity.
-/// Only roster members campaign while failsafe is on (an empty roster,
-/// before the first failsafe term, lets anyone campaign).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Roster {
-    /// The members, sorted by identity, each identity once.
-    pub members: Vec<Member>,
-}
-
-impl Roster {
-    /// A roster of `members` (sorted; a repeated identity keeps its last
-    /// address).
-    pub fn new(members: impl IntoIterator<Item = Member>) -> Roster {
-        let mut all: Vec<Member> = members.into_iter().collect();
-        all.reverse();
-        all.sort_by(|a, b| a.identity.cmp(&b.identity));
-        all.dedup_by(|a, b| a.identity == b.identity);
-        Roster { members: all }
-    }
-
-    /// Whether `identity` may campaign: it is a member, or nobody is.
-    pub fn may_campaign(&self, identity: &str) -> bool {
-        self.members.is_empty() || self.contains(identity)
-    }
-
-    /// Whether `identity` is a member.
-    pub fn contains(&self, identity: &str) -> bool {
-        self.members.iter().any(|m| m.identity == identity)
-    }
-
-    /// The members other than `me`: those the leader must hear from.
-    pub fn others<'a>(&'a self, me: &'a str) -> impl Iterator<Item = &'a Member> + 'a {
-        self.members.iter().filter(move |m| m.identity != me)
-    }
-
-    /// The roster as JSON, for the election record.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a roster serializes")
-    }
-
-    /// A roster read from the election record.
-    ///
-    /// # Errors
-    /// The text is not a roster's JSON.
-    pub fn from_json(text: &str) -> Result<Roster, serde_json::Error> {
-        serde_json::from_str(text)
-    }
-}
 
 /// The leader's heartbeat to one member.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

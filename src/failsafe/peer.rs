@@ -139,12 +139,14 @@ async fn heartbeat(
                 .into_response();
         }
     };
-    let campaigning = (st.campaigning)();
-    let answer =
-        st.promises
-            .lock()
-            .expect("the promises lock")
-            .heartbeat(&hb, Instant::now(), campaigning);
+    // Read under the promises' lock: the Elector checks its promise and
+    // sets `campaigning` under the same lock, so no promise is given
+    // between its check and its campaign.
+    let answer = {
+        let mut promises = st.promises.lock().expect("the promises lock");
+        let campaigning = (st.campaigning)();
+        promises.heartbeat(&hb, Instant::now(), campaigning)
+    };
     match answer {
         Ok(ack) => (StatusCode::OK, Json(ack)).into_response(),
         Err(refusal) => (

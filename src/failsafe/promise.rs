@@ -37,6 +37,8 @@ pub struct Promises {
     /// No campaign before this instant.
     until: Instant,
     highest_token: u64,
+    /// The leader of the last heartbeat accepted.
+    leader: Option<String>,
 }
 
 impl Promises {
@@ -50,6 +52,7 @@ impl Promises {
             max_promise,
             until: started + max_promise,
             highest_token: 0,
+            leader: None,
         }
     }
 
@@ -79,6 +82,7 @@ impl Promises {
         let promise = hb.promise().min(self.max_promise);
         self.highest_token = hb.fencing_token;
         self.until = self.until.max(now + promise);
+        self.leader = Some(hb.leader.clone());
         Ok(Ack {
             member: self.identity.clone(),
             promise_ms: promise.as_millis() as u64,
@@ -93,6 +97,11 @@ impl Promises {
     /// Whether this member may campaign at `now` (no promise holds).
     pub fn may_campaign(&self, now: Instant) -> bool {
         now >= self.until
+    }
+
+    /// The leader of the last heartbeat accepted, while a promise holds at `now`.
+    pub fn leader_at(&self, now: Instant) -> Option<&str> {
+        self.leader.as_deref().filter(|_| now < self.until)
     }
 
     /// The instant the last promise (or the start-up wait) ends.

@@ -89,6 +89,7 @@ fn state(leading: bool, token: u64) -> LeaderState {
         paused: false,
         priority: 1,
         pinned: None,
+        failsafe: None,
     }
 }
 

@@ -21,6 +21,7 @@ mod docs_refs;
 mod etcd;
 mod etcd_ops;
 mod example_operator;
+mod failsafe;
 mod fault;
 mod kubernetes;
 mod kubernetes_bridge;

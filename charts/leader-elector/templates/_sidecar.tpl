@@ -94,6 +94,17 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- if and $v.migrateFromEndpoints (not (include "leader-elector.usesLeases" .)) }}
 {{- fail "leader-elector: migrateFromEndpoints needs the Kubernetes Lease backend (the old image elected through the Kubernetes API); it cannot bridge to etcd or Redis" }}
 {{- end }}
+{{- if $v.failsafe.enabled }}
+{{- if not $etcd }}
+{{- fail "leader-elector: failsafe.enabled needs the etcd backend (etcd.endpoints): the roster is built on etcd only so far" }}
+{{- end }}
+{{- if not $v.failsafe.secretName }}
+{{- fail "leader-elector: failsafe.enabled needs failsafe.secretName (a Secret whose key `secret` holds at least 16 random bytes, the same for every member)" }}
+{{- end }}
+{{- if not $v.networkPolicy.enabled }}
+{{- fail "leader-elector: failsafe.enabled needs networkPolicy.enabled: the peer port must be reachable only from the Pods of this release" }}
+{{- end }}
+{{- end }}
 {{- if and $etcd $redis }}
 {{- fail "leader-elector: both etcd.endpoints and a Redis (redis.urlsSecret.name or redis.sentinel.hosts) are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
 {{- end }}
@@ -214,6 +225,19 @@ The sidecar container, as one item of a Pod's `containers` list.
     {{- end }}
     - name: LEADER_ELECTOR_HTTP_ADDR
       value: {{ printf "0.0.0.0:%d" (int $v.httpPort) | quote }}
+    {{- if $v.failsafe.enabled }}
+    # Failsafe: the peer listener on the Pod IP (the heartbeat only).
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    - name: LEADER_ELECTOR_FAILSAFE
+      value: "true"
+    - name: LEADER_ELECTOR_PEER_ADDR
+      value: {{ printf "$(POD_IP):%d" (int $v.failsafe.peerPort) | quote }}
+    - name: LEADER_ELECTOR_FAILSAFE_SECRET_FILE
+      value: /etc/leader-elector/failsafe/secret
+    {{- end }}
     - name: LEADER_ELECTOR_LOG_FORMAT
       value: {{ $v.logFormat | quote }}
     - name: LEADER_ELECTOR_LOG_LEVEL
@@ -228,6 +252,11 @@ The sidecar container, as one item of a Pod's `containers` list.
     - name: leader-http
       containerPort: {{ $v.httpPort }}
       protocol: TCP
+    {{- if $v.failsafe.enabled }}
+    - name: leader-peer
+      containerPort: {{ $v.failsafe.peerPort }}
+      protocol: TCP
+    {{- end }}
   {{- with $v.startupProbe }}
   startupProbe:
     {{- toYaml . | nindent 4 }}
@@ -248,8 +277,13 @@ The sidecar container, as one item of a Pod's `containers` list.
   securityContext:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- if and $etcd (or $v.etcd.tls.secretName $v.etcd.auth.username) }}
+  {{- if or $v.failsafe.enabled (and $etcd (or $v.etcd.tls.secretName $v.etcd.auth.username)) }}
   volumeMounts:
+    {{- if $v.failsafe.enabled }}
+    - name: leader-elector-failsafe
+      mountPath: /etc/leader-elector/failsafe
+      readOnly: true
+    {{- end }}
     {{- if $v.etcd.tls.secretName }}
     - name: leader-elector-etcd-tls
       mountPath: /etc/leader-elector/etcd-tls
@@ -274,6 +308,15 @@ Pods without an fsGroup.
 
 {{- define "leader-elector.volumes.body" -}}
 {{- $v := .Values }}
+{{- if $v.failsafe.enabled }}
+- name: leader-elector-failsafe
+  secret:
+    secretName: {{ $v.failsafe.secretName | quote }}
+    defaultMode: 292
+    items:
+      - key: secret
+        path: secret
+{{- end }}
 {{- if and (ne $v.backend "redis") $v.etcd.endpoints }}
 {{- if $v.etcd.tls.secretName }}
 - name: leader-elector-etcd-tls

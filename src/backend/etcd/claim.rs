@@ -265,17 +265,23 @@ impl EtcdBackend {
                 TxnOp::get(self.released_key(), None),
             ]
         };
+        // The failsafe roster, when staged, is written with the term.
+        let puts = || {
+            let roster = self.staged_roster_put();
+            std::iter::once(self.put_key(identity, lease)).chain(roster)
+        };
         let unnamed = Txn::new()
             .when([self.absent(self.successor_key())])
-            .and_then([self.put_key(identity, lease)])
+            .and_then(puts().collect::<Vec<_>>())
             .or_else(reads());
         let named = Compare::value(self.successor_key(), CompareOp::Equal, identity);
         let mut inner = Txn::new()
             .when([named])
-            .and_then([
-                self.put_key(identity, lease),
-                TxnOp::delete(self.successor_key(), None),
-            ])
+            .and_then(
+                puts()
+                    .chain([TxnOp::delete(self.successor_key(), None)])
+                    .collect::<Vec<_>>(),
+            )
             .or_else([TxnOp::txn(unnamed)]);
         if let Some(prev) = mark {
             let marked = Compare::value(self.released_key(), CompareOp::Equal, lease_hex(prev));

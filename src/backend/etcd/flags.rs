@@ -28,6 +28,7 @@ pub const ROW: Row = Row {
     },
     resolve,
     coordination: Some("locks, fair locks, semaphores, job claims"),
+    failsafe: true,
 };
 
 /// The etcd flags.
@@ -140,6 +141,7 @@ impl Settings for EtcdSettings {
         let coord = EtcdCoord::new(backend.clone(), &self.prefix)
             .with_deadline(self.options.connect_timeout.max(DEFAULT_DEADLINE));
         Ok(Connected {
+            roster: Some(backend.clone()),
             election: backend,
             coordination: Some(Box::new(coord)),
         })

@@ -29,6 +29,7 @@ pub mod coord;
 pub mod flags;
 mod registry;
 mod release;
+mod roster;
 pub mod store;
 
 use std::sync::Arc;
@@ -100,6 +101,8 @@ pub struct EtcdBackend {
     named_seen: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
     /// A lease granted ahead by a campaign that did not win ([`claim`]).
     spare: std::sync::Mutex<Option<claim::Spare>>,
+    /// The failsafe roster this process's next campaign or renewal writes.
+    staged: std::sync::Mutex<Option<crate::backend::roster::Roster>>,
 }
 
 impl EtcdBackend {
@@ -119,6 +122,7 @@ impl EtcdBackend {
             registry_rev: std::sync::Mutex::new(0),
             named_seen: std::sync::Mutex::new(None),
             spare: std::sync::Mutex::new(None),
+            staged: std::sync::Mutex::new(None),
         })
     }
 
@@ -303,6 +307,9 @@ impl LeaseBackend for EtcdBackend {
         match read.kvs().first() {
             None => Ok(Renewal::Lost(LostReason::KeyDeleted)),
             Some(kv) if kv.lease() != lease => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+            Some(_) if !self.write_staged_roster(lease).await? => {
+                Ok(Renewal::Lost(LostReason::KeyOverwritten))
+            }
             Some(_) => Ok(Renewal::Renewed {
                 ttl: Duration::from_secs(answer.ttl() as u64),
                 servers: None,

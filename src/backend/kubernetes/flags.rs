@@ -25,6 +25,7 @@ pub const ROW: Row = Row {
     },
     resolve,
     coordination: Some("locks, fair locks, semaphores, job claims"),
+    failsafe: false,
 };
 
 #[cfg(test)]
@@ -93,6 +94,7 @@ impl Settings for KubeSettings {
         Ok(Connected {
             election,
             coordination: Some(Box::new(coord)),
+            roster: None,
         })
     }
 }

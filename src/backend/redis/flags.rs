@@ -27,6 +27,7 @@ pub const ROW: Row = Row {
     },
     resolve,
     coordination: Some("one server or a Redlock group: locks, semaphores, job claims"),
+    failsafe: false,
 };
 
 /// The Redis flags.
@@ -162,6 +163,7 @@ impl Settings for RedisSettings {
         Ok(Connected {
             election: backend,
             coordination: Some(Box::new(coord)),
+            roster: None,
         })
     }
 }

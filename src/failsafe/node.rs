@@ -1,0 +1,256 @@
+//! One process's failsafe: its promises as a member (the gate before every
+//! campaign), its applications for the roster, the heartbeat rounds it
+//! sends as a leader, and its peer listener. The Elector calls it at four
+//! narrow points (before a campaign, after it, before each write of its
+//! term, and while a renewal finds the backend unreachable); the protocol's
+//! rules stay here and in [`Promises`] / [`Confirmations`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::peer::{self, PeerState, Secret};
+use super::{Confirmations, Heartbeat, Member, Promises, Roster, RosterStore};
+
+/// Why a member does not campaign now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// It promised a leader (or started less than one maximum promise
+    /// ago) until this instant.
+    Promised(Instant),
+    /// A roster exists and does not list it: it waits to be admitted.
+    NotOnRoster,
+    /// The roster could not be read: it cannot know whether it may.
+    Unknown,
+}
+
+/// One process's failsafe state (shared by the Elector, the peer listener
+/// and the application task).
+pub struct Failsafe {
+    election: String,
+    me: Member,
+    secret: Secret,
+    max_promise: Duration,
+    promises: Arc<Mutex<Promises>>,
+    /// Set while this member leads or has a campaign on the wire; read by
+    /// the peer listener under the promises' lock.
+    campaigning: Arc<AtomicBool>,
+    store: Arc<dyn RosterStore>,
+    /// The applications as last listed (the next roster's members).
+    applicants: Mutex<Vec<Member>>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for Failsafe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failsafe")
+            .field("me", &self.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Failsafe {
+    /// The failsafe of member `me` in `election`, started now: it campaigns
+    /// no sooner than `max_promise` from now (what an earlier process of
+    /// it promised has run out by then), and asks no more of its members.
+    pub fn new(
+        election: &str,
+        me: Member,
+        secret: Secret,
+        store: Arc<dyn RosterStore>,
+        max_promise: Duration,
+    ) -> Failsafe {
+        let promises = Promises::new(election, &me.identity, max_promise, Instant::now());
+        Failsafe {
+            election: election.to_owned(),
+            applicants: Mutex::new(vec![me.clone()]),
+            me,
+            secret,
+            max_promise,
+            promises: Arc::new(Mutex::new(promises)),
+            campaigning: Arc::new(AtomicBool::new(false)),
+            store,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// This member.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    /// The longest promise asked or given.
+    pub fn max_promise(&self) -> Duration {
+        self.max_promise
+    }
+
+    /// The peer listener's router (the heartbeat only).
+    pub fn router(&self) -> axum::Router {
+        peer::router(PeerState {
+            secret: self.secret.clone(),
+            promises: self.promises.clone(),
+            campaigning: {
+                let c = self.campaigning.clone();
+                Arc::new(move || c.load(Ordering::SeqCst))
+            },
+        })
+    }
+
+    /// Serve the peer listener on `listener` until `stop`.
+    ///
+    /// # Errors
+    /// The server's I/O error.
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        stop: CancellationToken,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    }
+
+    /// The gate before every campaign. `Ok`: campaign now; this member
+    /// refuses heartbeats from here until [`campaign_ended`](Self::campaign_ended)
+    /// (or, elected, until [`stepped_down`](Self::stepped_down)).
+    ///
+    /// # Errors
+    /// [`Hold`]: why not now.
+    pub async fn before_campaign(&self, call_timeout: Duration) -> Result<(), Hold> {
+        let until = self.promises.lock().expect("the promises lock").until();
+        if Instant::now() < until {
+            return Err(Hold::Promised(until));
+        }
+        let roster = tokio::time::timeout(call_timeout, self.store.roster()).await;
+        match roster {
+            Ok(Ok(Some(r))) if !r.may_campaign(&self.me.identity) => return Err(Hold::NotOnRoster),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                debug!(error = %e.report(), "cannot read the failsafe roster; not campaigning");
+                return Err(Hold::Unknown);
+            }
+            Err(_) => return Err(Hold::Unknown),
+        }
+        // Checked and set under the promises' lock, so no heartbeat is
+        // accepted between the check and the campaign.
+        let promises = self.promises.lock().expect("the promises lock");
+        if !promises.may_campaign(Instant::now()) {
+            return Err(Hold::Promised(promises.until()));
+        }
+        self.campaigning.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The campaign's answer came back (or it failed): heartbeats are
+    /// accepted again unless this member was `elected`.
+    pub fn campaign_ended(&self, elected: bool) {
+        if !elected {
+            self.campaigning.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// This member's term is over: heartbeats are accepted again.
+    pub fn stepped_down(&self) {
+        self.campaigning.store(false, Ordering::SeqCst);
+    }
+
+    /// A fencing token seen in the backend (heartbeats of older terms are refused).
+    pub fn saw_token(&self, token: u64) {
+        self.promises
+            .lock()
+            .expect("the promises lock")
+            .saw_token(token);
+    }
+
+    /// The leader this member promised last and until when (`None`: no
+    /// promise holds), so a follower keeps naming it while the backend is
+    /// silent.
+    pub fn vouched(&self) -> Option<(String, Instant)> {
+        let p = self.promises.lock().expect("the promises lock");
+        p.leader_at(Instant::now())
+            .map(|l| (l.to_owned(), p.until()))
+    }
+
+    /// The roster this member's next write of its term would carry:
+    /// itself and every application last listed.
+    pub fn peek_next(&self) -> Roster {
+        let members = self.applicants.lock().expect("the applicants lock").clone();
+        Roster::new(members.into_iter().chain([self.me.clone()]))
+    }
+
+    /// Stage `roster` for this member's next campaign or renewal.
+    pub fn stage(&self, roster: Roster) {
+        self.store.stage(&self.me.identity, roster);
+    }
+
+    /// [`peek_next`](Self::peek_next), staged.
+    pub fn stage_next(&self) -> Roster {
+        let roster = self.peek_next();
+        self.stage(roster.clone());
+        roster
+    }
+
+    /// Write this member's application and list the others, every `every`
+    /// until `stop`; withdraw it at the end.
+    pub async fn keep_applying(
+        &self,
+        every: Duration,
+        call_timeout: Duration,
+        stop: CancellationToken,
+    ) {
+        let ttl = every * 3;
+        loop {
+            let apply = tokio::time::timeout(call_timeout, self.store.apply(&self.me, ttl)).await;
+            if let Ok(Err(e)) = apply {
+                debug!(error = %e.report(), "could not write the failsafe application");
+            }
+            if let Ok(Ok(list)) = tokio::time::timeout(call_timeout, self.store.applicants()).await
+            {
+                *self.applicants.lock().expect("the applicants lock") = list;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+        let _ = tokio::time::timeout(call_timeout, self.store.withdraw(&self.me.identity)).await;
+    }
+
+    /// One round of heartbeats from this leader (term `fencing_token`) to
+    /// every member `confirm` requires, at the addresses in `addresses`,
+    /// each answer awaited at most `wait`. Returns the send instant and the
+    /// acknowledgements (member, promise) to count.
+    pub async fn heartbeat_round(
+        &self,
+        confirm: &Confirmations,
+        addresses: &BTreeMap<String, String>,
+        fencing_token: u64,
+        wait: Duration,
+    ) -> (Instant, Vec<(String, Duration)>) {
+        let hb = Heartbeat {
+            election: self.election.clone(),
+            leader: self.me.identity.clone(),
+            fencing_token,
+            promise_ms: self.max_promise.as_millis() as u64,
+        };
+        let sent = Instant::now();
+        let sends = confirm.required().filter_map(|id| {
+            let addr = addresses.get(id)?;
+            let (hb, id) = (&hb, id.to_owned());
+            Some(async move {
+                let ack = peer::send(&self.client, addr, &self.secret, hb, wait).await;
+                ack.filter(|a| a.member == id)
+                    .map(|a| (id, Duration::from_millis(a.promise_ms)))
+            })
+        });
+        let acks = join_all(sends).await.into_iter().flatten().collect();
+        (sent, acks)
+    }
+}
