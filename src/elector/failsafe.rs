@@ -36,6 +36,9 @@ pub(super) struct Guard {
     pub(super) lease_until: Instant,
     /// The next heartbeat round, while failsafe is active.
     pub(super) next_heartbeat: Option<Instant>,
+    /// Members whose refusal was warned of this term (once each, until
+    /// they confirm again).
+    warned: std::collections::BTreeSet<String>,
 }
 
 impl Guard {
@@ -163,6 +166,7 @@ impl Elector {
             acked: roster.clone(),
             lease_until,
             next_heartbeat: None,
+            warned: Default::default(),
         };
         g.remember(&roster);
         Some(g)
@@ -236,8 +240,18 @@ impl Elector {
         if now >= g.lease_until && g.confirm.expire(now, margin) {
             return None;
         }
-        for (member, promise) in acks {
-            g.confirm.confirmed(&member, sent, promise);
+        for (member, answer) in acks {
+            match answer {
+                Ok(promise) => {
+                    g.warned.remove(&member);
+                    g.confirm.confirmed(&member, sent, promise);
+                }
+                Err(why) => {
+                    if g.warned.insert(member.clone()) {
+                        warn!(election = %self.cfg.election, %member, reason = %why, "a roster member did not confirm this leader; failsafe ends at its last promise");
+                    }
+                }
+            }
         }
         let bound = g.confirm.valid_until(margin);
         let claim = bound.map_or(g.lease_until, |b| b.max(g.lease_until));

@@ -225,15 +225,15 @@ impl Failsafe {
 
     /// One round of heartbeats from this leader (term `fencing_token`) to
     /// every member `confirm` requires, at the addresses in `addresses`,
-    /// each answer awaited at most `wait`. Returns the send instant and the
-    /// acknowledgements (member, promise) to count.
+    /// each answer awaited at most `wait`. Returns the send instant and, per
+    /// member, its promise to count or why it cannot be counted.
     pub async fn heartbeat_round(
         &self,
         confirm: &Confirmations,
         addresses: &BTreeMap<String, String>,
         fencing_token: u64,
         wait: Duration,
-    ) -> (Instant, Vec<(String, Duration)>) {
+    ) -> (Instant, Vec<(String, Result<Duration, String>)>) {
         let hb = Heartbeat {
             election: self.election.clone(),
             leader: self.me.identity.clone(),
@@ -246,11 +246,18 @@ impl Failsafe {
             let (hb, id) = (&hb, id.to_owned());
             Some(async move {
                 let ack = peer::send(&self.client, addr, &self.secret, hb, wait).await;
-                ack.filter(|a| a.member == id)
-                    .map(|a| (id, Duration::from_millis(a.promise_ms)))
+                let promise = ack.and_then(|a| {
+                    if a.member == id {
+                        Ok(Duration::from_millis(a.promise_ms))
+                    } else {
+                        Err(format!("{addr} answered as {:?}, not {id:?}", a.member))
+                    }
+                });
+                Some((id, promise))
             })
         });
-        let acks = join_all(sends).await.into_iter().flatten().collect();
+        let acks = join_all(sends).await;
+        let acks = acks.into_iter().flatten().collect();
         (sent, acks)
     }
 }

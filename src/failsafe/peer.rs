@@ -108,6 +108,21 @@ pub struct PeerState {
     pub campaigning: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
+/// Say (at most once a minute per process) that a heartbeat was refused
+/// for its secret: the leader's `--failsafe-secret-file` differs from this
+/// member's, so this member never confirms it, and in an outage the leader
+/// steps down at once.
+fn warn_refused_secret() {
+    static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+        *last = Some(std::time::Instant::now());
+        tracing::warn!(
+            "refused a failsafe heartbeat with a missing or wrong secret (401): the leader's --failsafe-secret-file differs from this member's, so this member cannot confirm it during an outage"
+        );
+    }
+}
+
 /// The peer listener's router: `POST /failsafe/heartbeat` only.
 pub fn router(state: PeerState) -> Router {
     Router::new()
@@ -121,6 +136,7 @@ async fn heartbeat(
     body: axum::body::Bytes,
 ) -> Response {
     if !st.secret.admits(&headers) {
+        warn_refused_secret();
         let msg = "missing or wrong failsafe secret (Authorization: Bearer)";
         return (
             StatusCode::UNAUTHORIZED,
@@ -158,15 +174,19 @@ async fn heartbeat(
 }
 
 /// Sends `hb` to the member at `peer_addr` and returns its
-/// acknowledgement, or `None` when it refused, did not answer within
-/// `timeout`, or answered anything else (the leader cannot count it).
+/// acknowledgement.
+///
+/// # Errors
+/// Why the leader cannot count it, in words for the log: no answer within
+/// `timeout` or no connection, a refusal (401: the secrets differ; 409:
+/// the member's reason), or an answer that is not an acknowledgement.
 pub async fn send(
     client: &reqwest::Client,
     peer_addr: &str,
     secret: &Secret,
     hb: &Heartbeat,
     timeout: Duration,
-) -> Option<Ack> {
+) -> Result<Ack, String> {
     let url = format!("http://{peer_addr}{HEARTBEAT_PATH}");
     let resp = client
         .post(url)
@@ -175,9 +195,24 @@ pub async fn send(
         .timeout(timeout)
         .send()
         .await
-        .ok()?;
-    if resp.status() != StatusCode::OK {
-        return None;
+        .map_err(|e| {
+            if e.is_timeout() {
+                format!("no answer from {peer_addr} within {timeout:?}")
+            } else {
+                format!("cannot reach {peer_addr}: {e}")
+            }
+        })?;
+    match resp.status() {
+        StatusCode::OK => resp
+            .json::<Ack>()
+            .await
+            .map_err(|e| format!("{peer_addr} answered 200 without an acknowledgement: {e}")),
+        StatusCode::UNAUTHORIZED => Err(format!(
+            "{peer_addr} refused the secret (401): the members' --failsafe-secret-file differ"
+        )),
+        status => {
+            let body = resp.text().await.unwrap_or_default();
+            Err(format!("{peer_addr} answered {status}: {}", body.trim()))
+        }
     }
-    resp.json::<Ack>().await.ok()
 }

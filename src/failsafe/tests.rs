@@ -197,12 +197,16 @@ async fn the_client_counts_an_ack_only_with_the_right_secret_over_a_socket() {
     let client = reqwest::Client::new();
     let wait = Duration::from_secs(5);
     let wrong = Secret::new(b"fedcba9876543210").unwrap();
-    let none = super::peer::send(&client, &addr, &wrong, &hb(1), wait).await;
-    assert_eq!(none, None, "a wrong secret is not counted");
+    let refused = super::peer::send(&client, &addr, &wrong, &hb(1), wait).await;
+    let why = refused.expect_err("a wrong secret is not counted");
+    assert!(
+        why.contains("401") && why.contains("--failsafe-secret-file"),
+        "{why}"
+    );
     assert!(promises.lock().unwrap().may_campaign(Instant::now()));
     let right = Secret::new(b"0123456789abcdef").unwrap();
     let ack = super::peer::send(&client, &addr, &right, &hb(1), wait).await;
-    assert_eq!(ack.map(|a| a.promise_ms), Some(3000));
+    assert_eq!(ack.map(|a| a.promise_ms), Ok(3000));
     assert!(!promises.lock().unwrap().may_campaign(Instant::now()));
     server.abort();
 }
