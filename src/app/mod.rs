@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, info_span, warn};
 
-use crate::backend::LeaseBackend;
+use crate::backend::registry::Connected;
 use crate::config::Config;
 use crate::control::{ControlState, control_router};
 use crate::coord::http::CoordState;
@@ -81,7 +81,8 @@ pub enum RunError {
 /// metrics set up, listeners bound; nothing spawned yet.
 pub struct App {
     cfg: Config,
-    backend: Arc<dyn LeaseBackend>,
+    /// The election backend, its registry and its controls.
+    backend: Connected,
     metrics: Arc<Metrics>,
     serving: Serving,
 }
@@ -105,8 +106,12 @@ impl App {
     pub async fn build(cfg: Config) -> Result<App, RunError> {
         let (backend, coordinator) = connect(cfg.backend.as_ref())?;
         let registry = Registry::new();
-        let metrics = Metrics::new(registry.clone(), &cfg.elector.election, backend.name())
-            .map_err(RunError::Metrics)?;
+        let metrics = Metrics::new(
+            registry.clone(),
+            &cfg.elector.election,
+            backend.election.name(),
+        )
+        .map_err(RunError::Metrics)?;
         let listener = bind("--http-addr", cfg.http_addr).await?;
         let control_listener = match cfg.control_addr {
             Some(addr) => Some(bind("--control-addr", addr).await?),
@@ -180,7 +185,7 @@ impl App {
         info!(
             election = %cfg.elector.election,
             identity = %cfg.elector.identity,
-            backend = self.backend.name(),
+            backend = self.backend.election.name(),
             http_addr = %self.http_addr(),
             control_addr = %self.control_addr().map(|a| a.to_string()).unwrap_or_default(),
             // Whole milliseconds: a third of 5s is 1s 666ms, not 1s 666ms 666us 666ns.
@@ -193,9 +198,9 @@ impl App {
     /// Spawn every task into the table, in shutdown order.
     async fn spawn(self, shutdown: &CancellationToken, http_stop: &CancellationToken) -> Tasks {
         let cfg = &self.cfg;
-        let (elector, state) = Elector::new(
+        let (elector, state) = Elector::connected(
             cfg.elector.clone(),
-            self.backend,
+            &self.backend,
             Some(self.metrics.clone()),
         );
         let handle = elector.handle();

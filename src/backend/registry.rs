@@ -21,8 +21,8 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::{PossibleValue, PossibleValuesParser};
 
-use super::LeaseBackend;
 use super::coordination::Coordinator;
+use super::{CandidateRegistry, ControlStore, LeaseBackend};
 use crate::flags::{ConfigError, config_error};
 
 /// The backend choice and every backend's connection flags: one group,
@@ -143,6 +143,12 @@ pub struct Connected {
     /// The coordination API over the same connection; `None` when the
     /// backend serves none.
     pub coordination: Option<Box<dyn Coordinator>>,
+    /// The candidate registry over the same connection; `None` when the
+    /// backend keeps none (the Elector then names no successor).
+    pub registry: Option<Arc<dyn CandidateRegistry>>,
+    /// The operator controls over the same connection; `None` when the
+    /// backend keeps none (never paused; `pause` and `switchover` refused).
+    pub controls: Option<Arc<dyn ControlStore>>,
 }
 
 fn backend_names() -> PossibleValuesParser {

@@ -715,5 +715,4 @@ async fn a_graceful_handover_costs_one_release_one_campaign_and_the_record() {
         .collect();
     println!("one graceful handover on etcd: {}", moved.join(", "));
     assert!(d("LeaseRevoke") <= 2.0, "{moved:?}");
-
 }

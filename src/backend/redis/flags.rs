@@ -155,6 +155,8 @@ impl Settings for RedisSettings {
         let backend = RedisBackend::new(&self.prefix, &self.election, self.options.clone())?;
         let coord = RedisCoord::new(backend.clone());
         Ok(Connected {
+            registry: Some(backend.clone()),
+            controls: Some(backend.clone()),
             election: backend,
             coordination: Some(Box::new(coord)),
         })
