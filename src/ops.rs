@@ -5,7 +5,7 @@
 //! `pause`, `resume` and `switchover` (the operator controls, `controls`).
 //!
 //! Invariant: these commands never campaign, renew or resign. `status` and
-//! `observe` only read, through the same [`LeaseBackend`] as the sidecar
+//! `observe` only read, through the same [`LeaseBackend`](crate::backend::LeaseBackend) as the sidecar
 //! (`inspect`, `read`, `watch`), so running them cannot change who leads;
 //! the control commands write the election's controls only, which the
 //! sidecars follow.

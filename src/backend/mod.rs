@@ -1,7 +1,10 @@
 //! The backend seam: the [`LeaseBackend`] trait with the four verbs every
 //! coordination backend offers (campaign, renew, release, watch), the values
 //! they exchange ([`Term`], [`Holder`], [`Campaign`], [`Renewal`]) and the
-//! shared [`BackendError`].
+//! shared [`BackendError`]. The capabilities a backend may keep beside the
+//! term, the candidate registry and the operator controls, are traits of
+//! their own ([`CandidateRegistry`], [`ControlStore`]), delivered as
+//! `Option`s of [`registry::Connected`].
 //!
 //! Invariant: backends never sleep, never spawn tasks and never decide when to
 //! call themselves. The [`crate::elector::Elector`] owns all timing, wraps

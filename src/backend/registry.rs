@@ -326,6 +326,35 @@ mod tests {
         assert_eq!(resolve(&f.b, &common).unwrap().name(), "etcd");
     }
 
+    /// Every backend that keeps a candidate registry and operator controls
+    /// delivers them beside the election, over the same connection.
+    #[tokio::test]
+    async fn the_registry_and_the_controls_come_with_the_election() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            b: BackendArgs,
+        }
+        let common = Common {
+            election: "e".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: None,
+            call_timeout: Duration::from_secs(3),
+        };
+        for flag in [
+            "--etcd-endpoints=http://127.0.0.1:2379",
+            "--redis-url=redis://127.0.0.1:6379",
+        ] {
+            let f = Flags::parse_from(["x", flag]);
+            let c = resolve(&f.b, &common).unwrap().connect().unwrap();
+            let name = c.election.name();
+            assert!(c.registry.is_some(), "{name} keeps a registry");
+            assert!(c.controls.is_some(), "{name} keeps controls");
+            assert!(c.coordination.is_some(), "{name} serves coordination");
+        }
+    }
+
     #[test]
     fn a_backend_without_coordination_names_those_with_it() {
         let m = unserved_message("kubernetes");
