@@ -66,7 +66,11 @@ async fn main() -> anyhow::Result<()> {
     // Elector wants (it owns retries and deadlines).
     let client = build_kube_client(config)?;
     let backend = KubeLeaseBackend::with_client(client.clone(), &namespace, &election);
-    let (mut elector, mut state) = Elector::builder(backend)
+    // The Lease backend also keeps the candidate registry and the operator
+    // controls (pause, switchover): the same backend serves all three.
+    let (mut elector, mut state) = Elector::builder(backend.clone())
+        .registry(backend.clone())
+        .controls(backend)
         .election(&election)
         .lease_duration(Duration::from_secs(lease_seconds))
         .build()?;

@@ -292,9 +292,9 @@ mod tests {
 
     fn router() -> Router {
         let cfg = crate::elector::ElectorConfig::new("e", "me", Duration::from_secs(3));
-        let (elector, state) = crate::elector::Elector::new(
+        let (elector, state) = crate::elector::Elector::connected(
             cfg,
-            std::sync::Arc::new(crate::backend::memory::MemoryBackend::new()),
+            &crate::backend::memory::MemoryBackend::new().connected(),
             None,
         );
         control_router(ControlState {
@@ -403,9 +403,9 @@ mod tests {
             completed_retention: Duration::from_secs(60),
         };
         let cfg = crate::elector::ElectorConfig::new("e", "me", Duration::from_secs(3));
-        let (elector, state) = crate::elector::Elector::new(
+        let (elector, state) = crate::elector::Elector::connected(
             cfg,
-            std::sync::Arc::new(crate::backend::memory::MemoryBackend::new()),
+            &crate::backend::memory::MemoryBackend::new().connected(),
             None,
         );
         let app = control_router(ControlState {

@@ -24,8 +24,8 @@ const ACTED: &str = "REACHED THE COORDINATION BACKEND";
 #[tokio::test]
 async fn every_route_refuses_hostile_input_naming_the_field_and_acts_on_nothing() {
     let cfg = ElectorConfig::new("e", "me", Duration::from_secs(3));
-    let backend = Arc::new(crate::backend::memory::MemoryBackend::new());
-    let (elector, mut state) = Elector::new(cfg, backend, None);
+    let backend = crate::backend::memory::MemoryBackend::new().connected();
+    let (elector, mut state) = Elector::connected(cfg, &backend, None);
     let handle = elector.handle();
     let stop = CancellationToken::new();
     let run = tokio::spawn(elector.run(stop.clone()));

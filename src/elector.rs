@@ -57,6 +57,7 @@ use tracing::{debug, info};
 
 use crate::backend::candidates::Candidate;
 use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Term, WaitReason};
+use crate::backend::{CandidateRegistry, ControlStore};
 pub use builder::{DEFAULT_LEASE_DURATION, ElectorBuilder};
 use config::{Backoff, jitter};
 pub use config::{DEFAULT_PREEMPT_AFTER, ElectorConfig, ElectorConfigError, Standing};
@@ -92,8 +93,12 @@ enum Command {
 #[derive(Clone)]
 pub struct ElectorHandle {
     tx: mpsc::Sender<Command>,
-    /// To check a switchover's target against the candidate registry.
+    /// The backend, for its name in errors.
     backend: Arc<dyn LeaseBackend>,
+    /// To check a switchover's target; `None`: the backend keeps no registry.
+    registry: Option<Arc<dyn CandidateRegistry>>,
+    /// To follow the controls and write a pin; `None`: it keeps none.
+    controls: Option<Arc<dyn ControlStore>>,
     state: watch::Receiver<LeaderState>,
     call_timeout: Duration,
 }
@@ -153,6 +158,11 @@ impl ElectorHandle {
 pub struct Elector {
     cfg: ElectorConfig,
     backend: Arc<dyn LeaseBackend>,
+    /// The candidate registry (`None`: the backend keeps none, and the
+    /// Elector names no successor).
+    registry: Option<Arc<dyn CandidateRegistry>>,
+    /// The operator controls (`None`: never paused, no switchover).
+    controls: Option<Arc<dyn ControlStore>>,
     /// The one writer of the published state and events.
     publisher: Publisher,
     backoff: Backoff,
@@ -213,6 +223,8 @@ impl Elector {
             Elector {
                 cfg,
                 backend,
+                registry: None,
+                controls: None,
                 publisher,
                 backoff,
                 abandoned: None,
@@ -237,6 +249,8 @@ impl Elector {
         ElectorHandle {
             tx: self.commands_tx.clone(),
             backend: self.backend.clone(),
+            registry: self.registry.clone(),
+            controls: self.controls.clone(),
             state: self.publisher.watch_state(),
             call_timeout: self.cfg.call_timeout(),
         }
@@ -321,9 +335,7 @@ impl Elector {
         }
         if let Some(registry) = registry {
             let limit = self.cfg.call_timeout();
-            registry
-                .withdraw(&*backend, &self.cfg.identity, limit)
-                .await;
+            registry.withdraw(&self.cfg.identity, limit).await;
         }
     }
 
@@ -332,7 +344,7 @@ impl Elector {
     fn start_registry(&self, shutdown: &CancellationToken) -> Option<registry::Registry> {
         registry::Registry::start(
             shutdown,
-            self.backend.clone(),
+            self.registry.clone(),
             Candidate {
                 priority: self.cfg.standing.priority,
                 revision: self.cfg.standing.revision.clone(),

@@ -17,7 +17,10 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! // The Lease "my-operator" in the kubeconfig's (or the Pod's) namespace.
 //! let backend = KubeLeaseBackend::new("my-operator", KubeOptions::default());
-//! let (elector, mut state) = Elector::builder(backend)
+//! // It also keeps the candidate registry and the operator controls.
+//! let (elector, mut state) = Elector::builder(backend.clone())
+//!     .registry(backend.clone())
+//!     .controls(backend)
 //!     .election("my-operator")
 //!     .lease_duration(Duration::from_secs(15))
 //!     .renew_interval(Duration::from_secs(5))

@@ -5,7 +5,7 @@
 //! `pause`, `resume` and `switchover` (the operator controls, `controls`).
 //!
 //! Invariant: these commands never campaign, renew or resign. `status` and
-//! `observe` only read, through the same [`LeaseBackend`] as the sidecar
+//! `observe` only read, through the same [`LeaseBackend`](crate::backend::LeaseBackend) as the sidecar
 //! (`inspect`, `read`, `watch`), so running them cannot change who leads;
 //! the control commands write the election's controls only, which the
 //! sidecars follow.
@@ -22,14 +22,13 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use serde::Serialize;
 
-use crate::backend::registry::{self, BackendArgs, Common};
-use crate::backend::{Holder, LeaseBackend};
+use crate::backend::Holder;
+use crate::backend::registry::{self, BackendArgs, Common, Connected};
 use crate::config::{check_election, parse_duration};
 
 mod candidates;
@@ -131,7 +130,7 @@ impl Report {
 /// `leader-elector status`: read once, print, exit with the status code.
 pub fn status_main(cli: &OpsCli) -> ExitCode {
     block_on(cli, |backend| async move {
-        status(cli, backend.as_ref(), &mut std::io::stdout()).await
+        status(cli, &backend, &mut std::io::stdout()).await
     })
 }
 
@@ -139,7 +138,7 @@ pub fn status_main(cli: &OpsCli) -> ExitCode {
 pub fn observe_main(cli: &OpsCli) -> ExitCode {
     block_on(cli, |backend| async move {
         let out = &mut std::io::stdout();
-        observe(cli, backend.as_ref(), out, shutdown_signal()).await
+        observe(cli, backend.election.as_ref(), out, shutdown_signal()).await
     })
 }
 
@@ -147,7 +146,7 @@ pub fn observe_main(cli: &OpsCli) -> ExitCode {
 /// runtime (exit 1 when the runtime cannot start).
 fn block_on<F, Fut>(cli: &OpsCli, command: F) -> ExitCode
 where
-    F: FnOnce(Arc<dyn LeaseBackend>) -> Fut,
+    F: FnOnce(Connected) -> Fut,
     Fut: std::future::Future<Output = u8>,
 {
     let backend = match connect(cli) {
@@ -179,7 +178,7 @@ const ASSUMED_LEASE_DURATION: Duration = Duration::from_secs(15);
 ///
 /// # Errors
 /// The configuration error's message, naming the flag.
-pub fn connect(cli: &OpsCli) -> Result<Arc<dyn LeaseBackend>, String> {
+pub fn connect(cli: &OpsCli) -> Result<Connected, String> {
     check_election(&cli.election).map_err(|e| e.to_string())?;
     let common = Common {
         election: cli.election.clone(),
@@ -188,12 +187,12 @@ pub fn connect(cli: &OpsCli) -> Result<Arc<dyn LeaseBackend>, String> {
         call_timeout: cli.timeout,
     };
     let settings = registry::resolve(&cli.store, &common).map_err(|e| e.to_string())?;
-    let connected = settings.connect()?;
-    Ok(connected.election)
+    settings.connect()
 }
 
 /// `status`: read once, print, and return the exit code.
-pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Write) -> u8 {
+pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) -> u8 {
+    let backend = connected.election.as_ref();
     let holder = match tokio::time::timeout(cli.timeout, backend.inspect()).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
@@ -210,10 +209,10 @@ pub async fn status(cli: &OpsCli, backend: &dyn LeaseBackend, out: &mut dyn Writ
         }
     };
     let mut report = Report::new(&cli.election, backend.name(), holder.as_ref());
-    let controls = controls::paused(backend, cli.timeout).await;
+    let controls = controls::paused(connected, cli.timeout).await;
     report.paused = controls.as_ref().map(|c| c.0);
     report.pinned = controls.and_then(|c| c.1);
-    report.candidates = candidates::read(backend, cli.timeout).await;
+    report.candidates = candidates::read(connected.registry.as_deref(), cli.timeout).await;
     let text = match cli.output {
         Output::Json => serde_json::to_string(&report).unwrap_or_default(),
         Output::Table => {
@@ -277,8 +276,8 @@ fn table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Campaign;
     use crate::backend::memory::MemoryBackend;
+    use crate::backend::{Campaign, LeaseBackend};
 
     fn cli(output: &str) -> OpsCli {
         OpsCli::try_parse_from(["status", "--election", "billing", "-o", output]).unwrap()
@@ -313,7 +312,7 @@ mod tests {
         let backend = MemoryBackend::new();
         let mut out = Vec::new();
         assert_eq!(
-            status(&cli("json"), &backend, &mut out).await,
+            status(&cli("json"), &backend.connected(), &mut out).await,
             EXIT_NO_LEADER
         );
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
@@ -329,7 +328,7 @@ mod tests {
             panic!("the free memory backend did not elect");
         };
         let mut out = Vec::new();
-        assert_eq!(status(&c, &backend, &mut out).await, 0);
+        assert_eq!(status(&c, &backend.connected(), &mut out).await, 0);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["leader"], "pod-a");
         assert!(v["fencing_token"].as_u64().is_some(), "{v}");

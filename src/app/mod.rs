@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, info_span, warn};
 
-use crate::backend::LeaseBackend;
+use crate::backend::registry::Connected;
 use crate::config::Config;
 use crate::control::{ControlState, control_router};
 use crate::coord::http::CoordState;
@@ -82,7 +82,8 @@ pub enum RunError {
 /// metrics set up, listeners bound; nothing spawned yet.
 pub struct App {
     cfg: Config,
-    backend: Arc<dyn LeaseBackend>,
+    /// The election backend, its registry and its controls.
+    backend: Connected,
     metrics: Arc<Metrics>,
     serving: Serving,
     /// Failsafe and its peer listener (`None`: off).
@@ -106,11 +107,15 @@ impl App {
     /// [`RunError::Metrics`] when metrics cannot be registered,
     /// [`RunError::Bind`] naming the flag whose address cannot be bound.
     pub async fn build(cfg: Config) -> Result<App, RunError> {
-        let (backend, coordinator, roster) = connect(cfg.backend.as_ref())?;
-        let failsafe = failsafe_tasks::build(&cfg, roster).await?;
+        let (backend, coordinator) = connect(cfg.backend.as_ref())?;
+        let failsafe = failsafe_tasks::build(&cfg, backend.roster.clone()).await?;
         let registry = Registry::new();
-        let metrics = Metrics::new(registry.clone(), &cfg.elector.election, backend.name())
-            .map_err(RunError::Metrics)?;
+        let metrics = Metrics::new(
+            registry.clone(),
+            &cfg.elector.election,
+            backend.election.name(),
+        )
+        .map_err(RunError::Metrics)?;
         let listener = bind("--http-addr", cfg.http_addr).await?;
         let control_listener = match cfg.control_addr {
             Some(addr) => Some(bind("--control-addr", addr).await?),
@@ -185,7 +190,7 @@ impl App {
         info!(
             election = %cfg.elector.election,
             identity = %cfg.elector.identity,
-            backend = self.backend.name(),
+            backend = self.backend.election.name(),
             http_addr = %self.http_addr(),
             control_addr = %self.control_addr().map(|a| a.to_string()).unwrap_or_default(),
             // Whole milliseconds: a third of 5s is 1s 666ms, not 1s 666ms 666us 666ns.
@@ -198,8 +203,8 @@ impl App {
     /// Spawn every task into the table, in shutdown order.
     async fn spawn(self, shutdown: &CancellationToken, http_stop: &CancellationToken) -> Tasks {
         let cfg = &self.cfg;
-        let observer: Arc<dyn crate::elector::Observer> = self.metrics.clone();
-        let (elector, state) = Elector::new(cfg.elector.clone(), self.backend, Some(observer));
+        let observer: Option<Arc<dyn crate::elector::Observer>> = Some(self.metrics.clone());
+        let (elector, state) = Elector::connected(cfg.elector.clone(), &self.backend, observer);
         let handle = elector.handle();
         let mut tasks = Tasks::default();
         let stops = (shutdown, http_stop);

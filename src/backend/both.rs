@@ -34,10 +34,15 @@ use super::WaitReason;
 use super::candidates::{Candidate, Listed};
 use super::controls::Controls;
 use super::{About, Campaign, Holder, LeaseBackend, Renewal, Result, Term, TermId};
+use super::{CandidateRegistry, ControlStore};
 
 /// One election on a primary and a bridge lock (see the module docs).
 pub struct Both {
     primary: Arc<dyn LeaseBackend>,
+    /// The primary's registry (the same backend as `primary`).
+    registry: Arc<dyn CandidateRegistry>,
+    /// The primary's controls (the same backend as `primary`).
+    controls: Arc<dyn ControlStore>,
     bridge: Arc<dyn LeaseBackend>,
     state: Mutex<State>,
 }
@@ -63,10 +68,15 @@ impl std::fmt::Debug for Both {
 }
 
 impl Both {
-    /// An election on `primary` (term, fencing token, holder) that also
-    /// holds `bridge`.
-    pub fn new(primary: Arc<dyn LeaseBackend>, bridge: Arc<dyn LeaseBackend>) -> Arc<Both> {
+    /// An election on `primary` (term, fencing token, holder, and the
+    /// registry and controls it keeps) that also holds `bridge`.
+    pub fn new<P>(primary: Arc<P>, bridge: Arc<dyn LeaseBackend>) -> Arc<Both>
+    where
+        P: LeaseBackend + CandidateRegistry + ControlStore + 'static,
+    {
         Arc::new(Both {
+            registry: primary.clone(),
+            controls: primary.clone(),
             primary,
             bridge,
             state: Mutex::new(State::default()),
@@ -100,7 +110,7 @@ impl Both {
         let Some(answer) = self.state(|s| s.paused.clone()) else {
             return Ok(None);
         };
-        if self.primary.controls().await?.paused {
+        if self.controls.controls().await?.paused {
             return Ok(Some(answer));
         }
         self.state(|s| s.paused = None);
@@ -234,50 +244,48 @@ impl LeaseBackend for Both {
             self.primary.heard_at(holder)
         }
     }
+}
 
-    // The candidate registry is the primary's (its release names the
-    // successor).
-    fn has_registry(&self) -> bool {
-        self.primary.has_registry()
-    }
-
+// The candidate registry is the primary's (its release names the
+// successor).
+#[async_trait]
+impl CandidateRegistry for Both {
     async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
-        self.primary.publish_candidate(candidate, ttl).await
+        self.registry.publish_candidate(candidate, ttl).await
     }
 
     async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
-        self.primary.withdraw_candidate(identity).await
+        self.registry.withdraw_candidate(identity).await
     }
 
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
-        self.primary.candidates().await
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        self.registry.candidates().await
     }
 
     async fn watch_candidates(&self) -> Result<()> {
-        self.primary.watch_candidates().await
+        self.registry.watch_candidates().await
     }
+}
 
-    // The operator controls are the primary's too: its campaign, which
-    // decides the election, honours the pause (a bridge taken first is
-    // given back at once, as on any primary refusal).
-    fn has_controls(&self) -> bool {
-        self.primary.has_controls()
-    }
-
+// The operator controls are the primary's too: its campaign, which
+// decides the election, honours the pause (a bridge taken first is
+// given back at once, as on any primary refusal).
+#[async_trait]
+impl ControlStore for Both {
     async fn controls(&self) -> Result<Controls> {
-        self.primary.controls().await
+        self.controls.controls().await
     }
 
     async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
-        self.primary.watch_controls(seen).await
+        self.controls.watch_controls(seen).await
     }
 
     async fn set_paused(&self, paused: bool) -> Result<()> {
-        self.primary.set_paused(paused).await
+        self.controls.set_paused(paused).await
     }
 
     async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
-        self.primary.request_switchover(to).await
+        self.controls.request_switchover(to).await
     }
 }
 

@@ -3,6 +3,7 @@ use async_trait::async_trait;
 use super::*;
 use crate::backend::LostReason;
 use crate::backend::memory::MemoryBackend;
+use crate::backend::{CandidateRegistry, ControlStore};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -131,16 +132,49 @@ impl LeaseBackend for Pausable {
     async fn watch(&self, seen: &Holder) -> Result<()> {
         self.inner.watch(seen).await
     }
+}
 
-    fn has_controls(&self) -> bool {
-        true
+/// No registry of its own: the memory backend's.
+#[async_trait]
+impl CandidateRegistry for Pausable {
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.inner.publish_candidate(candidate, ttl).await
     }
 
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.inner.withdraw_candidate(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        self.inner.candidates().await
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        self.inner.watch_candidates().await
+    }
+}
+
+#[async_trait]
+impl ControlStore for Pausable {
     async fn controls(&self) -> Result<Controls> {
         Ok(Controls {
             paused: self.paused.load(std::sync::atomic::Ordering::SeqCst),
             switchover: None,
         })
+    }
+
+    async fn watch_controls(&self, _: &Controls) -> Result<Controls> {
+        std::future::pending().await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.paused
+            .store(paused, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn request_switchover(&self, _: Option<&str>) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -155,7 +189,6 @@ async fn a_paused_primary_leaves_the_bridge_alone() {
         paused: true.into(),
     });
     let both = Both::new(p.clone(), Arc::new(b.clone()));
-    assert!(both.has_controls());
     assert!(both.controls().await.unwrap().paused);
     for round in 0..3 {
         match both.campaign("a", TTL, None).await {

@@ -2,10 +2,10 @@
 //! with a TTL while it runs, so that a releasing leader can name its
 //! successor ([`best_candidate`]) although followers send nothing at rest.
 //!
-//! Backends without a registry keep the defaults of
-//! [`LeaseBackend`](super::LeaseBackend)'s registry methods (nothing is
-//! published, the list is `None`) and hand over as before: the release
-//! names nobody and every follower may take the term at once.
+//! A backend keeps it by implementing [`CandidateRegistry`](super::CandidateRegistry),
+//! delivered as [`Connected::registry`](super::registry::Connected::registry);
+//! without one (`None`) nothing is published and a release names nobody:
+//! every follower may take the term at once.
 //!
 //! Invariant: a successor is only a hint written beside a release. Who
 //! leads next is still decided by the backend's compare-and-swap and the

@@ -2,7 +2,7 @@
 //! election key: a pause marker and a switchover request. Anyone with
 //! access to the backend sets them (`leader-elector pause|resume|switchover`);
 //! every sidecar of the election follows them
-//! ([`LeaseBackend::watch_controls`](super::LeaseBackend::watch_controls)).
+//! ([`ControlStore::watch_controls`](super::ControlStore::watch_controls)).
 //!
 //! Invariants:
 //! - While [`Controls::paused`], a backend never starts a new term: its

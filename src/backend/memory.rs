@@ -20,6 +20,7 @@ use super::{
     About, BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
     WaitReason,
 };
+use super::{CandidateRegistry, ControlStore};
 
 /// The in-memory backend's name and advice (it has no TLS, credentials or refusals).
 pub const ABOUT: &About = &About {
@@ -82,6 +83,19 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// This backend connected as a backend row connects: the election, its
+    /// registry, its controls and its failsafe roster, all this same key (no
+    /// coordination).
+    pub fn connected(&self) -> super::registry::Connected {
+        super::registry::Connected {
+            election: Arc::new(self.clone()),
+            coordination: None,
+            registry: Some(Arc::new(self.clone())),
+            controls: Some(Arc::new(self.clone())),
+            roster: Some(Arc::new(self.clone())),
+        }
+    }
+
     /// An empty key.
     pub fn new() -> Self {
         MemoryBackend {
@@ -355,11 +369,10 @@ impl LeaseBackend for MemoryBackend {
             }
         }
     }
+}
 
-    fn has_registry(&self) -> bool {
-        true
-    }
-
+#[async_trait]
+impl CandidateRegistry for MemoryBackend {
     async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
         let mut inner = self.check()?;
         let now = Instant::now();
@@ -395,7 +408,7 @@ impl LeaseBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
+    async fn candidates(&self) -> Result<Vec<Listed>> {
         let inner = self.check()?;
         let now = Instant::now();
         let listed = inner.candidates.iter().map(|(c, at, ttl, created)| Listed {
@@ -405,7 +418,7 @@ impl LeaseBackend for MemoryBackend {
             created: Some(*created),
             written_ago: None,
         });
-        Ok(Some(listed.collect()))
+        Ok(listed.collect())
     }
 
     async fn watch_candidates(&self) -> Result<()> {
@@ -413,11 +426,10 @@ impl LeaseBackend for MemoryBackend {
         let _ = rx.changed().await;
         self.check().map(|_| ())
     }
+}
 
-    fn has_controls(&self) -> bool {
-        true
-    }
-
+#[async_trait]
+impl ControlStore for MemoryBackend {
     async fn controls(&self) -> Result<Controls> {
         drop(self.check()?);
         Ok(self.controls.borrow().clone())

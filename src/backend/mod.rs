@@ -1,7 +1,10 @@
 //! The backend seam: the [`LeaseBackend`] trait with the four verbs every
 //! coordination backend offers (campaign, renew, release, watch), the values
 //! they exchange ([`Term`], [`Holder`], [`Campaign`], [`Renewal`]) and the
-//! shared [`BackendError`].
+//! shared [`BackendError`]. The capabilities a backend may keep beside the
+//! term, the candidate registry and the operator controls, are traits of
+//! their own ([`CandidateRegistry`], [`ControlStore`]), delivered as
+//! `Option`s of [`registry::Connected`].
 //!
 //! Invariant: backends never sleep, never spawn tasks and never decide when to
 //! call themselves. The [`crate::elector::Elector`] owns all timing, wraps
@@ -13,6 +16,7 @@
 
 pub mod both;
 pub mod candidates;
+mod capabilities;
 pub mod controls;
 pub mod coordination;
 mod error;
@@ -32,6 +36,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+pub use capabilities::{CandidateRegistry, ControlStore};
 pub use error::BackendError;
 pub(crate) use error::is_tls_error;
 pub use waits::WaitReason;
@@ -327,115 +332,6 @@ pub trait LeaseBackend: Send + Sync {
     fn heard_at(&self, holder: &Holder) -> Option<Instant> {
         let _ = holder;
         None
-    }
-
-    /// Whether this backend keeps a candidate registry
-    /// ([`candidates`](self::candidates)); `false` (the default): the
-    /// registry methods do nothing and the Elector names no successor.
-    fn has_registry(&self) -> bool {
-        false
-    }
-
-    /// Write (or renew) `candidate`'s record for `ttl` (whole seconds,
-    /// rounded up, where the backend counts so). The default does nothing.
-    ///
-    /// # Errors
-    /// Any [`BackendError`]; the record then lapses at its previous TTL.
-    async fn publish_candidate(
-        &self,
-        candidate: &candidates::Candidate,
-        ttl: Duration,
-    ) -> Result<()> {
-        let _ = (candidate, ttl);
-        Ok(())
-    }
-
-    /// Remove `identity`'s record (graceful shutdown). Removing a record
-    /// that is gone is not an error. The default does nothing.
-    ///
-    /// # Errors
-    /// Any [`BackendError`]; the record then lapses by its TTL.
-    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
-        let _ = identity;
-        Ok(())
-    }
-
-    /// The records in the registry, lapsed ones included (see
-    /// [`candidates::Listed::alive`]); `None` when the backend has no
-    /// registry (the default).
-    ///
-    /// # Errors
-    /// Any [`BackendError`].
-    async fn candidates(&self) -> Result<Option<Vec<candidates::Listed>>> {
-        Ok(None)
-    }
-
-    /// Resolve when the registry may have changed since the last call
-    /// (a record written, renewed with other fields, withdrawn or lapsed),
-    /// so a leader re-reads [`candidates`](LeaseBackend::candidates)
-    /// instead of polling. The default (no registry) is pending forever.
-    ///
-    /// # Errors
-    /// A transport error or [`BackendError::WatchEnded`]; the caller lists
-    /// the registry again and calls this again after a backoff.
-    async fn watch_candidates(&self) -> Result<()> {
-        std::future::pending().await
-    }
-
-    /// Whether this backend keeps operator controls
-    /// ([`controls`](self::controls)); `false` (the default): the election
-    /// is never paused and `set_paused` and `request_switchover` are refused.
-    fn has_controls(&self) -> bool {
-        false
-    }
-
-    /// Read the election's operator controls. The default: none set.
-    ///
-    /// # Errors
-    /// Any [`BackendError`].
-    async fn controls(&self) -> Result<controls::Controls> {
-        Ok(controls::Controls::default())
-    }
-
-    /// Resolve with the controls once they differ from `seen` (the default
-    /// never resolves).
-    ///
-    /// # Errors
-    /// A transport error or [`BackendError::WatchEnded`]; the caller reads
-    /// [`controls`](LeaseBackend::controls) again.
-    async fn watch_controls(&self, seen: &controls::Controls) -> Result<controls::Controls> {
-        let _ = seen;
-        std::future::pending().await
-    }
-
-    /// Pause (`true`) or resume (`false`) the election (see
-    /// [`controls`](self::controls) for what a pause guarantees).
-    ///
-    /// # Errors
-    /// [`BackendError::Rejected`] with code `unsupported` when the backend
-    /// keeps no controls (the default); any other [`BackendError`].
-    async fn set_paused(&self, paused: bool) -> Result<()> {
-        let _ = paused;
-        Err(no_controls(self.about()))
-    }
-
-    /// Ask the leader to hand over to `to` (`Some`), or clear the request
-    /// (`None`).
-    ///
-    /// # Errors
-    /// As [`set_paused`](LeaseBackend::set_paused).
-    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
-        let _ = to;
-        Err(no_controls(self.about()))
-    }
-}
-
-/// The refusal of a backend that keeps no operator controls.
-fn no_controls(about: &'static About) -> BackendError {
-    BackendError::Rejected {
-        backend: about,
-        code: "unsupported",
-        source: "this backend keeps no operator controls (pause, switchover)".into(),
     }
 }
 

@@ -21,8 +21,8 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::{PossibleValue, PossibleValuesParser};
 
-use super::LeaseBackend;
 use super::coordination::Coordinator;
+use super::{CandidateRegistry, ControlStore, LeaseBackend};
 use crate::flags::{ConfigError, config_error};
 
 /// The backend choice and every backend's connection flags: one group,
@@ -145,6 +145,12 @@ pub struct Connected {
     /// The coordination API over the same connection; `None` when the
     /// backend serves none.
     pub coordination: Option<Box<dyn Coordinator>>,
+    /// The candidate registry over the same connection; `None` when the
+    /// backend keeps none (the Elector then names no successor).
+    pub registry: Option<Arc<dyn CandidateRegistry>>,
+    /// The operator controls over the same connection; `None` when the
+    /// backend keeps none (never paused; `pause` and `switchover` refused).
+    pub controls: Option<Arc<dyn ControlStore>>,
     /// The failsafe roster over the same connection; `None` when the
     /// backend keeps none (then `--failsafe` is refused).
     pub roster: Option<Arc<dyn super::roster::RosterStore>>,
@@ -323,6 +329,35 @@ mod tests {
         assert!(e.contains("--backend etcd or --backend redis"), "{e}");
         let f = Flags::parse_from(["x", "--etcd-endpoints=http://127.0.0.1:2379"]);
         assert_eq!(resolve(&f.b, &common).unwrap().name(), "etcd");
+    }
+
+    /// Every backend that keeps a candidate registry and operator controls
+    /// delivers them beside the election, over the same connection.
+    #[tokio::test]
+    async fn the_registry_and_the_controls_come_with_the_election() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            b: BackendArgs,
+        }
+        let common = Common {
+            election: "e".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: None,
+            call_timeout: Duration::from_secs(3),
+        };
+        for flag in [
+            "--etcd-endpoints=http://127.0.0.1:2379",
+            "--redis-url=redis://127.0.0.1:6379",
+        ] {
+            let f = Flags::parse_from(["x", flag]);
+            let c = resolve(&f.b, &common).unwrap().connect().unwrap();
+            let name = c.election.name();
+            assert!(c.registry.is_some(), "{name} keeps a registry");
+            assert!(c.controls.is_some(), "{name} keeps controls");
+            assert!(c.coordination.is_some(), "{name} serves coordination");
+        }
     }
 
     #[test]

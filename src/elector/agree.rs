@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::backend::LeaseBackend;
+use crate::backend::CandidateRegistry;
 use crate::backend::candidates::Listed;
 
 /// What a follower compared last (see the module docs).
@@ -41,7 +41,7 @@ impl PreemptAfter {
     /// tried again at the next call.
     pub(super) async fn check(
         &mut self,
-        backend: &dyn LeaseBackend,
+        backend: &dyn CandidateRegistry,
         (me, leader): (&str, Option<&str>),
         limit: Duration,
     ) {
@@ -51,7 +51,7 @@ impl PreemptAfter {
         if self.checked.as_deref() == Some(leader) {
             return;
         }
-        let Ok(Ok(Some(listed))) = tokio::time::timeout(limit, backend.candidates()).await else {
+        let Ok(Ok(listed)) = tokio::time::timeout(limit, backend.candidates()).await else {
             return;
         };
         self.checked = Some(leader.to_owned());

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{Elector, ElectorConfig, ElectorConfigError, LeaderState, Observer};
-use crate::backend::LeaseBackend;
+use crate::backend::registry::Connected;
+use crate::backend::{CandidateRegistry, ControlStore, LeaseBackend};
 
 /// The lease duration when none is set: 15 s, as the sidecar's
 /// `--lease-duration`.
@@ -27,6 +28,8 @@ pub struct ElectorBuilder {
     cfg: ElectorConfig,
     renew_interval: Option<Duration>,
     health_grace: Option<Duration>,
+    registry: Option<Arc<dyn CandidateRegistry>>,
+    controls: Option<Arc<dyn ControlStore>>,
     observer: Option<Arc<dyn Observer>>,
 }
 
@@ -58,8 +61,24 @@ impl Elector {
             cfg: ElectorConfig::new("", default_identity(), DEFAULT_LEASE_DURATION),
             renew_interval: None,
             health_grace: None,
+            registry: None,
+            controls: None,
             observer: None,
         }
+    }
+
+    /// An Elector over a connected backend: its election, and its
+    /// candidate registry and operator controls where it keeps them (see
+    /// [`Elector::new`]).
+    pub fn connected(
+        cfg: ElectorConfig,
+        backend: &Connected,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> (Elector, watch::Receiver<LeaderState>) {
+        let (mut elector, rx) = Elector::new(cfg, backend.election.clone(), observer);
+        elector.registry = backend.registry.clone();
+        elector.controls = backend.controls.clone();
+        (elector, rx)
     }
 }
 
@@ -130,6 +149,23 @@ impl ElectorBuilder {
         self
     }
 
+    /// The candidate registry to keep this candidate's record in and to
+    /// choose successors from (default: none; the Elector then names no
+    /// successor). Give the backend's own
+    /// ([`Connected::registry`](crate::backend::registry::Connected::registry)).
+    pub fn registry(mut self, registry: Arc<dyn CandidateRegistry>) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// The operator controls to follow (default: none; never paused by an
+    /// operator). Give the backend's own
+    /// ([`Connected::controls`](crate::backend::registry::Connected::controls)).
+    pub fn controls(mut self, controls: Arc<dyn ControlStore>) -> Self {
+        self.controls = Some(controls);
+        self
+    }
+
     /// An [`Observer`] told of every campaign, renewal, backend error and
     /// transition (metrics). It is called on the Elector's task: it must not block.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
@@ -156,6 +192,9 @@ impl ElectorBuilder {
     pub fn build(self) -> Result<(Elector, watch::Receiver<LeaderState>), ElectorConfigError> {
         let cfg = self.config();
         cfg.validate()?;
-        Ok(Elector::new(cfg, self.backend, self.observer))
+        let (mut elector, rx) = Elector::new(cfg, self.backend, self.observer);
+        elector.registry = self.registry;
+        elector.controls = self.controls;
+        Ok((elector, rx))
     }
 }

@@ -18,6 +18,7 @@
 //!   two leaders. It is refused while paused: the target could not take the
 //!   released term and nobody would lead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -30,7 +31,7 @@ use super::config::Backoff;
 use super::publish::ControlsWriter;
 use super::{ElectorHandle, LeaderState};
 use crate::backend::controls::{Controls, Request};
-use crate::backend::{BackendError, LeaseBackend};
+use crate::backend::{About, BackendError, ControlStore};
 
 /// Why a switchover was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -138,9 +139,11 @@ impl ElectorHandle {
             return Err(SwitchoverRefusal::Itself(me));
         }
         let now = std::time::SystemTime::now();
-        let listed = match timeout(self.call_timeout, self.backend.candidates()).await {
-            Ok(Ok(Some(listed))) => listed,
-            Ok(Ok(None)) => return Err(SwitchoverRefusal::NoRegistry),
+        let Some(registry) = &self.registry else {
+            return Err(SwitchoverRefusal::NoRegistry);
+        };
+        let listed = match timeout(self.call_timeout, registry.candidates()).await {
+            Ok(Ok(listed)) => listed,
             Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
             Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),
         };
@@ -182,20 +185,19 @@ impl Follower {
         writer: ControlsWriter,
         waits: (Duration, Duration),
     ) -> Option<Self> {
-        if !handle.backend.has_controls() {
-            return None;
-        }
-        let task = tokio::spawn(follow(handle, writer, waits));
+        let store = handle.controls.clone()?;
+        let task = tokio::spawn(follow(handle, store, writer, waits));
         Some(Follower { task })
     }
 }
 
 async fn follow(
     handle: ElectorHandle,
+    store: Arc<dyn ControlStore>,
     writer: ControlsWriter,
     (retry, refused): (Duration, Duration),
 ) {
-    let backend = handle.backend.clone();
+    let about = handle.backend.about();
     let mut state = handle.state.clone();
     let mut backoff = Backoff::new(Duration::from_millis(100), retry);
     let mut seen: Option<Controls> = None;
@@ -204,9 +206,9 @@ async fn follow(
         let from_watch = seen.is_some();
         let mut at_start = false;
         let read = match &seen {
-            None => read(&*backend, handle.call_timeout).await,
+            None => read(&*store, about, handle.call_timeout).await,
             Some(s) => tokio::select! {
-                r = backend.watch_controls(s) => r,
+                r = store.watch_controls(s) => r,
                 () = leading_starts(&mut state) => { at_start = true; Ok(s.clone()) }
             },
         };
@@ -247,11 +249,15 @@ async fn follow(
 }
 
 /// Read the controls once within `limit`.
-async fn read(backend: &dyn LeaseBackend, limit: Duration) -> Result<Controls, BackendError> {
-    match timeout(limit, backend.controls()).await {
+async fn read(
+    store: &dyn ControlStore,
+    about: &'static About,
+    limit: Duration,
+) -> Result<Controls, BackendError> {
+    match timeout(limit, store.controls()).await {
         Ok(r) => r,
         Err(_) => Err(BackendError::Timeout {
-            backend: backend.about(),
+            backend: about,
             call: "controls",
             timeout_ms: limit.as_millis() as u64,
         }),
@@ -315,8 +321,13 @@ impl ElectorHandle {
     /// Write the pin of a forced switchover naming `to` into the controls
     /// (`None`: clear the request or pin), bounded by the call timeout.
     async fn pin(&self, to: Option<&str>) {
+        let Some(store) = &self.controls else {
+            return warn!(
+                "cannot write the switchover request or pin: the backend keeps no operator controls"
+            );
+        };
         let value = to.map(|to| Request::Pinned(to).encode());
-        let write = self.backend.request_switchover(value.as_deref());
+        let write = store.request_switchover(value.as_deref());
         match timeout(self.call_timeout, write).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e.report(), "cannot write the switchover request or pin"),

@@ -2,7 +2,6 @@
 //! switchover by the handle and through the backend, pause, freeze. Every
 //! step of the clock checks that at most one candidate claims to lead.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -10,9 +9,9 @@ use tokio::time::{Instant, advance};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::backend::WaitReason;
 use crate::backend::candidates::Candidate;
 use crate::backend::memory::MemoryBackend;
+use crate::backend::{CandidateRegistry, ControlStore, WaitReason};
 use crate::elector::{Elector, ElectorConfig};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -30,7 +29,7 @@ fn start(backend: &MemoryBackend, identity: &str) -> Member {
         retry_period: Duration::from_millis(500),
         ..ElectorConfig::new("e", identity, TTL)
     };
-    let (elector, rx) = Elector::new(cfg, Arc::new(backend.clone()), None);
+    let (elector, rx) = Elector::connected(cfg, &backend.connected(), None);
     let handle = elector.handle();
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
@@ -257,7 +256,7 @@ fn start_standing(
     cfg.standing.revision = revision.into();
     cfg.standing.preempt_after = Duration::from_secs(2);
     let (healthy, gate) = watch::channel(true);
-    let (elector, rx) = Elector::new(cfg, Arc::new(backend.clone()), None);
+    let (elector, rx) = Elector::connected(cfg, &backend.connected(), None);
     let elector = elector.with_candidacy(gate);
     let handle = elector.handle();
     let stop = CancellationToken::new();
@@ -315,7 +314,7 @@ async fn a_frozen_member_is_never_named() {
     let freeze = Duration::from_secs(30);
     assert!(!ms[1].handle.resign(freeze).await, "a follower");
     run_for(&ms, Duration::from_millis(100)).await;
-    let rec = b.candidates().await.unwrap().unwrap();
+    let rec = b.candidates().await.unwrap();
     let hi = rec.iter().find(|l| l.candidate.identity == "hi").unwrap();
     assert!(!hi.candidate.ready && hi.candidate.frozen_until.is_some());
     let refused = ms[0].handle.switchover("hi", true).await;

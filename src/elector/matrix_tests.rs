@@ -14,7 +14,6 @@
 //! One test per row (the first control), eight cells each.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -22,7 +21,7 @@ use tokio::time::{Instant, advance};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::backend::LeaseBackend;
+use crate::backend::ControlStore;
 use crate::backend::memory::MemoryBackend;
 use crate::elector::{Elector, ElectorConfig};
 
@@ -86,7 +85,7 @@ fn start(b: &MemoryBackend, id: &str, priority: u32, revision: u32) -> Member {
     cfg.standing.revision = format!("r{revision}");
     cfg.standing.preempt_after = Duration::from_secs(2);
     let (health, gate) = watch::channel(true);
-    let (elector, rx) = Elector::new(cfg, Arc::new(b.clone()), None);
+    let (elector, rx) = Elector::connected(cfg, &b.connected(), None);
     let elector = elector.with_candidacy(gate);
     let handle = elector.handle();
     let stop = CancellationToken::new();

@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 use super::Standing;
 use super::config::Backoff;
 use super::precedence::successor_for;
-use crate::backend::LeaseBackend;
+use crate::backend::CandidateRegistry;
 use crate::backend::candidates::{Listed, Revisions, higher_priority, newer_revision};
 
 /// The shortest time between two lists of the registry by one leader.
@@ -54,7 +54,7 @@ impl super::Elector {
         self.known.send_modify(|k| k.registry = None);
         Preempt {
             known: self.known.clone(),
-            backend: self.backend.clone(),
+            registry: self.registry.clone(),
             identity: self.cfg.identity.clone(),
             standing: self.cfg.standing.clone(),
             lease_duration: self.cfg.lease_duration,
@@ -89,7 +89,8 @@ impl super::Elector {
 pub(super) struct Preempt {
     /// Where the lists are kept and the controls read.
     pub(super) known: super::known::Shared,
-    pub(super) backend: Arc<dyn LeaseBackend>,
+    /// The registry followed; `None`: the backend keeps none.
+    pub(super) registry: Option<Arc<dyn CandidateRegistry>>,
     pub(super) identity: String,
     pub(super) standing: Standing,
     /// The relist period when the registry watch says nothing.
@@ -125,23 +126,21 @@ impl Preempt {
     /// hand over to and why (see the module docs). Pends forever on a
     /// backend without a registry.
     pub(super) async fn watch(self) -> (String, &'static str) {
-        if !self.backend.has_registry() {
+        let Some(registry) = self.registry.clone() else {
             return std::future::pending().await;
-        }
+        };
         let mut seen = Seen::default();
         let mut backoff = Backoff::new(Duration::from_millis(100), self.lease_duration);
         // One registry watch kept across the fallback relists (reopening it
         // each lease duration would cost a request at rest); a new one only
         // after it resolved.
-        let mut watch = Box::pin(self.backend.watch_candidates());
+        let mut watch = Box::pin(registry.watch_candidates());
         let mut controls = self.known.subscribe();
         loop {
             let seen_controls = controls.borrow_and_update().controls.clone();
             let listed_at = Instant::now();
-            let (relist, matures) = match timeout(self.call_timeout, self.backend.candidates())
-                .await
-            {
-                Ok(Ok(Some(listed))) => {
+            let (relist, matures) = match timeout(self.call_timeout, registry.candidates()).await {
+                Ok(Ok(listed)) => {
                     backoff.reset();
                     let listed = Arc::new(listed);
                     self.known
@@ -152,7 +151,6 @@ impl Preempt {
                         Verdict::Wait(at) => (Instant::now() + self.lease_duration, at),
                     }
                 }
-                Ok(Ok(None)) => return std::future::pending().await,
                 Ok(Err(e)) => {
                     debug!(error = %e.report(), "cannot list the candidate registry; listing again");
                     (Instant::now() + backoff.next(), None)
@@ -165,7 +163,7 @@ impl Preempt {
                         debug!(error = %e.report(), "the candidate registry watch ended; listing again");
                         sleep_until(Instant::now() + backoff.next()).await;
                     }
-                    watch = Box::pin(self.backend.watch_candidates());
+                    watch = Box::pin(registry.watch_candidates());
                 }
                 _ = sleep_until(relist) => {}
                 _ = sleep_until(matures.unwrap_or(relist)) => {}

@@ -6,7 +6,9 @@ use tokio::time::sleep;
 
 use super::*;
 use crate::backend::candidates::Candidate;
-use crate::backend::{About, Campaign, Holder, Renewal, Result, Term};
+use crate::backend::{
+    About, Campaign, CandidateRegistry, Holder, LeaseBackend, Renewal, Result, Term,
+};
 
 /// A backend that only keeps a registry, changed by the test.
 #[derive(Default)]
@@ -23,30 +25,15 @@ impl Registry {
 }
 
 #[async_trait]
-impl LeaseBackend for Registry {
-    fn about(&self) -> &'static About {
-        crate::backend::memory::ABOUT
+impl CandidateRegistry for Registry {
+    async fn publish_candidate(&self, _: &Candidate, _: Duration) -> Result<()> {
+        unreachable!("the registry follower never publishes")
     }
-    async fn campaign(&self, _: &str, _: Duration, _: Option<&Holder>) -> Result<Campaign> {
-        unreachable!("the registry follower never campaigns")
-    }
-    async fn renew(&self, _: &Term) -> Result<Renewal> {
+    async fn withdraw_candidate(&self, _: &str) -> Result<()> {
         unreachable!()
     }
-    async fn release(&self, _: &Term, _: Option<&str>) -> Result<()> {
-        unreachable!()
-    }
-    async fn read(&self) -> Result<Option<Holder>> {
-        unreachable!()
-    }
-    async fn watch(&self, _: &Holder) -> Result<()> {
-        unreachable!()
-    }
-    fn has_registry(&self) -> bool {
-        true
-    }
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
-        Ok(Some(self.listed.lock().unwrap().clone()))
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        Ok(self.listed.lock().unwrap().clone())
     }
     async fn watch_candidates(&self) -> Result<()> {
         self.changed.notified().await;
@@ -75,7 +62,7 @@ fn record(id: &str, priority: u32, revision: &str, created: u64) -> Listed {
 fn follower(backend: &Arc<Registry>) -> Preempt {
     Preempt {
         known: super::super::known::shared(),
-        backend: backend.clone(),
+        registry: Some(backend.clone()),
         identity: "me".into(),
         standing: Standing {
             priority: 5,
@@ -152,13 +139,14 @@ async fn priority_0_never_campaigns_and_follows_who_leads() {
     let ttl = Duration::from_secs(3);
     let mut cfg = ElectorConfig::new("e", "zero", ttl);
     cfg.standing.priority = 0;
-    let (zero, zero_rx) = Elector::new(cfg, Arc::new(backend.clone()), None);
+    let (zero, zero_rx) = Elector::connected(cfg, &backend.connected(), None);
     let stop = CancellationToken::new();
     tokio::spawn(zero.run(stop.clone()));
     sleep(Duration::from_secs(10)).await;
     assert!(!zero_rx.borrow().is_leader_now());
     assert_eq!(backend.read().await.unwrap(), None, "nobody holds the key");
-    let (one, one_rx) = Elector::new(ElectorConfig::new("e", "one", ttl), Arc::new(backend), None);
+    let cfg = ElectorConfig::new("e", "one", ttl);
+    let (one, one_rx) = Elector::connected(cfg, &backend.connected(), None);
     tokio::spawn(one.run(stop.clone()));
     sleep(Duration::from_secs(5)).await;
     assert!(one_rx.borrow().is_leader_now());
@@ -198,11 +186,21 @@ impl LeaseBackend for Naming {
     async fn watch(&self, seen: &Holder) -> Result<()> {
         self.inner.watch(seen).await
     }
-    fn has_registry(&self) -> bool {
-        true
+}
+
+#[async_trait]
+impl CandidateRegistry for Naming {
+    async fn publish_candidate(&self, _: &Candidate, _: Duration) -> Result<()> {
+        Ok(())
     }
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
-        Ok(Some(self.listed.clone()))
+    async fn withdraw_candidate(&self, _: &str) -> Result<()> {
+        Ok(())
+    }
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        Ok(self.listed.clone())
+    }
+    async fn watch_candidates(&self) -> Result<()> {
+        std::future::pending().await
     }
 }
 
@@ -226,7 +224,14 @@ async fn a_shutdown_names_the_registrys_best_candidate() {
     let mut cfg = ElectorConfig::new("e", "me", Duration::from_secs(3));
     cfg.standing.priority = 5;
     cfg.standing.revision = "a".into();
-    let (elector, rx) = Elector::new(cfg, backend.clone(), None);
+    let connected = crate::backend::registry::Connected {
+        election: backend.clone(),
+        coordination: None,
+        registry: Some(backend.clone()),
+        controls: None,
+        roster: None,
+    };
+    let (elector, rx) = Elector::connected(cfg, &connected, None);
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
     sleep(Duration::from_secs(1)).await;

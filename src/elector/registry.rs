@@ -22,12 +22,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::agree::PreemptAfter;
-use crate::backend::LeaseBackend;
+use crate::backend::CandidateRegistry;
 use crate::backend::candidates::{Candidate, timing};
 use crate::elector::LeaderState;
 
 /// The task that keeps the record, and how to stop it.
 pub(super) struct Registry {
+    backend: Arc<dyn CandidateRegistry>,
     task: JoinHandle<()>,
     stop: CancellationToken,
 }
@@ -43,19 +44,17 @@ impl Registry {
     /// campaign on the backend); [`Registry::withdraw`] removes it.
     pub(super) fn start(
         shutdown: &CancellationToken,
-        backend: Arc<dyn LeaseBackend>,
+        registry: Option<Arc<dyn CandidateRegistry>>,
         candidate: Candidate,
         (ready, leading, frozen): Gates,
         lease_duration: Duration,
         call_timeout: Duration,
     ) -> Option<Registry> {
-        if !backend.has_registry() {
-            return None;
-        }
+        let backend = registry?;
         let stop = shutdown.child_token();
         let agree = candidate.preempt_after.map(PreemptAfter::new);
         let keeper = Keeper {
-            backend,
+            backend: backend.clone(),
             candidate,
             ready,
             leader: leading.clone(),
@@ -66,19 +65,18 @@ impl Registry {
             call_timeout,
         };
         let task = tokio::spawn(keeper.run(stop.clone()));
-        Some(Registry { task, stop })
+        Some(Registry {
+            backend,
+            task,
+            stop,
+        })
     }
 
     /// Stop renewing and withdraw the record (bounded by the call timeout).
-    pub(super) async fn withdraw(
-        mut self,
-        backend: &dyn LeaseBackend,
-        identity: &str,
-        limit: Duration,
-    ) {
+    pub(super) async fn withdraw(mut self, identity: &str, limit: Duration) {
         self.stop.cancel();
         let _ = (&mut self.task).await;
-        match timeout(limit, backend.withdraw_candidate(identity)).await {
+        match timeout(limit, self.backend.withdraw_candidate(identity)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 debug!(error = %e.report(), "could not withdraw the candidate record; it lapses by its TTL")
@@ -104,7 +102,7 @@ pub(super) type Gates = (
 );
 
 struct Keeper {
-    backend: Arc<dyn LeaseBackend>,
+    backend: Arc<dyn CandidateRegistry>,
     candidate: Candidate,
     ready: Option<watch::Receiver<bool>>,
     leading: Option<watch::Receiver<LeaderState>>,
@@ -226,7 +224,8 @@ mod tests {
     use tokio::time::sleep;
 
     use super::*;
-    use crate::backend::{About, Campaign, Holder, Renewal, Result, Term};
+    use crate::backend::Result;
+    use crate::backend::candidates::Listed;
 
     /// A backend that only records what the registry keeper asks of it.
     #[derive(Default)]
@@ -235,28 +234,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl LeaseBackend for Recorder {
-        fn about(&self) -> &'static About {
-            crate::backend::memory::ABOUT
-        }
-        async fn campaign(&self, _: &str, _: Duration, _: Option<&Holder>) -> Result<Campaign> {
-            unreachable!("the keeper never campaigns")
-        }
-        async fn renew(&self, _: &Term) -> Result<Renewal> {
-            unreachable!()
-        }
-        async fn release(&self, _: &Term, _: Option<&str>) -> Result<()> {
-            unreachable!()
-        }
-        async fn read(&self) -> Result<Option<Holder>> {
-            unreachable!()
-        }
-        async fn watch(&self, _: &Holder) -> Result<()> {
-            unreachable!()
-        }
-        fn has_registry(&self) -> bool {
-            true
-        }
+    impl CandidateRegistry for Recorder {
         async fn publish_candidate(&self, c: &Candidate, ttl: Duration) -> Result<()> {
             let call = format!(
                 "publish {} ready={} ttl={}s",
@@ -274,6 +252,12 @@ mod tests {
                 .push(format!("withdraw {identity}"));
             Ok(())
         }
+        async fn candidates(&self) -> Result<Vec<Listed>> {
+            Ok(Vec::new())
+        }
+        async fn watch_candidates(&self) -> Result<()> {
+            std::future::pending().await
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -283,7 +267,7 @@ mod tests {
         let lease = Duration::from_secs(15);
         let registry = Registry::start(
             &CancellationToken::new(),
-            backend.clone(),
+            Some(backend.clone()),
             Candidate::new("pod-a"),
             (Some(ready), None, watch::channel(None).1),
             lease,
@@ -303,9 +287,7 @@ mod tests {
         gate.send(false).unwrap();
         sleep(Duration::from_millis(10)).await;
         assert_eq!(calls()[2], "publish pod-a ready=false ttl=180s", "at once");
-        registry
-            .withdraw(&*backend, "pod-a", Duration::from_secs(3))
-            .await;
+        registry.withdraw("pod-a", Duration::from_secs(3)).await;
         assert_eq!(calls().last().unwrap(), "withdraw pod-a");
         assert_eq!(calls().len(), 4);
     }
@@ -321,7 +303,7 @@ mod tests {
         let (state, leading) = watch::channel(LeaderState::new(&cfg, "memory"));
         let registry = Registry::start(
             &CancellationToken::new(),
-            backend.clone(),
+            Some(backend.clone()),
             Candidate::new("pod-a"),
             (None, Some(leading), watch::channel(None).1),
             lease,
@@ -343,8 +325,6 @@ mod tests {
         state.send_modify(|s| s.own_term = None);
         sleep(Duration::from_millis(10)).await;
         assert_eq!(calls().len(), 2, "written again at once: {:?}", calls());
-        registry
-            .withdraw(&*backend, "pod-a", Duration::from_secs(3))
-            .await;
+        registry.withdraw("pod-a", Duration::from_secs(3)).await;
     }
 }

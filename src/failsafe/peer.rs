@@ -113,10 +113,10 @@ pub struct PeerState {
 /// member's, so this member never confirms it, and in an outage the leader
 /// steps down at once.
 fn warn_refused_secret() {
-    static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    static LAST: std::sync::Mutex<Option<tokio::time::Instant>> = std::sync::Mutex::new(None);
     let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
     if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-        *last = Some(std::time::Instant::now());
+        *last = Some(tokio::time::Instant::now());
         tracing::warn!(
             "refused a failsafe heartbeat with a missing or wrong secret (401): the leader's --failsafe-secret-file differs from this member's, so this member cannot confirm it during an outage"
         );

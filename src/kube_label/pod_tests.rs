@@ -232,7 +232,7 @@ async fn rbac_403_never_changes_who_leads_and_the_key_is_released_anyway() {
         ..ElectorConfig::new("e", "pod-0", Duration::from_secs(3))
     };
     let metrics = crate::metrics::Metrics::new(prometheus::Registry::new(), "e", "memory").unwrap();
-    let (mut elector, rx) = Elector::new(ecfg, Arc::new(backend.clone()), None);
+    let (mut elector, rx) = Elector::connected(ecfg, &backend.connected(), None);
     let acting = elector.add_participant();
     let stop = CancellationToken::new();
     let labeler = tokio::spawn(run_labeler(
@@ -305,7 +305,7 @@ async fn the_label_goes_false_before_the_key_is_released() {
         health_grace: Duration::from_secs(1),
         ..ElectorConfig::new("e", "pod-0", Duration::from_secs(3))
     };
-    let (mut elector, rx) = Elector::new(ecfg, Arc::new(backend.clone()), None);
+    let (mut elector, rx) = Elector::connected(ecfg, &backend.connected(), None);
     let acting = elector.add_participant();
     let stop = CancellationToken::new();
     tokio::spawn(run_labeler(

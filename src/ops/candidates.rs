@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::backend::LeaseBackend;
+use crate::backend::CandidateRegistry;
 use crate::backend::candidates::Listed;
 
 /// One candidate as `status` shows it.
@@ -52,10 +52,13 @@ impl From<&Listed> for CandidateRow {
 /// The registry's records, sorted by identity; `None` when the backend
 /// has none, or it could not be read within `limit` (a warning on stderr:
 /// the leader is still reported).
-pub async fn read(backend: &dyn LeaseBackend, limit: Duration) -> Option<Vec<CandidateRow>> {
-    match tokio::time::timeout(limit, backend.candidates()).await {
+pub async fn read(
+    registry: Option<&dyn CandidateRegistry>,
+    limit: Duration,
+) -> Option<Vec<CandidateRow>> {
+    match tokio::time::timeout(limit, registry?.candidates()).await {
         Ok(Ok(listed)) => {
-            let mut rows: Vec<CandidateRow> = listed?.iter().map(CandidateRow::from).collect();
+            let mut rows: Vec<CandidateRow> = listed.iter().map(CandidateRow::from).collect();
             rows.sort_by(|a, b| a.identity.cmp(&b.identity));
             Some(rows)
         }

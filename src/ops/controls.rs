@@ -22,7 +22,8 @@ use serde_json::json;
 
 use super::{EXIT_NO_LEADER, OpsCli, Output, block_on};
 use crate::backend::controls::{Controls, Request};
-use crate::backend::{BackendError, Holder, LeaseBackend};
+use crate::backend::registry::Connected;
+use crate::backend::{BackendError, ControlStore, Holder, LeaseBackend};
 use crate::config::parse_duration;
 use crate::elector::{SwitchoverRefusal, check_target};
 
@@ -58,14 +59,14 @@ pub struct SwitchoverCli {
 /// `leader-elector pause` (`paused`) or `resume`: set the marker, print the state.
 pub fn pause_main(cli: &OpsCli, paused: bool) -> ExitCode {
     block_on(cli, |backend| async move {
-        pause(cli, backend.as_ref(), paused, &mut std::io::stdout()).await
+        pause(cli, &backend, paused, &mut std::io::stdout()).await
     })
 }
 
 /// `leader-elector switchover`: check the target, ask, wait for it to lead.
 pub fn switchover_main(cli: &SwitchoverCli) -> ExitCode {
     block_on(&cli.ops, |backend| async move {
-        switchover(cli, backend.as_ref(), &mut std::io::stdout()).await
+        switchover(cli, &backend, &mut std::io::stdout()).await
     })
 }
 
@@ -77,13 +78,6 @@ async fn call<T>(
 ) -> Result<T, String> {
     match tokio::time::timeout(limit, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(BackendError::Rejected {
-            code: "unsupported",
-            ..
-        })) => Err(format!(
-            "the {} backend keeps no operator controls (pause, switchover)",
-            backend.name()
-        )),
         Ok(Err(e)) => Err(e.report()),
         Err(_) => Err(format!(
             "{} did not answer within {} (--timeout)",
@@ -93,18 +87,27 @@ async fn call<T>(
     }
 }
 
+/// The backend's operator controls, or the line to print when it keeps none.
+fn store(backend: &Connected) -> Result<&dyn ControlStore, String> {
+    backend.controls.as_deref().ok_or_else(|| {
+        format!(
+            "the {} backend keeps no operator controls (pause, switchover)",
+            backend.election.name()
+        )
+    })
+}
+
 /// Whether the election is paused and who is pinned by a forced
 /// switchover, for `status`: `None` when the backend keeps no controls, or
 /// they could not be read within `limit` (a warning on stderr: the leader
 /// is still reported).
 pub(super) async fn paused(
-    backend: &dyn LeaseBackend,
+    connected: &Connected,
     limit: Duration,
 ) -> Option<(bool, Option<String>)> {
-    if !backend.has_controls() {
-        return None;
-    }
-    match call(backend, limit, backend.controls()).await {
+    let controls = connected.controls.as_deref()?;
+    let backend = connected.election.as_ref();
+    match call(backend, limit, controls.controls()).await {
         Ok(c) => Some((c.paused, c.pinned().map(str::to_owned))),
         Err(e) => {
             crate::say!("warning: cannot read the operator controls: {e}");
@@ -128,16 +131,13 @@ pub(super) fn paused_line(paused: Option<bool>, pinned: Option<&str>) -> String 
 
 /// `pause`/`resume`: set the marker, then print the controls and the
 /// leader. Returns the exit code.
-pub async fn pause(
-    cli: &OpsCli,
-    backend: &dyn LeaseBackend,
-    paused: bool,
-    out: &mut dyn Write,
-) -> u8 {
+pub async fn pause(cli: &OpsCli, connected: &Connected, paused: bool, out: &mut dyn Write) -> u8 {
     let limit = cli.timeout;
+    let backend = connected.election.as_ref();
     let read = async {
-        call(backend, limit, backend.set_paused(paused)).await?;
-        let controls = call(backend, limit, backend.controls()).await?;
+        let store = store(connected)?;
+        call(backend, limit, store.set_paused(paused)).await?;
+        let controls = call(backend, limit, store.controls()).await?;
         let holder = call(backend, limit, backend.read()).await?;
         Ok::<_, String>((controls, holder))
     };
@@ -189,20 +189,24 @@ fn state_line(cli: &OpsCli, c: &Controls, holder: Option<&Holder>) -> String {
 /// `switchover`: check the target against the registry, write the
 /// request, and wait up to `--wait` for the target to hold the term.
 /// Returns the exit code (see the module docs).
-pub async fn switchover(
-    cli: &SwitchoverCli,
-    backend: &dyn LeaseBackend,
-    out: &mut dyn Write,
-) -> u8 {
+pub async fn switchover(cli: &SwitchoverCli, connected: &Connected, out: &mut dyn Write) -> u8 {
     let (limit, to) = (cli.ops.timeout, cli.to.as_str());
-    let from = match check(cli, backend).await {
+    let backend = connected.election.as_ref();
+    let store = match store(connected) {
+        Ok(s) => s,
+        Err(e) => {
+            crate::say!("error: {e}");
+            return 1;
+        }
+    };
+    let from = match check(cli, connected, store).await {
         Ok(Some(from)) => from,
         Ok(None) => return print(cli, out, to, None, true),
         Err(code) => return code,
     };
     let force = cli.force;
     let request = Request::Switchover { to, force }.encode();
-    if let Err(e) = call(backend, limit, backend.request_switchover(Some(&request))).await {
+    if let Err(e) = call(backend, limit, store.request_switchover(Some(&request))).await {
         crate::say!("error: {e}");
         return 1;
     }
@@ -216,17 +220,25 @@ pub async fn switchover(
         }
         tokio::time::sleep(POLL).await;
     }
-    not_done(cli, backend, last.flatten().as_ref()).await
+    not_done(cli, (backend, store), last.flatten().as_ref()).await
 }
 
 /// Whether the switchover may be asked for: `Ok(Some(leader))` yes,
 /// `Ok(None)` the target leads already, `Err(exit code)` no (printed).
-async fn check(cli: &SwitchoverCli, backend: &dyn LeaseBackend) -> Result<Option<String>, u8> {
+async fn check(
+    cli: &SwitchoverCli,
+    connected: &Connected,
+    store: &dyn ControlStore,
+) -> Result<Option<String>, u8> {
     let (limit, to) = (cli.ops.timeout, cli.to.as_str());
+    let backend = connected.election.as_ref();
     let read = async {
         let holder = call(backend, limit, backend.read()).await?;
-        let controls = call(backend, limit, backend.controls()).await?;
-        let listed = call(backend, limit, backend.candidates()).await?;
+        let controls = call(backend, limit, store.controls()).await?;
+        let listed = match connected.registry.as_deref() {
+            Some(r) => Some(call(backend, limit, r.candidates()).await?),
+            None => None,
+        };
         Ok::<_, String>((holder, controls, listed))
     };
     let (mut holder, controls, listed) = read.await.map_err(|e| {
@@ -302,9 +314,13 @@ fn print(
 
 /// The target did not lead in time: withdraw a request still pending (so
 /// no leader acts on it later, by surprise) and say what the backend shows.
-async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<&Holder>) -> u8 {
+async fn not_done(
+    cli: &SwitchoverCli,
+    (backend, store): (&dyn LeaseBackend, &dyn ControlStore),
+    last: Option<&Holder>,
+) -> u8 {
     let (limit, to) = (cli.ops.timeout, cli.to.as_str());
-    let pending = match call(backend, limit, backend.controls()).await {
+    let pending = match call(backend, limit, store.controls()).await {
         Ok(c) => c.switchover,
         Err(e) => Some(format!("unknown ({e})")),
     };
@@ -317,7 +333,7 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
             .encode()
                 == p =>
         {
-            match call(backend, limit, backend.request_switchover(None)).await {
+            match call(backend, limit, store.request_switchover(None)).await {
                 Ok(()) => "the request was still pending (no leader acted on it) and is withdrawn"
                     .to_owned(),
                 Err(e) => format!("the request is still pending and could not be withdrawn: {e}"),
@@ -342,7 +358,6 @@ async fn not_done(cli: &SwitchoverCli, backend: &dyn LeaseBackend, last: Option<
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use tokio_util::sync::CancellationToken;
 
@@ -358,14 +373,14 @@ mod tests {
 
     fn start(b: &MemoryBackend, id: &str) -> tokio::sync::watch::Receiver<LeaderState> {
         let cfg = ElectorConfig::new("e", id, Duration::from_secs(3));
-        let (elector, rx) = Elector::new(cfg, Arc::new(b.clone()), None);
+        let (elector, rx) = Elector::connected(cfg, &b.connected(), None);
         tokio::spawn(elector.run(CancellationToken::new()));
         rx
     }
 
     async fn run(c: &SwitchoverCli, b: &MemoryBackend) -> (u8, String) {
         let mut out = Vec::new();
-        let code = switchover(c, b, &mut out).await;
+        let code = switchover(c, &b.connected(), &mut out).await;
         (code, String::from_utf8(out).unwrap())
     }
 
@@ -401,7 +416,7 @@ mod tests {
         let b = MemoryBackend::new();
         let ops = |o: &str| OpsCli::try_parse_from(["pause", "--election", "e", "-o", o]).unwrap();
         let mut out = Vec::new();
-        assert_eq!(pause(&ops("json"), &b, true, &mut out).await, 0);
+        assert_eq!(pause(&ops("json"), &b.connected(), true, &mut out).await, 0);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             (v["paused"].as_bool(), v["leader"].is_null()),
@@ -410,7 +425,7 @@ mod tests {
         assert!(b.controls().await.unwrap().paused);
         let mut out = Vec::new();
         let status_cli = ops("json");
-        crate::ops::status(&status_cli, &b, &mut out).await;
+        crate::ops::status(&status_cli, &b.connected(), &mut out).await;
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["paused"], json!(true), "status shows the pause: {v}");
         // Paused: a switchover is refused, nobody can take the term.
@@ -418,7 +433,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(run(&cli(&["--to", "a"]), &b).await.0, EXIT_NO_LEADER);
         let mut out = Vec::new();
-        assert_eq!(pause(&ops("table"), &b, false, &mut out).await, 0);
+        assert_eq!(
+            pause(&ops("table"), &b.connected(), false, &mut out).await,
+            0
+        );
         let line = String::from_utf8(out).unwrap();
         assert!(line.contains("not paused"), "{line}");
         assert!(!b.controls().await.unwrap().paused);

@@ -12,6 +12,7 @@ use leader_elector::backend::candidates::{Candidate, SUCCESSOR_WAIT_CAP};
 use leader_elector::backend::controls::Controls;
 use leader_elector::backend::etcd::{EtcdBackend, EtcdOptions};
 use leader_elector::backend::{Campaign, LeaseBackend, Renewal, Term, WaitReason};
+use leader_elector::backend::{CandidateRegistry, ControlStore};
 use leader_elector::elector::{Rules, successor_for};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -25,8 +26,14 @@ pub const RETRY: Duration = Duration::from_millis(20);
 /// candidates out for one TTL plus a second after it starts).
 pub const TTL: Duration = Duration::from_secs(2);
 
+/// What a scenario's backend is: the election, its candidate registry and
+/// its controls on one struct, as every backend delivers them.
+pub trait Whole: LeaseBackend + CandidateRegistry + ControlStore {}
+
+impl<T: LeaseBackend + CandidateRegistry + ControlStore + ?Sized> Whole for T {}
+
 /// A backend as the scenarios use it: each candidate has its own.
-pub type Backend = Arc<dyn LeaseBackend>;
+pub type Backend = Arc<dyn Whole>;
 
 /// One candidate's etcd backend (each has its own, as each sidecar does).
 fn backend(etcd: &Etcd, key: &str) -> Backend {
@@ -94,12 +101,11 @@ pub async fn elect(b: &dyn LeaseBackend, id: &str) -> Term {
     }
 }
 
-pub async fn listed_ids(b: &dyn LeaseBackend) -> Vec<String> {
+pub async fn listed_ids(b: &dyn Whole) -> Vec<String> {
     let mut ids: Vec<String> = b
         .candidates()
         .await
         .expect("list")
-        .expect("a registry")
         .into_iter()
         .map(|l| l.candidate.identity)
         .collect();
@@ -111,7 +117,6 @@ pub async fn listed_ids(b: &dyn LeaseBackend) -> Vec<String> {
 /// after a lapse, listed again (and created later).
 pub async fn registry_lists_until_withdrawn_or_lapsed(make: &dyn Fn() -> Backend) {
     let b = make();
-    assert!(b.has_registry());
     b.publish_candidate(&candidate("a", 3, "r1"), TTL)
         .await
         .unwrap();
@@ -119,7 +124,7 @@ pub async fn registry_lists_until_withdrawn_or_lapsed(make: &dyn Fn() -> Backend
     b.publish_candidate(&candidate("b", 1, "r2"), TTL)
         .await
         .unwrap();
-    let listed = b.candidates().await.unwrap().unwrap();
+    let listed = b.candidates().await.unwrap();
     let a = listed.iter().find(|l| l.candidate.identity == "a").unwrap();
     let bb = listed.iter().find(|l| l.candidate.identity == "b").unwrap();
     assert_eq!(a.candidate, candidate("a", 3, "r1"));
@@ -134,7 +139,7 @@ pub async fn registry_lists_until_withdrawn_or_lapsed(make: &dyn Fn() -> Backend
     b.publish_candidate(&candidate("a", 4, "r1"), TTL)
         .await
         .unwrap();
-    let again = b.candidates().await.unwrap().unwrap();
+    let again = b.candidates().await.unwrap();
     let a2 = again.iter().find(|l| l.candidate.identity == "a").unwrap();
     assert_eq!((a2.created, a2.candidate.priority), (created, 4));
     b.withdraw_candidate("b").await.unwrap();
@@ -150,7 +155,7 @@ pub async fn registry_lists_until_withdrawn_or_lapsed(make: &dyn Fn() -> Backend
     b.publish_candidate(&candidate("a", 4, "r1"), TTL)
         .await
         .unwrap();
-    let back = b.candidates().await.unwrap().unwrap();
+    let back = b.candidates().await.unwrap();
     assert_eq!(back.len(), 1);
     assert!(back[0].created > created);
 }
@@ -271,8 +276,8 @@ pub async fn a_plain_release_names_the_registry_choice(make: &dyn Fn() -> Backen
 }
 
 /// The successor the Elector names for `me` from `backend`'s registry.
-async fn choice(backend: &dyn LeaseBackend, me: &str) -> Option<String> {
-    let listed = backend.candidates().await.unwrap().unwrap_or_default();
+async fn choice(backend: &dyn Whole, me: &str) -> Option<String> {
+    let listed = backend.candidates().await.unwrap();
     let rules = Rules {
         me,
         paused: false,
@@ -327,7 +332,6 @@ pub async fn a_foreign_successor_costs_at_most_the_wait(
 /// twin: after resume the next campaign wins.
 pub async fn a_paused_election_starts_no_term(make: &dyn Fn() -> Backend) {
     let (a, c, op) = (make(), make(), make());
-    assert!(op.has_controls());
     let term = elect(&*a, "a").await;
     op.set_paused(true).await.unwrap();
     assert!(op.controls().await.unwrap().paused);
@@ -425,7 +429,7 @@ pub fn paused() -> Controls {
 /// [`paused`] reports the election resumed within `limit` and a campaign
 /// wins.
 pub async fn a_pause_deleted_by_hand_resumes(
-    c: &dyn LeaseBackend,
+    c: &dyn Whole,
     delete: impl std::future::Future<Output = ()>,
     limit: Duration,
 ) {

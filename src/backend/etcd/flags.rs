@@ -141,6 +141,8 @@ impl Settings for EtcdSettings {
         let coord = EtcdCoord::new(backend.clone(), &self.prefix)
             .with_deadline(self.options.connect_timeout.max(DEFAULT_DEADLINE));
         Ok(Connected {
+            registry: Some(backend.clone()),
+            controls: Some(backend.clone()),
             roster: Some(backend.clone()),
             election: backend,
             coordination: Some(Box::new(coord)),

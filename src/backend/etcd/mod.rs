@@ -46,6 +46,7 @@ use super::controls::Controls;
 use super::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term, TermId,
 };
+use super::{CandidateRegistry, ControlStore};
 
 /// How to reach etcd. Secrets are held in memory only and never logged.
 #[derive(Clone, Default)]
@@ -321,46 +322,6 @@ impl LeaseBackend for EtcdBackend {
         self.release_to(term, successor).await
     }
 
-    fn has_registry(&self) -> bool {
-        true
-    }
-
-    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
-        self.publish(candidate, ttl).await
-    }
-
-    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
-        self.withdraw(identity).await
-    }
-
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
-        self.list().await.map(Some)
-    }
-
-    async fn watch_candidates(&self) -> Result<()> {
-        self.watch_registry().await
-    }
-
-    fn has_controls(&self) -> bool {
-        true
-    }
-
-    async fn controls(&self) -> Result<Controls> {
-        Ok(self.read_controls().await?.0)
-    }
-
-    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
-        self.watch_controls_from(seen).await
-    }
-
-    async fn set_paused(&self, paused: bool) -> Result<()> {
-        self.pause(paused).await
-    }
-
-    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
-        self.switchover(to).await
-    }
-
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let mut client = self.client().await?;
         let seen_lease = seen.term_id.number().unwrap_or(0);
@@ -388,5 +349,43 @@ impl LeaseBackend for EtcdBackend {
                 _ => return Ok(()),
             }
         }
+    }
+}
+
+#[async_trait]
+impl CandidateRegistry for EtcdBackend {
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.publish(candidate, ttl).await
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.withdraw(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        self.list().await
+    }
+
+    async fn watch_candidates(&self) -> Result<()> {
+        self.watch_registry().await
+    }
+}
+
+#[async_trait]
+impl ControlStore for EtcdBackend {
+    async fn controls(&self) -> Result<Controls> {
+        Ok(self.read_controls().await?.0)
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.watch_controls_from(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.pause(paused).await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.switchover(to).await
     }
 }

@@ -85,14 +85,21 @@ impl Settings for KubeSettings {
     fn connect(&self) -> Result<Connected, String> {
         let lease = KubeLeaseBackend::new(self.name.clone(), self.options.clone());
         let coord = super::coord::LeaseCoord::new(lease.clone());
-        let election: Arc<dyn crate::backend::LeaseBackend> = if self.migrate_from_endpoints {
+        if self.migrate_from_endpoints {
             let old = super::endpoints_lock::EndpointsLock::new(&self.name, self.options.clone());
-            crate::backend::both::Both::new(lease, old)
-        } else {
-            lease
-        };
+            let both = crate::backend::both::Both::new(lease, old);
+            return Ok(Connected {
+                registry: Some(both.clone()),
+                controls: Some(both.clone()),
+                election: both,
+                coordination: Some(Box::new(coord)),
+                roster: None,
+            });
+        }
         Ok(Connected {
-            election,
+            registry: Some(lease.clone()),
+            controls: Some(lease.clone()),
+            election: lease,
             coordination: Some(Box::new(coord)),
             roster: None,
         })

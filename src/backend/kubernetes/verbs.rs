@@ -14,6 +14,7 @@ use super::*;
 use crate::backend::WaitReason;
 use crate::backend::candidates::{Candidate, Listed};
 use crate::backend::controls::Controls;
+use crate::backend::{CandidateRegistry, ControlStore};
 
 #[async_trait]
 impl LeaseBackend for KubeLeaseBackend {
@@ -132,50 +133,6 @@ impl LeaseBackend for KubeLeaseBackend {
         self.view(|v| v.heard_at(holder.term_id.as_str()))
     }
 
-    fn has_registry(&self) -> bool {
-        true
-    }
-
-    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
-        self.publish(candidate, ttl).await
-    }
-
-    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
-        self.withdraw(identity).await
-    }
-
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
-        self.list_candidates().await.map(Some)
-    }
-
-    /// One watch of the candidate Leases by label, resumed between calls.
-    async fn watch_candidates(&self) -> Result<()> {
-        self.follow_candidates().await
-    }
-
-    fn has_controls(&self) -> bool {
-        true
-    }
-
-    /// The annotations of the election Lease (none set when it is absent).
-    async fn controls(&self) -> Result<Controls> {
-        self.read_controls().await
-    }
-
-    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
-        self.follow_controls(seen).await
-    }
-
-    async fn set_paused(&self, paused: bool) -> Result<()> {
-        self.set_note(PAUSED_ANNOTATION, paused.then_some("true"))
-            .await
-    }
-
-    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
-        self.set_note(SWITCHOVER_ANNOTATION, to.filter(|t| !t.is_empty()))
-            .await
-    }
-
     async fn watch(&self, seen: &Holder) -> Result<()> {
         let conn = self.conn().await?;
         let mut broken = false;
@@ -227,6 +184,48 @@ impl LeaseBackend for KubeLeaseBackend {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+#[async_trait]
+impl CandidateRegistry for KubeLeaseBackend {
+    async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
+        self.publish(candidate, ttl).await
+    }
+
+    async fn withdraw_candidate(&self, identity: &str) -> Result<()> {
+        self.withdraw(identity).await
+    }
+
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        self.list_candidates().await
+    }
+
+    /// One watch of the candidate Leases by label, resumed between calls.
+    async fn watch_candidates(&self) -> Result<()> {
+        self.follow_candidates().await
+    }
+}
+
+#[async_trait]
+impl ControlStore for KubeLeaseBackend {
+    /// The annotations of the election Lease (none set when it is absent).
+    async fn controls(&self) -> Result<Controls> {
+        self.read_controls().await
+    }
+
+    async fn watch_controls(&self, seen: &Controls) -> Result<Controls> {
+        self.follow_controls(seen).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.set_note(PAUSED_ANNOTATION, paused.then_some("true"))
+            .await
+    }
+
+    async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
+        self.set_note(SWITCHOVER_ANNOTATION, to.filter(|t| !t.is_empty()))
+            .await
     }
 }
 

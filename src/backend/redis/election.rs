@@ -52,6 +52,7 @@ use crate::backend::controls::Controls;
 use crate::backend::{
     BackendError, Campaign, Holder, LeaseBackend, LostReason, Renewal, Result, Term,
 };
+use crate::backend::{CandidateRegistry, ControlStore};
 
 /// What this candidate knows of one server's process.
 #[derive(Default)]
@@ -365,10 +366,23 @@ impl LeaseBackend for RedisBackend {
         self.release_to(term, successor).await
     }
 
-    fn has_registry(&self) -> bool {
-        true
+    async fn watch(&self, seen: &Holder) -> Result<()> {
+        self.released.subscribe(&self.group, &self.channel).await;
+        if self.released.wait(seen.term_id.as_str()).await {
+            return Ok(());
+        }
+        // Every subscription is broken: report it; the Elector backs off and
+        // campaigns again (which re-subscribes).
+        Err(BackendError::Unreachable {
+            backend: BACKEND,
+            endpoints: self.group.endpoints(),
+            source: "the release-channel subscription broke on every server".into(),
+        })
     }
+}
 
+#[async_trait]
+impl CandidateRegistry for RedisBackend {
     async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
         self.publish(candidate, ttl).await
     }
@@ -377,18 +391,17 @@ impl LeaseBackend for RedisBackend {
         self.withdraw(identity).await
     }
 
-    async fn candidates(&self) -> Result<Option<Vec<Listed>>> {
-        self.list().await.map(Some)
+    async fn candidates(&self) -> Result<Vec<Listed>> {
+        self.list().await
     }
 
     async fn watch_candidates(&self) -> Result<()> {
         self.watch_registry().await
     }
+}
 
-    fn has_controls(&self) -> bool {
-        true
-    }
-
+#[async_trait]
+impl ControlStore for RedisBackend {
     async fn controls(&self) -> Result<Controls> {
         self.read_controls().await
     }
@@ -403,20 +416,6 @@ impl LeaseBackend for RedisBackend {
 
     async fn request_switchover(&self, to: Option<&str>) -> Result<()> {
         self.switchover(to).await
-    }
-
-    async fn watch(&self, seen: &Holder) -> Result<()> {
-        self.released.subscribe(&self.group, &self.channel).await;
-        if self.released.wait(seen.term_id.as_str()).await {
-            return Ok(());
-        }
-        // Every subscription is broken: report it; the Elector backs off and
-        // campaigns again (which re-subscribes).
-        Err(BackendError::Unreachable {
-            backend: BACKEND,
-            endpoints: self.group.endpoints(),
-            source: "the release-channel subscription broke on every server".into(),
-        })
     }
 }
 

@@ -161,6 +161,8 @@ impl Settings for RedisSettings {
         backend.set_reread(self.reread);
         let coord = RedisCoord::new(backend.clone());
         Ok(Connected {
+            registry: Some(backend.clone()),
+            controls: Some(backend.clone()),
             election: backend,
             coordination: Some(Box::new(coord)),
             roster: None,
