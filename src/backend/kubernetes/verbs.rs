@@ -388,10 +388,12 @@ impl KubeLeaseBackend {
             // Deleted since our read (a watch told us): read again.
             _ => return Ok(if round > 0 { Round::Lost } else { Round::Again }),
         };
-        if round > 0 {
-            return Ok(Round::Lost);
-        }
-        debug!(previous = %previous.term_id, "lease free or silent for its duration; taking it");
+        // A second round finds it still free: the write that beat our first
+        // compare-and-swap took nobody's term (an operator's annotation, a
+        // switchover request cleared), so try once more on the fresh version
+        // rather than back off and let the named successor's head start
+        // lapse (ops_controls::kubernetes_switchover_by_command).
+        debug!(previous = %previous.term_id, round, "lease free or silent for its duration; taking it");
         let next = self.acquisition(lease, &mine, ttl);
         self.view(|v| v.sent(&mine));
         let r = self.cas(conn, &next).await;
