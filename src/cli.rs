@@ -215,6 +215,7 @@ const SHORT_HELP: &[&str] = &[
     "lease_duration",
     "http_addr",
     "control_addr",
+    "failsafe",
     "kill_grace",
     "on_child_exit",
     "every",

@@ -106,6 +106,11 @@ pub struct Report {
     /// `status` only, where the backend keeps a candidate registry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<Vec<CandidateRow>>,
+    /// `status` only, once a failsafe leader wrote one: the failsafe
+    /// roster, the members that confirm a leader through a backend outage
+    /// (see the book's Failsafe page).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failsafe_roster: Option<Vec<crate::backend::roster::Member>>,
 }
 
 impl Report {
@@ -123,6 +128,7 @@ impl Report {
             paused: None,
             pinned: None,
             candidates: None,
+            failsafe_roster: None,
         }
     }
 }
@@ -197,6 +203,7 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
             crate::say!("error: {}", e.report());
+            failsafe_hint(connected);
             return 1;
         }
         Err(_) => {
@@ -205,6 +212,7 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
                 backend.name(),
                 crate::flags::format_duration(cli.timeout)
             );
+            failsafe_hint(connected);
             return 1;
         }
     };
@@ -213,12 +221,14 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
     report.paused = controls.as_ref().map(|c| c.0);
     report.pinned = controls.and_then(|c| c.1);
     report.candidates = candidates::read(connected.registry.as_deref(), cli.timeout).await;
+    report.failsafe_roster = failsafe_roster(connected, cli.timeout).await;
     let text = match cli.output {
         Output::Json => serde_json::to_string(&report).unwrap_or_default(),
         Output::Table => {
             table(&report)
                 + &controls::paused_line(report.paused, report.pinned.as_deref())
                 + &candidates::table(report.candidates.as_deref())
+                + &roster_line(report.failsafe_roster.as_deref())
         }
     };
     // A closed output (`| head -c 1`) is not a failure of the command.
@@ -236,6 +246,43 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
         }
         Some(_) => 0,
     }
+}
+
+/// When the backend cannot be read and keeps a failsafe roster: where to
+/// look instead.
+fn failsafe_hint(connected: &Connected) {
+    if connected.roster.is_some() {
+        crate::say!(
+            "hint: with --failsafe a leader may lead on through a backend outage; a sidecar's /leader says so (its \"failsafe\" field)"
+        );
+    }
+}
+
+/// The failsafe roster the election record holds, where the backend keeps
+/// one and a failsafe leader wrote it; `None` otherwise (or when it cannot
+/// be read within `limit`: the table above already says the backend
+/// answered).
+async fn failsafe_roster(
+    connected: &Connected,
+    limit: Duration,
+) -> Option<Vec<crate::backend::roster::Member>> {
+    let store = connected.roster.as_ref()?;
+    match tokio::time::timeout(limit, store.roster()).await {
+        Ok(Ok(Some(r))) => Some(r.members),
+        _ => None,
+    }
+}
+
+/// The table's failsafe line: the roster members and their peer addresses.
+fn roster_line(members: Option<&[crate::backend::roster::Member]>) -> String {
+    let Some(members) = members else {
+        return String::new();
+    };
+    let list: Vec<String> = members
+        .iter()
+        .map(|m| format!("{} ({})", m.identity, m.peer_addr))
+        .collect();
+    format!("\n\nFAILSAFE ROSTER: {}", list.join(", "))
 }
 
 fn table(r: &Report) -> String {

@@ -30,6 +30,8 @@ use crate::flags::{ConfigError, config_error};
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Election")]
 pub struct BackendArgs {
+    /// Which backend: auto picks etcd with --etcd-endpoints, Redis with --redis-url, else a Lease.
+    ///
     /// Which backend to use; auto picks etcd when --etcd-endpoints is given, Redis when --redis-url is given, else a Kubernetes Lease.
     #[arg(long, default_value = AUTO, env = "LEADER_ELECTOR_BACKEND", value_parser = backend_names(), value_name = "BACKEND")]
     pub backend: String,

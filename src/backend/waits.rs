@@ -35,9 +35,11 @@ pub enum WaitReason {
     /// Redis: a server started less than one lease duration ago and may
     /// have forgotten a live term.
     ServerRestarted,
-    /// Failsafe: this member promised the leader not to campaign (or
-    /// started less than one maximum promise ago).
+    /// Failsafe: this member promised the leader not to campaign.
     FailsafePromise,
+    /// Failsafe: this member started less than one maximum promise ago;
+    /// what an earlier process of it promised may still hold.
+    FailsafeStartWait,
     /// Failsafe: a roster exists and does not list this candidate yet; the
     /// leader admits it at its next renewal.
     NotOnRoster,
@@ -76,7 +78,10 @@ impl WaitReason {
                 "a Redis server started, restarted or was promoted from a replica less than one lease duration ago and may lack a live term: waiting until it has served that long"
             }
             WaitReason::FailsafePromise => {
-                "failsafe: this member promised the leader not to campaign (or started less than one maximum promise ago)"
+                "failsafe: this member promised the leader not to campaign until the promise ends"
+            }
+            WaitReason::FailsafeStartWait => {
+                "failsafe: started less than one maximum promise ago; what an earlier process of this member promised may still hold, so it does not campaign yet"
             }
             WaitReason::NotOnRoster => {
                 "failsafe: not on the roster yet; the leader admits this candidate at its next renewal"

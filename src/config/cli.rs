@@ -62,6 +62,8 @@ pub struct Cli {
     #[arg(long, visible_alias = "http", default_value = "0.0.0.0:4040", env = "LEADER_ELECTOR_HTTP_ADDR", value_parser = parse_addr, value_name = "HOST:PORT")]
     pub http_addr: SocketAddr,
 
+    /// Address of the control API (POST /resign, /release, /locks...), loopback only; empty: off.
+    ///
     /// Address of the control API (POST /resign, /release; /locks, /semaphores, /jobs), loopback only; empty turns it off.
     #[arg(
         long,

@@ -11,8 +11,10 @@ use crate::flags::{ConfigError, config_error};
 /// The failsafe flags.
 #[derive(Args, Debug, Clone, Default)]
 pub struct FailsafeArgs {
+    /// Lead on through a backend outage (opt-in).
+    ///
     /// Keep a running leader through a backend outage while every roster member confirms it over the peer port (opt-in; see the book's Failsafe page).
-    #[arg(long, env = "LEADER_ELECTOR_FAILSAFE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(long, env = "LEADER_ELECTOR_FAILSAFE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL", hide_possible_values = true)]
     pub failsafe: bool,
 
     /// Address of the peer listener (the heartbeat only), published in the roster [default with --failsafe: $POD_IP:4042].

@@ -42,6 +42,11 @@ pub(super) struct Guard {
 }
 
 impl Guard {
+    /// Whether failsafe is bridging an outage now (renewals unreachable).
+    pub(super) fn bridging(&self) -> bool {
+        self.confirm.active()
+    }
+
     fn remember(&mut self, roster: &Roster) {
         for m in &roster.members {
             self.addresses
@@ -108,6 +113,17 @@ impl Elector {
         }
         let retry = self.cfg.retry_period;
         match hold {
+            Hold::StartWait(until) => {
+                let left = until.saturating_duration_since(now);
+                self.set_waiting(Some((WaitReason::FailsafeStartWait, left)));
+                // Name the leader meanwhile (a follower is ready once it
+                // knows one), reading once per renew interval.
+                self.look_at_holder().await;
+                Some(
+                    left.min(self.cfg.renew_interval)
+                        .max(Duration::from_millis(10)),
+                )
+            }
             Hold::Promised(until) => {
                 let left = until.saturating_duration_since(now);
                 self.set_waiting(Some((WaitReason::FailsafePromise, left)));

@@ -37,6 +37,10 @@ pub(super) enum Loss {
     Renewal(LostReason),
     /// The watch on our own key saw it deleted, overwritten or edited.
     KeyChanged,
+    /// The key vanished (or its lease ended) while failsafe held the term
+    /// through a backend outage: the backend expired the lease it could
+    /// not hear renewed, not a foreign edit.
+    ExpiredInOutage,
 }
 
 impl Loss {
@@ -45,6 +49,9 @@ impl Loss {
         match self {
             Loss::Renewal(r) => r.as_str(),
             Loss::KeyChanged => "key deleted, overwritten or edited by someone else",
+            Loss::ExpiredInOutage => {
+                "the backend expired the term's lease during the outage failsafe bridged"
+            }
         }
     }
 }
@@ -67,6 +74,23 @@ struct Held {
     drain_until: Option<Instant>,
     /// The failsafe of this term (`None`: failsafe off).
     fs: Option<super::failsafe::Guard>,
+}
+
+impl Held {
+    /// How a loss reads: while failsafe bridges an outage, the backend
+    /// removing the key or its lease is the lease it could not hear
+    /// renewed expiring (e.g. a frozen etcd thawing), not a foreign edit.
+    fn loss(&self, seen: Loss) -> Loss {
+        let bridging = self.fs.as_ref().is_some_and(|g| g.bridging());
+        match seen {
+            Loss::KeyChanged | Loss::Renewal(LostReason::KeyDeleted | LostReason::LeaseExpired)
+                if bridging =>
+            {
+                Loss::ExpiredInOutage
+            }
+            other => other,
+        }
+    }
 }
 
 /// The outcome of one renewal.
@@ -118,7 +142,7 @@ impl Elector {
                 _ = known.changed() => {}
                 to = &mut preempt, if held.drain_until.is_none() => { self.successor = Some(to); break StepDown::Resigned }
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
-                    Ok(()) => break StepDown::Lost(Loss::KeyChanged),
+                    Ok(()) => break StepDown::Lost(held.loss(Loss::KeyChanged)),
                     Err(e) => {
                         warn!(error = %e.report(), "watch on own key failed; reopening it");
                         watch = None;
@@ -134,7 +158,7 @@ impl Elector {
                 _ = sleep_until(held.next_renew) => match self.renew(&term, &mut held).await {
                     Renew::Renewed => rewatch_backoff.reset(),
                     Renew::Failed => {}
-                    Renew::Lost(reason) => break StepDown::Lost(reason),
+                    Renew::Lost(reason) => break StepDown::Lost(held.loss(reason)),
                 },
             }
         };

@@ -22,13 +22,29 @@ use super::{Confirmations, Heartbeat, Member, Promises, Roster, RosterStore};
 /// Why a member does not campaign now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hold {
-    /// It promised a leader (or started less than one maximum promise
-    /// ago) until this instant.
+    /// It promised a leader not to campaign until this instant.
     Promised(Instant),
+    /// It started less than one maximum promise ago and has promised
+    /// nothing since: what an earlier process promised may hold until
+    /// this instant.
+    StartWait(Instant),
     /// A roster exists and does not list it: it waits to be admitted.
     NotOnRoster,
     /// The roster could not be read: it cannot know whether it may.
     Unknown,
+}
+
+/// What keeps a member with these `promises` from campaigning now, if
+/// anything does.
+pub(super) fn hold_of(promises: &Promises) -> Option<Hold> {
+    let until = promises.until();
+    if promises.may_campaign(Instant::now()) {
+        None
+    } else if promises.promised() {
+        Some(Hold::Promised(until))
+    } else {
+        Some(Hold::StartWait(until))
+    }
 }
 
 /// One process's failsafe state (shared by the Elector, the peer listener
@@ -124,9 +140,9 @@ impl Failsafe {
     /// # Errors
     /// [`Hold`]: why not now.
     pub async fn before_campaign(&self, call_timeout: Duration) -> Result<(), Hold> {
-        let until = self.promises.lock().expect("the promises lock").until();
-        if Instant::now() < until {
-            return Err(Hold::Promised(until));
+        let hold = hold_of(&self.promises.lock().expect("the promises lock"));
+        if let Some(hold) = hold {
+            return Err(hold);
         }
         let roster = tokio::time::timeout(call_timeout, self.store.roster()).await;
         match roster {
@@ -141,8 +157,8 @@ impl Failsafe {
         // Checked and set under the promises' lock, so no heartbeat is
         // accepted between the check and the campaign.
         let promises = self.promises.lock().expect("the promises lock");
-        if !promises.may_campaign(Instant::now()) {
-            return Err(Hold::Promised(promises.until()));
+        if let Some(hold) = hold_of(&promises) {
+            return Err(hold);
         }
         self.campaigning.store(true, Ordering::SeqCst);
         Ok(())

@@ -43,7 +43,7 @@ impl std::fmt::Debug for Secret {
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     /// The file could not be read.
-    #[error("cannot read the failsafe secret file {path}")]
+    #[error("cannot read the failsafe secret file {path}: {source}")]
     Read {
         /// The file.
         path: String,

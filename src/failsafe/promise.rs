@@ -104,6 +104,12 @@ impl Promises {
         self.leader.as_deref().filter(|_| now < self.until)
     }
 
+    /// Whether a heartbeat was accepted since this process started (else
+    /// [`Promises::until`] is the start-up wait's end).
+    pub fn promised(&self) -> bool {
+        self.leader.is_some()
+    }
+
     /// The instant the last promise (or the start-up wait) ends.
     pub fn until(&self) -> Instant {
         self.until

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::peer::{HEARTBEAT_PATH, PeerState, Secret, router};
-use super::{Confirmations, Heartbeat, Member, Promises, Refusal, Roster};
+use super::{Confirmations, Heartbeat, Hold, Member, Promises, Refusal, Roster};
 
 const P: Duration = Duration::from_secs(3);
 const MARGIN: Duration = Duration::from_millis(100);
@@ -115,6 +115,18 @@ async fn a_member_keeps_its_promise_and_a_restart_waits_one_promise() {
     assert_eq!((ack.member.as_str(), ack.promise_ms), ("b", 3000));
     assert!(!p.may_campaign(now + Duration::from_millis(2999)));
     assert!(p.may_campaign(now + P));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_start_up_wait_and_a_promise_are_told_apart() {
+    let start = Instant::now();
+    let mut p = Promises::new("e", "b", P, start);
+    // Before any heartbeat: the start-up wait, ending one promise after start.
+    assert_eq!(super::node::hold_of(&p), Some(Hold::StartWait(start + P)));
+    p.heartbeat(&hb(7), start, false).unwrap();
+    assert_eq!(super::node::hold_of(&p), Some(Hold::Promised(start + P)));
+    tokio::time::advance(P).await;
+    assert_eq!(super::node::hold_of(&p), None);
 }
 
 #[tokio::test(start_paused = true)]

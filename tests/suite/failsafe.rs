@@ -250,6 +250,54 @@ async fn roster_on(cl: &EtcdCluster, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// `status` shows the roster, with the newcomer admitted (JSON and table).
+fn status_shows_the_roster(cl: &EtcdCluster, name: &str) {
+    // `status` shows the roster (JSON and table).
+    let status = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+            .args(["status", "--election", name, "--etcd-endpoints"])
+            .arg(cl.urls().join(","))
+            .args(extra)
+            .env_remove("LEADER_ELECTOR_ELECTION")
+            .output()
+            .unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_slice(&status(&["-o", "json"]).stdout).unwrap();
+    let ids: Vec<&str> = json["failsafe_roster"]
+        .as_array()
+        .expect("status -o json has the roster")
+        .iter()
+        .map(|m| m["identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["late", "m0", "m1"], "{json}");
+    let table = String::from_utf8_lossy(&status(&[]).stdout).into_owned();
+    assert!(
+        table.contains("FAILSAFE ROSTER: late (127.0.0.1:"),
+        "{table}"
+    );
+}
+
+/// `status` cannot read a stopped backend: it exits 1 and says where to look.
+fn status_in_the_outage_says_where_to_look(cl: &EtcdCluster, name: &str) {
+    // `status` cannot read a stopped backend: it exits 1 and says where to look.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args([
+            "status",
+            "--election",
+            name,
+            "--timeout",
+            "1s",
+            "--etcd-endpoints",
+        ])
+        .arg(cl.urls().join(","))
+        .env_remove("LEADER_ELECTOR_ELECTION")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("\"failsafe\" field"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_in_the_outage_never_campaigns_and_is_admitted_after() {
     let mut cl = EtcdCluster::start(3).await;
@@ -264,6 +312,7 @@ async fn a_newcomer_in_the_outage_never_campaigns_and_is_admitted_after() {
     sleep(TTL * 2).await;
     assert_eq!(roster_on(&cl, &name).await, ["m0", "m1"]);
     stop_all(&mut cl);
+    status_in_the_outage_says_where_to_look(&cl, &name);
     sidecars.push(start(&cl, &name, "late", Some(secret.as_str())));
     let w = watch(&sidecars, TTL * 4).await;
     assert_eq!(w.led_until, None, "the leader led throughout");
@@ -288,6 +337,7 @@ async fn a_newcomer_in_the_outage_never_campaigns_and_is_admitted_after() {
         "newcomer in the outage: never led; admitted {:?} after the cluster returned (roster {roster:?}); overlaps 0",
         after.elapsed()
     );
+    status_shows_the_roster(&cl, &name);
     watch(&sidecars, TTL).await;
     assert_eq!(leaders(&sidecars).await, [first]);
     assert_eq!(token_of(&sidecars[first]).await, token, "same term");

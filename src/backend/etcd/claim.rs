@@ -44,6 +44,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
+use super::ahead::{Ahead, Beside, Spare, new_lease, send_beside};
 use super::store::{Lease, lease_hex, revision_of};
 use super::{EtcdBackend, KeepAlive};
 use crate::backend::WaitReason;
@@ -64,18 +65,14 @@ enum Next {
     Take(i64),
 }
 
-/// A lease granted ahead for the next campaign.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Spare {
-    lease: Lease,
-    /// The send instant of its grant or last refresh.
-    at: Instant,
-}
-
-impl Spare {
-    /// Whether it is certainly alive now: at least half its TTL remains.
-    fn usable(&self, ttl: Duration) -> bool {
-        self.lease.ttl >= ttl && self.at.elapsed() < self.lease.ttl / 2
+/// Run `txn`; `None` when etcd answers that its lease does not exist.
+async fn txn_or_no_lease(
+    mut kv: Client,
+    txn: Txn,
+) -> std::result::Result<Option<TxnResponse>, etcd_client::Error> {
+    match kv.txn(txn).await {
+        Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => Ok(None),
+        other => other.map(Some),
     }
 }
 
@@ -126,27 +123,31 @@ impl EtcdBackend {
     ) -> Result<Campaign> {
         let mut client = self.client().await?;
         let prev = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
-        let (mut lease, mut at, mut refresh) = self.lease_ahead(&mut client, ttl).await?;
+        let (mut lease, mut at, mut ahead) = self.lease_ahead(ttl);
         let mut mark = (prev != 0).then_some(prev);
         loop {
             let sent = Instant::now();
             let claimed = self
-                .claim_txn(&mut client, identity, lease, mark, refresh)
+                .claim_txn(&mut client, identity, &mut lease, mark, ahead)
                 .await?;
             let Some((found, keep_alive)) = claimed else {
-                // The lease was gone: a spare that expired after all (grant
-                // one and try again), or etcd lost a fresh grant.
-                if !refresh {
-                    let lost = "etcd lost the lease granted for the campaign";
-                    return Err(self.store.unreachable(lost.into()));
-                }
-                at = Instant::now();
-                (lease, refresh) = (self.store.grant(&mut client, ttl, None).await?, false);
+                (lease, at, ahead) = match ahead {
+                    // The claim ran before the grant beside it: the lease
+                    // exists now.
+                    Ahead::Grant => (lease, at, Ahead::Ready),
+                    // A spare that expired after all: a new lease.
+                    Ahead::Refresh => (new_lease(ttl), Instant::now(), Ahead::Grant),
+                    Ahead::Ready => {
+                        let lost = "etcd lost the lease granted for the campaign";
+                        return Err(self.store.unreachable(lost.into()));
+                    }
+                };
                 continue;
             };
-            if refresh {
-                (at, refresh) = (sent, false);
+            if ahead == Ahead::Refresh {
+                at = sent;
             }
+            ahead = Ahead::Ready;
             if found.wrote {
                 return Ok(self.won(identity, lease, found.revision, keep_alive).await);
             }
@@ -173,53 +174,42 @@ impl EtcdBackend {
         }
     }
 
-    /// The spare lease while usable (to be refreshed beside the claim:
-    /// `true`), else a fresh grant (`false`); with the send instant of its
-    /// grant or last refresh.
-    async fn lease_ahead(
-        &self,
-        client: &mut Client,
-        ttl: Duration,
-    ) -> Result<(Lease, Instant, bool)> {
-        let spare = self.spare.lock().expect("spare lease").take();
-        if let Some(s) = spare.filter(|s| s.usable(ttl)) {
-            return Ok((s.lease, s.at, true));
-        }
-        let at = Instant::now();
-        Ok((self.store.grant(client, ttl, None).await?, at, false))
-    }
-
     /// The claim transaction for `identity` under `lease` (module docs),
-    /// requiring the release mark of `mark` when given; with `refresh`, the
-    /// lease's keep-alive sent beside it. `None` when etcd says the lease
-    /// is gone. The lease is abandoned when the call fails.
+    /// requiring the release mark of `mark` when given, with what `ahead`
+    /// sends beside it: the spare's keep-alive, or the grant of a new
+    /// lease with our id (sent first on the same connection, so etcd
+    /// nearly always applies it first; when it did not, the claim found no
+    /// lease and is sent again). `None` when etcd says the lease is gone
+    /// (`lease.ttl` is then the granted TTL when a grant went beside). The
+    /// lease is abandoned when the call fails.
     async fn claim_txn(
         &self,
         client: &mut Client,
         identity: &str,
-        lease: Lease,
+        lease: &mut Lease,
         mark: Option<i64>,
-        refresh: bool,
+        ahead: Ahead,
     ) -> Result<Option<(Found, Option<KeepAlive>)>> {
         let txn = self.claim_ops(identity, lease.id, mark);
-        let mut kv = client.clone();
-        let put = async move {
-            match kv.txn(txn).await {
-                Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => {
-                    Ok(None)
-                }
-                other => other.map(Some),
-            }
-        };
-        let mut leases = client.lease_client();
-        let keep = async {
-            if refresh {
-                Some(leases.keep_alive(lease.id).await)
-            } else {
+        let put = txn_or_no_lease(client.clone(), txn);
+        let beside = send_beside(client.lease_client(), *lease, ahead);
+        // The grant or keep-alive is polled first: it is on the wire first.
+        let (beside, put) = tokio::join!(beside, self.store.call(None, "txn", put));
+        let keep = match beside {
+            Beside::Granted(Ok(g)) => {
+                lease.ttl = Duration::from_secs(g.ttl().max(1) as u64);
                 None
             }
+            Beside::Granted(Err(e)) => {
+                let e = self.store.failed(e).await;
+                if matches!(put, Ok(Some(_))) {
+                    self.store.abandon(client, lease.id, None, &e).await;
+                }
+                return Err(e);
+            }
+            Beside::Kept(k) => Some(k),
+            Beside::Nothing => None,
         };
-        let (put, keep) = tokio::join!(self.store.call(None, "txn", put), keep);
         let resp = match put {
             Ok(Some(resp)) => resp,
             Ok(None) => return Ok(None),

@@ -23,6 +23,7 @@
 //! The client, the error classification and the lease life cycle live in
 //! [`store`], shared with the coordination API.
 
+mod ahead;
 pub mod claim;
 mod controls;
 pub mod coord;
@@ -101,7 +102,7 @@ pub struct EtcdBackend {
     /// another, and when it first found it (its own clock).
     named_seen: std::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
     /// A lease granted ahead by a campaign that did not win ([`claim`]).
-    spare: std::sync::Mutex<Option<claim::Spare>>,
+    spare: std::sync::Mutex<Option<ahead::Spare>>,
     /// The failsafe roster this process's next campaign or renewal writes.
     staged: std::sync::Mutex<Option<crate::backend::roster::Roster>>,
 }

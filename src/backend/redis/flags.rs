@@ -34,6 +34,8 @@ pub const ROW: Row = Row {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Redis")]
 pub struct RedisArgs {
+    /// Redis URL (redis://host:port or rediss://); repeat for Redlock across 3 or more servers.
+    ///
     /// Redis URL (redis://[user[:password]@]host:port[/db] or rediss://); repeat for Redlock across independent servers (3 or more; the env variable takes a comma-separated list).
     #[arg(
         long,
