@@ -23,45 +23,23 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::backend::ControlStore;
 use crate::backend::memory::MemoryBackend;
+use crate::elector::MatrixOp as Op;
 use crate::elector::{Elector, ElectorConfig, TableModel};
 
 const TTL: Duration = Duration::from_secs(3);
 const STEP: Duration = Duration::from_millis(10);
 
 /// The controls of the matrix, in the table's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    Pause,
-    Freeze,
-    Switchover,
-    Forced,
-    Revision,
-    Priority,
-    Unhealthy,
-    Sigterm,
-}
+const OPS: [Op; 8] = Op::ALL;
 
-const OPS: [Op; 8] = [
-    Op::Pause,
-    Op::Freeze,
-    Op::Switchover,
-    Op::Forced,
-    Op::Revision,
-    Op::Priority,
-    Op::Unhealthy,
-    Op::Sigterm,
-];
-
-impl Op {
-    /// How long the control may take to show its outcome (its bound).
-    fn bound(self) -> Duration {
-        match self {
-            // Preemption waits --preempt-after (2 s) from the first list.
-            Op::Priority => Duration::from_secs(4),
-            // The health grace (1 s), then a handover.
-            Op::Unhealthy => Duration::from_millis(2500),
-            _ => Duration::from_millis(1500),
-        }
+/// How long the control may take to show its outcome (its bound).
+fn bound(op: Op) -> Duration {
+    match op {
+        // Preemption waits --preempt-after (2 s) from the first list.
+        Op::Priority => Duration::from_secs(4),
+        // The health grace (1 s), then a handover.
+        Op::Unhealthy => Duration::from_millis(2500),
+        _ => Duration::from_millis(1500),
     }
 }
 
@@ -279,10 +257,10 @@ async fn row(first: Op) {
         let name = format!("{first:?} then {second:?}");
         let mut cell = Cell::new(name.clone()).await;
         cell.apply(first).await;
-        run_for(&cell.ms, first.bound(), &mut cell.seen, &name).await;
+        run_for(&cell.ms, bound(first), &mut cell.seen, &name).await;
         cell.check(&format!("{first:?}"));
         cell.apply(second).await;
-        run_for(&cell.ms, second.bound(), &mut cell.seen, &name).await;
+        run_for(&cell.ms, bound(second), &mut cell.seen, &name).await;
         cell.check(&format!("{second:?}"));
         assert_eq!(cell.seen.overlaps, 0, "{name}: two leaders");
         eprintln!(

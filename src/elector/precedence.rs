@@ -162,6 +162,43 @@ fn would_undo(
     Ok(())
 }
 
+/// The controls of the precedence table's pairwise matrix, in the table's
+/// order (each matrix test applies ordered pairs of them to an election
+/// and checks it against a [`TableModel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixOp {
+    /// Pause the election.
+    Pause,
+    /// Freeze a follower.
+    Freeze,
+    /// A switchover by the leader.
+    Switchover,
+    /// A forced switchover by the leader.
+    Forced,
+    /// A candidate of a newer revision joins.
+    Revision,
+    /// A candidate of a higher priority joins.
+    Priority,
+    /// The leader's app turns unhealthy.
+    Unhealthy,
+    /// The leader gets SIGTERM.
+    Sigterm,
+}
+
+impl MatrixOp {
+    /// Every control, in the table's order.
+    pub const ALL: [MatrixOp; 8] = [
+        MatrixOp::Pause,
+        MatrixOp::Freeze,
+        MatrixOp::Switchover,
+        MatrixOp::Forced,
+        MatrixOp::Revision,
+        MatrixOp::Priority,
+        MatrixOp::Unhealthy,
+        MatrixOp::Sigterm,
+    ];
+}
+
 /// One member in a [`TableModel`]: (identity, priority, revision number,
 /// ready).
 pub type ModelMember = (String, u32, u32, bool);

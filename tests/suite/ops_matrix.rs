@@ -37,6 +37,7 @@ use tokio::time::{Instant, sleep};
 use crate::ops_controls::Fixture;
 use crate::support::recorder::Recorder;
 use crate::support::*;
+use leader_elector::elector::MatrixOp as Op;
 use leader_elector::elector::TableModel;
 
 /// The lease duration of [`FAST`].
@@ -46,40 +47,17 @@ const TTL: Duration = Duration::from_secs(2);
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// The controls of the matrix, in the table's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    Pause,
-    Freeze,
-    Switchover,
-    Forced,
-    Revision,
-    Priority,
-    Unhealthy,
-    Sigterm,
-}
+const OPS: [Op; 8] = Op::ALL;
 
-const OPS: [Op; 8] = [
-    Op::Pause,
-    Op::Freeze,
-    Op::Switchover,
-    Op::Forced,
-    Op::Revision,
-    Op::Priority,
-    Op::Unhealthy,
-    Op::Sigterm,
-];
-
-impl Op {
-    /// From the instant the registry shows the control: how long the
-    /// named leader may take, and how long a kept leader must hold.
-    fn bound(self) -> Duration {
-        match self {
-            // --preempt-after (2 s) from the leader's first list, a handover.
-            Op::Priority => Duration::from_millis(4500),
-            // Health checks every 200 ms, a grace of 1 s, a handover.
-            Op::Unhealthy | Op::Sigterm => Duration::from_secs(3),
-            _ => Duration::from_secs(2),
-        }
+/// From the instant the registry shows the control: how long the
+/// named leader may take, and how long a kept leader must hold.
+fn bound(op: Op) -> Duration {
+    match op {
+        // --preempt-after (2 s) from the leader's first list, a handover.
+        Op::Priority => Duration::from_millis(4500),
+        // Health checks every 200 ms, a grace of 1 s, a handover.
+        Op::Unhealthy | Op::Sigterm => Duration::from_secs(3),
+        _ => Duration::from_secs(2),
     }
 }
 
@@ -411,7 +389,7 @@ impl Cell {
                 }
             }
             match settled_at {
-                Some(t) if t.elapsed() > op.bound() => break,
+                Some(t) if t.elapsed() > bound(op) => break,
                 Some(_) if change && named_since.is_some_and(|s| s.elapsed() > stable) => break,
                 Some(_) => {}
                 None => assert!(
