@@ -65,7 +65,7 @@ pub use controls::{Handover, SwitchoverRefusal};
 use gates::Gates;
 pub use gates::PARTICIPANT_WAIT;
 pub use observe::{Observation, Observer};
-pub use precedence::{Rules, check_target, successor_for};
+pub use precedence::{MatrixOp, ModelMember, Rules, TableModel, check_target, successor_for};
 use publish::Publisher;
 pub use state::{Event, EventKind, FailsafeView, LeaderState, OwnTerm, Waiting};
 use transition::Change;

@@ -8,7 +8,7 @@
 //!   to lead (safety);
 //! - the liveness twin: after each control has had its bound, the leader
 //!   is one the table names, computed by a small model of the table
-//!   ([`Model`]); while paused, the leader never changes (only SIGTERM
+//!   ([`TableModel`], beside the table in `precedence.rs`); while paused, the leader never changes (only SIGTERM
 //!   ends its term, and then nobody leads).
 //!
 //! One test per row (the first control), eight cells each.
@@ -23,45 +23,23 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::backend::ControlStore;
 use crate::backend::memory::MemoryBackend;
-use crate::elector::{Elector, ElectorConfig};
+use crate::elector::MatrixOp as Op;
+use crate::elector::{Elector, ElectorConfig, TableModel};
 
 const TTL: Duration = Duration::from_secs(3);
 const STEP: Duration = Duration::from_millis(10);
 
 /// The controls of the matrix, in the table's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    Pause,
-    Freeze,
-    Switchover,
-    Forced,
-    Revision,
-    Priority,
-    Unhealthy,
-    Sigterm,
-}
+const OPS: [Op; 8] = Op::ALL;
 
-const OPS: [Op; 8] = [
-    Op::Pause,
-    Op::Freeze,
-    Op::Switchover,
-    Op::Forced,
-    Op::Revision,
-    Op::Priority,
-    Op::Unhealthy,
-    Op::Sigterm,
-];
-
-impl Op {
-    /// How long the control may take to show its outcome (its bound).
-    fn bound(self) -> Duration {
-        match self {
-            // Preemption waits --preempt-after (2 s) from the first list.
-            Op::Priority => Duration::from_secs(4),
-            // The health grace (1 s), then a handover.
-            Op::Unhealthy => Duration::from_millis(2500),
-            _ => Duration::from_millis(1500),
-        }
+/// How long the control may take to show its outcome (its bound).
+fn bound(op: Op) -> Duration {
+    match op {
+        // Preemption waits --preempt-after (2 s) from the first list.
+        Op::Priority => Duration::from_secs(4),
+        // The health grace (1 s), then a handover.
+        Op::Unhealthy => Duration::from_millis(2500),
+        _ => Duration::from_millis(1500),
     }
 }
 
@@ -153,71 +131,10 @@ async fn run_for(ms: &[Member], d: Duration, seen: &mut Seen, cell: &str) {
     }
 }
 
-/// The table as a model: what the election should look like.
-#[derive(Clone, Debug)]
-struct Model {
-    paused: bool,
-    frozen: BTreeSet<String>,
-    pinned: Option<String>,
-    /// The members that may be named: id, priority, revision, ready.
-    members: Vec<(String, u32, u32, bool)>,
-    /// The leaders the table allows now (empty: nobody).
-    leader: BTreeSet<String>,
-}
-
-impl Model {
-    fn eligible(&self) -> impl Iterator<Item = &(String, u32, u32, bool)> {
-        self.members
-            .iter()
-            .filter(|m| m.3 && !self.frozen.contains(&m.0))
-    }
-
-    /// The best eligible members other than `not`: highest priority,
-    /// then newest revision (ties: any of them).
-    fn best(&self, not: &str) -> BTreeSet<String> {
-        let others: Vec<_> = self.eligible().filter(|m| m.0 != not).collect();
-        let top = others.iter().map(|m| (m.1, m.2)).max();
-        others
-            .iter()
-            .filter(|m| Some((m.1, m.2)) == top)
-            .map(|m| m.0.clone())
-            .collect()
-    }
-
-    /// The one leader, when the model names one.
-    fn the_leader(&self) -> Option<String> {
-        (self.leader.len() == 1).then(|| self.leader.iter().next().cloned().unwrap())
-    }
-
-    fn of(&self, id: &str) -> Option<&(String, u32, u32, bool)> {
-        self.members.iter().find(|m| m.0 == id)
-    }
-
-    /// Preemption and the revision handover, after any change.
-    fn settle(&mut self) {
-        let Some(l) = self.the_leader() else { return };
-        if self.paused || self.pinned.as_deref() == Some(l.as_str()) {
-            return;
-        }
-        let Some(&(_, p, r, _)) = self.of(&l) else {
-            return;
-        };
-        let better: BTreeSet<String> = self
-            .eligible()
-            .filter(|m| m.0 != l && (m.1 > p || (m.1 == p && m.2 > r)))
-            .map(|m| m.0.clone())
-            .collect();
-        if !better.is_empty() {
-            let top = self.best("");
-            self.leader = top.intersection(&better).cloned().collect();
-        }
-    }
-}
-
 struct Cell {
     b: MemoryBackend,
     ms: Vec<Member>,
-    model: Model,
+    model: TableModel,
     seen: Seen,
     name: String,
 }
@@ -232,7 +149,7 @@ impl Cell {
         ms.push(start(&b, "c", 1, 1));
         run_for(&ms, Duration::from_millis(300), &mut seen, &name).await;
         assert_eq!(leader(&ms).as_deref(), Some("a"), "{name}: a leads first");
-        let model = Model {
+        let model = TableModel {
             paused: false,
             frozen: BTreeSet::new(),
             pinned: None,
@@ -292,27 +209,12 @@ impl Cell {
             Op::Unhealthy => {
                 let Some(l) = current else { return };
                 self.member(&l).health.send(false).unwrap();
-                let m = &mut self.model;
-                m.members
-                    .iter_mut()
-                    .filter(|x| x.0 == l)
-                    .for_each(|x| x.3 = false);
-                if !m.paused {
-                    m.leader = m.best(&l);
-                    m.pinned = m.pinned.take().filter(|p| *p != l);
-                }
+                self.model.loses(&l, false);
             }
             Op::Sigterm => {
                 let Some(l) = current else { return };
                 self.member(&l).stop.cancel();
-                let m = &mut self.model;
-                m.members.retain(|x| x.0 != l);
-                m.leader = if m.paused {
-                    BTreeSet::new()
-                } else {
-                    m.best(&l)
-                };
-                m.pinned = m.pinned.take().filter(|p| *p != l);
+                self.model.loses(&l, true);
             }
         }
         self.model.settle();
@@ -323,13 +225,7 @@ impl Cell {
         let Some(l) = current else { return };
         let to = if l == "b" { "c" } else { "b" };
         let answer = self.member(&l).handle.switchover(to, force).await;
-        let m = &mut self.model;
-        let (_, tp, tr, _) = m.of(to).cloned().unwrap();
-        let undone = m
-            .eligible()
-            .chain(m.of(&l))
-            .any(|x| x.0 != to && (x.1 > tp || (x.1 == tp && x.2 > tr)));
-        let refused = m.paused || m.frozen.contains(to) || (!force && undone);
+        let refused = self.model.refuses(&l, to, force);
         assert_eq!(
             answer.is_err(),
             refused,
@@ -337,8 +233,7 @@ impl Cell {
             self.name
         );
         if !refused {
-            m.leader = BTreeSet::from([to.to_owned()]);
-            m.pinned = force.then(|| to.to_owned());
+            self.model.switched(to, force);
         }
     }
 
@@ -346,14 +241,11 @@ impl Cell {
     /// one, among ties, the model learns from the election).
     fn check(&mut self, after: &str) {
         let l = leader(&self.ms);
-        let ok = match &l {
-            Some(l) => self.model.leader.contains(l),
-            None => self.model.leader.is_empty(),
-        };
         assert!(
-            ok,
+            self.model.allows(l.as_deref()),
             "{}: after {after}: {l:?} leads, the table names {:?}",
-            self.name, self.model
+            self.name,
+            self.model
         );
         self.model.leader = l.into_iter().collect();
     }
@@ -365,10 +257,10 @@ async fn row(first: Op) {
         let name = format!("{first:?} then {second:?}");
         let mut cell = Cell::new(name.clone()).await;
         cell.apply(first).await;
-        run_for(&cell.ms, first.bound(), &mut cell.seen, &name).await;
+        run_for(&cell.ms, bound(first), &mut cell.seen, &name).await;
         cell.check(&format!("{first:?}"));
         cell.apply(second).await;
-        run_for(&cell.ms, second.bound(), &mut cell.seen, &name).await;
+        run_for(&cell.ms, bound(second), &mut cell.seen, &name).await;
         cell.check(&format!("{second:?}"));
         assert_eq!(cell.seen.overlaps, 0, "{name}: two leaders");
         eprintln!(

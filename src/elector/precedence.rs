@@ -15,6 +15,7 @@
 //! before a preemption or a revision handover, [`Rules::may_step_down`]
 //! before an unhealthy step-down, and [`check_target`] before a switchover.
 
+use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use super::SwitchoverRefusal;
@@ -159,6 +160,172 @@ fn would_undo(
         });
     }
     Ok(())
+}
+
+/// The controls of the precedence table's pairwise matrix, in the table's
+/// order (each matrix test applies ordered pairs of them to an election
+/// and checks it against a [`TableModel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixOp {
+    /// Pause the election.
+    Pause,
+    /// Freeze a follower.
+    Freeze,
+    /// A switchover by the leader.
+    Switchover,
+    /// A forced switchover by the leader.
+    Forced,
+    /// A candidate of a newer revision joins.
+    Revision,
+    /// A candidate of a higher priority joins.
+    Priority,
+    /// The leader's app turns unhealthy.
+    Unhealthy,
+    /// The leader gets SIGTERM.
+    Sigterm,
+}
+
+impl MatrixOp {
+    /// Every control, in the table's order.
+    pub const ALL: [MatrixOp; 8] = [
+        MatrixOp::Pause,
+        MatrixOp::Freeze,
+        MatrixOp::Switchover,
+        MatrixOp::Forced,
+        MatrixOp::Revision,
+        MatrixOp::Priority,
+        MatrixOp::Unhealthy,
+        MatrixOp::Sigterm,
+    ];
+}
+
+/// One member in a [`TableModel`]: (identity, priority, revision number,
+/// ready).
+pub type ModelMember = (String, u32, u32, bool);
+
+/// **Which candidate the precedence table names as leader**, as a small
+/// model of the table over abstract members (no registry, no clock), for
+/// the pairwise matrix tests that check an election against it (the
+/// in-memory one in `src/elector/matrix_tests.rs` and the real backends'
+/// in `tests/suite/ops_matrix.rs`). Its rules restate the table above:
+/// the best eligible member is the highest priority, then the newest
+/// revision (ties: any of them); a pause stops every voluntary handover;
+/// a forced switchover pins its target.
+#[derive(Clone, Debug, Default)]
+pub struct TableModel {
+    /// Whether the election is paused.
+    pub paused: bool,
+    /// The frozen members (never named).
+    pub frozen: BTreeSet<String>,
+    /// The member a forced switchover pinned, if any.
+    pub pinned: Option<String>,
+    /// The members that may be named.
+    pub members: Vec<ModelMember>,
+    /// The leaders the table allows now, any one of them (empty: nobody).
+    pub leader: BTreeSet<String>,
+}
+
+impl TableModel {
+    /// The members that may lead: ready and not frozen.
+    pub fn eligible(&self) -> impl Iterator<Item = &ModelMember> {
+        self.members
+            .iter()
+            .filter(|m| m.3 && !self.frozen.contains(&m.0))
+    }
+
+    /// The best eligible members other than `not`: highest priority, then
+    /// newest revision (ties: any of them).
+    pub fn best(&self, not: &str) -> BTreeSet<String> {
+        let others: Vec<_> = self.eligible().filter(|m| m.0 != not).collect();
+        let top = others.iter().map(|m| (m.1, m.2)).max();
+        others
+            .iter()
+            .filter(|m| Some((m.1, m.2)) == top)
+            .map(|m| m.0.clone())
+            .collect()
+    }
+
+    /// The one leader, when the model names exactly one.
+    pub fn the_leader(&self) -> Option<String> {
+        (self.leader.len() == 1).then(|| self.leader.iter().next().cloned())?
+    }
+
+    /// Member `id`, if it is one.
+    pub fn of(&self, id: &str) -> Option<&ModelMember> {
+        self.members.iter().find(|m| m.0 == id)
+    }
+
+    /// Whether `leader` (`None`: nobody) is one the model allows.
+    pub fn allows(&self, leader: Option<&str>) -> bool {
+        match leader {
+            Some(l) => self.leader.contains(l),
+            None => self.leader.is_empty(),
+        }
+    }
+
+    /// Preemption and the revision handover, after any change: a better
+    /// eligible member takes over unless paused or the leader is pinned.
+    pub fn settle(&mut self) {
+        let Some(l) = self.the_leader() else { return };
+        if self.paused || self.pinned.as_deref() == Some(l.as_str()) {
+            return;
+        }
+        let Some(&(_, p, r, _)) = self.of(&l) else {
+            return;
+        };
+        let better: BTreeSet<String> = self
+            .eligible()
+            .filter(|m| m.0 != l && (m.1 > p || (m.1 == p && m.2 > r)))
+            .map(|m| m.0.clone())
+            .collect();
+        if !better.is_empty() {
+            let top = self.best("");
+            self.leader = top.intersection(&better).cloned().collect();
+        }
+    }
+
+    /// Whether the table refuses a switchover by `leader` to `to`
+    /// (`force`: even to a lower priority or an older revision): paused,
+    /// a frozen target, or (unless forced) one preemption would undo.
+    ///
+    /// # Panics
+    /// When `to` is not a member.
+    pub fn refuses(&self, leader: &str, to: &str, force: bool) -> bool {
+        let (_, tp, tr, _) = self.of(to).cloned().expect("a member");
+        let undone = self
+            .eligible()
+            .chain(self.of(leader))
+            .any(|x| x.0 != to && (x.1 > tp || (x.1 == tp && x.2 > tr)));
+        self.paused || self.frozen.contains(to) || (!force && undone)
+    }
+
+    /// A switchover to `to` that the table allows: it leads, pinned when
+    /// forced.
+    pub fn switched(&mut self, to: &str, force: bool) {
+        self.leader = BTreeSet::from([to.to_owned()]);
+        self.pinned = force.then(|| to.to_owned());
+    }
+
+    /// Member `l` leaves the candidates (`gone`: a SIGTERM) or turns
+    /// unhealthy: the best other member is named unless paused; paused,
+    /// a leader that left leaves nobody.
+    pub fn loses(&mut self, l: &str, gone: bool) {
+        if gone {
+            self.members.retain(|x| x.0 != l);
+        } else {
+            self.members
+                .iter_mut()
+                .filter(|x| x.0 == l)
+                .for_each(|x| x.3 = false);
+        }
+        if !self.paused {
+            self.leader = self.best(l);
+            self.pinned = self.pinned.take().filter(|p| p != l);
+        } else if gone {
+            self.leader.clear();
+            self.pinned = self.pinned.take().filter(|p| p != l);
+        }
+    }
 }
 
 #[cfg(test)]

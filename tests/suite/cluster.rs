@@ -14,51 +14,11 @@ use nix::sys::signal::Signal;
 use tokio::time::{Instant, sleep};
 
 use crate::support::cluster::{NODE_TIMEOUT_MS, RedisCluster};
-use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::failover::{self, FAILOVER_LIMIT, Fault3, RETRY, three_on};
 use crate::support::*;
 
-const TTL: Duration = Duration::from_secs(2);
-const RETRY: Duration = Duration::from_millis(500);
-/// A failover of the test cluster is agreed and done well within this.
-const FAILOVER_LIMIT: Duration = Duration::from_secs(20);
-
-/// How the election slot's primary is made to go away.
-#[derive(Clone, Copy, Debug)]
-enum Fault3 {
-    /// `CLUSTER FAILOVER` on its replica: the primary is healthy and demoted.
-    Manual,
-    /// SIGKILL of the primary.
-    Kill,
-    /// SIGSTOP of the primary for 3 × `cluster-node-timeout`, then SIGCONT.
-    Stop,
-}
-
-/// Three sidecars on the cluster, the recorder polling them, and the first
-/// leader.
-async fn three_on(
-    cl: &RedisCluster,
-    name: &str,
-    extra: &[&str],
-) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
-    let mut args = cl.flags();
-    args.extend(FAST.iter().chain(extra).map(|s| s.to_string()));
-    let cs: Vec<Sidecar> = ["a", "b", "c"]
-        .iter()
-        .map(|id| Sidecar::start_raw(name, id, &args))
-        .collect();
-    let rec = Recorder::new(TTL);
-    for s in &cs {
-        rec.add(&s.identity, s.port);
-    }
-    let first = rec
-        .wait_leader(Duration::from_secs(15))
-        .await
-        .expect("a leader on the cluster within 15 s");
-    (cs, rec, first)
-}
-
 /// Run `fault` against the election slot's primary with three sidecars on
-/// the cluster; check and print the recording.
+/// the cluster; check and print the recording ([`failover::judge`]).
 async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
     let mut cl = RedisCluster::start().await;
     let name = election(test);
@@ -68,16 +28,10 @@ async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
         .await
         .expect("a primary for the slot");
     let replica = cl.replica_of(old).await;
-    let (cs, rec, (l, tok)) = three_on(&cl, &name, extra).await;
+    let (cs, rec, first) = three_on(&name, cl.flags(), extra, "cluster").await;
     // Let a renewal or two land on the replica.
     sleep(Duration::from_millis(700)).await;
-    let f = rec.fault(Fault::new(
-        &format!("{fault:?} of the slot's primary"),
-        Some(l),
-        Expect::Other,
-        FAILOVER_LIMIT + TTL + Duration::from_secs(2),
-    ));
-    let start = Instant::now();
+    let (f, start) = failover::record(&rec, fault, "the slot's primary", first.0);
     match fault {
         Fault3::Manual => cl.failover(replica).await,
         Fault3::Kill => cl.nodes[old].stop(),
@@ -90,39 +44,16 @@ async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
         cl.signal(old, Signal::SIGCONT);
     }
     rec.heal(f, false);
-    let bound = failover + TTL + Duration::from_secs(1) + RETRY;
-    let again = rec
-        .wait_leader(bound.saturating_sub(start.elapsed()) + Duration::from_secs(5))
-        .await
-        .expect("a leader again after the failover");
-    let leader_after = start.elapsed();
-    // Hold the leader a little longer under the checker.
-    sleep(TTL).await;
-    let report = rec.check(&format!("cluster: {fault:?}"));
-    eprintln!("{}", report.summary());
-    eprintln!(
-        "cluster {fault:?}: slot {slot} node {old} -> {new} in {failover:?} (cluster); leader {:?} (token {tok}) -> {:?} (token {}); a leader again {leader_after:?} after the fault; longest time without a leader {:?}",
-        cs[l].identity, cs[again.0].identity, again.1, report.longest_gap
-    );
-    assert!(
-        report.overlaps.is_empty(),
-        "two leaders at once: {:?}",
-        report.overlaps
-    );
-    assert!(
-        report.token_regressions.is_empty(),
-        "fencing tokens went back: {:?}",
-        report.token_regressions
-    );
-    if again != (l, tok) {
-        assert_token_grew(tok, again.1, "the term after the failover");
-    }
-    assert!(
-        report.longest_gap <= bound,
-        "no leader for {:?}, more than one lease + the failover ({failover:?}) + 1 s + a retry period = {bound:?}",
-        report.longest_gap
-    );
-    drop(cs);
+    let moved = format!("slot {slot} node {old} -> {new} in {failover:?} (cluster)");
+    let seen = failover::Seen {
+        platform: "cluster",
+        fault,
+        first,
+        start,
+        ready: failover,
+        moved,
+    };
+    failover::judge(cs, &rec, seen).await;
     cl.nodes.clear();
 }
 

@@ -193,7 +193,9 @@ async fn live_permits(b: &Backend, name: &str) -> Option<usize> {
     match b {
         // etcd holds a waiting candidate's key briefly before it knows it lost,
         // so a raw key count is not the number of holders: see the clients' own count.
-        Backend::Etcd(_) | Backend::Redlock(_) | Backend::Kube(..) => None,
+        Backend::Etcd(_) | Backend::EtcdCluster(_) | Backend::Redlock(_) | Backend::Kube(..) => {
+            None
+        }
         Backend::Redis(r) => {
             let mut c = r.conn().await;
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();

@@ -148,6 +148,10 @@ fn cut(server: &Backend, on: bool) {
 async fn restart(server: &mut Backend, pick: usize) {
     match server {
         Backend::Etcd(e) => e.restart().await,
+        Backend::EtcdCluster(c) => {
+            c.restart(pick % c.len());
+            c.wait_healthy(Duration::from_secs(30)).await;
+        }
         Backend::Redis(r) => r.restart().await,
         Backend::Redlock(g) => {
             let n = g.len();

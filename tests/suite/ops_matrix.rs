@@ -9,8 +9,9 @@
 //! - the overlap checker ([`Recorder`], 0 overlaps) and, at every poll,
 //!   at most one sidecar claiming by its `/leader`;
 //! - the liveness twin: once the registry (`status -o json`) shows the
-//!   control, the leader the table names (a small model of it, [`Model`],
-//!   restated from `src/elector/matrix_tests.rs`) is there within the
+//!   control, the leader the table names (a small model of it,
+//!   `leader_elector::elector::TableModel`, which the in-memory matrix in
+//!   `src/elector/matrix_tests.rs` uses too) is there within the
 //!   control's bound; from a pause on, the leader never changes (a SIGTERM
 //!   of it leaves nobody).
 //!
@@ -36,6 +37,8 @@ use tokio::time::{Instant, sleep};
 use crate::ops_controls::Fixture;
 use crate::support::recorder::Recorder;
 use crate::support::*;
+use leader_elector::elector::MatrixOp as Op;
+use leader_elector::elector::TableModel;
 
 /// The lease duration of [`FAST`].
 const TTL: Duration = Duration::from_secs(2);
@@ -44,40 +47,17 @@ const TTL: Duration = Duration::from_secs(2);
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// The controls of the matrix, in the table's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    Pause,
-    Freeze,
-    Switchover,
-    Forced,
-    Revision,
-    Priority,
-    Unhealthy,
-    Sigterm,
-}
+const OPS: [Op; 8] = Op::ALL;
 
-const OPS: [Op; 8] = [
-    Op::Pause,
-    Op::Freeze,
-    Op::Switchover,
-    Op::Forced,
-    Op::Revision,
-    Op::Priority,
-    Op::Unhealthy,
-    Op::Sigterm,
-];
-
-impl Op {
-    /// From the instant the registry shows the control: how long the
-    /// named leader may take, and how long a kept leader must hold.
-    fn bound(self) -> Duration {
-        match self {
-            // --preempt-after (2 s) from the leader's first list, a handover.
-            Op::Priority => Duration::from_millis(4500),
-            // Health checks every 200 ms, a grace of 1 s, a handover.
-            Op::Unhealthy | Op::Sigterm => Duration::from_secs(3),
-            _ => Duration::from_secs(2),
-        }
+/// From the instant the registry shows the control: how long the
+/// named leader may take, and how long a kept leader must hold.
+fn bound(op: Op) -> Duration {
+    match op {
+        // --preempt-after (2 s) from the leader's first list, a handover.
+        Op::Priority => Duration::from_millis(4500),
+        // Health checks every 200 ms, a grace of 1 s, a handover.
+        Op::Unhealthy | Op::Sigterm => Duration::from_secs(3),
+        _ => Duration::from_secs(2),
     }
 }
 
@@ -125,98 +105,6 @@ impl Drop for Hook {
     }
 }
 
-/// A member the model knows: id, priority, revision (order of first
-/// appearance), ready (healthy).
-type Known = (String, u32, u32, bool);
-
-/// The table as a model (as in `src/elector/matrix_tests.rs`): what the
-/// election should look like.
-#[derive(Clone, Debug)]
-struct Model {
-    paused: bool,
-    frozen: BTreeSet<String>,
-    pinned: Option<String>,
-    members: Vec<Known>,
-    /// The leaders the table allows now (empty: nobody).
-    leader: BTreeSet<String>,
-}
-
-impl Model {
-    fn eligible(&self) -> impl Iterator<Item = &Known> {
-        self.members
-            .iter()
-            .filter(|m| m.3 && !self.frozen.contains(&m.0))
-    }
-
-    /// The best eligible members other than `not` (ties: any of them).
-    fn best(&self, not: &str) -> BTreeSet<String> {
-        let others: Vec<_> = self.eligible().filter(|m| m.0 != not).collect();
-        let top = others.iter().map(|m| (m.1, m.2)).max();
-        others
-            .iter()
-            .filter(|m| Some((m.1, m.2)) == top)
-            .map(|m| m.0.clone())
-            .collect()
-    }
-
-    fn the_leader(&self) -> Option<String> {
-        (self.leader.len() == 1).then(|| self.leader.iter().next().cloned().unwrap())
-    }
-
-    fn of(&self, id: &str) -> Option<&Known> {
-        self.members.iter().find(|m| m.0 == id)
-    }
-
-    /// Preemption and the revision handover, after any change.
-    fn settle(&mut self) {
-        let Some(l) = self.the_leader() else { return };
-        if self.paused || self.pinned.as_deref() == Some(l.as_str()) {
-            return;
-        }
-        let Some(&(_, p, r, _)) = self.of(&l) else {
-            return;
-        };
-        let better: BTreeSet<String> = self
-            .eligible()
-            .filter(|m| m.0 != l && (m.1 > p || (m.1 == p && m.2 > r)))
-            .map(|m| m.0.clone())
-            .collect();
-        if !better.is_empty() {
-            let top = self.best("");
-            self.leader = top.intersection(&better).cloned().collect();
-        }
-    }
-
-    /// Whether a switchover to `to` by `l` is refused by the table.
-    fn refuses(&self, l: &str, to: &str, force: bool) -> bool {
-        let (_, tp, tr, _) = self.of(to).cloned().unwrap();
-        let undone = self
-            .eligible()
-            .chain(self.of(l))
-            .any(|x| x.0 != to && (x.1 > tp || (x.1 == tp && x.2 > tr)));
-        self.paused || self.frozen.contains(to) || (!force && undone)
-    }
-
-    /// A member leaves the candidates (`gone`) or turns unhealthy.
-    fn loses(&mut self, l: &str, gone: bool) {
-        if gone {
-            self.members.retain(|x| x.0 != l);
-        } else {
-            self.members
-                .iter_mut()
-                .filter(|x| x.0 == l)
-                .for_each(|x| x.3 = false);
-        }
-        if !self.paused {
-            self.leader = self.best(l);
-            self.pinned = self.pinned.take().filter(|p| p != l);
-        } else if gone {
-            self.leader.clear();
-            self.pinned = self.pinned.take().filter(|p| p != l);
-        }
-    }
-}
-
 /// One cell: a fresh election of three on the backend's server.
 struct Cell {
     fx: Arc<Fixture>,
@@ -225,7 +113,7 @@ struct Cell {
     cs: Vec<Sidecar>,
     hooks: Vec<Hook>,
     rec: Recorder,
-    model: Model,
+    model: TableModel,
     /// From a pause on: the leader it holds (`None` after its SIGTERM).
     held: Option<Option<String>>,
     nobody_since: Option<Instant>,
@@ -238,7 +126,7 @@ struct Cell {
 impl Cell {
     async fn new(fx: Arc<Fixture>, election: String, name: String) -> Cell {
         let rec = Recorder::new(TTL);
-        let model = Model {
+        let model = TableModel {
             paused: false,
             frozen: BTreeSet::new(),
             pinned: None,
@@ -472,8 +360,7 @@ impl Cell {
             self.name
         );
         if !refused {
-            self.model.leader = BTreeSet::from([to.to_owned()]);
-            self.model.pinned = force.then(|| to.to_owned());
+            self.model.switched(to, force);
         }
     }
 
@@ -489,10 +376,7 @@ impl Cell {
         let mut now;
         loop {
             now = self.poll().await;
-            let named = match &now {
-                Some(l) => self.model.leader.contains(l),
-                None => self.model.leader.is_empty(),
-            };
+            let named = self.model.allows(now.as_deref());
             named_since = if named {
                 named_since.or(Some(Instant::now()))
             } else {
@@ -505,7 +389,7 @@ impl Cell {
                 }
             }
             match settled_at {
-                Some(t) if t.elapsed() > op.bound() => break,
+                Some(t) if t.elapsed() > bound(op) => break,
                 Some(_) if change && named_since.is_some_and(|s| s.elapsed() > stable) => break,
                 Some(_) => {}
                 None => assert!(

@@ -7,9 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_elector::backend::Campaign;
-use leader_elector::backend::WaitReason;
+use leader_elector::backend::controls::Controls;
 use leader_elector::backend::redis::{FALLBACK, RedisBackend, RedisOptions};
+use leader_elector::backend::{Campaign, ControlStore, LeaseBackend, Renewal, Term, WaitReason};
+use tokio::time::timeout;
 
 use crate::etcd_ops::*;
 use crate::support::*;
@@ -156,4 +157,110 @@ async fn a_redlock_pause_counts_only_on_a_quorum() {
     let key = format!("{}:paused", base("r-pause-3"));
     let left: bool = by_hand(&three[0], &["EXISTS", &key]).await;
     assert!(!left, "the minority's pause was not taken back");
+}
+
+/// One candidate's backend on `servers` that re-reads its controls only
+/// every minute, elected: whatever its controls watch sees sooner came
+/// from a notice or from its renewals.
+async fn a_leader_on(servers: &[&RedisServer], test: &str) -> (Arc<RedisBackend>, Term) {
+    let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
+    let options = RedisOptions {
+        urls,
+        per_server_timeout: Duration::from_millis(500),
+        ..RedisOptions::default()
+    };
+    let b = RedisBackend::new("leader-elector:", &election(test), options).expect("a backend");
+    b.set_reread(Duration::from_secs(60));
+    let t = elect(&*b, "leader").await;
+    (b, t)
+}
+
+/// Renew `t` (TTL 2 s: each step renews before it waits).
+async fn renewed(b: &RedisBackend, t: &Term) {
+    let renewed = b.renew(t).await.expect("a renewal");
+    assert!(matches!(renewed, Renewal::Renewed { .. }), "{renewed:?}");
+}
+
+/// What the leader's controls watch from `seen` delivers once `edit` ran
+/// (nothing before the leader's next renewal: the edit published nothing)
+/// and the leader renewed once; `None` when it delivers nothing within
+/// 1 s of that renewal (the re-read is a minute away).
+async fn after_one_renewal(
+    b: &RedisBackend,
+    t: &Term,
+    seen: &Controls,
+    edit: impl std::future::Future<Output = ()>,
+) -> Option<Controls> {
+    renewed(b, t).await;
+    let w = b.watch_controls(seen);
+    tokio::pin!(w);
+    assert!(timeout(Duration::from_millis(200), &mut w).await.is_err());
+    edit.await;
+    let before = timeout(Duration::from_millis(200), &mut w).await;
+    assert!(before.is_err(), "seen before a renewal: {before:?}");
+    renewed(b, t).await;
+    let after = timeout(Duration::from_secs(1), w).await;
+    renewed(b, t).await;
+    Some(after.ok()?.expect("the controls watch"))
+}
+
+/// A pause or switchover key set by hand (as `redis-cli SET` would: no
+/// notice) reaches the leader's controls watch at its next renewal,
+/// though the re-read is a minute away. Twin: a renewal without an edit
+/// delivers nothing. Redlock: an edit on one server of three (no quorum)
+/// delivers nothing; on two it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_key_set_by_hand_reaches_the_leader_at_its_next_renewal() {
+    let r = RedisServer::start().await;
+    let test = "r-renew-controls";
+    let (b, t) = a_leader_on(&[&r], test).await;
+    let none = Controls::default();
+    let quiet = after_one_renewal(&b, &t, &none, async {}).await;
+    assert_eq!(
+        quiet, None,
+        "a renewal without an edit changed the controls"
+    );
+    let (paused, to) = (
+        format!("{}:paused", base(test)),
+        format!("{}:switchover", base(test)),
+    );
+    let args = ["SET", paused.as_str(), "paused"];
+    let pause = by_hand::<()>(&r, &args);
+    let seen = after_one_renewal(&b, &t, &none, pause).await;
+    let want = Controls {
+        paused: true,
+        switchover: None,
+    };
+    assert_eq!(seen.as_ref(), Some(&want), "a pause set by hand");
+    let args = ["SET", to.as_str(), "b"];
+    let ask = by_hand::<()>(&r, &args);
+    let seen = after_one_renewal(&b, &t, &want, ask).await;
+    let want = Controls {
+        paused: true,
+        switchover: Some("b".into()),
+    };
+    assert_eq!(seen, Some(want), "a switchover asked by hand");
+
+    let three = [
+        RedisServer::start().await,
+        RedisServer::start().await,
+        RedisServer::start().await,
+    ];
+    let test = "r-renew-controls-3";
+    let all: Vec<&RedisServer> = three.iter().collect();
+    let (b, t) = a_leader_on(&all, test).await;
+    let paused = format!("{}:paused", base(test));
+    let args = ["SET", paused.as_str(), "paused"];
+    let one = by_hand::<()>(&three[0], &args);
+    let seen = after_one_renewal(&b, &t, &none, one).await;
+    assert_eq!(seen, None, "a pause on one server of three counted");
+    let two = by_hand::<()>(&three[1], &args);
+    let seen = after_one_renewal(&b, &t, &none, two).await;
+    assert_eq!(
+        seen,
+        Some(Controls {
+            paused: true,
+            switchover: None
+        })
+    );
 }

@@ -14,66 +14,20 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::time::{Instant, sleep};
 
-use crate::support::recorder::{Expect, Fault, Recorder};
+use crate::support::failover::{self, FAILOVER_LIMIT, Fault3, RETRY, TTL, three_on};
 use crate::support::sentinel::SentinelGroup;
 use crate::support::*;
 
-const TTL: Duration = Duration::from_secs(2);
-const RETRY: Duration = Duration::from_millis(500);
-/// A failover of the test group is agreed and done well within this.
-const FAILOVER_LIMIT: Duration = Duration::from_secs(20);
-
-/// How the primary is made to go away.
-#[derive(Clone, Copy, Debug)]
-enum Fault3 {
-    /// `SENTINEL FAILOVER mymaster`: the primary is healthy and demoted.
-    Manual,
-    /// SIGKILL of the primary.
-    Kill,
-    /// SIGSTOP of the primary for 3 × `down-after-milliseconds`, then SIGCONT.
-    Stop,
-}
-
-/// Three sidecars on a fresh Sentinel group, the recorder polling them, and
-/// the first leader.
-async fn three_on(
-    group: &SentinelGroup,
-    test: &str,
-    extra: &[&str],
-) -> (Vec<Sidecar>, Recorder, (usize, u64)) {
-    let name = election(test);
-    let mut args = group.flags();
-    args.extend(FAST.iter().chain(extra).map(|s| s.to_string()));
-    let cs: Vec<Sidecar> = ["a", "b", "c"]
-        .iter()
-        .map(|id| Sidecar::start_raw(&name, id, &args))
-        .collect();
-    let rec = Recorder::new(TTL);
-    for s in &cs {
-        rec.add(&s.identity, s.port);
-    }
-    let first = rec
-        .wait_leader(Duration::from_secs(15))
-        .await
-        .expect("a leader on the Sentinel group within 15 s");
-    (cs, rec, first)
-}
-
 /// Run `fault` against the primary with three sidecars on it; check and
-/// print the recording.
+/// print the recording ([`failover::judge`]).
 async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
     let mut group = SentinelGroup::start().await;
-    let (cs, rec, (l, tok)) = three_on(&group, test, extra).await;
+    let name = election(test);
+    let (cs, rec, first) = three_on(&name, group.flags(), extra, "Sentinel group").await;
     // Let a renewal or two land on the replicas.
     sleep(Duration::from_millis(700)).await;
     let old = group.primary().await;
-    let f = rec.fault(Fault::new(
-        &format!("{fault:?} of the primary"),
-        Some(l),
-        Expect::Other,
-        FAILOVER_LIMIT + TTL + Duration::from_secs(2),
-    ));
-    let start = Instant::now();
+    let (f, start) = failover::record(&rec, fault, "the primary", first.0);
     match fault {
         Fault3::Manual => group.failover().await,
         Fault3::Kill => group.servers[old].stop(),
@@ -98,39 +52,16 @@ async fn survive(fault: Fault3, test: &str, extra: &[&str]) {
     } else {
         failover
     };
-    let bound = ready + TTL + Duration::from_secs(1) + RETRY;
-    let again = rec
-        .wait_leader(bound.saturating_sub(start.elapsed()) + Duration::from_secs(5))
-        .await
-        .expect("a leader again after the failover");
-    let leader_after = start.elapsed();
-    // Hold the leader a little longer under the checker.
-    sleep(TTL).await;
-    let report = rec.check(&format!("sentinel: {fault:?}"));
-    eprintln!("{}", report.summary());
-    eprintln!(
-        "sentinel {fault:?}: server {old} -> {new} in {failover:?} (Sentinel); leader {:?} (token {tok}) -> {:?} (token {}); a leader again {leader_after:?} after the fault; longest time without a leader {:?}",
-        cs[l].identity, cs[again.0].identity, again.1, report.longest_gap
-    );
-    assert!(
-        report.overlaps.is_empty(),
-        "two leaders at once: {:?}",
-        report.overlaps
-    );
-    assert!(
-        report.token_regressions.is_empty(),
-        "fencing tokens went back: {:?}",
-        report.token_regressions
-    );
-    if again != (l, tok) {
-        assert_token_grew(tok, again.1, "the term after the failover");
-    }
-    assert!(
-        report.longest_gap <= bound,
-        "no leader for {:?}, more than one lease + the failover ({failover:?}) + 1 s + a retry period = {bound:?}",
-        report.longest_gap
-    );
-    drop(cs);
+    let moved = format!("server {old} -> {new} in {failover:?} (Sentinel)");
+    let seen = failover::Seen {
+        platform: "sentinel",
+        fault,
+        first,
+        start,
+        ready,
+        moved,
+    };
+    failover::judge(cs, &rec, seen).await;
     group.servers.clear();
 }
 

@@ -1,6 +1,7 @@
 //! One backend fixture for tests and benches: the servers of one backend (a
-//! throwaway etcd member, a redis-server, a Redlock group of three, or the
-//! Kubernetes API stand-in with one endpoint per sidecar), the flags and
+//! throwaway etcd member, an etcd cluster of 1–3 members, a redis-server, a
+//! Redlock group of three, or the Kubernetes API stand-in with one endpoint
+//! per sidecar), the flags and
 //! environment a sidecar needs to use them, and what tests do to them
 //! (signals, restarts). The servers stop when the fixture is dropped.
 
@@ -10,12 +11,15 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use super::kube_api::{Endpoint, KubeApi};
-use super::{Etcd, RedisServer, Sidecar};
+use super::{Etcd, EtcdCluster, RedisServer, Sidecar};
 
 /// The servers of one backend.
 pub enum Backend {
     /// One etcd member.
     Etcd(Etcd),
+    /// etcd members (1–3) that form one cluster, each killed and restarted
+    /// on its own (the fault suite's).
+    EtcdCluster(EtcdCluster),
     /// One Redis server.
     Redis(RedisServer),
     /// Three Redis servers: a Redlock group (every sidecar names all three).
@@ -59,7 +63,7 @@ impl Backend {
     /// Its kind, as [`Backend::start`] takes it.
     pub fn name(&self) -> &'static str {
         match self {
-            Backend::Etcd(_) => "etcd",
+            Backend::Etcd(_) | Backend::EtcdCluster(_) => "etcd",
             Backend::Redis(_) => "redis",
             Backend::Redlock(_) => "redlock",
             Backend::Kube(..) => "kubernetes",
@@ -70,6 +74,7 @@ impl Backend {
     pub fn urls(&self) -> Vec<String> {
         match self {
             Backend::Etcd(e) => vec![e.url.clone()],
+            Backend::EtcdCluster(c) => c.urls(),
             Backend::Redis(r) => vec![r.url.clone()],
             Backend::Redlock(g) => g.iter().map(|r| r.url.clone()).collect(),
             Backend::Kube(..) => Vec::new(),
@@ -81,6 +86,7 @@ impl Backend {
     /// ([`Backend::sidecar_flags`]).
     pub fn server_flags(&self) -> Vec<String> {
         let flag = match self {
+            Backend::EtcdCluster(c) => return vec!["--etcd-endpoints".into(), c.urls().join(",")],
             Backend::Etcd(_) => "--etcd-endpoints",
             Backend::Redis(_) | Backend::Redlock(_) => "--redis-url",
             Backend::Kube(..) => panic!("the stand-in has no server URL: use sidecar_flags"),
@@ -116,22 +122,46 @@ impl Backend {
 
     /// The servers' process ids (none for the in-process stand-in).
     pub fn pids(&self) -> Vec<u32> {
-        let pids = match self {
-            Backend::Etcd(e) => vec![e.pid()],
-            Backend::Redis(r) => vec![r.pid()],
-            Backend::Redlock(g) => g.iter().map(RedisServer::pid).collect(),
-            Backend::Kube(..) => Vec::new(),
-        };
-        pids.into_iter()
+        self.processes()
+            .into_iter()
             .map(|p| p.expect("the server runs"))
             .collect()
     }
 
-    /// Send `sig` to every server process (`SIGSTOP` freezes the backend,
-    /// `SIGCONT` thaws it).
+    /// Each server's process id, `None` while it is stopped.
+    fn processes(&self) -> Vec<Option<u32>> {
+        match self {
+            Backend::Etcd(e) => vec![e.pid()],
+            Backend::EtcdCluster(c) => c.pids().into_iter().map(Some).collect(),
+            Backend::Redis(r) => vec![r.pid()],
+            Backend::Redlock(g) => g.iter().map(RedisServer::pid).collect(),
+            Backend::Kube(..) => Vec::new(),
+        }
+    }
+
+    /// Send `sig` to every server process that runs (`SIGSTOP` freezes the
+    /// backend, `SIGCONT` thaws it).
     pub fn signal(&self, sig: Signal) {
-        for pid in self.pids() {
+        for pid in self.processes().into_iter().flatten() {
             kill(Pid::from_raw(pid as i32), sig).unwrap();
+        }
+    }
+
+    /// The Redis servers, one or a Redlock group (none for other backends).
+    pub fn redis_servers(&self) -> &[RedisServer] {
+        match self {
+            Backend::Redis(r) => std::slice::from_ref(r),
+            Backend::Redlock(g) => g,
+            _ => &[],
+        }
+    }
+
+    /// [`Backend::redis_servers`], to stop or restart one.
+    pub fn redis_servers_mut(&mut self) -> &mut [RedisServer] {
+        match self {
+            Backend::Redis(r) => std::slice::from_mut(r),
+            Backend::Redlock(g) => g,
+            _ => &mut [],
         }
     }
 }

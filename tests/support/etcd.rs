@@ -382,6 +382,14 @@ impl EtcdCluster {
         }
     }
 
+    /// The process ids of the members that run.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// SIGKILL member `i`, keeping its data.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

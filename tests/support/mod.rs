@@ -7,6 +7,8 @@
 //!   and `RefusedPort` for a URL that must refuse connections.
 //! - [`backends`]: the one backend fixture (`Backend`: etcd, Redis, a
 //!   Redlock group or the Kubernetes stand-in) and a sidecar's flags for it.
+//! - [`failover`]: one failover run of Redis Cluster or Sentinel under
+//!   the recorder, judged once (safety and its liveness twin).
 //! - [`etcd`], [`redis_server`], [`sidecar`]: the processes (`Etcd`,
 //!   `EtcdCluster`, `RedisServer`, `Sidecar`); the sidecar binds port 0 and
 //!   reports its addresses in its log.
@@ -33,6 +35,7 @@ pub mod bench_md;
 pub mod certs;
 pub mod cluster;
 pub mod etcd;
+pub mod failover;
 pub mod fleet;
 pub mod http;
 pub mod kube_api;

@@ -9,16 +9,56 @@
 //! when a quorum of servers wrote it (else it is taken back where it was
 //! written and refused): a grant needs a quorum too, and two quorums share
 //! a server, so no term can be granted while a quorum is paused. The
-//! controls read are those a quorum of servers agrees on.
+//! controls read are those a quorum of servers agrees on ([`agreed`]).
+//!
+//! How a change reaches the sidecars: pub/sub for changes made through
+//! [`RedisBackend::pause`] and [`RedisBackend::switchover`]; a hand edit of
+//! a control key publishes nothing, so the leader's renew script answers
+//! the controls too ([`super::lua`]'s `RENEW_HEAD`), judged by the same
+//! quorum rule over the servers that renewed, and a change there wakes the
+//! controls watch at the leader's next renewal. Followers (no renewals)
+//! read again every [`RedisBackend::set_reread`] (the lease duration).
 
-use redis::Value;
+use redis::{FromRedisValue, Value};
 
 use super::RedisBackend;
 use super::answered::Answers;
-
+use super::lua::Lua;
 use super::server::Server;
+use super::verdict::{Tally, Verdict};
 use crate::backend::Result;
 use crate::backend::controls::Controls;
+
+/// One server's controls: the pause marker exists, the switchover request.
+type Seen = (bool, Option<String>);
+
+/// **The controls a quorum agrees on**, from the servers' answers `seen`:
+/// paused when at least `quorum` of them are paused, the switchover
+/// request that at least `quorum` of them carry (one server: its own).
+pub(super) fn agreed(seen: &[Seen], quorum: usize) -> Controls {
+    let paused = seen.iter().filter(|(p, _)| *p).count() >= quorum;
+    let switchover = seen.iter().find_map(|(_, to)| {
+        let to = to.as_ref()?;
+        let n = seen.iter().filter(|(_, t)| t.as_ref() == Some(to)).count();
+        (n >= quorum).then(|| to.clone())
+    });
+    Controls { paused, switchover }
+}
+
+/// Split one server's renew answer `{code, paused, switchover}` into the
+/// code (for the [`Tally`], which counts any other shape as a failure)
+/// and the controls it read.
+fn split_renewal(answer: Result<Value>) -> (Result<Value>, Option<Seen>) {
+    if let Ok(Value::Array(items)) = &answer
+        && let [code @ Value::Int(_), Value::Int(p), to] = items.as_slice()
+    {
+        let to = <Option<String> as FromRedisValue>::from_redis_value(to);
+        if let Ok(to) = to {
+            return (Ok(code.clone()), Some((*p == 1, to)));
+        }
+    }
+    (answer, None)
+}
 
 impl RedisBackend {
     pub(super) fn paused_key(&self) -> String {
@@ -53,13 +93,32 @@ impl RedisBackend {
         let servers = self.group.servers();
         let reads = futures_util::future::join_all(servers.iter().map(|s| self.controls_on(s)));
         let seen = Answers::of(reads.await).on_quorum(&self.group, "answered")?;
-        let q = self.quorum();
-        let paused = seen.iter().filter(|(p, _)| *p).count() >= q;
-        let switchover = seen.iter().find_map(|(_, to)| {
-            let to = to.as_ref()?;
-            (seen.iter().filter(|(_, t)| t.as_ref() == Some(to)).count() >= q).then(|| to.clone())
-        });
-        Ok(Controls { paused, switchover })
+        Ok(agreed(&seen, self.quorum()))
+    }
+
+    /// Run the election's renew script (`keys[0]` the key, `args` as
+    /// [`Lua::ElectionRenew`] takes them) with the control keys beside it,
+    /// and judge it; a renewal done on a quorum also records the controls
+    /// its servers answered ([`agreed`]), which wakes the controls watch
+    /// when they changed since the last renewal.
+    pub(super) async fn renew_reading_controls(&self, args: &[&str]) -> Verdict {
+        let (paused, to) = (self.paused_key(), self.switchover_key());
+        let keys = [self.key.as_str(), &paused, &to];
+        let answers = self.group.eval_all(Lua::ElectionRenew, &keys, args).await;
+        let (codes, seen): (Vec<_>, Vec<_>) = answers.into_iter().map(split_renewal).unzip();
+        let verdict = self.group.renew_verdict(Tally::of(codes), "renewed");
+        if let Verdict::Done { .. } = verdict {
+            let seen: Vec<Seen> = seen.into_iter().flatten().collect();
+            let now = agreed(&seen, self.quorum());
+            self.renewed_controls.send_if_modified(|last| {
+                let changed = last.as_ref() != Some(&now);
+                if changed {
+                    *last = Some(now);
+                }
+                changed
+            });
+        }
+        verdict
     }
 
     /// Set (`Some`) or delete `key` on every server and publish the change;
@@ -108,16 +167,26 @@ impl RedisBackend {
     }
 
     /// The controls once they differ from `seen`: subscribed before each
-    /// read, waiting for a message (or [`FALLBACK`]) between reads.
+    /// read, waiting between reads for a message, a renewal that answered
+    /// other controls than the one before it, or the re-read period
+    /// ([`RedisBackend::set_reread`]).
     pub(super) async fn watch_controls_from(&self, seen: &Controls) -> Result<Controls> {
         let channel = self.controls_channel();
+        let mut renewed = self.renewed_controls.subscribe();
         loop {
             self.control_notes.subscribe(&self.group, &channel).await;
             let now = self.read_controls().await?;
             if now != *seen {
                 return Ok(now);
             }
-            if let Ok(false) = tokio::time::timeout(self.reread(), self.control_notes.any()).await {
+            let noticed = async {
+                tokio::select! {
+                    alive = self.control_notes.any() => alive,
+                    // The sender lives as long as `self`.
+                    _ = renewed.changed() => true,
+                }
+            };
+            if let Ok(false) = tokio::time::timeout(self.reread(), noticed).await {
                 return Err(self.broken("controls"));
             }
         }

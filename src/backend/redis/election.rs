@@ -89,6 +89,9 @@ pub struct RedisBackend {
     /// How long the registry and controls watches wait for a notice before
     /// they read again, in ms ([`RedisBackend::set_reread`]).
     reread_ms: AtomicU64,
+    /// The controls the last renewal done on a quorum answered
+    /// ([`super::controls`]); a change wakes the controls watch.
+    pub(super) renewed_controls: tokio::sync::watch::Sender<Option<Controls>>,
 }
 
 fn new_token() -> String {
@@ -135,6 +138,7 @@ impl RedisBackend {
             control_notes: Released::new(n),
             runs: (0..n).map(|_| Default::default()).collect(),
             reread_ms: AtomicU64::new(super::FALLBACK.as_millis() as u64),
+            renewed_controls: tokio::sync::watch::Sender::new(None),
         }))
     }
 
@@ -355,10 +359,7 @@ impl LeaseBackend for RedisBackend {
             String::new()
         };
         let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
-        let verdict = self
-            .group
-            .renew(Lua::ElectionRenew, &[&self.key], &args)
-            .await;
+        let verdict = self.renew_reading_controls(&args).await;
         renewal(verdict, term, self.servers())
     }
 

@@ -78,6 +78,20 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
+/// The election renew's answer carries the operator controls: the source
+/// runs [`ELECTION_RENEW`] as a function and answers `{code, paused,
+/// switchover}` — its 1 / 2 / 0 / -1, 1 when the pause marker (KEYS[2])
+/// exists else 0, and the switchover request (KEYS[3]; nil: none). A hand
+/// edit of a control key publishes nothing; the leader sees it in its next
+/// renewal's answer ([`super::controls`]).
+const RENEW_HEAD: &str = "local function renew()\n";
+/// See [`RENEW_HEAD`].
+const RENEW_TAIL: &str = "
+end
+local code = renew()
+return {code, redis.call('EXISTS', KEYS[2]), redis.call('GET', KEYS[3])}
+";
+
 /// Redlock, after a quorum granted: raise the fencing counter (KEYS[2]) to at
 /// least ARGV[1] and write ARGV[3] over our value of KEYS[1] (token ARGV[2]),
 /// keeping its TTL. Answers 1, or -1 for a counter that is not ours to raise.
@@ -322,8 +336,11 @@ impl Lua {
             | Lua::SemAcquire
             | Lua::RwRead
             | Lua::RwWrite => first_is_1(),
-            // 2: put back on a Redlock server that had lost the key.
-            Lua::ElectionRenew => matches!(answer, Value::Int(1 | 2)),
+            // 2: put back on a Redlock server that had lost the key; the
+            // code comes first, the controls after it (`RENEW_TAIL`).
+            Lua::ElectionRenew => {
+                matches!(answer, Value::Array(v) if matches!(v.first(), Some(Value::Int(1 | 2))))
+            }
             Lua::Raise | Lua::Renew | Lua::SemRenew | Lua::RwReadRenew => {
                 matches!(answer, Value::Int(1))
             }
@@ -370,6 +387,7 @@ impl Lua {
             Lua::RwRead | Lua::RwWrite | Lua::RwReadRenew | Lua::RwUnread | Lua::RwGiveUp => {
                 format!("{prelude}{RW}{hold}{}", self.body())
             }
+            Lua::ElectionRenew => format!("{prelude}{RENEW_HEAD}{}{RENEW_TAIL}", self.body()),
             _ => format!("{prelude}{hold}{}", self.body()),
         }
     }
@@ -441,7 +459,9 @@ mod tests {
         let held = Value::Array(vec![Value::Int(0), Value::Int(3)]);
         assert!(Lua::Campaign.grants(&granted) && Lua::Lock.grants(&granted));
         assert!(!Lua::Campaign.grants(&held) && !Lua::SemAcquire.grants(&held));
-        assert!(Lua::ElectionRenew.grants(&Value::Int(2)));
+        let put_back = Value::Array(vec![Value::Int(2), Value::Int(0), Value::Nil]);
+        assert!(Lua::ElectionRenew.grants(&put_back));
+        assert!(!Lua::ElectionRenew.grants(&Value::Array(vec![Value::Int(0)])));
         assert!(!Lua::Renew.grants(&Value::Int(0)) && !Lua::Renew.grants(&Value::Int(-1)));
         assert!(Lua::Raise.grants(&Value::Int(1)));
         assert!(!Lua::Release.grants(&Value::Int(1)) && !Lua::Complete.grants(&Value::Int(1)));

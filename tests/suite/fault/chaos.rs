@@ -40,24 +40,24 @@ impl Servers {
     /// SIGKILL server (member) `i`.
     pub(super) fn kill(&mut self, i: usize) {
         match self {
-            Servers::Cluster(c) => c.kill(i),
-            Servers::Redis(v) => v[i].stop(),
+            Servers::EtcdCluster(c) => c.kill(i),
+            redis => redis.redis_servers_mut()[i].stop(),
         }
     }
 
     /// Start server `i` again; for a cluster, call [`Servers::wait_healthy`] after.
     pub(super) async fn revive(&mut self, i: usize) {
         match self {
-            Servers::Cluster(c) => c.restart(i),
-            Servers::Redis(v) => restart_redis(&mut v[i]).await,
+            Servers::EtcdCluster(c) => c.restart(i),
+            redis => restart_redis(&mut redis.redis_servers_mut()[i]).await,
         }
     }
 
     /// Redis: forget everything on server `i` (a restart without persistence
     /// after [`Servers::kill`] and [`Servers::revive`]).
     pub(super) async fn flush(&self, i: usize) {
-        if let Servers::Redis(v) = self {
-            let mut c = within(Duration::from_secs(5), "connecting to redis", v[i].conn()).await;
+        if let Some(server) = self.redis_servers().get(i) {
+            let mut c = within(Duration::from_secs(5), "connecting to redis", server.conn()).await;
             within(
                 Duration::from_secs(5),
                 "FLUSHALL",
@@ -71,7 +71,7 @@ impl Servers {
     }
 
     pub(super) async fn wait_healthy(&mut self) {
-        if let Servers::Cluster(c) = self {
+        if let Servers::EtcdCluster(c) = self {
             within(
                 Duration::from_secs(40),
                 "the etcd cluster to be healthy",
@@ -83,7 +83,7 @@ impl Servers {
 
     /// Index of a server worth killing: the etcd Raft leader half of the time.
     pub(super) async fn pick(&self, rng: &mut StdRng) -> usize {
-        if let Servers::Cluster(c) = self
+        if let Servers::EtcdCluster(c) = self
             && rng.random_bool(0.5)
             && let Some(i) = within(Duration::from_secs(10), "member status", c.raft_leader()).await
         {
@@ -104,9 +104,8 @@ pub(super) async fn promote_replica(
     key: &str,
     lag: Duration,
 ) {
-    let Servers::Redis(v) = servers else {
-        unreachable!("replica promotion is a Redis fault")
-    };
+    let v = servers.redis_servers_mut();
+    assert!(!v.is_empty(), "replica promotion is a Redis fault");
     let replica = own_redis(DURABLE).await;
     let mut c = within(
         Duration::from_secs(5),
@@ -228,7 +227,7 @@ pub(super) async fn randomized_run(kind: Kind, seed: u64, duration: Duration) {
 pub(super) async fn chaos_servers(kind: Kind, n_servers: usize) -> Servers {
     match (kind, n_servers) {
         (_, 1) => Servers::single(kind).await,
-        (Kind::Etcd, _) => Servers::Cluster(
+        (Kind::Etcd, _) => Servers::EtcdCluster(
             within(
                 Duration::from_secs(40),
                 "a 3-member etcd cluster to start",
@@ -236,7 +235,7 @@ pub(super) async fn chaos_servers(kind: Kind, n_servers: usize) -> Servers {
             )
             .await,
         ),
-        (Kind::Redis, _) => Servers::Redis(three_redis().await),
+        (Kind::Redis, _) => Servers::Redlock(three_redis().await),
     }
 }
 

@@ -6,7 +6,7 @@ use super::*;
 // ------------------------------------------------------------ etcd scenarios
 
 pub(super) async fn cluster_group(test: &str) -> (Servers, Group) {
-    let servers = Servers::Cluster(
+    let servers = Servers::EtcdCluster(
         within(
             Duration::from_secs(40),
             "a 3-member etcd cluster to start",
@@ -20,7 +20,7 @@ pub(super) async fn cluster_group(test: &str) -> (Servers, Group) {
 
 pub(super) fn cluster(s: &mut Servers) -> &mut EtcdCluster {
     match s {
-        Servers::Cluster(c) => c,
+        Servers::EtcdCluster(c) => c,
         _ => unreachable!(),
     }
 }
@@ -108,7 +108,7 @@ async fn etcd_cluster_quorum_lost_and_restored() {
 /// Move etcd's revision on with writes to other keys, then compact its whole
 /// history: a watch from any earlier revision can no longer be opened.
 pub(super) async fn compact(servers: &Servers) {
-    let Servers::Cluster(c) = servers else {
+    let Servers::EtcdCluster(c) = servers else {
         unreachable!("compaction is an etcd fault")
     };
     let mut cl = cluster_client(c).await;

@@ -35,6 +35,7 @@ use std::io::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::support::backends::Backend;
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::recorder::{Answer, Expect, Fault, Recorder, Report, Sample, check};
 use crate::support::*;
@@ -145,17 +146,15 @@ impl Kind {
     }
 }
 
-/// The backend servers the proxies forward to.
-enum Servers {
-    /// One or more etcd members (a single etcd is a 1-member cluster).
-    Cluster(EtcdCluster),
-    Redis(Vec<RedisServer>),
-}
+/// The backend servers the proxies forward to: the one backend fixture,
+/// etcd always as a cluster (of one member here), Redis as one server or a
+/// Redlock group.
+type Servers = Backend;
 
 impl Servers {
     async fn single(kind: Kind) -> Servers {
         match kind {
-            Kind::Etcd => Servers::Cluster(
+            Kind::Etcd => Servers::EtcdCluster(
                 within(
                     Duration::from_secs(70),
                     "etcd start-up",
@@ -163,20 +162,13 @@ impl Servers {
                 )
                 .await,
             ),
-            Kind::Redis => Servers::Redis(vec![own_redis(DURABLE).await]),
-        }
-    }
-
-    fn urls(&self) -> Vec<String> {
-        match self {
-            Servers::Cluster(c) => c.urls(),
-            Servers::Redis(v) => v.iter().map(|r| r.url.clone()).collect(),
+            Kind::Redis => Servers::Redis(own_redis(DURABLE).await),
         }
     }
 
     fn kind(&self) -> Kind {
         match self {
-            Servers::Redis(_) => Kind::Redis,
+            Servers::Redis(_) | Servers::Redlock(_) => Kind::Redis,
             _ => Kind::Etcd,
         }
     }

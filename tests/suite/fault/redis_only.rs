@@ -25,7 +25,7 @@ pub(super) async fn until_wall_fraction(frac: f64) {
 /// original code a follower led 400-700 ms before the old leader stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_while_the_leader_is_cut_off() {
-    let mut servers = Servers::Redis(vec![own_redis(&[]).await]);
+    let mut servers = Servers::Redis(own_redis(&[]).await);
     let g = Group::start(&servers, "redis-amnesia-cut", ABC).await;
     for round in 0..3 {
         let (l, tok) = g.leader("a leader before the cut").await;
@@ -40,9 +40,7 @@ async fn redis_restarted_empty_while_the_leader_is_cut_off() {
             )
         });
         g.cut(l, Mode::Blackhole);
-        let Servers::Redis(v) = &mut servers else {
-            unreachable!()
-        };
+        let v = servers.redis_servers_mut();
         restart_redis(&mut v[0]).await;
         sleep(TTL * 2).await;
         g.cut(l, Mode::Pass);
@@ -56,12 +54,10 @@ async fn redis_restarted_empty_while_the_leader_is_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_loses_one_server_then_two() {
-    let mut servers = Servers::Redis(three_redis().await);
+    let mut servers = Servers::Redlock(three_redis().await);
     let mut g = Group::start(&servers, "redlock-lose", ABC).await;
     let key = key_of(Kind::Redis, &g.election);
-    let Servers::Redis(v) = &mut servers else {
-        unreachable!()
-    };
+    let v = servers.redis_servers_mut();
     let (l, tok) = leader_on_all_three(&mut g, v, &key).await;
     // One server of three gone: the quorum (2) still renews; no failover.
     let one = g.rec.fault(Fault {
@@ -189,7 +185,7 @@ pub(super) async fn servers_holding(v: &[RedisServer], key: &str, id: &str) -> u
 /// Kept as the regression test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_without_persistence() {
-    let mut servers = Servers::Redis(vec![own_redis(&[]).await]);
+    let mut servers = Servers::Redis(own_redis(&[]).await);
     let g = Group::start(&servers, "redis-amnesia", ABC).await;
     for round in 0..3 {
         let (l, tok) = g.leader("a leader before the restart").await;
@@ -203,9 +199,7 @@ async fn redis_restarted_without_persistence() {
                 REDIS_RESTART_BOUND,
             )
         });
-        let Servers::Redis(v) = &mut servers else {
-            unreachable!()
-        };
+        let v = servers.redis_servers_mut();
         restart_redis(&mut v[0]).await;
         g.rec.heal(f, true);
         sleep(TTL).await;
@@ -274,7 +268,7 @@ async fn redlock_fencing_tokens_grow_across_server_outages() {
 /// stays"): the leader keeps its term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_term_on_a_bare_quorum_survives_losing_a_server() {
-    let mut servers = Servers::Redis(three_redis().await);
+    let mut servers = Servers::Redlock(three_redis().await);
     let g = Group::start(&servers, "redlock-bare", ABC).await;
     // Server 2 unreachable for every sidecar during the first election.
     for slot in 0..3 {

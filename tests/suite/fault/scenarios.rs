@@ -185,10 +185,10 @@ pub(super) fn key_of(kind: Kind, election: &str) -> String {
 /// (etcd: a put with no lease; Redis: a SET with no expiry).
 pub(super) async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
     match servers {
-        Servers::Redis(v) => {
+        Servers::Redis(_) | Servers::Redlock(_) => {
             // On every server of a Redlock group (a server that is down is
             // skipped): changing one server alone does not end a term.
-            for server in v {
+            for server in servers.redis_servers() {
                 let conn = timeout(Duration::from_secs(2), server.conn()).await;
                 let Ok(mut c) = conn else { continue };
                 let cmd = match value {
@@ -204,7 +204,7 @@ pub(super) async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
                 .expect("change the key");
             }
         }
-        Servers::Cluster(c) => {
+        Servers::EtcdCluster(c) => {
             let mut cl = cluster_client(c).await;
             let r = match value {
                 None => within(Duration::from_secs(5), "etcd delete", cl.delete(key, None))
@@ -216,6 +216,7 @@ pub(super) async fn tamper(servers: &Servers, key: &str, value: Option<&str>) {
             };
             r.expect("change the key on the cluster");
         }
+        other => unreachable!("no fault scenario runs on {}", other.name()),
     }
 }
 
@@ -376,10 +377,7 @@ impl Servers {
         } else {
             Signal::SIGCONT
         };
-        match self {
-            Servers::Cluster(c) => (0..c.len()).for_each(|i| c.signal(i, sig)),
-            Servers::Redis(v) => v.iter().for_each(|r| r.signal(sig)),
-        }
+        self.signal(sig);
     }
 }
 

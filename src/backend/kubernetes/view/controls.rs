@@ -110,36 +110,38 @@ impl LeaseView {
     }
 }
 
+/// A Lease `e` for the view's tests: held by `holder` (1 s), annotated
+/// with `notes`, at resource version `rv`.
+#[cfg(test)]
+pub(super) fn lease(holder: &str, notes: &[(&str, &str)], rv: &str) -> Lease {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some("e".into()),
+            resource_version: Some(rv.into()),
+            annotations: Some(
+                notes
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(1),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
     use super::*;
     use crate::backend::kubernetes::{RELEASED_ANNOTATION, SUCCESSOR_ANNOTATION};
-
-    fn lease(holder: &str, notes: &[(&str, &str)], rv: &str) -> Lease {
-        Lease {
-            metadata: ObjectMeta {
-                name: Some("e".into()),
-                resource_version: Some(rv.into()),
-                annotations: Some(
-                    notes
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(holder.into()),
-                lease_duration_seconds: Some(1),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
 
     const PAUSED: (&str, &str) = (PAUSED_ANNOTATION, "true");
     const RELEASED: (&str, &str) = (RELEASED_ANNOTATION, "a_1");

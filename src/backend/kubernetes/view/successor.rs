@@ -58,31 +58,9 @@ impl LeaseView {
 
 #[cfg(test)]
 mod tests {
+    use super::super::controls::lease;
     use super::*;
     use crate::backend::kubernetes::RELEASED_ANNOTATION;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    fn lease(holder: &str, notes: &[(&str, &str)], rv: &str) -> Lease {
-        Lease {
-            metadata: ObjectMeta {
-                name: Some("e".into()),
-                resource_version: Some(rv.into()),
-                annotations: Some(
-                    notes
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(holder.into()),
-                lease_duration_seconds: Some(1),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
 
     #[test]
     fn only_others_yield_to_a_named_successor_for_the_wait() {
