@@ -89,6 +89,8 @@ pub struct RedisBackend {
     /// How long the registry and controls watches wait for a notice before
     /// they read again, in ms ([`RedisBackend::set_reread`]).
     reread_ms: AtomicU64,
+    /// The failsafe roster to write with the term ([`super::roster`]).
+    pub(super) failsafe: super::roster::FailsafeState,
 }
 
 fn new_token() -> String {
@@ -135,6 +137,7 @@ impl RedisBackend {
             control_notes: Released::new(n),
             runs: (0..n).map(|_| Default::default()).collect(),
             reread_ms: AtomicU64::new(super::FALLBACK.as_millis() as u64),
+            failsafe: Default::default(),
         }))
     }
 
@@ -190,17 +193,29 @@ impl RedisBackend {
         };
         let hold = if holding { "1" } else { "0" };
         let paused = self.paused_key();
+        let (roster, roster_key) = self.campaign_roster();
         let keys = [
             &self.key,
             &self.counter_key,
             &paused,
             &self.successor_key,
             &self.primary_key,
+            &roster_key,
         ];
         let want = server.min_replicas().to_string();
         let cap = ms(SUCCESSOR_WAIT_CAP);
         let seen = self.seen_token.load(Ordering::SeqCst).to_string();
-        let args = [token, identity, &ms(ttl), &known, hold, &want, &cap, &seen];
+        let args = [
+            token,
+            identity,
+            &ms(ttl),
+            &known,
+            hold,
+            &want,
+            &cap,
+            &seen,
+            &roster,
+        ];
         let v = server.eval(Lua::Campaign, &keys, &args).await?;
         let Value::Array(items) = &v else {
             return Err(unexpected(&v));
@@ -327,7 +342,11 @@ impl LeaseBackend for RedisBackend {
             .group
             .grant(&ask, &found.acquired, &found.taken(), start)
             .await;
-        self.decide(granting, found, &ask)
+        let decided = self.decide(granting, found, &ask);
+        if let Ok(Campaign::Elected(_)) = &decided {
+            self.failsafe_term_began();
+        }
+        decided
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -342,7 +361,6 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
-        let ttl_ms = ms(term.granted);
         // Redlock: the value to put back where a server lost the key.
         let recreate = if self.group.is_redlock() {
             Stored {
@@ -354,12 +372,15 @@ impl LeaseBackend for RedisBackend {
         } else {
             String::new()
         };
-        let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
-        let verdict = self
-            .group
-            .renew(Lua::ElectionRenew, &[&self.key], &args)
-            .await;
-        renewal(verdict, term, self.servers())
+        let (keys, args) = self.renew_call(term, recreate);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let verdict = self.group.renew(Lua::ElectionRenew, &keys, &args).await;
+        let renewed = renewal(verdict, term, self.servers());
+        if let Ok(Renewal::Renewed { .. }) = &renewed {
+            self.failsafe_renewed();
+        }
+        renewed
     }
 
     async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
