@@ -133,6 +133,15 @@ async fn redlock_majority_stopped_with_failsafe_keeps_the_leader() {
     assert!(kept, "the same term and token after the servers returned");
 }
 
+/// Every server of the group down: the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_all_stopped_with_failsafe_keeps_the_leader() {
+    let (w, kept) = outage_under_three(3, 3, true).await;
+    assert_eq!(w.led_until, None, "the leader answered 200 throughout");
+    assert_eq!(w.leaders.len(), 1);
+    assert!(kept, "the same term and token after the servers returned");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_newcomer_in_the_outage_never_campaigns_and_is_admitted_after() {
     let mut server = RedisServer::start_with(AOF).await;
@@ -184,7 +193,8 @@ async fn redis_without_persistence_elects_nobody_with_failsafe_until_appendonly(
     let w = watch(&sidecars, TTL * 4).await;
     assert!(w.leaders.is_empty(), "nobody leads without persistence");
     let log = sidecars[0].log();
-    assert_eq!(log.matches("failsafe on Redis needs persistence").count(), 1, "{log}");
+    let why = "let a candidate never admitted campaign while a failsafe leader still claims";
+    assert_eq!(log.matches(why).count(), 1, "one WARN: {log}");
     let mut c = server.conn().await;
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
