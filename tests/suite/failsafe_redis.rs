@@ -161,12 +161,20 @@ async fn redis_a_newcomer_in_the_outage_never_campaigns_and_is_admitted_after() 
     sidecars.push(start(one, &name, "late", Some(secret.as_str())));
     let w = watch(&sidecars, TTL * 4).await;
     assert_eq!(w.led_until, None, "the leader led throughout");
-    assert_eq!(w.leaders.len(), 1, "the newcomer never led: {:?}", w.leaders);
+    assert_eq!(
+        w.leaders.len(),
+        1,
+        "the newcomer never led: {:?}",
+        w.leaders
+    );
     server.restart().await;
     let after = Instant::now();
     let mut roster = roster_on(&server, &name).await;
     while !roster.contains(&"late".to_owned()) {
-        assert!(after.elapsed() < Duration::from_secs(30), "not admitted: {roster:?}");
+        assert!(
+            after.elapsed() < Duration::from_secs(30),
+            "not admitted: {roster:?}"
+        );
         sleep(Duration::from_millis(100)).await;
         roster = roster_on(&server, &name).await;
     }
@@ -205,5 +213,9 @@ async fn redis_without_persistence_elects_nobody_with_failsafe_until_appendonly(
         .unwrap();
     let on = Instant::now();
     one_leader(&sidecars, Duration::from_secs(30)).await;
-    println!("redis without persistence: nobody led for {:?}; led {:?} after appendonly yes", TTL * 4, on.elapsed());
+    println!(
+        "redis without persistence: nobody led for {:?}; led {:?} after appendonly yes",
+        TTL * 4,
+        on.elapsed()
+    );
 }
