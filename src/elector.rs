@@ -34,6 +34,8 @@ mod config;
 mod controls;
 mod failsafe;
 mod follow;
+#[cfg(test)]
+pub(crate) use failsafe::is_outage;
 mod gates;
 mod known;
 mod lead;

@@ -359,6 +359,7 @@ mod tests {
             assert!(c.registry.is_some(), "{name} keeps a registry");
             assert!(c.controls.is_some(), "{name} keeps controls");
             assert!(c.coordination.is_some(), "{name} serves coordination");
+            assert!(c.roster.is_some(), "{name} keeps a failsafe roster");
         }
     }
 

@@ -273,7 +273,7 @@ impl Config {
         let failsafe = failsafe::resolve(&cli.failsafe, pod_ip.as_deref())?;
         if failsafe.is_some() && !registry::row(backend.name()).is_some_and(|r| r.failsafe) {
             return Err(config_error(format!(
-                "--failsafe: the {} backend keeps no failsafe roster yet\nhint: leave --failsafe off; it is built on etcd so far",
+                "--failsafe: the {} backend keeps no failsafe roster yet\nhint: leave --failsafe off; it is built on etcd and Redis so far",
                 backend.name()
             )));
         }

@@ -58,7 +58,7 @@ impl Guard {
 /// Whether a failed renewal means the backend is unreachable (connection
 /// refused, a timeout, 5xx, 429 past its deadline) rather than a refused
 /// write (409, a foreign edit, a lost term, 403), which keeps today's rules.
-pub(super) fn is_outage(e: &BackendError) -> bool {
+pub(crate) fn is_outage(e: &BackendError) -> bool {
     matches!(
         e,
         BackendError::Unreachable { .. }

@@ -6,7 +6,8 @@
 //! keeps its term and token after; without failsafe it steps down at its
 //! deadline; a member killed during the outage ends the term by the bound.
 //! The default outage is 6 lease durations (12 s); `LE_FAILSAFE_LONG=1`
-//! makes it 60 s. Each prints its figures (`--nocapture`).
+//! makes it 60 s. Each prints its figures (`--nocapture`). The same on
+//! Redis: `failsafe_redis`, which shares the helpers here.
 
 use std::time::Duration;
 
@@ -14,9 +15,9 @@ use tokio::time::{Instant, sleep};
 
 use crate::support::*;
 
-const TTL: Duration = Duration::from_secs(2);
+pub(super) const TTL: Duration = Duration::from_secs(2);
 
-fn outage() -> Duration {
+pub(super) fn outage() -> Duration {
     if std::env::var("LE_FAILSAFE_LONG").is_ok_and(|v| v == "1") {
         Duration::from_secs(60)
     } else {
@@ -25,7 +26,7 @@ fn outage() -> Duration {
 }
 
 /// A secret file of 32 bytes in `dir`.
-fn secret_file(dir: &std::path::Path, text: &str) -> String {
+pub(super) fn secret_file(dir: &std::path::Path, text: &str) -> String {
     let p = dir.join(format!("secret-{text}"));
     std::fs::write(&p, format!("{text}-0123456789abcdef0123456789\n")).unwrap();
     p.display().to_string()
@@ -47,17 +48,17 @@ fn start(cl: &EtcdCluster, name: &str, id: &str, secret: Option<&str>) -> Sideca
 
 /// What one watched stretch showed.
 #[derive(Debug, Default)]
-struct Watched {
+pub(super) struct Watched {
     /// Longest time with nobody answering 200.
-    longest_leaderless: Duration,
+    pub(super) longest_leaderless: Duration,
     /// From the start until the first instant nobody led (`None`: never).
-    led_until: Option<Duration>,
+    pub(super) led_until: Option<Duration>,
     /// The leaders seen (indexes).
-    leaders: std::collections::BTreeSet<usize>,
+    pub(super) leaders: std::collections::BTreeSet<usize>,
 }
 
 /// Poll every sidecar for `d`: never two leaders (panics), figures.
-async fn watch(sidecars: &[Sidecar], d: Duration) -> Watched {
+pub(super) async fn watch(sidecars: &[Sidecar], d: Duration) -> Watched {
     let start = Instant::now();
     let mut w = Watched::default();
     let mut gap_since: Option<Instant> = None;

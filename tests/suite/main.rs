@@ -22,6 +22,7 @@ mod etcd;
 mod etcd_ops;
 mod example_operator;
 mod failsafe;
+mod failsafe_redis;
 mod fault;
 mod kubernetes;
 mod kubernetes_bridge;

@@ -101,9 +101,10 @@ impl RedisBackend {
     /// and judge it; a renewal done on a quorum also records the controls
     /// its servers answered ([`agreed`]), which wakes the controls watch
     /// when they changed since the last renewal.
-    pub(super) async fn renew_reading_controls(&self, args: &[&str]) -> Verdict {
+    pub(super) async fn renew_reading_controls(&self, more_keys: &[&str], args: &[&str]) -> Verdict {
         let (paused, to) = (self.paused_key(), self.switchover_key());
-        let keys = [self.key.as_str(), &paused, &to];
+        let mut keys = vec![self.key.as_str(), &paused, &to];
+        keys.extend_from_slice(more_keys);
         let answers = self.group.eval_all(Lua::ElectionRenew, &keys, args).await;
         let (codes, seen): (Vec<_>, Vec<_>) = answers.into_iter().map(split_renewal).unzip();
         let verdict = self.group.renew_verdict(Tally::of(codes), "renewed");

@@ -92,6 +92,8 @@ pub struct RedisBackend {
     /// The controls the last renewal done on a quorum answered
     /// ([`super::controls`]); a change wakes the controls watch.
     pub(super) renewed_controls: tokio::sync::watch::Sender<Option<Controls>>,
+    /// The failsafe roster to write with the term ([`super::roster`]).
+    pub(super) failsafe: super::roster::FailsafeState,
 }
 
 fn new_token() -> String {
@@ -139,6 +141,7 @@ impl RedisBackend {
             runs: (0..n).map(|_| Default::default()).collect(),
             reread_ms: AtomicU64::new(super::FALLBACK.as_millis() as u64),
             renewed_controls: tokio::sync::watch::Sender::new(None),
+            failsafe: Default::default(),
         }))
     }
 
@@ -194,17 +197,29 @@ impl RedisBackend {
         };
         let hold = if holding { "1" } else { "0" };
         let paused = self.paused_key();
+        let (roster, roster_key) = self.campaign_roster();
         let keys = [
             &self.key,
             &self.counter_key,
             &paused,
             &self.successor_key,
             &self.primary_key,
+            &roster_key,
         ];
         let want = server.min_replicas().to_string();
         let cap = ms(SUCCESSOR_WAIT_CAP);
         let seen = self.seen_token.load(Ordering::SeqCst).to_string();
-        let args = [token, identity, &ms(ttl), &known, hold, &want, &cap, &seen];
+        let args = [
+            token,
+            identity,
+            &ms(ttl),
+            &known,
+            hold,
+            &want,
+            &cap,
+            &seen,
+            &roster,
+        ];
         let v = server.eval(Lua::Campaign, &keys, &args).await?;
         let Value::Array(items) = &v else {
             return Err(unexpected(&v));
@@ -331,7 +346,11 @@ impl LeaseBackend for RedisBackend {
             .group
             .grant(&ask, &found.acquired, &found.taken(), start)
             .await;
-        self.decide(granting, found, &ask)
+        let decided = self.decide(granting, found, &ask);
+        if let Ok(Campaign::Elected(_)) = &decided {
+            self.failsafe_term_began();
+        }
+        decided
     }
 
     async fn read(&self) -> Result<Option<Holder>> {
@@ -346,7 +365,6 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn renew(&self, term: &Term) -> Result<Renewal> {
-        let ttl_ms = ms(term.granted);
         // Redlock: the value to put back where a server lost the key.
         let recreate = if self.group.is_redlock() {
             Stored {
@@ -358,9 +376,15 @@ impl LeaseBackend for RedisBackend {
         } else {
             String::new()
         };
-        let args = [term.holder.term_id.as_str(), &ttl_ms, &recreate];
-        let verdict = self.renew_reading_controls(&args).await;
-        renewal(verdict, term, self.servers())
+        let (keys, args) = self.renew_call(term, recreate);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let verdict = self.renew_reading_controls(&keys, &args).await;
+        let renewed = renewal(verdict, term, self.servers());
+        if let Ok(Renewal::Renewed { .. }) = &renewed {
+            self.failsafe_renewed();
+        }
+        renewed
     }
 
     async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {

@@ -27,7 +27,7 @@ pub const ROW: Row = Row {
     },
     resolve,
     coordination: Some("one server or a Redlock group: locks, semaphores, job claims"),
-    failsafe: false,
+    failsafe: true,
 };
 
 /// The Redis flags.
@@ -165,9 +165,9 @@ impl Settings for RedisSettings {
         Ok(Connected {
             registry: Some(backend.clone()),
             controls: Some(backend.clone()),
+            roster: Some(backend.clone()),
             election: backend,
             coordination: Some(Box::new(coord)),
-            roster: None,
         })
     }
 }

@@ -16,6 +16,7 @@ use super::lua_campaign::CAMPAIGN;
 use super::lua_ops::{CANDIDATE_LIST, CANDIDATE_PUBLISH, CANDIDATE_WITHDRAW};
 use super::lua_rw::{RW, RW_GIVE_UP, RW_READ, RW_READ_RENEW, RW_UNREAD, RW_WRITE};
 use super::lua_sem::{SEM_ACQUIRE, SEM_LIVE, SEM_RELEASE, SEM_RENEW};
+use super::roster::{ROSTER_APPLICANTS, ROSTER_APPLY, ROSTER_READ, ROSTER_WITHDRAW};
 
 /// Most digits a fencing counter may have, in every script. Redis runs Lua
 /// 5.1, whose numbers are doubles: integers are exact up to 2^53
@@ -61,20 +62,32 @@ local function mine(value, token)
 end
 ";
 
-/// Election renew. KEYS: key. ARGV: 1 token, 2 TTL in ms, 3 Redlock only:
-/// the value to put back where the key is gone (never over someone else's).
-/// Answers 1 renewed, 2 put back, 0 gone, -1 someone else's.
+/// Election renew. KEYS: key, 2 the pause marker and 3 the switchover
+/// request (read by [`RENEW_TAIL`]), and with failsafe 4 the fencing
+/// counter, 5 the roster key. ARGV: 1 token, 2 TTL in ms, 3 the value to put back
+/// where the key is gone (never over someone else's; '' none: one server
+/// without failsafe), and with failsafe ([`super::roster`]) 4 our fencing
+/// token: put back only while the counter still holds it, so no term began
+/// since ('' unguarded: Redlock's put-back), 5 the roster JSON written with
+/// the renewal ('' none). Answers 1 renewed, 2 put back, 0 gone, -1
+/// someone else's.
 const ELECTION_RENEW: &str = r"
+local function failsafe_roster()
+  if ARGV[5] and ARGV[5] ~= '' then redis.call('SET', KEYS[5], ARGV[5]) end
+end
 local current = redis.call('GET', KEYS[1])
 if not current then
-  if ARGV[3] ~= '' then
+  local guard = ARGV[4] and ARGV[4] ~= ''
+  if ARGV[3] ~= '' and (not guard or redis.call('GET', KEYS[4]) == ARGV[4]) then
     redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[2])
+    failsafe_roster()
     return 2
   end
   return 0
 end
 if not mine(current, ARGV[1]) then return -1 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+failsafe_roster()
 return 1
 ";
 
@@ -263,9 +276,17 @@ pub enum Lua {
     CandidateWithdraw,
     /// The candidate records (`CANDIDATE_LIST`).
     CandidateList,
+    /// The failsafe roster and the server's persistence (`ROSTER_READ`).
+    RosterRead,
+    /// A failsafe application written or renewed (`ROSTER_APPLY`).
+    RosterApply,
+    /// The live failsafe applications (`ROSTER_APPLICANTS`).
+    RosterApplicants,
+    /// A failsafe application withdrawn (`ROSTER_WITHDRAW`).
+    RosterWithdraw,
 }
 
-const ALL: [Lua; 22] = [
+const ALL: [Lua; 26] = [
     Lua::Campaign,
     Lua::ElectionRenew,
     Lua::Raise,
@@ -288,6 +309,10 @@ const ALL: [Lua; 22] = [
     Lua::CandidatePublish,
     Lua::CandidateWithdraw,
     Lua::CandidateList,
+    Lua::RosterRead,
+    Lua::RosterApply,
+    Lua::RosterApplicants,
+    Lua::RosterWithdraw,
 ];
 
 static SCRIPTS: LazyLock<Vec<Script>> =
@@ -318,6 +343,10 @@ impl Lua {
             Lua::CandidatePublish => CANDIDATE_PUBLISH,
             Lua::CandidateWithdraw => CANDIDATE_WITHDRAW,
             Lua::CandidateList => CANDIDATE_LIST,
+            Lua::RosterRead => ROSTER_READ,
+            Lua::RosterApply => ROSTER_APPLY,
+            Lua::RosterApplicants => ROSTER_APPLICANTS,
+            Lua::RosterWithdraw => ROSTER_WITHDRAW,
         }
     }
 
@@ -353,7 +382,11 @@ impl Lua {
             | Lua::RwGiveUp
             | Lua::CandidatePublish
             | Lua::CandidateWithdraw
-            | Lua::CandidateList => false,
+            | Lua::CandidateList
+            | Lua::RosterRead
+            | Lua::RosterApply
+            | Lua::RosterApplicants
+            | Lua::RosterWithdraw => false,
         }
     }
 
@@ -372,6 +405,10 @@ impl Lua {
                 | Lua::CandidatePublish
                 | Lua::CandidateWithdraw
                 | Lua::CandidateList
+                | Lua::RosterRead
+                | Lua::RosterApply
+                | Lua::RosterApplicants
+                | Lua::RosterWithdraw
         )
     }
 

@@ -4,12 +4,13 @@
 //! replica's promotion, and the rule that keeps fencing tokens growing.
 
 /// Election campaign. KEYS: key, counter, pause marker, successor,
-/// promotion marker. ARGV: 1 term token, 2 identity, 3 TTL in ms, 4 the
+/// promotion marker, and with failsafe the roster key. ARGV: 1 term token, 2 identity, 3 TTL in ms, 4 the
 /// `<run_id>/<master_replid>` this candidate last saw on this server ('' if
 /// none), 5 '1' while this candidate keeps out of a server it saw restart or
 /// promoted, 6 `--redis-min-replicas` ('0': off), 7 the longest a successor
 /// marker may keep others out, in ms, 8 the largest fencing token this
-/// candidate has seen ('0': none).
+/// candidate has seen ('0': none), 9 with failsafe the roster JSON written
+/// with a grant ([`super::roster`]).
 /// A server that does not say it is the master (`INFO replication` role)
 /// answers a `READONLY` error before anything is written.
 /// The promotion marker `<master_replid>|<server ms>` records when this
@@ -108,5 +109,6 @@ local f = string.format('%.0f', fencing)
 redis.call('SET', KEYS[2], f)
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
 if named then redis.call('DEL', KEYS[4]) end
+if ARGV[9] and ARGV[9] ~= '' then redis.call('SET', KEYS[6], ARGV[9]) end
 return {1, f, run}
 ";

@@ -44,6 +44,7 @@ mod lua_rw;
 mod lua_sem;
 mod registry;
 mod released;
+pub mod roster;
 pub mod sentinel;
 pub mod server;
 pub mod verdict;
@@ -70,12 +71,24 @@ pub(crate) const BACKEND: &About = &About {
             "another program stored a key of another type under the election key: delete it or choose another --redis-prefix",
         ),
         (
+            "noscript",
+            "the server did not know a script and loading it failed (SCRIPT FLUSH in between, or EVAL refused by the ACL: allow EVAL and EVALSHA); retrying",
+        ),
+        (
             "readonly",
             "this Redis is a read-only replica (after a failover?): with --redis-sentinel the sidecar asks the Sentinels for the new primary; with --redis-url use --redis-sentinel HOST:PORT --redis-sentinel-master NAME, or point --redis-url at the primary",
         ),
         (
             "loading",
             "Redis is loading its dataset after a restart; retrying",
+        ),
+        (
+            roster::NO_PERSISTENCE,
+            "failsafe on Redis needs persistence on every server: run redis-server with --appendonly yes (a restart without it forgets the failsafe roster); nobody campaigns until then",
+        ),
+        (
+            "roster",
+            "the failsafe roster key holds something that is not the leader's roster (edited by hand?), or the servers' rosters disagree: the leader's next renewal writes it again; with no leader, delete <prefix>{<election>}:failsafe:roster on every server only when no sidecar of the election runs in failsafe",
         ),
         (
             "oom",

@@ -183,6 +183,9 @@ impl Server {
                 return auth(err);
             }
             Some("WRONGTYPE") => Some("wrongtype"),
+            // Answered by loading the script (EVAL); one that still escapes
+            // is a refusal, never an outage (failsafe must not start on it).
+            Some("NOSCRIPT") => Some("noscript"),
             Some("READONLY") => Some("readonly"),
             Some("LOADING") => Some("loading"),
             Some("OOM") => Some("oom"),
