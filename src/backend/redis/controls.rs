@@ -101,7 +101,11 @@ impl RedisBackend {
     /// and judge it; a renewal done on a quorum also records the controls
     /// its servers answered ([`agreed`]), which wakes the controls watch
     /// when they changed since the last renewal.
-    pub(super) async fn renew_reading_controls(&self, more_keys: &[&str], args: &[&str]) -> Verdict {
+    pub(super) async fn renew_reading_controls(
+        &self,
+        more_keys: &[&str],
+        args: &[&str],
+    ) -> Verdict {
         let (paused, to) = (self.paused_key(), self.switchover_key());
         let mut keys = vec![self.key.as_str(), &paused, &to];
         keys.extend_from_slice(more_keys);
