@@ -33,9 +33,9 @@ mod builder;
 mod config;
 mod controls;
 mod failsafe;
-mod follow;
 #[cfg(test)]
 pub(crate) use failsafe::is_outage;
+mod follow;
 mod gates;
 mod known;
 mod lead;

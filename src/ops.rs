@@ -202,17 +202,16 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
     let holder = match tokio::time::timeout(cli.timeout, backend.inspect()).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
-            crate::say!("error: {}", e.report());
-            failsafe_hint(connected);
+            crate::say!("error: {}{}", e.report(), failsafe_hint(connected));
             return 1;
         }
         Err(_) => {
             crate::say!(
-                "error: {} did not answer within {} (--timeout)",
+                "error: {} did not answer within {} (--timeout){}",
                 backend.name(),
-                crate::flags::format_duration(cli.timeout)
+                crate::flags::format_duration(cli.timeout),
+                failsafe_hint(connected)
             );
-            failsafe_hint(connected);
             return 1;
         }
     };
@@ -249,12 +248,12 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
 }
 
 /// When the backend cannot be read and keeps a failsafe roster: where to
-/// look instead.
-fn failsafe_hint(connected: &Connected) {
+/// look instead, as a tail for the one error line (scripts read one line).
+fn failsafe_hint(connected: &Connected) -> &'static str {
     if connected.roster.is_some() {
-        crate::say!(
-            "hint: with --failsafe a leader may lead on through a backend outage; a sidecar's /leader says so (its \"failsafe\" field)"
-        );
+        " (with --failsafe a leader may lead on through a backend outage: a sidecar's /leader says so in its \"failsafe\" field)"
+    } else {
+        ""
     }
 }
 

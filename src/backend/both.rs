@@ -262,6 +262,10 @@ impl CandidateRegistry for Both {
         self.registry.candidates().await
     }
 
+    async fn candidates_now(&self) -> Result<Vec<Listed>> {
+        self.registry.candidates_now().await
+    }
+
     async fn watch_candidates(&self) -> Result<()> {
         self.registry.watch_candidates().await
     }

@@ -114,7 +114,8 @@ pub struct Listed {
     pub ttl: Duration,
     /// The record's place in the registry's order of creation, in the
     /// backend's own counter (etcd: the key's `create_revision`; a Lease:
-    /// its `creationTimestamp` in ms; Redis: the server's `TIME` in ms when
+    /// its `creationTimestamp`, whole seconds, refined within the second
+    /// by the writer's own ms; Redis: the server's `TIME` in ms when
     /// the record was created): larger was created later. `None` when the
     /// backend cannot tell. Decides which revision is the newer.
     pub created: Option<u64>,

@@ -45,6 +45,19 @@ pub trait CandidateRegistry: Send + Sync {
     /// Any [`BackendError`](super::BackendError).
     async fn candidates(&self) -> Result<Vec<Listed>>;
 
+    /// The records as the backend holds them now, never a copy a watch
+    /// keeps (which may trail the backend by a delivery): for a decision an
+    /// operator waits on, such as a switchover's check of its target, which
+    /// must not be refused on a view older than what `status` just showed.
+    /// The default is [`candidates`](CandidateRegistry::candidates), for the
+    /// backends whose list is a read of the backend.
+    ///
+    /// # Errors
+    /// Any [`BackendError`](super::BackendError).
+    async fn candidates_now(&self) -> Result<Vec<Listed>> {
+        self.candidates().await
+    }
+
     /// Resolve when the registry may have changed since the last call (a
     /// record written, renewed with other fields, withdrawn or lapsed), so
     /// a leader re-reads [`candidates`](CandidateRegistry::candidates)

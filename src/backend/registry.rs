@@ -184,6 +184,17 @@ pub fn resolve(args: &BackendArgs, common: &Common) -> Result<Arc<dyn Settings>,
     Ok(settings)
 }
 
+/// Flags of a backend that `--failsafe` cannot go with (`on`: it is given).
+///
+/// # Errors
+/// A [`ConfigError`] (exit 2) naming both flags.
+pub fn check_failsafe(args: &BackendArgs, on: bool) -> Result<(), ConfigError> {
+    #[cfg(feature = "kubernetes")]
+    super::kubernetes::flags::check_failsafe(args, on)?;
+    let _ = (args, on);
+    Ok(())
+}
+
 /// [`resolve`] before the checks of flags another backend owns.
 fn choose(args: &BackendArgs, common: &Common) -> Result<Arc<dyn Settings>, ConfigError> {
     if let Some(row) = row(&args.backend) {

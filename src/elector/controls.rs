@@ -142,7 +142,10 @@ impl ElectorHandle {
         let Some(registry) = &self.registry else {
             return Err(SwitchoverRefusal::NoRegistry);
         };
-        let listed = match timeout(self.call_timeout, registry.candidates()).await {
+        // Read afresh: the leader's watched copy may trail what the
+        // operator just saw in `status` (the matrix caught a switchover
+        // refused 60 ms after the target turned ready).
+        let listed = match timeout(self.call_timeout, registry.candidates_now()).await {
             Ok(Ok(listed)) => listed,
             Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
             Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),

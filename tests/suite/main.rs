@@ -22,6 +22,8 @@ mod etcd;
 mod etcd_ops;
 mod example_operator;
 mod failsafe;
+mod failsafe_cut;
+mod failsafe_lease;
 mod failsafe_redis;
 mod fault;
 mod kubernetes;

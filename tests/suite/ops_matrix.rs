@@ -20,7 +20,9 @@
 //! hit, plus "pause, priority, revision" (the leader stays for the whole
 //! pause). `LE_FULL_MATRIX=1`: all 64 cells per backend. Each cell prints
 //! its backend, overlaps, longest leaderless time and time to the named
-//! leader per control.
+//! leader per control. `LE_MATRIX_CELL="Pause then Sigterm"` runs only the
+//! cells so named; `LE_MATRIX_DUMP=<dir>` keeps the members' logs of a
+//! failing cell there.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -261,6 +263,19 @@ impl Cell {
         true
     }
 
+    /// Before a failing assertion, with `LE_MATRIX_DUMP=<dir>`: each
+    /// member's log (debug level) to `<dir>/mx-<identity>.log`, since the
+    /// logs go with the cell's temporary directories.
+    fn dump(&self) {
+        let Ok(dir) = std::env::var("LE_MATRIX_DUMP") else {
+            return;
+        };
+        for c in &self.cs {
+            let path = std::path::Path::new(&dir).join(format!("mx-{}.log", c.identity));
+            let _ = std::fs::write(path, c.log());
+        }
+    }
+
     /// Wait until every live member's `/leader` names `l`.
     async fn all_know(&self, l: &str) {
         let start = Instant::now();
@@ -353,6 +368,9 @@ impl Cell {
         let path = format!("/switchover?to={to}&force={force}");
         let (status, body) = self.post(&l, &path).await;
         let refused = self.model.refuses(&l, to, force);
+        if (status != 200) != refused {
+            self.dump();
+        }
         assert_eq!(
             status != 200,
             refused,
@@ -400,6 +418,9 @@ impl Cell {
                 ),
             }
             sleep(Duration::from_millis(10)).await;
+        }
+        if named_since.is_none() {
+            self.dump();
         }
         assert!(
             named_since.is_some(),

@@ -163,6 +163,10 @@ both rendered from this one list.
 # withdraw it on shutdown. The coordination API's Leases (le-lock-*,
 # le-sem-*, le-job-*) use the same verbs, `delete` for completed jobs'
 # Leases after --completed-retention (with the version read as precondition).
+# Failsafe (failsafe.enabled) on Leases needs no more: the roster is an
+# annotation of the election Lease written with each update, and each
+# member's application a Lease of its own (<election>-failsafe-<suffix>,
+# listed by label, deleted on shutdown).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]

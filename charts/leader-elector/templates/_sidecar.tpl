@@ -95,8 +95,8 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- fail "leader-elector: migrateFromEndpoints needs the Kubernetes Lease backend (the old image elected through the Kubernetes API); it cannot bridge to etcd or Redis" }}
 {{- end }}
 {{- if $v.failsafe.enabled }}
-{{- if not $etcd }}
-{{- fail "leader-elector: failsafe.enabled needs the etcd backend (etcd.endpoints): the roster is built on etcd only so far" }}
+{{- if $v.migrateFromEndpoints }}
+{{- fail "leader-elector: failsafe.enabled cannot be used with migrateFromEndpoints: the old image holding the Endpoints lock keeps no failsafe promise; finish the migration first" }}
 {{- end }}
 {{- if not $v.failsafe.secretName }}
 {{- fail "leader-elector: failsafe.enabled needs failsafe.secretName (a Secret whose key `secret` holds at least 16 random bytes, the same for every member)" }}

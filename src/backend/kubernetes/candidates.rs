@@ -52,6 +52,13 @@ pub const REVISION_ANNOTATION: &str = "leader-elector.io/revision";
 /// Annotation: `true` when the candidate may lead now, else `false`.
 pub const READY_ANNOTATION: &str = "leader-elector.io/ready";
 
+/// Annotation: when the candidate first wrote its record, in ms since the
+/// Unix epoch by its own wall clock. The API server's `creationTimestamp`
+/// has whole seconds (RFC 3339 without a fraction), so two records created
+/// within one second tie by it; within that second this annotation orders
+/// them (see [`created_ms`]).
+pub const CREATED_MS_ANNOTATION: &str = "leader-elector.io/created-ms";
+
 /// Longest readable part of a rendered name or label value.
 const READABLE: usize = 40;
 
@@ -126,13 +133,15 @@ pub fn candidate_selector(election: &str) -> String {
 }
 
 /// `candidate`'s record in `election` for `ttl`, renewed now, at version
-/// `rv` (`None`: a create).
+/// `rv` (`None`: a create), first written at `born` (ms since the Unix
+/// epoch, [`CREATED_MS_ANNOTATION`]).
 fn record(
     election: &str,
     namespace: &str,
     candidate: &Candidate,
     ttl: Duration,
     rv: Option<String>,
+    born: u64,
 ) -> Lease {
     let labels = BTreeMap::from([
         (ELECTION_LABEL.to_owned(), election_label_value(election)),
@@ -145,6 +154,7 @@ fn record(
         ),
         (REVISION_ANNOTATION.to_owned(), candidate.revision.clone()),
         (READY_ANNOTATION.to_owned(), candidate.ready.to_string()),
+        (CREATED_MS_ANNOTATION.to_owned(), born.to_string()),
     ]);
     if let Some(t) = candidate.frozen_until {
         let ms = crate::backend::candidates::unix_ms(t).to_string();
@@ -206,13 +216,27 @@ pub(super) fn listed(lease: &Lease) -> Option<Listed> {
         },
         age,
         ttl: duration_of(lease, Duration::from_secs(1)),
-        created: lease
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_millisecond().max(0) as u64),
+        created: created_ms(lease),
         written_ago: None,
     })
+}
+
+/// The record's place in the order of creation, in ms: the server's
+/// `creationTimestamp` (whole seconds), refined within that second by the
+/// writer's [`CREATED_MS_ANNOTATION`], which is clamped into the second so
+/// that a skewed clock, an edited annotation or a record re-created after a
+/// deletion never reorders records the server's seconds tell apart.
+fn created_ms(lease: &Lease) -> Option<u64> {
+    let server = lease.metadata.creation_timestamp.as_ref()?;
+    let server = server.0.as_millisecond().max(0) as u64;
+    let own = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CREATED_MS_ANNOTATION))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let second = server - server % 1000;
+    Some(own.map_or(server, |ms| ms.clamp(second, second + 999).max(server)))
 }
 
 impl KubeLeaseBackend {
@@ -231,8 +255,18 @@ impl KubeLeaseBackend {
         let conn = self.conn().await?;
         let name = candidate_lease_name(&self.name, &candidate.identity);
         let mut rv = self.registry_rv();
+        let born = *self
+            .registry_born
+            .get_or_init(|| crate::backend::candidates::unix_ms(std::time::SystemTime::now()));
         for _ in 0..2 {
-            let lease = record(&self.name, &conn.namespace, candidate, ttl, rv.clone());
+            let lease = record(
+                &self.name,
+                &conn.namespace,
+                candidate,
+                ttl,
+                rv.clone(),
+                born,
+            );
             let written = match &rv {
                 Some(_) => conn.api.replace(&name, &post_params(), &lease).await,
                 None => conn.api.create(&post_params(), &lease).await,
@@ -307,10 +341,53 @@ mod tests {
         c.revision = "abc".into();
         c.ready = false;
         c.preempt_after = Some(Duration::from_millis(2500));
-        let lease = record("e", "ns", &c, Duration::from_secs(180), None);
+        let lease = record("e", "ns", &c, Duration::from_secs(180), None, 1);
         let l = listed(&lease).expect("listed");
         assert_eq!(l.candidate, c);
         assert_eq!(l.ttl, Duration::from_secs(180));
         assert!(l.alive());
+    }
+
+    /// A record created at `created` (RFC 3339, as the server writes it)
+    /// by a writer whose annotation says `born` ms.
+    fn created(created: &str, born: Option<&str>) -> Option<u64> {
+        let mut lease = record(
+            "e",
+            "ns",
+            &Candidate::new("a"),
+            Duration::from_secs(1),
+            None,
+            0,
+        );
+        let notes = lease.metadata.annotations.as_mut().unwrap();
+        match born {
+            Some(b) => notes.insert(CREATED_MS_ANNOTATION.to_owned(), b.to_owned()),
+            None => notes.remove(CREATED_MS_ANNOTATION),
+        };
+        lease.metadata.creation_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()),
+        );
+        created_ms(&lease)
+    }
+
+    #[test]
+    fn records_created_within_one_server_second_are_ordered_by_the_writers_ms() {
+        // The server's seconds: 1_700_000_000 s.
+        let at = "2023-11-14T22:13:20Z";
+        let (first, second) = (
+            created(at, Some("1700000000100")),
+            created(at, Some("1700000000600")),
+        );
+        assert!(first < second, "{first:?} {second:?}");
+        // No annotation (an older writer, a hand-made record): the second.
+        assert_eq!(created(at, None), Some(1_700_000_000_000));
+        assert_eq!(created(at, Some("junk")), Some(1_700_000_000_000));
+        // A clock ahead, behind, or a record re-created after a deletion
+        // (an annotation older than the record): held within the second,
+        // so the server's order across seconds stands.
+        assert_eq!(created(at, Some("1700000009000")), Some(1_700_000_000_999));
+        assert_eq!(created(at, Some("1600000000000")), Some(1_700_000_000_000));
+        let next = created("2023-11-14T22:13:21Z", Some("1"));
+        assert!(next > created(at, Some("1700000009000")));
     }
 }

@@ -24,10 +24,12 @@ impl KubeLeaseBackend {
             options,
             conn: OnceCell::new(),
             registry_rv: Mutex::default(),
+            registry_born: std::sync::OnceLock::new(),
             marks: Mutex::default(),
             registry_watch: tokio::sync::Mutex::default(),
             sightings: tokio::sync::watch::Sender::new(0),
             election_watches: tokio::sync::watch::Sender::new(0),
+            roster: Mutex::default(),
         })
     }
 
@@ -70,10 +72,12 @@ impl KubeLeaseBackend {
             conn: OnceCell::new_with(Some(conn)),
             view: Mutex::new(LeaseView::default()),
             registry_rv: Mutex::default(),
+            registry_born: std::sync::OnceLock::new(),
             marks: Mutex::default(),
             registry_watch: tokio::sync::Mutex::default(),
             sightings: tokio::sync::watch::Sender::new(0),
             election_watches: tokio::sync::watch::Sender::new(0),
+            roster: Mutex::default(),
         })
     }
 
@@ -111,10 +115,13 @@ impl KubeLeaseBackend {
     }
 
     /// The error of a write that lost its compare-and-swap [`CAS_TRIES`]
-    /// times in a row while the Lease still named this term.
+    /// times in a row while the Lease still named this term: an answer of
+    /// the API server (three 409s), not an outage, so it never starts
+    /// failsafe.
     pub(super) fn contended(&self, conn: &Conn) -> BackendError {
-        BackendError::Server {
+        BackendError::Rejected {
             backend: ABOUT,
+            code: "contended",
             source: Box::new(KubeLeaseError::Contended {
                 namespace: conn.namespace.clone(),
                 name: self.name.clone(),
@@ -126,6 +133,12 @@ impl KubeLeaseBackend {
     /// Classify a kube-rs error once (team rule: 403 names verb, resource and
     /// the Role; 404 on create names the namespace; 429 throttled, to retry
     /// after its `Retry-After`; 5xx retryable).
+    ///
+    /// Only a transport error (unreachable), a 5xx (server) and a 429
+    /// (throttled) say the API server cannot be used now; every other
+    /// status is its answer to this request (a refusal: 401, 403, 404,
+    /// 409, 400/422, any other 4xx) and is classified so, because failsafe
+    /// starts only on the former (`elector::failsafe::is_outage`).
     pub(super) fn classify(
         &self,
         conn: &Conn,
@@ -149,11 +162,10 @@ impl KubeLeaseBackend {
         verb: &'static str,
         status: &kube::core::Status,
     ) -> BackendError {
-        let namespace = conn.namespace.clone();
         let answered = || {
             Box::new(KubeLeaseError::Status {
                 verb,
-                namespace: namespace.clone(),
+                namespace: conn.namespace.clone(),
                 name: self.name.clone(),
                 code: status.code,
                 reason: reason_of(status),
@@ -171,14 +183,17 @@ impl KubeLeaseBackend {
                 source: Box::new(KubeLeaseError::Forbidden {
                     verb,
                     credentials: conn.credentials.clone(),
-                    namespace,
+                    namespace: conn.namespace.clone(),
                     message,
                 }),
             },
             404 if verb == "create" => BackendError::Rejected {
                 backend,
                 code: "namespace_not_found",
-                source: Box::new(KubeLeaseError::NamespaceNotFound { namespace, message }),
+                source: Box::new(KubeLeaseError::NamespaceNotFound {
+                    namespace: conn.namespace.clone(),
+                    message,
+                }),
             },
             410 => BackendError::WatchEnded {
                 backend,
@@ -189,15 +204,7 @@ impl KubeLeaseBackend {
                 retry_after: Self::retry_after(conn, status),
                 source: answered(),
             },
-            400 | 422 => BackendError::Rejected {
-                backend,
-                code: "invalid",
-                source: answered(),
-            },
-            _ => BackendError::Server {
-                backend,
-                source: answered(),
-            },
+            code => answer_or_outage(code, answered()),
         }
     }
 
@@ -239,6 +246,7 @@ impl KubeLeaseBackend {
     /// Record a Lease read or written now (with the wall clock, for the
     /// cold-start rule of `--max-clock-skew`).
     pub(super) fn observe(&self, lease: &Lease) {
+        self.roster_saw(lease);
         let wall = k8s_openapi::jiff::Timestamp::now();
         if let Some(ago) = self.view(|v| v.observed_with_wall(lease, Instant::now(), wall)) {
             info!(
@@ -357,5 +365,28 @@ fn reason_of(status: &kube::core::Status) -> String {
         "TooManyRequests".to_owned()
     } else {
         status.reason.clone()
+    }
+}
+
+/// A status none of the named rules covers: a 5xx says the API server
+/// cannot serve now (an outage, [`BackendError::Server`]); any other code
+/// is its answer to this request (a refusal, [`BackendError::Rejected`]).
+fn answer_or_outage(code: u16, source: Box<KubeLeaseError>) -> BackendError {
+    let code = match code {
+        500..=599 => {
+            return BackendError::Server {
+                backend: ABOUT,
+                source,
+            };
+        }
+        400 | 422 => "invalid",
+        404 => "not_found",
+        409 => "conflict",
+        _ => "refused",
+    };
+    BackendError::Rejected {
+        backend: ABOUT,
+        code,
+        source,
     }
 }

@@ -25,7 +25,7 @@ pub const ROW: Row = Row {
     },
     resolve,
     coordination: Some("locks, fair locks, semaphores, job claims"),
-    failsafe: false,
+    failsafe: true,
 };
 
 #[cfg(test)]
@@ -99,9 +99,9 @@ impl Settings for KubeSettings {
         Ok(Connected {
             registry: Some(lease.clone()),
             controls: Some(lease.clone()),
+            roster: Some(lease.clone()),
             election: lease,
             coordination: Some(Box::new(coord)),
-            roster: None,
         })
     }
 }
@@ -200,6 +200,22 @@ pub(crate) fn check_only_here(args: &BackendArgs, backend: &str) -> Result<(), C
         return Err(config_error(format!(
             "--migrate-from-endpoints works only with --backend kubernetes (the backend is {backend})\nhint: the old leader-elector image elected through the Kubernetes API; leave the flag out on {backend}"
         )));
+    }
+    Ok(())
+}
+
+/// `--failsafe` (`on`) with `--migrate-from-endpoints`: refused. The old
+/// image holding the Endpoints lock knows no roster and no promise, so a
+/// leader leading on through failsafe past its Endpoints lock would let an
+/// old replica take that lock beside it.
+///
+/// # Errors
+/// A [`ConfigError`] (exit 2) naming both flags.
+pub(crate) fn check_failsafe(args: &BackendArgs, on: bool) -> Result<(), ConfigError> {
+    if on && args.kubernetes.migrate_from_endpoints == Some(true) {
+        return Err(config_error(
+            "--failsafe cannot be used with --migrate-from-endpoints: the old leader-elector image holding the Endpoints lock keeps no failsafe promise\nhint: finish the migration first (a rollout without --migrate-from-endpoints), then turn --failsafe on",
+        ));
     }
     Ok(())
 }

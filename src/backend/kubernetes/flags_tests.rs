@@ -78,3 +78,32 @@ fn migrate_from_endpoints_is_off_by_default_and_only_for_kubernetes() {
         );
     }
 }
+
+#[test]
+fn failsafe_is_accepted_on_leases_and_refused_with_the_endpoints_bridge() {
+    KUBE_PRESENT.with(|c| c.set(Some(true)));
+    let dir = std::env::temp_dir().join(format!("le-fsk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "0123456789abcdef\n").unwrap();
+    let secret = format!("--failsafe-secret-file={}", secret.display());
+    let parse = |extra: &[&str]| {
+        let mut full = vec![
+            "leader-elector",
+            "--election=a",
+            "--id=me",
+            "--failsafe",
+            "--peer-addr=127.0.0.1:0",
+            &secret,
+        ];
+        full.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+        Config::from_cli(cli).map(|_| ()).map_err(|e| e.to_string())
+    };
+    parse(&[]).expect("--failsafe on the Lease backend");
+    let e = parse(&["--migrate-from-endpoints"]).unwrap_err();
+    assert!(
+        e.contains("--failsafe") && e.contains("--migrate-from-endpoints"),
+        "{e}"
+    );
+}

@@ -34,7 +34,7 @@ fn released(was: &str, rv: u64, token: u64, transitions: i32) -> Value {
     l
 }
 
-fn status(code: u16, reason: &str, message: &str) -> String {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> String {
     json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
            "reason": reason, "message": message})
     .to_string()
@@ -43,7 +43,7 @@ fn status(code: u16, reason: &str, message: &str) -> String {
 /// A tiny in-memory Lease store: answers GET, LIST, POST, PUT and a watch
 /// from a version like the API server (resourceVersion bumps on every write;
 /// stale PUT → 409; a watch replays the writes after its version, then ends).
-fn store(initial: Option<Value>) -> (Responder, Arc<Mutex<Option<Value>>>) {
+pub(super) fn store(initial: Option<Value>) -> (Responder, Arc<Mutex<Option<Value>>>) {
     let state = Arc::new(Mutex::new(initial));
     let st = state.clone();
     let rv = Arc::new(Mutex::new(100u64));

@@ -94,6 +94,22 @@ pub const ABOUT: &crate::backend::About = &crate::backend::About {
             "the API server rejected the Lease: the election name must be a lowercase DNS subdomain name (letters, digits, '-', '.')",
         ),
         (
+            "contended",
+            "the Lease kept changing under our writes (three 409 Conflicts in a row): another writer edits it; look for a controller or script that updates it",
+        ),
+        (
+            "conflict",
+            "someone else wrote the Lease first (409 Conflict); re-reading it",
+        ),
+        (
+            "not_found",
+            "the Lease (or its namespace) was deleted while we used it; re-reading it",
+        ),
+        (
+            "refused",
+            "the API server refused the request (an unexpected 4xx); see the message",
+        ),
+        (
             "no_kubeconfig",
             "run in a Pod with a ServiceAccount token mounted (automountServiceAccountToken), or set KUBECONFIG",
         ),
@@ -232,6 +248,10 @@ pub struct KubeLeaseBackend {
     /// The `resourceVersion` of the candidate record this process last
     /// wrote (`candidates`), the precondition of its next renewal.
     registry_rv: Mutex<Option<String>>,
+    /// When this process first wrote its candidate record, in ms since the
+    /// Unix epoch by its wall clock ([`candidates::CREATED_MS_ANNOTATION`]):
+    /// kept across renewals and re-creations.
+    registry_born: std::sync::OnceLock<u64>,
     /// Where the watches of the registry and of the controls resume
     /// between calls (`marks`).
     marks: Mutex<Marks>,
@@ -245,6 +265,9 @@ pub struct KubeLeaseBackend {
     /// one is, it delivers every version to the view, and the controls
     /// follow opens no watch of its own.
     election_watches: tokio::sync::watch::Sender<usize>,
+    /// The failsafe roster staged for our next write, and what this
+    /// process saw of the current term's roster (`roster`).
+    roster: Mutex<roster::RosterState>,
 }
 
 impl std::fmt::Debug for KubeLeaseBackend {
@@ -335,6 +358,8 @@ use crate::kube_client::{FIELD_MANAGER, connect};
 mod registry_watch;
 mod release;
 mod replay;
+mod roster;
+pub use roster::{PEER_ADDR_ANNOTATION, ROSTER_ANNOTATION};
 mod verbs;
 mod view;
 mod watch;
@@ -345,4 +370,8 @@ use view::{Hold, LeaseView, Standing, duration_of};
 
 #[cfg(test)]
 #[path = "kubernetes_tests.rs"]
-mod tests;
+pub(super) mod tests;
+
+#[cfg(test)]
+#[path = "outage_tests.rs"]
+mod outage_tests;

@@ -162,6 +162,17 @@ impl KubeLeaseBackend {
         Ok(out)
     }
 
+    /// One LIST of the records by label, the copy untouched (a watch
+    /// attached to it may still deliver events older than this list).
+    pub(super) async fn list_registry_now(&self) -> Result<Vec<Listed>> {
+        let conn = self.conn().await?;
+        let params = ListParams::default().labels(&candidate_selector(&self.name));
+        match conn.api.list(&params).await {
+            Ok(list) => Ok(list.items.iter().filter_map(listed).collect()),
+            Err(e) => Err(self.classify(conn, "list", e)),
+        }
+    }
+
     fn forget_registry(&self) {
         self.marks(|m| {
             m.candidates = None;

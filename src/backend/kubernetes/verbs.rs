@@ -68,6 +68,8 @@ impl LeaseBackend for KubeLeaseBackend {
             let spec = next.spec.get_or_insert_with(Default::default);
             spec.renew_time = Some(now_micro());
             let ttl = duration_of(&next, term.ttl);
+            // The roster again each time: a hand edit is undone here.
+            self.carry_roster(&mut next);
             match self.cas(conn, &next).await? {
                 Cas::Written(_) => return Ok(Renewal::Renewed { ttl, servers: None }),
                 // Someone else wrote: re-read and decide; never overwrite.
@@ -201,6 +203,11 @@ impl CandidateRegistry for KubeLeaseBackend {
         self.list_candidates().await
     }
 
+    /// One LIST by label; the watched copy is left as it is.
+    async fn candidates_now(&self) -> Result<Vec<Listed>> {
+        self.list_registry_now().await
+    }
+
     /// One watch of the candidate Leases by label, resumed between calls.
     async fn watch_candidates(&self) -> Result<()> {
         self.follow_candidates().await
@@ -313,7 +320,7 @@ impl KubeLeaseBackend {
         let (max_token, from, known) =
             self.view(|v| (v.max_token(), v.absent_from(), v.last_holder()));
         let token = (max_token + 1).max(unix_millis());
-        let lease = Lease {
+        let mut lease = Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 namespace: Some(conn.namespace.clone()),
@@ -322,6 +329,7 @@ impl KubeLeaseBackend {
             },
             spec: Some(Self::new_spec(&mine, ttl, 0)),
         };
+        self.carry_roster(&mut lease);
         self.view(|v| v.sent(&mine));
         match conn.api.create(&post_params(), &lease).await {
             Ok(created) => {
@@ -427,6 +435,7 @@ impl KubeLeaseBackend {
         // clearing this term's holder would pass for its release).
         annotations.remove(RELEASED_ANNOTATION);
         annotations.remove(SUCCESSOR_ANNOTATION);
+        self.carry_roster(&mut next);
         next
     }
 }

@@ -96,6 +96,7 @@ impl KubeLeaseBackend {
         leading: bool,
     ) -> ControlFlow<(), Option<Instant>> {
         let now = Instant::now();
+        self.roster_saw(lease);
         if seen.term_id != holder_of(lease) {
             self.view(|v| v.observed(lease, now));
             return ControlFlow::Break(());
