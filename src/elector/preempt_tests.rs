@@ -159,6 +159,9 @@ async fn priority_0_never_campaigns_and_follows_who_leads() {
 struct Naming {
     inner: crate::backend::memory::MemoryBackend,
     listed: Vec<Listed>,
+    /// What [`CandidateRegistry::candidates_now`] reads (empty: `listed`),
+    /// as a backend whose `candidates` is a watched copy that trails it.
+    now: Vec<Listed>,
     named: Mutex<Vec<Option<String>>>,
 }
 
@@ -199,6 +202,14 @@ impl CandidateRegistry for Naming {
     async fn candidates(&self) -> Result<Vec<Listed>> {
         Ok(self.listed.clone())
     }
+    async fn candidates_now(&self) -> Result<Vec<Listed>> {
+        Ok(if self.now.is_empty() {
+            &self.listed
+        } else {
+            &self.now
+        }
+        .clone())
+    }
     async fn watch_candidates(&self) -> Result<()> {
         std::future::pending().await
     }
@@ -218,6 +229,7 @@ async fn a_shutdown_names_the_registrys_best_candidate() {
             record("old", 2, "a", 2),
             record("new", 2, "b", 5),
         ],
+        now: vec![],
         named: Mutex::default(),
     });
     // Priority 5: nobody listed preempts it while it leads.
@@ -239,4 +251,44 @@ async fn a_shutdown_names_the_registrys_best_candidate() {
     stop.cancel();
     task.await.unwrap();
     assert_eq!(*backend.named.lock().unwrap(), [Some("new".to_owned())]);
+}
+
+/// Regression (the precedence matrix on Leases, where the leader's registry
+/// is a watched copy one delivery behind the server): a switchover checks
+/// its target on the list as it is now, so a target that turned ready a
+/// moment ago is not refused as unhealthy.
+#[tokio::test(start_paused = true)]
+async fn a_switchover_checks_its_target_on_the_list_as_it_is_now() {
+    use crate::elector::{Elector, ElectorConfig};
+    use tokio_util::sync::CancellationToken;
+    let mut sick = record("b", 1, "a", 2);
+    sick.candidate.ready = false;
+    let backend = Arc::new(Naming {
+        inner: crate::backend::memory::MemoryBackend::new(),
+        listed: vec![record("me", 1, "a", 1), sick],
+        now: vec![record("me", 1, "a", 1), record("b", 1, "a", 2)],
+        named: Mutex::default(),
+    });
+    let cfg = ElectorConfig::new("e", "me", Duration::from_secs(3));
+    let connected = crate::backend::registry::Connected {
+        election: backend.clone(),
+        coordination: None,
+        registry: Some(backend.clone()),
+        controls: None,
+        roster: None,
+    };
+    let (elector, rx) = Elector::connected(cfg, &connected, None);
+    let handle = elector.handle();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(elector.run(stop.clone()));
+    sleep(Duration::from_secs(1)).await;
+    assert!(rx.borrow().is_leader_now());
+    let done = handle.switchover("b", false).await;
+    assert!(done.is_ok(), "refused on the trailing copy: {done:?}");
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        backend.named.lock().unwrap().first(),
+        Some(&Some("b".to_owned()))
+    );
 }
