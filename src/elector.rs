@@ -304,12 +304,10 @@ impl Elector {
                 debug!(error = %e.report(), "could not resign an abandoned term yet");
                 self.abandoned = Some(term);
             }
-            if let Some(wait) = self.failsafe_gate().await {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = sleep(wait) => {}
-                }
-                continue;
+            match self.failsafe_hold(&shutdown).await {
+                Some(true) => break,
+                Some(false) => continue,
+                None => {}
             }
             self.report(Observation::CampaignSent);
             let sent = Instant::now();
@@ -327,6 +325,7 @@ impl Elector {
                     _ = shutdown.cancelled() => break,
                     _ = sleep(wait) => {}
                     _ = known.changed() => {}
+                    cmd = self.commands.recv() => self.handle_idle_command(cmd),
                 }
             }
         }

@@ -202,7 +202,7 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
     let holder = match tokio::time::timeout(cli.timeout, backend.inspect()).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
-            crate::say!("error: {}{}", e.report(), failsafe_hint(connected));
+            crate::say!("error: {}{}", e.report_once(), failsafe_hint(connected));
             return 1;
         }
         Err(_) => {

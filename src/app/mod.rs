@@ -47,10 +47,11 @@ const ABORT_WAIT: Duration = Duration::from_millis(100);
 pub enum RunError {
     /// A listen address could not be bound.
     #[error(
-        "cannot listen on {flag} {addr}\nhint: another process holds this address; several sidecars on one host (e.g. with hostNetwork) need distinct --http-addr and --control-addr"
+        "cannot listen on {flag} {addr}\nhint: another process holds this address: choose another {flag}; several sidecars on one host (e.g. with hostNetwork) need distinct --http-addr, --control-addr and (with --failsafe) --peer-addr"
     )]
     Bind {
-        /// The flag the address came from (`--http-addr`, `--control-addr`).
+        /// The flag the address came from (`--http-addr`, `--control-addr`,
+        /// `--peer-addr`).
         flag: &'static str,
         /// The address.
         addr: std::net::SocketAddr,

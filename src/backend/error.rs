@@ -166,10 +166,20 @@ impl BackendError {
         }
     }
 
+    /// [`report`](Self::report) for a command that tries once (`status`,
+    /// `pause`, `switchover`): the hint without "retrying with backoff",
+    /// which only a running sidecar does.
+    pub fn report_once(&self) -> String {
+        self.report()
+            .replace("; retrying with backoff)", ")")
+            .replace(" (hint: retrying with backoff)", "")
+    }
+
     /// The whole error as one line: this layer, its causes, and the hint.
     /// gRPC statuses are reduced to their message and their own causes
     /// (their `Display` dumps the `Debug` text of the transport error), and a
-    /// cause that repeats what is already said is left out.
+    /// cause that repeats what is already said is left out. Commands that
+    /// try once use [`report_once`](Self::report_once).
     pub fn report(&self) -> String {
         let mut out = self.to_string();
         let mut source = std::error::Error::source(self);

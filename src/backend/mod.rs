@@ -398,4 +398,24 @@ mod tests {
                 .contains("TLS handshake with redis at x failed")
         );
     }
+
+    /// A command that tries once (`status`, `pause`) never says it retries.
+    #[test]
+    fn a_one_shot_report_does_not_promise_a_retry() {
+        let etcd = etcd::store::BACKEND;
+        let down = BackendError::Unreachable {
+            backend: etcd,
+            endpoints: "http://127.0.0.1:1".into(),
+            source: "refused".into(),
+        };
+        assert!(down.report().contains("retrying with backoff"));
+        let once = down.report_once();
+        assert!(!once.contains("retrying"), "{once}");
+        assert!(once.ends_with("endpoints are right)"), "{once}");
+        let once = rejected(etcd, "wrongtype").report_once();
+        assert!(
+            !once.contains("retrying") && !once.contains("(hint"),
+            "{once}"
+        );
+    }
 }

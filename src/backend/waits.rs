@@ -43,6 +43,10 @@ pub enum WaitReason {
     /// Failsafe: a roster exists and does not list this candidate yet; the
     /// leader admits it at its next renewal.
     NotOnRoster,
+    /// Failsafe: the roster cannot be read (the backend is down, or refuses:
+    /// a Redis server without `appendonly yes`), so this member cannot know
+    /// whether it may campaign.
+    RosterUnreadable,
 }
 
 impl WaitReason {
@@ -85,6 +89,9 @@ impl WaitReason {
             }
             WaitReason::NotOnRoster => {
                 "failsafe: not on the roster yet; the leader admits this candidate at its next renewal"
+            }
+            WaitReason::RosterUnreadable => {
+                "failsafe: the roster cannot be read, so this member cannot know whether it may campaign; the log says why (a backend that does not answer, or a Redis server without appendonly yes); retrying"
             }
         }
     }

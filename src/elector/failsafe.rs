@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use std::sync::Arc;
@@ -92,6 +93,22 @@ impl Elector {
         self.failsafe_campaign_ended(elected, token);
     }
 
+    /// Before a campaign: `None` to campaign now; else wait while failsafe
+    /// holds this member back, answering a resign or freeze asked meanwhile
+    /// (an outage may hold it for as long as it lasts), and `Some(true)` on
+    /// shutdown, `Some(false)` to look again.
+    pub(super) async fn failsafe_hold(&mut self, shutdown: &CancellationToken) -> Option<bool> {
+        let wait = self.failsafe_gate().await?;
+        tokio::select! {
+            _ = shutdown.cancelled() => Some(true),
+            _ = tokio::time::sleep(wait) => Some(false),
+            cmd = self.commands.recv() => {
+                self.handle_idle_command(cmd);
+                Some(false)
+            }
+        }
+    }
+
     /// Before a campaign: `None` to campaign now, else how long to wait
     /// (a promise holds, this member is not on the roster, or the roster
     /// cannot be read). Stages the roster the campaign writes.
@@ -139,7 +156,11 @@ impl Elector {
                 self.look_at_holder().await;
                 Some(retry)
             }
-            Hold::Unknown => Some(self.next_backoff()),
+            Hold::Unknown => {
+                let wait = self.next_backoff();
+                self.set_waiting(Some((WaitReason::RosterUnreadable, wait)));
+                Some(wait)
+            }
         }
     }
 

@@ -20,6 +20,7 @@ struct Node {
     id: String,
     state: watch::Receiver<LeaderState>,
     link: MemoryBackend,
+    handle: crate::elector::ElectorHandle,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -43,6 +44,7 @@ async fn node(server: &MemoryBackend, id: &str, failsafe: bool, secret: &[u8]) -
         .lease_duration(TTL)
         .build()
         .unwrap();
+    let handle = elector.handle();
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     let elector = if failsafe {
@@ -70,6 +72,7 @@ async fn node(server: &MemoryBackend, id: &str, failsafe: bool, secret: &[u8]) -
         id: id.into(),
         state,
         link,
+        handle,
         stop,
         tasks,
     }
@@ -163,6 +166,11 @@ async fn a_leader_leads_through_a_backend_outage_while_every_member_confirms() {
     let f = nodes.iter().find(|n| n.id != leader).unwrap();
     let fb = crate::http::LeaderBody::at(&f.state.borrow(), Instant::now());
     assert_eq!(fb.leader.as_deref(), Some(leader.as_str()));
+    // A freeze asked of a follower in the outage is answered now (a new
+    // user's try found it held until the backend returned, then applied).
+    let freeze = f.handle.resign(Duration::from_secs(30));
+    let answered = tokio::time::timeout(Duration::from_millis(500), freeze).await;
+    assert_eq!(answered.ok(), Some(false), "answered at once, not leading");
     server.stop(false);
     watch_for(&nodes, TTL * 2, &mut max).await;
     assert_eq!(leaders(&nodes), [(leader, token)], "same term after");

@@ -15,7 +15,7 @@ use crate::backend::{BackendError, Holder, WaitReason};
 
 impl Elector {
     /// Answer a command received while not leading.
-    fn handle_idle_command(&mut self, cmd: Option<Command>) {
+    pub(super) fn handle_idle_command(&mut self, cmd: Option<Command>) {
         match cmd {
             Some(Command::Resign {
                 cooldown, reply, ..

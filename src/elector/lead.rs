@@ -100,6 +100,44 @@ enum Renew {
     Failed,
 }
 
+/// The reopening of a leader's watch of its own key. A broken watch is
+/// reopened at once, then with backoff (see the README's safety argument);
+/// its failure is said once (WARN) until a renewal succeeds again, then at
+/// DEBUG: an outage bridged by failsafe would otherwise log it several
+/// times a second for as long as it lasts.
+struct Rewatch {
+    /// When to reopen it; `None` while it is open.
+    at: Option<Instant>,
+    backoff: Backoff,
+    said: bool,
+}
+
+impl Rewatch {
+    fn new(renew_interval: Duration) -> Rewatch {
+        Rewatch {
+            at: None,
+            backoff: Backoff::new(Duration::from_millis(20), renew_interval / 4),
+            said: false,
+        }
+    }
+
+    /// The watch failed with `e`: say so (once) and the backoff's next wait.
+    fn failed(&mut self, e: &BackendError) -> Duration {
+        if std::mem::replace(&mut self.said, true) {
+            debug!(error = %e.report(), "watch on own key failed again; reopening it");
+        } else {
+            warn!(error = %e.report(), "watch on own key failed; reopening it (said once until a renewal succeeds)");
+        }
+        self.backoff.next()
+    }
+
+    /// A renewal succeeded: the next failure starts the backoff afresh.
+    fn renewed(&mut self) {
+        self.backoff.reset();
+        self.said = false;
+    }
+}
+
 impl Elector {
     /// Hold `term` (acquired by a request sent at `sent`) until it is lost,
     /// its deadline passes, or shutdown; then stop claiming and resign.
@@ -109,10 +147,7 @@ impl Elector {
         let backend = self.backend.clone();
         let mut held = self.begin_term(&term, sent);
         let mut watch = Some(Box::pin(backend.watch(&term.holder)));
-        // A broken watch is reopened at once (then with backoff): see the README's safety argument.
-        let mut rewatch: Option<Instant> = None;
-        let mut rewatch_backoff =
-            Backoff::new(Duration::from_millis(20), self.cfg.renew_interval / 4);
+        let mut rewatch = Rewatch::new(self.cfg.renew_interval);
         let unhealthy = self.gates.unhealthy_past_grace();
         let preempt = self.preemption();
         tokio::pin!(unhealthy, preempt);
@@ -144,19 +179,18 @@ impl Elector {
                 r = async { watch.as_mut().expect("guarded by the select condition").await }, if watch.is_some() => match r {
                     Ok(()) => break StepDown::Lost(held.loss(Loss::KeyChanged)),
                     Err(e) => {
-                        warn!(error = %e.report(), "watch on own key failed; reopening it");
                         watch = None;
-                        let wait = self.retry_wait(&e, |_| rewatch_backoff.next());
-                        rewatch = Some(Instant::now() + wait);
+                        let next = rewatch.failed(&e);
+                        rewatch.at = Some(Instant::now() + self.retry_wait(&e, |_| next));
                     }
                 },
-                _ = sleep_until(rewatch.unwrap_or_else(Instant::now)), if rewatch.is_some() => {
-                    rewatch = None;
+                _ = sleep_until(rewatch.at.unwrap_or_else(Instant::now)), if rewatch.at.is_some() => {
+                    rewatch.at = None;
                     watch = Some(Box::pin(backend.watch(&term.holder)));
                 }
                 _ = sleep_until(heartbeat_at(&held)), if heartbeat_due(&held) => if !self.heartbeat(&term, &mut held).await { break StepDown::Deadline },
                 _ = sleep_until(held.next_renew) => match self.renew(&term, &mut held).await {
-                    Renew::Renewed => rewatch_backoff.reset(),
+                    Renew::Renewed => rewatch.renewed(),
                     Renew::Failed => {}
                     Renew::Lost(reason) => break StepDown::Lost(held.loss(reason)),
                 },
@@ -375,6 +409,9 @@ impl Elector {
             }
             StepDown::Shutdown => {
                 info!(%election, %identity, fencing_token, "resigning for shutdown")
+            }
+            StepDown::Deadline if self.failsafe.is_some() => {
+                warn!(%election, %identity, fencing_token, "stepped down: neither a renewal nor every roster member's promise covers the term any longer (failsafe: an earlier line names the member that stopped confirming, if one did)")
             }
             StepDown::Deadline => {
                 warn!(%election, %identity, fencing_token, "stepped down: no renewal acknowledged before the validity deadline")

@@ -30,7 +30,9 @@ pub enum Hold {
     StartWait(Instant),
     /// A roster exists and does not list it: it waits to be admitted.
     NotOnRoster,
-    /// The roster could not be read: it cannot know whether it may.
+    /// The roster could not be read: it cannot know whether it may (the
+    /// backend says why in the log: a Redis server without persistence
+    /// warns once).
     Unknown,
 }
 

@@ -63,7 +63,7 @@ pub async fn read(
             Some(rows)
         }
         Ok(Err(e)) => {
-            crate::say!("warning: cannot list the candidates: {}", e.report());
+            crate::say!("warning: cannot list the candidates: {}", e.report_once());
             None
         }
         Err(_) => {

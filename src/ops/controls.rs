@@ -78,7 +78,7 @@ async fn call<T>(
 ) -> Result<T, String> {
     match tokio::time::timeout(limit, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.report()),
+        Ok(Err(e)) => Err(e.report_once()),
         Err(_) => Err(format!(
             "{} did not answer within {} (--timeout)",
             backend.name(),

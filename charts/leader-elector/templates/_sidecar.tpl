@@ -104,6 +104,9 @@ The sidecar container, as one item of a Pod's `containers` list.
 {{- if not $v.networkPolicy.enabled }}
 {{- fail "leader-elector: failsafe.enabled needs networkPolicy.enabled: the peer port must be reachable only from the Pods of this release" }}
 {{- end }}
+{{- if eq (int $v.failsafe.peerPort) (int $v.httpPort) }}
+{{- fail (printf "leader-elector: failsafe.peerPort (%v) is httpPort too: the peer listener and the HTTP API cannot share a port; choose another failsafe.peerPort (the default is 4042)" $v.failsafe.peerPort) }}
+{{- end }}
 {{- end }}
 {{- if and $etcd $redis }}
 {{- fail "leader-elector: both etcd.endpoints and a Redis (redis.urlsSecret.name or redis.sentinel.hosts) are set: choose one with backend=etcd or backend=redis (the backend is fixed at start-up)" }}
