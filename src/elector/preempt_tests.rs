@@ -191,6 +191,17 @@ impl LeaseBackend for Naming {
     }
 }
 
+/// `backend` as the election and its registry, nothing else.
+fn connected_to(backend: &Arc<Naming>) -> crate::backend::registry::Connected {
+    crate::backend::registry::Connected {
+        election: backend.clone(),
+        coordination: None,
+        registry: Some(backend.clone()),
+        controls: None,
+        roster: None,
+    }
+}
+
 #[async_trait]
 impl CandidateRegistry for Naming {
     async fn publish_candidate(&self, _: &Candidate, _: Duration) -> Result<()> {
@@ -236,13 +247,7 @@ async fn a_shutdown_names_the_registrys_best_candidate() {
     let mut cfg = ElectorConfig::new("e", "me", Duration::from_secs(3));
     cfg.standing.priority = 5;
     cfg.standing.revision = "a".into();
-    let connected = crate::backend::registry::Connected {
-        election: backend.clone(),
-        coordination: None,
-        registry: Some(backend.clone()),
-        controls: None,
-        roster: None,
-    };
+    let connected = connected_to(&backend);
     let (elector, rx) = Elector::connected(cfg, &connected, None);
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
@@ -270,13 +275,7 @@ async fn a_switchover_checks_its_target_on_the_list_as_it_is_now() {
         named: Mutex::default(),
     });
     let cfg = ElectorConfig::new("e", "me", Duration::from_secs(3));
-    let connected = crate::backend::registry::Connected {
-        election: backend.clone(),
-        coordination: None,
-        registry: Some(backend.clone()),
-        controls: None,
-        roster: None,
-    };
+    let connected = connected_to(&backend);
     let (elector, rx) = Elector::connected(cfg, &connected, None);
     let handle = elector.handle();
     let stop = CancellationToken::new();

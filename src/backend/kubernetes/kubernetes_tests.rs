@@ -43,6 +43,14 @@ pub(super) fn status(code: u16, reason: &str, message: &str) -> String {
 /// A tiny in-memory Lease store: answers GET, LIST, POST, PUT and a watch
 /// from a version like the API server (resourceVersion bumps on every write;
 /// stale PUT → 409; a watch replays the writes after its version, then ends).
+/// `id`'s campaign on `b` for `ttl`, which must elect it: its term.
+pub(super) async fn elected(b: &KubeLeaseBackend, id: &str, ttl: Duration) -> Term {
+    let Campaign::Elected(term) = b.campaign(id, ttl, None).await.unwrap() else {
+        panic!("elected expected")
+    };
+    term
+}
+
 pub(super) fn store(initial: Option<Value>) -> (Responder, Arc<Mutex<Option<Value>>>) {
     let state = Arc::new(Mutex::new(initial));
     let st = state.clone();
@@ -143,13 +151,7 @@ async fn absent_lease_is_created_then_renewed_and_released_by_cas() {
     let (respond, state) = store(None);
     let (client, seen) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let Campaign::Elected(term) = b
-        .campaign("pod-0", Duration::from_millis(1500), None)
-        .await
-        .unwrap()
-    else {
-        panic!("elected expected")
-    };
+    let term = elected(&b, "pod-0", Duration::from_millis(1500)).await;
     assert_eq!(
         term.ttl,
         Duration::from_secs(2),
@@ -371,13 +373,7 @@ async fn a_deleted_lease_waits_out_the_holders_term_and_tokens_grow() {
         "no create while the old term may run"
     );
     tokio::time::sleep(retry_after + Duration::from_millis(20)).await;
-    let Campaign::Elected(term) = b
-        .campaign("pod-0", Duration::from_secs(1), None)
-        .await
-        .unwrap()
-    else {
-        panic!("elected expected")
-    };
+    let term = elected(&b, "pod-0", Duration::from_secs(1)).await;
     assert!(
         term.holder.fencing_token > 41,
         "token grows across a deletion"
@@ -643,13 +639,7 @@ async fn a_create_whose_replay_is_gone_is_claimed_only_after_a_whole_duration() 
     };
     assert_eq!(writes(), 1, "only the create so far");
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let Campaign::Elected(term) = b
-        .campaign("pod-0", Duration::from_secs(2), None)
-        .await
-        .unwrap()
-    else {
-        panic!("elected expected")
-    };
+    let term = elected(&b, "pod-0", Duration::from_secs(2)).await;
     assert!(start.elapsed() >= Duration::from_secs(2));
     assert_ne!(
         json!(term.holder.term_id),

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::tests::{status, store};
+use super::tests::{elected, status, store};
 use super::*;
 use crate::elector::is_outage;
 use crate::kube_client::mock::{Seen, mock};
@@ -31,13 +31,7 @@ async fn elected_then(code: u16) -> (Arc<KubeLeaseBackend>, Term, Arc<Mutex<bool
     });
     let (client, _) = mock(respond);
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
-    let Campaign::Elected(term) = b
-        .campaign("pod-0", Duration::from_secs(2), None)
-        .await
-        .unwrap()
-    else {
-        panic!("elected expected")
-    };
+    let term = elected(&b, "pod-0", Duration::from_secs(2)).await;
     (b, term, failing)
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::backend::kubernetes::tests::{status, store};
+use crate::backend::kubernetes::tests::{elected, status, store};
 use crate::kube_client::mock::{Seen, mock};
 
 type Responder = crate::kube_client::mock::Responder<String>;
@@ -31,13 +31,7 @@ async fn the_roster_rides_in_the_campaign_and_every_renewal() {
     let b = KubeLeaseBackend::with_client(client, "ns", "el");
     let roster = Roster::new([member("pod-0"), member("pod-1")]);
     b.stage("pod-0", roster.clone());
-    let Campaign::Elected(term) = b
-        .campaign("pod-0", Duration::from_secs(2), None)
-        .await
-        .unwrap()
-    else {
-        panic!("elected expected")
-    };
+    let term = elected(&b, "pod-0", Duration::from_secs(2)).await;
     let written = state.lock().unwrap().clone().unwrap();
     assert_eq!(
         annotations(&written)[ROSTER_ANNOTATION],
