@@ -99,6 +99,22 @@ async fn uncontended_phases(port: u16, rounds: usize) -> (f64, f64, f64, (f64, f
     (percentile(&lat, 0.5), percentile(&lat, 0.99), rate, phases)
 }
 
+/// The HTTP hop alone: p50 (ms) of a request the sidecar refuses before
+/// any backend call (a bad `ttl`), through the same client and router.
+async fn http_hop(port: u16, rounds: usize) -> f64 {
+    let client = client();
+    let url = format!("http://127.0.0.1:{port}/locks/bench?ttl=0s");
+    let mut lat = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let r = client.post(&url).send().await.expect("refused request");
+        assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST);
+        r.bytes().await.expect("its body");
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    percentile(&lat, 0.5)
+}
+
 /// A bare etcd transaction round trip, as the lock's acquisition makes it
 /// (a compare on a prefix's create revision, then a put; a Raft write),
 /// `rounds` times from one etcd-client connection; each round also deletes
@@ -297,8 +313,9 @@ async fn etcd_only(each: usize, waiters: usize) {
     let bare = bare_txn(&etcd.url, 1000).await;
     let mutex = etcd_mutex_rounds(&etcd.url, knob("BENCH_ROUNDS", 1000)).await;
     let per = etcd_messages_per_round(&etcd, pe, 200).await;
+    let hop = http_hop(pe, 1000).await;
     println!(
-        "etcd uncontended: p50 {p50:.2} ms (acquire {acq:.2}, release {rel:.2}), p99 {p99:.2} ms, {rate:.0} rounds/s = {:.2}x etcd's concurrency.Mutex protocol ({mutex:.0} rounds/s, same etcd); {:.2}x a bare etcd transaction (p50 {bare:.2} ms); etcd messages per round: {per}",
+        "etcd uncontended: p50 {p50:.2} ms (acquire {acq:.2}, release {rel:.2}; an HTTP hop alone {hop:.2}), p99 {p99:.2} ms, {rate:.0} rounds/s = {:.2}x etcd's concurrency.Mutex protocol ({mutex:.0} rounds/s, same etcd); {:.2}x a bare etcd transaction (p50 {bare:.2} ms); etcd messages per round: {per}",
         rate / mutex,
         p50 / bare
     );

@@ -109,7 +109,7 @@ impl serde::Serialize for TermId {
 pub struct Holder {
     /// The holder identity stored in the key (a Pod name, usually).
     pub identity: String,
-    /// The fencing token of the holder's term (etcd: the key's `create_revision`).
+    /// The fencing token of the holder's term (etcd: the key's `mod_revision`, the revision of the write that began the term).
     pub fencing_token: u64,
     /// The backend's id of the term, used to decide ownership and to follow
     /// the term. Never compared with an identity.

@@ -6,7 +6,9 @@
 //!   it serves the request) and creates the key bound to it if the key is
 //!   absent; before that it checks that the lease of the holder it last saw
 //!   is gone (`LeaseTimeToLive`), so a key deleted by hand does not end the
-//!   holder's term. The fencing token is the key's `create_revision`. A
+//!   holder's term. The fencing token is the revision of the write that
+//!   began the term (here always the create: the product's handover by one
+//!   write, `src/backend/etcd/handover.rs`, is not modelled). A
 //!   renewal is a keep-alive plus a read proving the key is still bound to
 //!   the lease. The holder's watch sees its key deleted or overwritten, and
 //!   then it stops claiming and revokes its lease. Resigning revokes the

@@ -66,7 +66,7 @@ enum Next {
 }
 
 /// Run `txn`; `None` when etcd answers that its lease does not exist.
-async fn txn_or_no_lease(
+pub(super) async fn txn_or_no_lease(
     mut kv: Client,
     txn: Txn,
 ) -> std::result::Result<Option<TxnResponse>, etcd_client::Error> {
@@ -121,6 +121,10 @@ impl EtcdBackend {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
+        // A put the watch saw: a handover to us, or another holder.
+        if let Some(answer) = self.after_put(identity, previous).await? {
+            return Ok(answer);
+        }
         let mut client = self.client().await?;
         let prev = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
         let (mut lease, mut at, mut ahead) = self.lease_ahead(ttl);
@@ -457,6 +461,7 @@ impl EtcdBackend {
         if let Some(ka) = keep_alive {
             *self.keep_alive.lock().await = Some(ka);
         }
+        self.start_next_lease(lease.ttl).await;
         Campaign::Elected(Term {
             holder: Holder {
                 identity: identity.to_owned(),

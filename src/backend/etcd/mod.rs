@@ -2,8 +2,9 @@
 //!
 //! - **Campaign**: a lease granted ahead (or now), then one transaction: if
 //!   the key's `create_revision == 0` put our identity with the lease, else
-//!   read the key. The fencing token is the key's `create_revision` (strictly
-//!   larger for every new key). A key whose holder we saw is taken only when
+//!   read the key. The fencing token is the key's `mod_revision`: the
+//!   revision of the write that began the term (strictly larger for every
+//!   term; nobody else writes the key during a term, [`handover`]). A key whose holder we saw is taken only when
 //!   its holder's release mark names its lease or, without one, once
 //!   `LeaseTimeToLive` says the lease is gone: a key deleted by hand does not
 //!   end the holder's term (DESIGN.md, "A follower takes over only when the
@@ -14,7 +15,9 @@
 //!   our lease. Ownership is decided by lease id, never by identity.
 //! - **Release**: one transaction deletes the key, marks the release and
 //!   names the successor the Elector chose (if any; the backend never lists
-//!   the registry here); then the lease is revoked ([`claim`]).
+//!   the registry here); then the lease is revoked ([`claim`]). With a next
+//!   lease kept, it puts the key naming the successor instead: the
+//!   handover by one write ([`handover`]).
 //! - **Operations**: the candidate registry (`registry`), the pause and
 //!   the switchover request (`controls`); the campaign transaction
 //!   honours the pause and the named successor ([`claim`]).
@@ -28,6 +31,7 @@ pub mod claim;
 mod controls;
 pub mod coord;
 pub mod flags;
+mod handover;
 mod registry;
 mod release;
 mod roster;
@@ -105,6 +109,12 @@ pub struct EtcdBackend {
     spare: std::sync::Mutex<Option<ahead::Spare>>,
     /// The failsafe roster this process's next campaign or renewal writes.
     staged: std::sync::Mutex<Option<crate::backend::roster::Roster>>,
+    /// A roster was ever staged: failsafe is on (no handover by one write).
+    failsafe: std::sync::atomic::AtomicBool,
+    /// The leader's spare lease for its successor ([`handover`]).
+    next_lease: Arc<std::sync::Mutex<Option<handover::NextLease>>>,
+    /// The put of the key that ended the watched term ([`handover`]).
+    handed: std::sync::Mutex<Option<handover::Handed>>,
 }
 
 impl EtcdBackend {
@@ -125,6 +135,9 @@ impl EtcdBackend {
             named_seen: std::sync::Mutex::new(None),
             spare: std::sync::Mutex::new(None),
             staged: std::sync::Mutex::new(None),
+            failsafe: std::sync::atomic::AtomicBool::new(false),
+            next_lease: Arc::default(),
+            handed: std::sync::Mutex::new(None),
         })
     }
 
@@ -151,7 +164,8 @@ impl EtcdBackend {
     fn holder_from(&self, kv: &etcd_client::KeyValue, revision: i64) -> Holder {
         Holder {
             identity: String::from_utf8_lossy(kv.value()).into_owned(),
-            fencing_token: kv.create_revision().max(0) as u64,
+            // The revision of the write that began the term ([`handover`]).
+            fencing_token: kv.mod_revision().max(0) as u64,
             term_id: TermId::numbered(kv.lease(), lease_hex(kv.lease())),
             revision: Some(revision),
             expires_in: None,
@@ -210,12 +224,17 @@ impl EtcdBackend {
                     reason: format!("cancelled: {}", msg.cancel_reason()),
                 });
             }
+            let revision = msg.header().map_or(0, |h| h.revision());
             for event in msg.events() {
                 match event.event_type() {
-                    EventType::Delete => return Ok(None),
+                    EventType::Delete => {
+                        self.saw_put(None, revision, seen_lease);
+                        return Ok(None);
+                    }
                     EventType::Put => {
                         let lease = event.kv().map_or(0, |kv| kv.lease());
                         if lease != seen_lease || seen_lease == 0 {
+                            self.saw_put(event.kv(), revision, seen_lease);
                             return Ok(None);
                         }
                     }
@@ -309,13 +328,21 @@ impl LeaseBackend for EtcdBackend {
         match read.kvs().first() {
             None => Ok(Renewal::Lost(LostReason::KeyDeleted)),
             Some(kv) if kv.lease() != lease => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+            // Written by someone else during the term, even under our lease.
+            Some(kv) if kv.mod_revision().max(0) as u64 != term.holder.fencing_token => {
+                Ok(Renewal::Lost(LostReason::KeyOverwritten))
+            }
             Some(_) if !self.write_staged_roster(lease).await? => {
                 Ok(Renewal::Lost(LostReason::KeyOverwritten))
             }
-            Some(_) => Ok(Renewal::Renewed {
-                ttl: Duration::from_secs(answer.ttl() as u64),
-                servers: None,
-            }),
+            Some(_) => {
+                drop(guard);
+                self.keep_next_lease(&client, term.granted).await;
+                Ok(Renewal::Renewed {
+                    ttl: Duration::from_secs(answer.ttl() as u64),
+                    servers: None,
+                })
+            }
         }
     }
 

@@ -69,7 +69,7 @@ impl EtcdBackend {
     }
 
     /// The key of `identity`'s record.
-    fn record_key(&self, identity: &str) -> Vec<u8> {
+    pub(super) fn record_key(&self, identity: &str) -> Vec<u8> {
         let mut k = self.sub_prefix("candidates");
         k.extend_from_slice(identity.as_bytes());
         k
@@ -137,7 +137,7 @@ impl EtcdBackend {
     /// unchanged): `true` when etcd answered with a TTL left, `false` when
     /// the lease is gone or the call failed (the caller writes the record
     /// again under a new lease).
-    async fn keep_alive_once(&self, client: &etcd_client::Client, lease: i64) -> bool {
+    pub(super) async fn keep_alive_once(&self, client: &etcd_client::Client, lease: i64) -> bool {
         let once = async {
             let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
             keeper.keep_alive().await?;
@@ -146,14 +146,19 @@ impl EtcdBackend {
         matches!(once.await, Ok(Some(r)) if r.ttl() > 0)
     }
 
-    /// Delete `identity`'s record and revoke its lease.
+    /// Remove `identity`'s record: one revoke of the lease of our last
+    /// write (etcd deletes the record with it: one Raft write, not two);
+    /// a delete when that lease is unknown or the revoke failed.
     pub(super) async fn withdraw(&self, identity: &str) -> Result<()> {
         let mut client = self.client().await?;
+        let kept = self.registry_lease.lock().await.remove(identity);
+        if let Some((lease, _)) = kept
+            && self.store.revoke(&mut client, lease, None).await.is_ok()
+        {
+            return Ok(());
+        }
         let del = client.delete(self.record_key(identity), None);
         self.store.call(None, "delete", del).await?;
-        if let Some((old, _)) = self.registry_lease.lock().await.remove(identity) {
-            let _ = self.store.revoke(&mut client, old, None).await;
-        }
         Ok(())
     }
 

@@ -1,39 +1,71 @@
 //! The release: one transaction, while the election key is still bound to
-//! our lease, deletes it, puts the release mark and the successor key when
-//! one is named; then the lease is revoked ([`super::claim`] says why the
-//! mark lets a follower take the term at once).
+//! our lease, either puts the key naming the successor under the next lease
+//! (the handover by one write, [`super::handover`]) or deletes it, and puts
+//! the release mark (and the successor key when a successor is named but
+//! no next lease is kept); then our lease is revoked ([`super::claim`] says
+//! why the mark lets a follower take the term at once).
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::EtcdBackend;
+use super::claim::txn_or_no_lease;
 use super::store::lease_hex;
 use crate::backend::{Result, Term};
 
 impl EtcdBackend {
-    /// End `term` naming `successor`: one transaction deletes the election
-    /// key while it is still ours, puts the release mark and the successor
-    /// key; then the lease is revoked (module docs).
+    /// End `term` naming `successor` (module docs).
     pub(super) async fn release_to(&self, term: &Term, successor: Option<&str>) -> Result<()> {
         let mut client = self.client().await?;
         let lease = term.holder.term_id.number().unwrap_or(0);
         self.forget_keep_alive(lease).await;
-        let mut ops = vec![
-            TxnOp::delete(self.key.clone(), None),
-            TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None),
-        ];
-        if let Some(to) = successor {
-            ops.push(TxnOp::put(
-                self.successor_key(),
-                to.as_bytes().to_vec(),
-                None,
-            ));
+        let next = self.take_next_lease();
+        let mut released = false;
+        let mut handed = false;
+        if let (Some(to), Some(next)) = (successor, next) {
+            let txn = self.release_put(lease, to, next);
+            let put = txn_or_no_lease(client.clone(), txn);
+            // Handed over, paused (deleted), or no longer ours: done. The
+            // next lease expired (`None`): release by the delete below. An
+            // error: it may have been applied, so the delete below (which
+            // compares our lease) is harmless, and the next lease is left
+            // to expire by itself.
+            let answer = self.store.call(None, "txn", put).await;
+            released = matches!(answer, Ok(Some(_)));
+            handed = matches!(&answer, Ok(Some(r)) if r.succeeded() && handed_over(r));
         }
-        let txn = Txn::new()
-            .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
-            .and_then(ops);
-        // On failure (the key is no longer ours, or etcd did not answer) the
-        // revoke still ends the term, naming nobody.
-        let _ = self.store.call(None, "txn", client.txn(txn)).await;
+        if !released {
+            let mut ops = vec![
+                TxnOp::delete(self.key.clone(), None),
+                TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None),
+            ];
+            if let Some(to) = successor {
+                ops.push(TxnOp::put(
+                    self.successor_key(),
+                    to.as_bytes().to_vec(),
+                    None,
+                ));
+            }
+            let txn = Txn::new()
+                .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
+                .and_then(ops);
+            // On failure (the key is no longer ours, or etcd did not answer)
+            // the revoke still ends the term, naming nobody.
+            let _ = self.store.call(None, "txn", client.txn(txn)).await;
+        }
+        if handed {
+            // Our lease binds nothing now: it expires by itself, and no
+            // write of ours competes with the successor's first reads.
+            return Ok(());
+        }
         self.store.revoke(&mut client, lease, None).await
     }
+}
+
+/// Whether a release transaction's answer put the key (the handover
+/// branch, not the paused delete).
+fn handed_over(resp: &etcd_client::TxnResponse) -> bool {
+    resp.op_responses().into_iter().any(|op| match op {
+        etcd_client::TxnOpResponse::Txn(t) => t.succeeded(),
+        _ => false,
+    })
 }

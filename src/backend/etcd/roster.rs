@@ -101,6 +101,8 @@ impl RosterStore for EtcdBackend {
     }
 
     fn stage(&self, _identity: &str, roster: Roster) {
+        self.failsafe
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         *self.staged.lock().expect("the staged roster") = Some(roster);
     }
 }

@@ -1,0 +1,273 @@
+//! The handover by one write: a graceful release elects the named successor
+//! in the same transaction, so the successor needs no write of its own.
+//!
+//! Why: a release that deletes the key and lets the successor claim it costs
+//! two Raft writes in a row (the release, then the claim), each waiting for
+//! a WAL fsync; `etcdctl elect`'s successor is already queued under its own
+//! key and is elected by the delete alone. Here the leader keeps a spare
+//! lease for its successor (the **next lease**), granted once per term after
+//! a renewal and refreshed by the leader while less than half its TTL is
+//! known to remain (a keep-alive, no Raft write). Its release transaction
+//! then, while the key is still bound to the leader's lease and no pause is
+//! set, **puts the key naming the successor, bound to the next lease**, and
+//! puts the release mark (the leader's lease) in the same revision.
+//!
+//! The successor sees that put on the watch it already holds and **adopts**
+//! the term with one round trip and no write: a keep-alive of the next lease
+//! (its validity, counted from the campaign's start as for a claim) beside
+//! one read-only transaction proving that the key is still that put (its
+//! lease and `mod_revision`), that the release mark names the lease of the
+//! holder it saw (the previous term is over: the same proof a claim
+//! requires), and that its own candidate record is bound to its own record
+//! lease (so, of two processes misconfigured with one identity, only the one
+//! whose record is current adopts). Any failed check falls back to the
+//! claim. The other followers take the put as the new holder without a
+//! transaction.
+//!
+//! Invariants:
+//! - The fencing token of a term is the `mod_revision` of the write that
+//!   began it (the claim's put or the release's put), and the key is
+//!   written by nobody else during a term: a renewal that finds another
+//!   `mod_revision` ends the term (a foreign write).
+//! - Nobody revokes the next lease once a release may have bound the key to
+//!   it: a release that etcd did not answer leaves it to expire by its TTL.
+//!   An unused next lease holds no key and expires by itself.
+//! - A named successor that is dead or does not campaign costs at most the
+//!   next lease's TTL: nobody refreshes it after the release, and the
+//!   followers take over when etcd says it is gone (the mark names the old
+//!   leader's lease, not the next lease).
+//! - Off with failsafe (the roster is written by the term's own claim) and
+//!   when this process keeps no candidate record (no registry: nobody is
+//!   ever named).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::time::Instant;
+
+use super::store::{Lease, lease_hex, revision_of};
+use super::{EtcdBackend, KeepAlive};
+use crate::backend::{Campaign, Holder, Result, Term, TermId};
+
+/// The spare lease a leader keeps for its successor.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct NextLease {
+    lease: Lease,
+    /// The send instant of its grant or last refresh.
+    at: Instant,
+}
+
+/// A put of the election key that a follower's watch saw end the term it
+/// watched.
+#[derive(Clone, Debug)]
+pub(super) struct Handed {
+    /// The key as put.
+    pub(super) kv: KeyValue,
+    /// The revision of the watch answer that carried it.
+    pub(super) revision: i64,
+    /// The lease of the holder the watch was following.
+    pub(super) seen_lease: i64,
+}
+
+impl EtcdBackend {
+    /// After a renewal of the term bound to `lease` with `ttl`: grant the
+    /// next lease if there is none, or refresh it once less than half its
+    /// TTL is known to remain. Failures are ignored: the release then falls
+    /// back to the claim.
+    pub(super) async fn keep_next_lease(&self, client: &Client, ttl: Duration) {
+        if self.failsafe.load(Ordering::Relaxed) || self.registry_lease.lock().await.is_empty() {
+            return;
+        }
+        let current = *self.next_lease.lock().expect("next lease");
+        let now = Instant::now();
+        match current {
+            Some(n) if now.saturating_duration_since(n.at) < n.lease.ttl / 2 => {}
+            Some(n) => {
+                if self.keep_alive_once(client, n.lease.id).await {
+                    self.set_next(Some(NextLease { at: now, ..n }));
+                } else {
+                    self.set_next(None);
+                }
+            }
+            None => {
+                let mut c = client.clone();
+                if let Ok(lease) = self.store.grant(&mut c, ttl, None).await {
+                    self.set_next(Some(NextLease { lease, at: now }));
+                }
+            }
+        }
+    }
+
+    /// At the start of a term of `ttl`: grant the next lease off the
+    /// campaign's path (a task of its own), so a handover soon after the
+    /// term began needs no claim either. A grant that lands after the term
+    /// ended leaves a lease that holds no key and expires by itself.
+    pub(super) async fn start_next_lease(&self, ttl: Duration) {
+        if self.failsafe.load(Ordering::Relaxed) || self.registry_lease.lock().await.is_empty() {
+            return;
+        }
+        let Ok(mut client) = self.client().await else {
+            return;
+        };
+        self.set_next(None);
+        let (slot, store) = (self.next_lease.clone(), self.store.clone());
+        tokio::spawn(async move {
+            let at = Instant::now();
+            if let Ok(lease) = store.grant(&mut client, ttl, None).await {
+                *slot.lock().expect("next lease") = Some(NextLease { lease, at });
+            }
+        });
+    }
+
+    fn set_next(&self, next: Option<NextLease>) {
+        *self.next_lease.lock().expect("next lease") = next;
+    }
+
+    /// The next lease, taken for a release (the term is ending: whatever
+    /// happens, it is not used again).
+    pub(super) fn take_next_lease(&self) -> Option<i64> {
+        if self.failsafe.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.next_lease
+            .lock()
+            .expect("next lease")
+            .take()
+            .map(|n| n.lease.id)
+    }
+
+    /// The release transaction that elects `successor` under `next`: while
+    /// the key is bound to `lease` and no pause is set, put the key naming
+    /// the successor under `next`, the release mark, and delete a stale
+    /// successor key; paused, delete the key and put the mark.
+    pub(super) fn release_put(&self, lease: i64, successor: &str, next: i64) -> Txn {
+        let mark = || TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None);
+        let handed = Txn::new()
+            .when([Compare::create_revision(
+                self.paused_key(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(
+                    self.key.clone(),
+                    successor.as_bytes().to_vec(),
+                    Some(PutOptions::new().with_lease(next)),
+                ),
+                mark(),
+                TxnOp::delete(self.successor_key(), None),
+            ])
+            .or_else([TxnOp::delete(self.key.clone(), None), mark()]);
+        Txn::new()
+            .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
+            .and_then([TxnOp::txn(handed)])
+    }
+
+    /// Remember a put of the key that ended the watched term of
+    /// `seen_lease` (a delete forgets it).
+    pub(super) fn saw_put(&self, kv: Option<&KeyValue>, revision: i64, seen_lease: i64) {
+        *self.handed.lock().expect("handed") = kv.map(|kv| Handed {
+            kv: kv.clone(),
+            revision,
+            seen_lease,
+        });
+    }
+
+    /// What the watch's last put says to a campaign after `previous`:
+    /// `Some(Following)` when it named another holder, `Some(Elected)` when
+    /// it named `identity` and the adoption's checks pass; `None`: claim.
+    pub(super) async fn after_put(
+        &self,
+        identity: &str,
+        previous: Option<&Holder>,
+    ) -> Result<Option<Campaign>> {
+        let Some(h) = self.handed.lock().expect("handed").take() else {
+            return Ok(None);
+        };
+        let prev = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
+        if prev == 0 || h.seen_lease != prev || h.kv.lease() == 0 {
+            return Ok(None);
+        }
+        if h.kv.value() != identity.as_bytes() {
+            return Ok(Some(Campaign::Following(
+                self.holder_from(&h.kv, h.revision),
+            )));
+        }
+        if self.failsafe.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        self.adopt(identity, &h.kv, prev).await
+    }
+
+    /// Adopt the term the previous holder (`prev`'s lease) released to
+    /// `identity` by the put `kv` (module docs): `None` when a check fails.
+    async fn adopt(&self, identity: &str, kv: &KeyValue, prev: i64) -> Result<Option<Campaign>> {
+        let Some((record_lease, _)) = self.registry_lease.lock().await.get(identity).cloned() else {
+            return Ok(None);
+        };
+        let client = self.client().await?;
+        let lease = kv.lease();
+        // Three requests in one round trip: the keep-alive (etcd-client's
+        // opening of the stream sends one and fails unless the lease is
+        // alive: it then lasts its granted TTL from etcd's handling of it,
+        // after this send), the lease's granted TTL, and the reads.
+        let (mut keeping, mut leases) = (client.lease_client(), client.lease_client());
+        let keep = keeping.keep_alive(lease);
+        let granted = leases.time_to_live(lease, None);
+        let reads = Txn::new().and_then([
+            TxnOp::get(self.key.clone(), None),
+            TxnOp::get(self.released_key(), None),
+            TxnOp::get(self.record_key(identity), None),
+        ]);
+        let mut kv_client = client.kv_client();
+        let (keep, granted, read) = tokio::join!(keep, granted, kv_client.txn(reads));
+        let read = read.map_err(|e| self.classify(e, false))?;
+        let (Ok((keeper, stream)), Ok(granted)) = (keep, granted) else {
+            return Ok(None);
+        };
+        if granted.granted_ttl() <= 0 {
+            return Ok(None);
+        }
+        let got: Vec<Option<KeyValue>> = read
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                _ => None,
+            })
+            .collect();
+        let [Some(now), Some(mark), Some(record)] = got.as_slice() else {
+            return Ok(None);
+        };
+        let ours = now.lease() == lease
+            && now.mod_revision() == kv.mod_revision()
+            && now.value() == identity.as_bytes()
+            && mark.value() == lease_hex(prev).as_bytes()
+            && record.lease() == record_lease;
+        if !ours {
+            return Ok(None);
+        }
+        let ttl = Duration::from_secs(granted.granted_ttl() as u64);
+        self.start_next_lease(ttl).await;
+        *self.keep_alive.lock().await = Some(KeepAlive {
+            lease,
+            keeper,
+            stream,
+            in_flight: false,
+        });
+        let revision = revision_of(read.header());
+        Ok(Some(Campaign::Elected(Term {
+            holder: Holder {
+                identity: identity.to_owned(),
+                fencing_token: kv.mod_revision().max(0) as u64,
+                term_id: TermId::numbered(lease, lease_hex(lease)),
+                revision: Some(revision),
+                expires_in: None,
+            },
+            ttl,
+            granted: ttl,
+            servers: None,
+        })))
+    }
+}
