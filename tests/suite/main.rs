@@ -19,6 +19,7 @@ mod cooperate;
 mod coord;
 mod docs_refs;
 mod etcd;
+mod etcd_handover;
 mod etcd_ops;
 mod example_operator;
 mod failsafe;

@@ -203,7 +203,8 @@ impl EtcdBackend {
     /// Adopt the term the previous holder (`prev`'s lease) released to
     /// `identity` by the put `kv` (module docs): `None` when a check fails.
     async fn adopt(&self, identity: &str, kv: &KeyValue, prev: i64) -> Result<Option<Campaign>> {
-        let Some((record_lease, _)) = self.registry_lease.lock().await.get(identity).cloned() else {
+        let Some((record_lease, _)) = self.registry_lease.lock().await.get(identity).cloned()
+        else {
             return Ok(None);
         };
         let client = self.client().await?;

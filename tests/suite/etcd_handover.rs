@@ -1,0 +1,227 @@
+//! The handover by one write on a real etcd (`src/backend/etcd/handover.rs`),
+//! through the backend trait: a release naming a successor puts the key
+//! under the lease the leader kept for it, the successor takes the term
+//! with no write, the third follows without one; its safety twins (a hand
+//! put naming a follower elects nobody and ends the holder's term, even
+//! under the holder's own lease) and its liveness twin (a named successor
+//! that never takes the term costs the others at most the lease's TTL).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::PutOptions;
+use leader_elector::backend::candidates::Candidate;
+use leader_elector::backend::etcd::{EtcdBackend, EtcdOptions};
+use leader_elector::backend::{Campaign, CandidateRegistry, Holder, LeaseBackend, Renewal, Term};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::support::*;
+
+/// The TTL every campaign asks for (etcd's minimum).
+const TTL: Duration = Duration::from_secs(2);
+
+fn backend(etcd: &Etcd, key: &str) -> Arc<EtcdBackend> {
+    EtcdBackend::new(
+        key.to_owned(),
+        EtcdOptions {
+            endpoints: vec![etcd.url.clone()],
+            connect_timeout: Duration::from_secs(2),
+            keepalive_interval: Duration::from_secs(2),
+            ..EtcdOptions::default()
+        },
+    )
+}
+
+/// Three candidates of `test`, each with its record published (a process
+/// that keeps a record is one a leader may name).
+async fn three(etcd: &Etcd, test: &str) -> (String, [Arc<EtcdBackend>; 3]) {
+    let key = format!("/leader-elector/{}", election(test));
+    let bs = [
+        backend(etcd, &key),
+        backend(etcd, &key),
+        backend(etcd, &key),
+    ];
+    for (b, id) in bs.iter().zip(["a", "b", "c"]) {
+        b.publish_candidate(&Candidate::new(id), Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    (key, bs)
+}
+
+fn elected(c: Campaign) -> Term {
+    match c {
+        Campaign::Elected(t) => t,
+        other => panic!("expected to be elected, got {other:?}"),
+    }
+}
+
+fn following(c: Campaign) -> Holder {
+    match c {
+        Campaign::Following(h) => h,
+        other => panic!("expected to follow, got {other:?}"),
+    }
+}
+
+/// The cluster's revision now (every write moves it).
+async fn revision(etcd: &Etcd) -> i64 {
+    let mut c = etcd.client().await;
+    c.get("/nothing", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision()
+}
+
+/// `a` leads; `b` and `c` follow it. Waits for `a`'s next lease.
+async fn a_leads(bs: &[Arc<EtcdBackend>; 3]) -> (Term, Holder) {
+    let term = elected(bs[0].campaign("a", TTL, None).await.unwrap());
+    let seen = following(bs[1].campaign("b", TTL, None).await.unwrap());
+    following(bs[2].campaign("c", TTL, None).await.unwrap());
+    // The next lease is granted off the campaign's path.
+    sleep(Duration::from_millis(300)).await;
+    (term, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_to_a_named_successor_elects_it_by_the_put_alone() {
+    let etcd = Etcd::start().await;
+    let (key, bs) = three(&etcd, "e-handover-put").await;
+    let (term_a, seen) = a_leads(&bs).await;
+    let (b, c) = (bs[1].clone(), bs[2].clone());
+    let (sb, sc) = (seen.clone(), seen.clone());
+    let wb = tokio::spawn(async move { b.watch(&sb).await });
+    let wc = tokio::spawn(async move { c.watch(&sc).await });
+    sleep(Duration::from_millis(200)).await;
+    bs[0].release(&term_a, Some("b")).await.unwrap();
+    timeout(Duration::from_secs(5), wb)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    timeout(Duration::from_secs(5), wc)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    let before = revision(&etcd).await;
+    let term_b = elected(bs[1].campaign("b", TTL, Some(&seen)).await.unwrap());
+    let to_c = following(bs[2].campaign("c", TTL, Some(&seen)).await.unwrap());
+    // The successor's next-lease grant is its one write, off the path:
+    // wait for it before reading the revision again.
+    sleep(Duration::from_millis(300)).await;
+    let after = revision(&etcd).await;
+    assert!(
+        after - before <= 1,
+        "the successor and the third wrote {} times (the next lease's grant is the only write)",
+        after - before
+    );
+    let mut client = etcd.client().await;
+    let kv = client.get(key.as_str(), None).await.unwrap().kvs()[0].clone();
+    assert_eq!(kv.value(), b"b");
+    assert!(
+        kv.create_revision() < kv.mod_revision(),
+        "the key was put over, not deleted and created"
+    );
+    assert_eq!(term_b.holder.fencing_token, kv.mod_revision() as u64);
+    assert!(term_b.holder.fencing_token > term_a.holder.fencing_token);
+    assert_eq!(to_c.identity, "b");
+    assert_eq!(to_c.fencing_token, term_b.holder.fencing_token);
+    assert_eq!(to_c.term_id, term_b.holder.term_id);
+    assert!(
+        matches!(bs[1].renew(&term_b).await.unwrap(), Renewal::Renewed { .. }),
+        "the adopted term renews"
+    );
+    // And it ends like any term: c takes it at once after b's release.
+    bs[1].release(&term_b, None).await.unwrap();
+    let term_c = elected(bs[2].campaign("c", TTL, Some(&to_c)).await.unwrap());
+    assert!(term_c.holder.fencing_token > term_b.holder.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_put_naming_a_follower_elects_nobody_and_ends_the_holders_term() {
+    let etcd = Etcd::start().await;
+    let (key, bs) = three(&etcd, "e-handover-foreign").await;
+    let (term_a, seen) = a_leads(&bs).await;
+    let mut client = etcd.client().await;
+    // A live lease of nobody's, and no release mark: not a handover.
+    let lease = client.lease_grant(30, None).await.unwrap().id();
+    let b = bs[1].clone();
+    let sb = seen.clone();
+    let wb = tokio::spawn(async move { b.watch(&sb).await });
+    sleep(Duration::from_millis(200)).await;
+    let opts = PutOptions::new().with_lease(lease);
+    client.put(key.as_str(), "b", Some(opts)).await.unwrap();
+    timeout(Duration::from_secs(5), wb)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let answer = bs[1].campaign("b", TTL, Some(&seen)).await.unwrap();
+    assert!(
+        !matches!(answer, Campaign::Elected(_)),
+        "a hand put naming b elected it: {answer:?}"
+    );
+    assert!(matches!(
+        bs[0].renew(&term_a).await.unwrap(),
+        Renewal::Lost(_)
+    ));
+
+    // Under the holder's own lease: the holder's term ends at its next
+    // renewal (the key's mod_revision moved), and b is not elected.
+    let (key2, bs2) = three(&etcd, "e-handover-foreign-own").await;
+    let (term_a2, seen2) = a_leads(&bs2).await;
+    let own = term_a2.holder.term_id.number().unwrap();
+    let opts = PutOptions::new().with_lease(own);
+    client.put(key2.as_str(), "b", Some(opts)).await.unwrap();
+    assert!(matches!(
+        bs2[0].renew(&term_a2).await.unwrap(),
+        Renewal::Lost(_)
+    ));
+    let answer = bs2[1].campaign("b", TTL, Some(&seen2)).await.unwrap();
+    assert!(
+        !matches!(answer, Campaign::Elected(_)),
+        "a hand put under the holder's lease elected b: {answer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_successor_that_never_takes_the_term_costs_at_most_the_ttl() {
+    let etcd = Etcd::start().await;
+    let (_key, bs) = three(&etcd, "e-handover-dead").await;
+    let (term_a, seen) = a_leads(&bs).await;
+    // b is named and never campaigns (dead); c watches.
+    let c = bs[2].clone();
+    let sc = seen.clone();
+    let wc = tokio::spawn(async move { c.watch(&sc).await });
+    sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    bs[0].release(&term_a, Some("b")).await.unwrap();
+    timeout(Duration::from_secs(5), wc)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let mut previous = following(bs[2].campaign("c", TTL, Some(&seen)).await.unwrap());
+    assert_eq!(previous.identity, "b");
+    let bound = TTL + Duration::from_millis(1500);
+    let term_c = loop {
+        assert!(
+            released.elapsed() < bound + Duration::from_secs(1),
+            "c did not lead within the next lease's TTL"
+        );
+        let w = timeout(Duration::from_secs(4), bs[2].watch(&previous)).await;
+        assert!(w.is_ok(), "the watch saw no change");
+        match bs[2].campaign("c", TTL, Some(&previous)).await.unwrap() {
+            Campaign::Elected(t) => break t,
+            Campaign::Following(h) => previous = h,
+            Campaign::Waiting { retry_after, .. } => sleep(retry_after.min(TTL)).await,
+        }
+    };
+    let took = released.elapsed();
+    println!("a dead named successor: c led {took:?} after the release (bound {bound:?})");
+    assert!(took <= bound, "{took:?} > {bound:?}");
+    assert!(term_c.holder.fencing_token > term_a.holder.fencing_token);
+}
