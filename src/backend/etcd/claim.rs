@@ -121,10 +121,6 @@ impl EtcdBackend {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
-        // A put the watch saw: a handover to us, or another holder.
-        if let Some(answer) = self.after_put(identity, previous).await? {
-            return Ok(answer);
-        }
         let mut client = self.client().await?;
         let prev = previous.map_or(0, |p| p.term_id.number().unwrap_or(0));
         let (mut lease, mut at, mut ahead) = self.lease_ahead(ttl);

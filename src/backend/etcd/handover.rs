@@ -200,6 +200,35 @@ impl EtcdBackend {
         self.adopt(identity, &h.kv, prev).await
     }
 
+    /// Whether the adoption's reads (`read`: the key, the release mark, the
+    /// record of `identity`) show the put `kv` still the key, the mark
+    /// naming `prev` and the record bound to `record_lease`.
+    fn still_handed(
+        &self,
+        read: &etcd_client::TxnResponse,
+        kv: &KeyValue,
+        identity: &str,
+        prev: i64,
+        record_lease: i64,
+    ) -> bool {
+        let got: Vec<Option<KeyValue>> = read
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                _ => None,
+            })
+            .collect();
+        let [Some(now), Some(mark), Some(record)] = got.as_slice() else {
+            return false;
+        };
+        now.lease() == kv.lease()
+            && now.mod_revision() == kv.mod_revision()
+            && now.value() == identity.as_bytes()
+            && mark.value() == lease_hex(prev).as_bytes()
+            && record.lease() == record_lease
+    }
+
     /// Adopt the term the previous holder (`prev`'s lease) released to
     /// `identity` by the put `kv` (module docs): `None` when a check fails.
     async fn adopt(&self, identity: &str, kv: &KeyValue, prev: i64) -> Result<Option<Campaign>> {
@@ -230,23 +259,7 @@ impl EtcdBackend {
         if granted.granted_ttl() <= 0 {
             return Ok(None);
         }
-        let got: Vec<Option<KeyValue>> = read
-            .op_responses()
-            .into_iter()
-            .map(|op| match op {
-                TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-                _ => None,
-            })
-            .collect();
-        let [Some(now), Some(mark), Some(record)] = got.as_slice() else {
-            return Ok(None);
-        };
-        let ours = now.lease() == lease
-            && now.mod_revision() == kv.mod_revision()
-            && now.value() == identity.as_bytes()
-            && mark.value() == lease_hex(prev).as_bytes()
-            && record.lease() == record_lease;
-        if !ours {
+        if !self.still_handed(&read, kv, identity, prev, record_lease) {
             return Ok(None);
         }
         let ttl = Duration::from_secs(granted.granted_ttl() as u64);

@@ -161,6 +161,37 @@ impl EtcdBackend {
         self.store.classify(err, authenticating)
     }
 
+    /// What a renewal of `term` whose keep-alive answered `ttl` seconds
+    /// found the key to be (`kv`, read in the same round trip); after a
+    /// renewal, the staged roster and the next lease ([`handover`]).
+    async fn renewal(
+        &self,
+        kv: Option<&etcd_client::KeyValue>,
+        term: &Term,
+        ttl: i64,
+        client: &Client,
+    ) -> Result<Renewal> {
+        let lease = term.holder.term_id.number().unwrap_or(0);
+        match kv {
+            None => Ok(Renewal::Lost(LostReason::KeyDeleted)),
+            Some(kv) if kv.lease() != lease => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
+            // Written by someone else during the term, even under our lease.
+            Some(kv) if kv.mod_revision().max(0) as u64 != term.holder.fencing_token => {
+                Ok(Renewal::Lost(LostReason::KeyOverwritten))
+            }
+            Some(_) if !self.write_staged_roster(lease).await? => {
+                Ok(Renewal::Lost(LostReason::KeyOverwritten))
+            }
+            Some(_) => {
+                self.keep_next_lease(client, term.granted).await;
+                Ok(Renewal::Renewed {
+                    ttl: Duration::from_secs(ttl as u64),
+                    servers: None,
+                })
+            }
+        }
+    }
+
     fn holder_from(&self, kv: &etcd_client::KeyValue, revision: i64) -> Holder {
         Holder {
             identity: String::from_utf8_lossy(kv.value()).into_owned(),
@@ -256,6 +287,10 @@ impl LeaseBackend for EtcdBackend {
         ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
+        // A put the watch saw: a handover to us, or another holder.
+        if let Some(answer) = self.after_put(identity, previous).await? {
+            return Ok(answer);
+        }
         self.campaign_after(identity, ttl, previous).await
     }
 
@@ -325,25 +360,9 @@ impl LeaseBackend for EtcdBackend {
             return Ok(Renewal::Lost(LostReason::LeaseExpired));
         }
         let read = read.map_err(|e| self.classify(e, false))?;
-        match read.kvs().first() {
-            None => Ok(Renewal::Lost(LostReason::KeyDeleted)),
-            Some(kv) if kv.lease() != lease => Ok(Renewal::Lost(LostReason::KeyOverwritten)),
-            // Written by someone else during the term, even under our lease.
-            Some(kv) if kv.mod_revision().max(0) as u64 != term.holder.fencing_token => {
-                Ok(Renewal::Lost(LostReason::KeyOverwritten))
-            }
-            Some(_) if !self.write_staged_roster(lease).await? => {
-                Ok(Renewal::Lost(LostReason::KeyOverwritten))
-            }
-            Some(_) => {
-                drop(guard);
-                self.keep_next_lease(&client, term.granted).await;
-                Ok(Renewal::Renewed {
-                    ttl: Duration::from_secs(answer.ttl() as u64),
-                    servers: None,
-                })
-            }
-        }
+        drop(guard);
+        self.renewal(read.kvs().first(), term, answer.ttl(), &client)
+            .await
     }
 
     async fn release(&self, term: &Term, successor: Option<&str>) -> Result<()> {
