@@ -316,14 +316,15 @@ impl Results<'_> {
         let hc = jf(h, &["etcdctl", "median"]);
         (he > hc).then(|| {
             format!(
-                "**Graceful handover on etcd is {} ({}) slower than `etcdctl elect`.** A waiting \
-                 `etcdctl elect` candidate has already put its own key under its own lease, so the \
-                 leader's deletion alone elects it ({:.0} etcd messages per handover). A leader-elector \
-                 follower woken by the same deletion then checks the old lease (LeaseTimeToLive), \
-                 grants a lease (LeaseGrant) and runs its create transaction (Txn): three round trips \
-                 in a row, two of them Raft writes; both followers do it and the loser revokes its \
-                 lease ({:.0} messages per handover, section 1). The cost is in the product's campaign \
-                 path.",
+                "**Graceful handover on etcd is {} ({}) slower than `etcdctl elect`.** Both are \
+                 one Raft write and one round trip now: `etcdctl elect`'s waiting candidate has its \
+                 key queued, so the leader's deletion elects it and it reads once ({:.0} etcd messages \
+                 per handover); leader-elector's release puts the key naming the successor under a \
+                 lease kept for it, and the successor adopts the term with a keep-alive, a \
+                 LeaseTimeToLive and a read sent together, no write ({:.0} messages per handover, \
+                 section 1, with the departing candidate's record and the successor's next lease). \
+                 What remains is the sidecar's own path: the `/leader` long-poll answer and three \
+                 requests where etcdctl sends one.",
                 fmt_ms(he - hc),
                 ratio(he, hc),
                 jf(h, &["etcdctl", "probe_total"]),
