@@ -6,35 +6,22 @@
 //! under the holder's own lease) and its liveness twin (a named successor
 //! that never takes the term costs the others at most the lease's TTL).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::PutOptions;
 use leader_elector::backend::candidates::Candidate;
-use leader_elector::backend::etcd::{EtcdBackend, EtcdOptions};
-use leader_elector::backend::{Campaign, CandidateRegistry, Holder, LeaseBackend, Renewal, Term};
+use leader_elector::backend::{Campaign, Holder, Renewal, Term};
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::etcd_ops::{Backend, backend};
 use crate::support::*;
 
 /// The TTL every campaign asks for (etcd's minimum).
 const TTL: Duration = Duration::from_secs(2);
 
-fn backend(etcd: &Etcd, key: &str) -> Arc<EtcdBackend> {
-    EtcdBackend::new(
-        key.to_owned(),
-        EtcdOptions {
-            endpoints: vec![etcd.url.clone()],
-            connect_timeout: Duration::from_secs(2),
-            keepalive_interval: Duration::from_secs(2),
-            ..EtcdOptions::default()
-        },
-    )
-}
-
 /// Three candidates of `test`, each with its record published (a process
 /// that keeps a record is one a leader may name).
-async fn three(etcd: &Etcd, test: &str) -> (String, [Arc<EtcdBackend>; 3]) {
+async fn three(etcd: &Etcd, test: &str) -> (String, [Backend; 3]) {
     let key = format!("/leader-elector/{}", election(test));
     let bs = [
         backend(etcd, &key),
@@ -75,7 +62,7 @@ async fn revision(etcd: &Etcd) -> i64 {
 }
 
 /// `a` leads; `b` and `c` follow it. Waits for `a`'s next lease.
-async fn a_leads(bs: &[Arc<EtcdBackend>; 3]) -> (Term, Holder) {
+async fn a_leads(bs: &[Backend; 3]) -> (Term, Holder) {
     let term = elected(bs[0].campaign("a", TTL, None).await.unwrap());
     let seen = following(bs[1].campaign("b", TTL, None).await.unwrap());
     following(bs[2].campaign("c", TTL, None).await.unwrap());

@@ -36,7 +36,7 @@ impl<T: LeaseBackend + CandidateRegistry + ControlStore + ?Sized> Whole for T {}
 pub type Backend = Arc<dyn Whole>;
 
 /// One candidate's etcd backend (each has its own, as each sidecar does).
-fn backend(etcd: &Etcd, key: &str) -> Backend {
+pub fn backend(etcd: &Etcd, key: &str) -> Backend {
     EtcdBackend::new(
         key.to_owned(),
         EtcdOptions {
