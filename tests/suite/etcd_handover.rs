@@ -4,7 +4,8 @@
 //! with no write, the third follows without one; its safety twins (a hand
 //! put naming a follower elects nobody and ends the holder's term, even
 //! under the holder's own lease) and its liveness twin (a named successor
-//! that never takes the term costs the others at most the lease's TTL).
+//! that never takes the term costs the others at most the lease's TTL); a
+//! paused election hands nothing over, and resumed, the successor claims.
 
 use std::time::Duration;
 
@@ -211,4 +212,25 @@ async fn a_named_successor_that_never_takes_the_term_costs_at_most_the_ttl() {
     println!("a dead named successor: c led {took:?} after the release (bound {bound:?})");
     assert!(took <= bound, "{took:?} > {bound:?}");
     assert!(term_c.holder.fencing_token > term_a.holder.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_election_hands_nothing_over_and_a_resume_lets_the_successor_claim() {
+    let etcd = Etcd::start().await;
+    let (key, bs) = three(&etcd, "e-handover-paused").await;
+    let (term_a, seen) = a_leads(&bs).await;
+    bs[0].set_paused(true).await.unwrap();
+    bs[0].release(&term_a, Some("b")).await.unwrap();
+    let mut client = etcd.client().await;
+    let kvs = client.get(key.as_str(), None).await.unwrap();
+    assert!(kvs.kvs().is_empty(), "a paused release put the key");
+    let answer = bs[1].campaign("b", TTL, Some(&seen)).await.unwrap();
+    assert!(
+        matches!(answer, Campaign::Waiting { .. }),
+        "a campaign while paused: {answer:?}"
+    );
+    // Its liveness twin: resumed, the named successor takes the term.
+    bs[0].set_paused(false).await.unwrap();
+    let term_b = elected(bs[1].campaign("b", TTL, Some(&seen)).await.unwrap());
+    assert!(term_b.holder.fencing_token > term_a.holder.fencing_token);
 }
