@@ -234,3 +234,37 @@ async fn a_paused_election_hands_nothing_over_and_a_resume_lets_the_successor_cl
     let term_b = elected(bs[1].campaign("b", TTL, Some(&seen)).await.unwrap());
     assert!(term_b.holder.fencing_token > term_a.holder.fencing_token);
 }
+
+/// The successor's watch did not deliver the put (it was waiting, or
+/// stopped): its next campaign finds the key naming it and adopts the term
+/// all the same. Its twin: a process of the same identity started after
+/// the put (a restart) adopts nothing and waits for the lease, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_that_missed_the_put_adopts_at_its_next_campaign_and_a_restart_does_not() {
+    let etcd = Etcd::start().await;
+    let (key, bs) = three(&etcd, "e-handover-missed").await;
+    let (term_a, seen) = a_leads(&bs).await;
+    bs[0].release(&term_a, Some("b")).await.unwrap();
+    let term_b = elected(bs[1].campaign("b", TTL, Some(&seen)).await.unwrap());
+    assert_eq!(term_b.holder.identity, "b");
+
+    // a leads again; b is named and "restarts": a new process of identity
+    // b publishes its record after the put, then campaigns.
+    bs[1].release(&term_b, None).await.unwrap();
+    let term_a = elected(bs[0].campaign("a", TTL, None).await.unwrap());
+    sleep(Duration::from_millis(300)).await;
+    bs[0].release(&term_a, Some("b")).await.unwrap();
+    let restarted = backend(&etcd, &key);
+    restarted
+        .publish_candidate(
+            &leader_elector::backend::candidates::Candidate::new("b"),
+            TTL * 15,
+        )
+        .await
+        .unwrap();
+    let answer = restarted.campaign("b", TTL, None).await.unwrap();
+    assert!(
+        !matches!(answer, Campaign::Elected(_)),
+        "a process of b started after the put adopted b's handed term: {answer:?}"
+    );
+}

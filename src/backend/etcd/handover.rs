@@ -16,13 +16,24 @@
 //! the term with one round trip and no write: a keep-alive of the next lease
 //! (its validity, counted from the campaign's start as for a claim) beside
 //! one read-only transaction proving that the key is still that put (its
-//! lease and `mod_revision`), that the release mark names the lease of the
-//! holder it saw (the previous term is over: the same proof a claim
-//! requires), and that its own candidate record is bound to its own record
-//! lease (so, of two processes misconfigured with one identity, only the one
-//! whose record is current adopts). Any failed check falls back to the
+//! lease and `mod_revision`), that the release mark was written by the
+//! same transaction (its `mod_revision` is the put's: the previous holder
+//! released, the proof a claim requires; a hand put elects nobody), and
+//! that its adopter mark is bound to its own record lease and older than
+//! the put (of two processes with one identity, only the one whose mark
+//! the leader saw adopts; a process restarted after the put waits for the
+//! lease, as before). A campaign whose claim finds the key naming it (its
+//! watch missed the put: it was waiting) tries the same adoption. Any failed check falls back to the
 //! claim. The other followers take the put as the new holder without a
 //! transaction.
+//!
+//! **Adopter mark**: `<key>/adopters/<identity>`, written with the
+//! candidate's record under the record's lease (one transaction). The
+//! release puts the key only when the successor's mark exists (compared in
+//! the same transaction); a successor of an older version writes none and
+//! gets the old release (delete, mark, successor key) in that same write,
+//! so a rolling upgrade never hands a term to a process that cannot take
+//! it.
 //!
 //! Invariants:
 //! - The fencing token of a term is the `mod_revision` of the write that
@@ -36,9 +47,11 @@
 //!   next lease's TTL: nobody refreshes it after the release, and the
 //!   followers take over when etcd says it is gone (the mark names the old
 //!   leader's lease, not the next lease).
-//! - Off with failsafe (the roster is written by the term's own claim) and
-//!   when this process keeps no candidate record (no registry: nobody is
-//!   ever named).
+//! - Off with failsafe (the roster is written by the term's own claim).
+//!   On etcd the Elector always keeps the registry, so every leader keeps a
+//!   next lease (granted at the start of its term, so that at rest a
+//!   leader sends only keep-alives); a successor adopts only while it keeps
+//!   its own record.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -76,7 +89,7 @@ impl EtcdBackend {
     /// TTL is known to remain. Failures are ignored: the release then falls
     /// back to the claim.
     pub(super) async fn keep_next_lease(&self, client: &Client, ttl: Duration) {
-        if self.failsafe.load(Ordering::Relaxed) || self.registry_lease.lock().await.is_empty() {
+        if self.failsafe.load(Ordering::Relaxed) {
             return;
         }
         let current = *self.next_lease.lock().expect("next lease");
@@ -104,7 +117,7 @@ impl EtcdBackend {
     /// term began needs no claim either. A grant that lands after the term
     /// ended leaves a lease that holds no key and expires by itself.
     pub(super) async fn start_next_lease(&self, ttl: Duration) {
-        if self.failsafe.load(Ordering::Relaxed) || self.registry_lease.lock().await.is_empty() {
+        if self.failsafe.load(Ordering::Relaxed) {
             return;
         }
         let Ok(mut client) = self.client().await else {
@@ -138,17 +151,17 @@ impl EtcdBackend {
     }
 
     /// The release transaction that elects `successor` under `next`: while
-    /// the key is bound to `lease` and no pause is set, put the key naming
-    /// the successor under `next`, the release mark, and delete a stale
-    /// successor key; paused, delete the key and put the mark.
+    /// the key is bound to `lease`, when no pause is set and the successor
+    /// keeps its adopter mark, put the key naming it under `next`, the
+    /// release mark, and delete a stale successor key; else (paused, or a
+    /// successor that cannot adopt: an older version) the old release:
+    /// delete the key, put the mark and the successor key.
     pub(super) fn release_put(&self, lease: i64, successor: &str, next: i64) -> Txn {
         let mark = || TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None);
+        let absent = |key| Compare::create_revision(key, CompareOp::Equal, 0);
+        let present = Compare::create_revision(self.adopter_key(successor), CompareOp::Greater, 0);
         let handed = Txn::new()
-            .when([Compare::create_revision(
-                self.paused_key(),
-                CompareOp::Equal,
-                0,
-            )])
+            .when([absent(self.paused_key()), present])
             .and_then([
                 TxnOp::put(
                     self.key.clone(),
@@ -158,7 +171,11 @@ impl EtcdBackend {
                 mark(),
                 TxnOp::delete(self.successor_key(), None),
             ])
-            .or_else([TxnOp::delete(self.key.clone(), None), mark()]);
+            .or_else([
+                TxnOp::delete(self.key.clone(), None),
+                mark(),
+                TxnOp::put(self.successor_key(), successor.as_bytes().to_vec(), None),
+            ]);
         Txn::new()
             .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
             .and_then([TxnOp::txn(handed)])
@@ -194,21 +211,22 @@ impl EtcdBackend {
                 self.holder_from(&h.kv, h.revision),
             )));
         }
-        if self.failsafe.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        self.adopt(identity, &h.kv, prev).await
+        self.adopt(identity, h.kv.lease(), h.kv.mod_revision())
+            .await
     }
 
     /// Whether the adoption's reads (`read`: the key, the release mark, the
-    /// record of `identity`) show the put `kv` still the key, the mark
-    /// naming `prev` and the record bound to `record_lease`.
+    /// adopter mark of `identity`) show the key still the put at `rev`
+    /// naming `identity` under `lease`, the release mark written by that
+    /// same transaction (a release's put, not a hand edit), and the
+    /// adopter mark bound to `record_lease` (this process's own) since
+    /// before it (a process of the same identity started after the put
+    /// adopts nothing: ownership stays by lease).
     fn still_handed(
         &self,
         read: &etcd_client::TxnResponse,
-        kv: &KeyValue,
+        (lease, rev): (i64, i64),
         identity: &str,
-        prev: i64,
         record_lease: i64,
     ) -> bool {
         let got: Vec<Option<KeyValue>> = read
@@ -222,22 +240,31 @@ impl EtcdBackend {
         let [Some(now), Some(mark), Some(record)] = got.as_slice() else {
             return false;
         };
-        now.lease() == kv.lease()
-            && now.mod_revision() == kv.mod_revision()
+        now.lease() == lease
+            && now.mod_revision() == rev
             && now.value() == identity.as_bytes()
-            && mark.value() == lease_hex(prev).as_bytes()
+            && mark.mod_revision() == rev
             && record.lease() == record_lease
+            && record.mod_revision() < rev
     }
 
-    /// Adopt the term the previous holder (`prev`'s lease) released to
-    /// `identity` by the put `kv` (module docs): `None` when a check fails.
-    async fn adopt(&self, identity: &str, kv: &KeyValue, prev: i64) -> Result<Option<Campaign>> {
+    /// Adopt the term a release handed to `identity` by its put of the key
+    /// under `lease` at revision `rev` (module docs): `None` when a check
+    /// fails (the caller then claims, or follows).
+    pub(super) async fn adopt(
+        &self,
+        identity: &str,
+        lease: i64,
+        rev: i64,
+    ) -> Result<Option<Campaign>> {
+        if self.failsafe.load(Ordering::Relaxed) || lease == 0 {
+            return Ok(None);
+        }
         let Some((record_lease, _)) = self.registry_lease.lock().await.get(identity).cloned()
         else {
             return Ok(None);
         };
         let client = self.client().await?;
-        let lease = kv.lease();
         // Three requests in one round trip: the keep-alive (etcd-client's
         // opening of the stream sends one and fails unless the lease is
         // alive: it then lasts its granted TTL from etcd's handling of it,
@@ -248,7 +275,7 @@ impl EtcdBackend {
         let reads = Txn::new().and_then([
             TxnOp::get(self.key.clone(), None),
             TxnOp::get(self.released_key(), None),
-            TxnOp::get(self.record_key(identity), None),
+            TxnOp::get(self.adopter_key(identity), None),
         ]);
         let mut kv_client = client.kv_client();
         let (keep, granted, read) = tokio::join!(keep, granted, kv_client.txn(reads));
@@ -259,7 +286,7 @@ impl EtcdBackend {
         if granted.granted_ttl() <= 0 {
             return Ok(None);
         }
-        if !self.still_handed(&read, kv, identity, prev, record_lease) {
+        if !self.still_handed(&read, (lease, rev), identity, record_lease) {
             return Ok(None);
         }
         let ttl = Duration::from_secs(granted.granted_ttl() as u64);
@@ -274,7 +301,7 @@ impl EtcdBackend {
         Ok(Some(Campaign::Elected(Term {
             holder: Holder {
                 identity: identity.to_owned(),
-                fencing_token: kv.mod_revision().max(0) as u64,
+                fencing_token: rev.max(0) as u64,
                 term_id: TermId::numbered(lease, lease_hex(lease)),
                 revision: Some(revision),
                 expires_in: None,

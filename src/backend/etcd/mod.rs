@@ -291,7 +291,20 @@ impl LeaseBackend for EtcdBackend {
         if let Some(answer) = self.after_put(identity, previous).await? {
             return Ok(answer);
         }
-        self.campaign_after(identity, ttl, previous).await
+        match self.campaign_after(identity, ttl, previous).await? {
+            // The key names us under a lease not ours: a handover whose
+            // put the watch did not deliver (we were waiting), or an
+            // earlier process of ours (then the adoption refuses).
+            Campaign::Following(h) if h.identity == identity => {
+                let lease = h.term_id.number().unwrap_or(0);
+                let rev = h.fencing_token as i64;
+                Ok(self
+                    .adopt(identity, lease, rev)
+                    .await?
+                    .unwrap_or(Campaign::Following(h)))
+            }
+            other => Ok(other),
+        }
     }
 
     async fn read(&self) -> Result<Option<Holder>> {

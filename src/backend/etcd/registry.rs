@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use serde::{Deserialize, Serialize};
 
 use super::EtcdBackend;
@@ -75,6 +75,16 @@ impl EtcdBackend {
         k
     }
 
+    /// The key that says `identity` adopts a term handed over by one write
+    /// ([`super::handover`]): bound to its record's lease, written with it
+    /// (a candidate of an older version writes none, and is handed terms
+    /// the old way).
+    pub(super) fn adopter_key(&self, identity: &str) -> Vec<u8> {
+        let mut k = self.sub_prefix("adopters");
+        k.extend_from_slice(identity.as_bytes());
+        k
+    }
+
     /// Write `candidate`'s record under a fresh lease of `ttl`, then revoke
     /// the lease of the previous write.
     pub(super) async fn publish(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
@@ -111,12 +121,15 @@ impl EtcdBackend {
             return Ok(());
         }
         let lease = self.store.grant(&mut client, ttl, None).await?;
-        let put = client.put(
-            self.record_key(&candidate.identity),
-            written,
-            Some(PutOptions::new().with_lease(lease.id)),
-        );
-        if let Err(e) = self.store.call(None, "put", put).await {
+        // The record and this process's adopter mark, bound to one lease
+        // in one write ([`super::handover`]).
+        let under = || Some(PutOptions::new().with_lease(lease.id));
+        let txn = Txn::new().and_then([
+            TxnOp::put(self.record_key(&candidate.identity), written, under()),
+            TxnOp::put(self.adopter_key(&candidate.identity), "", under()),
+        ]);
+        let put = client.txn(txn);
+        if let Err(e) = self.store.call(None, "txn", put).await {
             self.store.abandon(&mut client, lease.id, None, &e).await;
             return Err(e);
         }
@@ -158,6 +171,8 @@ impl EtcdBackend {
             return Ok(());
         }
         let del = client.delete(self.record_key(identity), None);
+        self.store.call(None, "delete", del).await?;
+        let del = client.delete(self.adopter_key(identity), None);
         self.store.call(None, "delete", del).await?;
         Ok(())
     }
