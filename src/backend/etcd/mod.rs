@@ -4,8 +4,9 @@
 //!   the key's `create_revision == 0` put our identity with the lease, else
 //!   read the key. The fencing token is the key's `mod_revision`: the
 //!   revision of the write that began the term (strictly larger for every
-//!   term; nobody else writes the key during a term, [`handover`]). A key whose holder we saw is taken only when
-//!   its holder's release mark names its lease or, without one, once
+//!   term; nobody else writes the key during a term, [`handover`]). A key
+//!   whose holder we saw is taken only when its holder's release mark
+//!   names its lease or, without one, once
 //!   `LeaseTimeToLive` says the lease is gone: a key deleted by hand does not
 //!   end the holder's term (DESIGN.md, "A follower takes over only when the
 //!   previous term is over"); see [`claim`].
