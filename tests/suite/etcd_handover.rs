@@ -72,15 +72,21 @@ async fn a_leads(bs: &[Backend; 3]) -> (Term, Holder) {
     (term, seen)
 }
 
+/// `b` watching the term of `seen`, in a task of its own.
+fn watching(
+    b: &Backend,
+    seen: &Holder,
+) -> tokio::task::JoinHandle<leader_elector::backend::Result<()>> {
+    let (b, seen) = (b.clone(), seen.clone());
+    tokio::spawn(async move { b.watch(&seen).await })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_to_a_named_successor_elects_it_by_the_put_alone() {
     let etcd = Etcd::start().await;
     let (key, bs) = three(&etcd, "e-handover-put").await;
     let (term_a, seen) = a_leads(&bs).await;
-    let (b, c) = (bs[1].clone(), bs[2].clone());
-    let (sb, sc) = (seen.clone(), seen.clone());
-    let wb = tokio::spawn(async move { b.watch(&sb).await });
-    let wc = tokio::spawn(async move { c.watch(&sc).await });
+    let (wb, wc) = (watching(&bs[1], &seen), watching(&bs[2], &seen));
     sleep(Duration::from_millis(200)).await;
     bs[0].release(&term_a, Some("b")).await.unwrap();
     timeout(Duration::from_secs(5), wb)
@@ -136,9 +142,7 @@ async fn a_hand_put_naming_a_follower_elects_nobody_and_ends_the_holders_term() 
     let mut client = etcd.client().await;
     // A live lease of nobody's, and no release mark: not a handover.
     let lease = client.lease_grant(30, None).await.unwrap().id();
-    let b = bs[1].clone();
-    let sb = seen.clone();
-    let wb = tokio::spawn(async move { b.watch(&sb).await });
+    let wb = watching(&bs[1], &seen);
     sleep(Duration::from_millis(200)).await;
     let opts = PutOptions::new().with_lease(lease);
     client.put(key.as_str(), "b", Some(opts)).await.unwrap();
@@ -181,9 +185,7 @@ async fn a_named_successor_that_never_takes_the_term_costs_at_most_the_ttl() {
     let (_key, bs) = three(&etcd, "e-handover-dead").await;
     let (term_a, seen) = a_leads(&bs).await;
     // b is named and never campaigns (dead); c watches.
-    let c = bs[2].clone();
-    let sc = seen.clone();
-    let wc = tokio::spawn(async move { c.watch(&sc).await });
+    let wc = watching(&bs[2], &seen);
     sleep(Duration::from_millis(200)).await;
     let released = Instant::now();
     bs[0].release(&term_a, Some("b")).await.unwrap();

@@ -5,12 +5,14 @@
 //! two Raft writes in a row (the release, then the claim), each waiting for
 //! a WAL fsync; `etcdctl elect`'s successor is already queued under its own
 //! key and is elected by the delete alone. Here the leader keeps a spare
-//! lease for its successor (the **next lease**), granted once per term after
-//! a renewal and refreshed by the leader while less than half its TTL is
-//! known to remain (a keep-alive, no Raft write). Its release transaction
-//! then, while the key is still bound to the leader's lease and no pause is
-//! set, **puts the key naming the successor, bound to the next lease**, and
-//! puts the release mark (the leader's lease) in the same revision.
+//! lease for its successor (the **next lease**), granted at the start of
+//! its term and refreshed after a renewal once less than half its TTL is
+//! known to remain (a keep-alive, no Raft write; both off the campaign's
+//! and the renewal's path). Its release transaction then, while the key is
+//! still bound to the leader's lease, no pause is set and the successor
+//! keeps its adopter mark (below), **puts the key naming the successor,
+//! bound to the next lease**, and puts the release mark (the leader's
+//! lease) in the same revision.
 //!
 //! The successor sees that put on the watch it already holds and **adopts**
 //! the term with one round trip and no write: a keep-alive of the next lease
@@ -23,9 +25,9 @@
 //! the put (of two processes with one identity, only the one whose mark
 //! the leader saw adopts; a process restarted after the put waits for the
 //! lease, as before). A campaign whose claim finds the key naming it (its
-//! watch missed the put: it was waiting) tries the same adoption. Any failed check falls back to the
-//! claim. The other followers take the put as the new holder without a
-//! transaction.
+//! watch missed the put: it was waiting) tries the same adoption. Any
+//! failed check falls back to the claim. The other followers take the put
+//! as the new holder without a transaction.
 //!
 //! **Adopter mark**: `<key>/adopters/<identity>`, written with the
 //! candidate's record under the record's lease (one transaction). The
@@ -84,32 +86,40 @@ pub(super) struct Handed {
 }
 
 impl EtcdBackend {
-    /// After a renewal of the term bound to `lease` with `ttl`: grant the
-    /// next lease if there is none, or refresh it once less than half its
-    /// TTL is known to remain. Failures are ignored: the release then falls
-    /// back to the claim.
-    pub(super) async fn keep_next_lease(&self, client: &Client, ttl: Duration) {
+    /// After a renewal of a term of `ttl`: grant the next lease if there
+    /// is none, or refresh it once less than half its TTL is known to
+    /// remain — in a task of its own, so the renewal's answer never waits
+    /// for it. The task writes back only into a slot that still holds what
+    /// it started from (a release may have taken the lease meanwhile).
+    /// Failures are ignored: the release then falls back to the claim.
+    pub(super) fn keep_next_lease(&self, client: &Client, ttl: Duration) {
         if self.failsafe.load(Ordering::Relaxed) {
             return;
         }
         let current = *self.next_lease.lock().expect("next lease");
         let now = Instant::now();
-        match current {
-            Some(n) if now.saturating_duration_since(n.at) < n.lease.ttl / 2 => {}
-            Some(n) => {
-                if self.keep_alive_once(client, n.lease.id).await {
-                    self.set_next(Some(NextLease { at: now, ..n }));
-                } else {
-                    self.set_next(None);
-                }
-            }
-            None => {
-                let mut c = client.clone();
-                if let Ok(lease) = self.store.grant(&mut c, ttl, None).await {
-                    self.set_next(Some(NextLease { lease, at: now }));
-                }
-            }
+        if current.is_some_and(|n| now.saturating_duration_since(n.at) < n.lease.ttl / 2) {
+            return;
         }
+        let (slot, store, mut client) =
+            (self.next_lease.clone(), self.store.clone(), client.clone());
+        tokio::spawn(async move {
+            let next = match current {
+                Some(n) => {
+                    let alive = client.lease_client().keep_alive(n.lease.id).await.is_ok();
+                    alive.then_some(NextLease { at: now, ..n })
+                }
+                None => store
+                    .grant(&mut client, ttl, None)
+                    .await
+                    .ok()
+                    .map(|lease| NextLease { lease, at: now }),
+            };
+            let mut slot = slot.lock().expect("next lease");
+            if slot.map(|n| n.lease.id) == current.map(|n| n.lease.id) {
+                *slot = next;
+            }
+        });
     }
 
     /// At the start of a term of `ttl`: grant the next lease off the
@@ -171,14 +181,27 @@ impl EtcdBackend {
                 mark(),
                 TxnOp::delete(self.successor_key(), None),
             ])
-            .or_else([
-                TxnOp::delete(self.key.clone(), None),
-                mark(),
-                TxnOp::put(self.successor_key(), successor.as_bytes().to_vec(), None),
-            ]);
+            .or_else(self.deleting_release(lease, Some(successor)));
         Txn::new()
             .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
             .and_then([TxnOp::txn(handed)])
+    }
+
+    /// The release that deletes the key: the delete, the release mark of
+    /// `lease` and, when one is named, the successor key.
+    pub(super) fn deleting_release(&self, lease: i64, successor: Option<&str>) -> Vec<TxnOp> {
+        let mut ops = vec![
+            TxnOp::delete(self.key.clone(), None),
+            TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None),
+        ];
+        if let Some(to) = successor {
+            ops.push(TxnOp::put(
+                self.successor_key(),
+                to.as_bytes().to_vec(),
+                None,
+            ));
+        }
+        ops
     }
 
     /// Remember a put of the key that ended the watched term of

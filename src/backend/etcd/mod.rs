@@ -184,7 +184,7 @@ impl EtcdBackend {
                 Ok(Renewal::Lost(LostReason::KeyOverwritten))
             }
             Some(_) => {
-                self.keep_next_lease(client, term.granted).await;
+                self.keep_next_lease(client, term.granted);
                 Ok(Renewal::Renewed {
                     ttl: Duration::from_secs(ttl as u64),
                     servers: None,

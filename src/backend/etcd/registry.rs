@@ -69,7 +69,7 @@ impl EtcdBackend {
     }
 
     /// The key of `identity`'s record.
-    pub(super) fn record_key(&self, identity: &str) -> Vec<u8> {
+    fn record_key(&self, identity: &str) -> Vec<u8> {
         let mut k = self.sub_prefix("candidates");
         k.extend_from_slice(identity.as_bytes());
         k
@@ -150,7 +150,7 @@ impl EtcdBackend {
     /// unchanged): `true` when etcd answered with a TTL left, `false` when
     /// the lease is gone or the call failed (the caller writes the record
     /// again under a new lease).
-    pub(super) async fn keep_alive_once(&self, client: &etcd_client::Client, lease: i64) -> bool {
+    async fn keep_alive_once(&self, client: &etcd_client::Client, lease: i64) -> bool {
         let once = async {
             let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
             keeper.keep_alive().await?;

@@ -5,11 +5,10 @@
 //! no next lease is kept); then our lease is revoked ([`super::claim`] says
 //! why the mark lets a follower take the term at once).
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn};
 
 use super::EtcdBackend;
 use super::claim::txn_or_no_lease;
-use super::store::lease_hex;
 use crate::backend::{Result, Term};
 
 impl EtcdBackend {
@@ -34,20 +33,9 @@ impl EtcdBackend {
             handed = matches!(&answer, Ok(Some(r)) if r.succeeded() && handed_over(r));
         }
         if !released {
-            let mut ops = vec![
-                TxnOp::delete(self.key.clone(), None),
-                TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None),
-            ];
-            if let Some(to) = successor {
-                ops.push(TxnOp::put(
-                    self.successor_key(),
-                    to.as_bytes().to_vec(),
-                    None,
-                ));
-            }
             let txn = Txn::new()
                 .when([Compare::lease(self.key.clone(), CompareOp::Equal, lease)])
-                .and_then(ops);
+                .and_then(self.deleting_release(lease, successor));
             // On failure (the key is no longer ours, or etcd did not answer)
             // the revoke still ends the term, naming nobody.
             let _ = self.store.call(None, "txn", client.txn(txn)).await;
