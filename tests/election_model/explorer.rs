@@ -290,3 +290,40 @@ where
         violated,
     )
 }
+
+/// `M` with its invariant replaced by "`goal` does not hold": exploring it
+/// finds a shortest trace to a state where `goal` holds (a liveness twin's
+/// witness that the model can get there at all), or holds when no state
+/// reachable within the bounds does.
+pub struct Reach<M, F>(pub M, pub F);
+
+impl<M: Model, F: Fn(&M::State) -> bool> Model for Reach<M, F> {
+    type State = M::State;
+    type Key = M::Key;
+    type Action = M::Action;
+
+    fn key(&self, s: &M::State) -> M::Key {
+        self.0.key(s)
+    }
+    fn init(&self) -> Vec<M::State> {
+        self.0.init()
+    }
+    fn actions(&self, s: &M::State, out: &mut Vec<M::Action>) {
+        self.0.actions(s, out)
+    }
+    fn step(&self, s: &M::State, a: &M::Action) -> Result<M::State, (M::State, String)> {
+        self.0.step(s, a)
+    }
+    fn check(&self, s: &M::State) -> Option<String> {
+        (self.1)(s).then(|| "the goal state is reached".to_string())
+    }
+    fn describe(&self, s: &M::State) -> String {
+        self.0.describe(s)
+    }
+    fn is_tick(&self, a: &M::Action) -> bool {
+        self.0.is_tick(a)
+    }
+    fn step_raw(&self, s: &M::State, a: &M::Action) -> M::State {
+        self.0.step_raw(s, a)
+    }
+}

@@ -25,7 +25,7 @@
 //! within a bound; a new one within a bound after the leader crashes, and
 //! not one tick sooner) show the safe rules are not safe by electing nobody.
 //! Every run prints the states explored and its time. Larger bounds:
-//! `cargo test --test election_model -- --ignored` (one to two minutes). What the
+//! `cargo test --test election_model -- --ignored` (about four minutes). What the
 //! model covers and what it does not: README.md, "What the election model
 //! covers and what it does not".
 
@@ -43,7 +43,7 @@ use explorer::{Model, Outcome, Trace, explore, play};
 use lease::{Act, Config, Fault, Foreign, LeaseModel, Liveness, Observe, Rule};
 
 /// More than any configuration here needs (the largest, in `deeper`,
-/// explores about 1.9 million states).
+/// explores about 3.6 million states).
 const LIMIT: usize = 4_000_000;
 
 /// Every fault of the Lease model but a restart.
@@ -363,8 +363,9 @@ fn lease_liveness_a_leader_soon_and_a_new_one_a_duration_after_a_crash() {
 
 mod ttl_backends {
     use super::{fails, holds};
+    use crate::explorer::Reach;
     use crate::lease::Liveness;
-    use crate::ttl::{Backend, Config, Fault, TtlModel};
+    use crate::ttl::{Backend, Config, Fault, Handover, TtlModel};
 
     /// Faults both TTL backends are safe against.
     const SAFE: &[Fault] = &[
@@ -447,8 +448,134 @@ mod ttl_backends {
         );
     }
 
+    /// Faults etcd's handover by one write is safe against: [`SAFE`], a
+    /// release naming a successor, a hand put naming a follower.
+    const HANDOVER: &[Fault] = &[
+        Fault::ReleaseTo,
+        Fault::PutNamed,
+        Fault::PutKey,
+        Fault::Crash,
+        Fault::Restart,
+        Fault::Lose,
+        Fault::LoseAnswer,
+        Fault::Release,
+    ];
+
+    /// The faults the handover adds and the two that cut its requests.
+    const HANDOVER_FEW: &[Fault] = &[
+        Fault::ReleaseTo,
+        Fault::PutNamed,
+        Fault::Crash,
+        Fault::LoseAnswer,
+    ];
+
+    fn handover(rule: Handover, faults: &'static [Fault], budget: u8) -> TtlModel {
+        TtlModel(Config {
+            faults,
+            budget,
+            handover: rule,
+            ..Config::base(Backend::Etcd)
+        })
+    }
+
+    #[test]
+    fn etcd_handover_by_one_write_holds_and_the_put_alone_would_not() {
+        holds(
+            "etcd, handover by one write, one fault",
+            &handover(Handover::Marked, HANDOVER, 1),
+        );
+        holds(
+            "etcd, handover by one write, two faults (release to, hand put, crash, lost answer)",
+            &handover(Handover::Marked, HANDOVER_FEW, 2),
+        );
+        // The twin: a successor that adopts any put naming it, while its
+        // lease lives, is elected by a hand put while the holder still
+        // claims (the release mark is what the put alone lacks).
+        let trace = fails(
+            "etcd, handover adopting on the put alone",
+            &handover(Handover::PutAlone, &[Fault::PutNamed], 1),
+        );
+        assert!(
+            trace.has_action("the key is put naming") && trace.reason.contains("is_leader=true"),
+            "{trace}"
+        );
+        // The rule does elect by the put: b adopts the term a release named
+        // it for (the key a's release put, its token the put's revision).
+        let adopted = |s: &crate::ttl::TSt| {
+            s.mark > 0
+                && s.cands[1].lead.is_some()
+                && s.key.is_some_and(|k| k.named == 2 && k.token == s.mark)
+        };
+        let trace = fails(
+            "etcd, handover: a release to a successor elects it by the put",
+            &Reach(handover(Handover::Marked, &[Fault::ReleaseTo], 1), adopted),
+        );
+        assert!(
+            trace.has_action("resigns naming B") && trace.has_action("B adopts"),
+            "{trace}"
+        );
+    }
+
+    #[test]
+    fn etcd_handover_liveness_a_dead_successor_costs_at_most_the_ttl() {
+        let live = |failover_within| {
+            let liveness = Some(Liveness {
+                elect_within: 0,
+                failover_within,
+                horizon: 12,
+            });
+            TtlModel(Config {
+                faults: &[Fault::Crash, Fault::ReleaseTo],
+                budget: 2,
+                liveness,
+                handover: Handover::Marked,
+                ..Config::base(Backend::Etcd)
+            })
+        };
+        holds(
+            "etcd handover liveness: a leader within the TTL (3) of a release or crash",
+            &live(3),
+        );
+        let trace = fails(
+            "etcd handover liveness: within 2 of a release or crash",
+            &live(2),
+        );
+        assert!(trace.reason.contains("no leader"), "{trace}");
+        // The release to a dead successor is among the runs that reach the
+        // bound: two ticks after it, the key still names the dead one and
+        // nobody leads (the next lease has not expired yet).
+        let stuck = |s: &crate::ttl::TSt| {
+            s.since_crash == Some(2)
+                && s.cands.iter().all(|c| c.lead.is_none())
+                && s.key.is_some_and(|k| {
+                    k.token == s.mark && k.named > 0 && !s.cands[usize::from(k.named) - 1].up
+                })
+        };
+        let trace = fails(
+            "etcd handover liveness: a release to a dead successor, 2 ticks on",
+            &Reach(live(3), stuck),
+        );
+        assert!(trace.has_action("its successor"), "{trace}");
+    }
+
     /// Three faults, and three candidates (see `super::deeper`).
     pub fn deeper() {
+        holds(
+            "etcd, handover by one write, three faults",
+            &handover(Handover::Marked, HANDOVER, 3),
+        );
+        let mut m = handover(Handover::Marked, &[Fault::ReleaseTo, Fault::PutNamed], 1);
+        m.0.candidates = 3;
+        holds(
+            "etcd, handover by one write, three candidates, a release to a successor or a hand put naming a follower",
+            &m,
+        );
+        let mut m = handover(Handover::Marked, HANDOVER, 1);
+        (m.0.drift, m.0.margin, m.0.ttl) = (1, 2, 4);
+        holds(
+            "etcd, handover by one write, drifting clocks, one fault",
+            &m,
+        );
         for b in [Backend::Etcd, Backend::Redis] {
             holds(
                 &format!("{b:?}, three faults (no deletion)"),
@@ -486,7 +613,7 @@ mod ttl_backends {
 }
 
 /// Larger bounds, for a change to the rules: `cargo test --test
-/// election_model -- --ignored` (one to two minutes in a debug build).
+/// election_model -- --ignored` (about four minutes in a debug build).
 #[test]
 #[ignore]
 fn deeper() {

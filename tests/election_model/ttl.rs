@@ -7,10 +7,9 @@
 //!   absent; before that it checks that the lease of the holder it last saw
 //!   is gone (`LeaseTimeToLive`), so a key deleted by hand does not end the
 //!   holder's term. The fencing token is the revision of the write that
-//!   began the term (here always the create: the product's handover by one
-//!   write, `src/backend/etcd/handover.rs`, is not modelled). A
+//!   began the term (the claim's create, or the handover's put below). A
 //!   renewal is a keep-alive plus a read proving the key is still bound to
-//!   the lease. The holder's watch sees its key deleted or overwritten, and
+//!   the lease (and, with the handover, still names the renewer). The holder's watch sees its key deleted or overwritten, and
 //!   then it stops claiming and revokes its lease. Resigning revokes the
 //!   lease (which deletes the key).
 //! - **Redis**: a campaign sets the key with `PX` if it is absent and counts
@@ -18,6 +17,25 @@
 //!   the key carries our random token and resets `PX`; resigning deletes the
 //!   key if it is ours. The holder learns that its key is gone only at its
 //!   next renewal (Redis has no watch of the key here).
+//!
+//! - **etcd, handover by one write** ([`Handover`], off unless a
+//!   configuration asks; `src/backend/etcd/handover.rs`): a leader holds a
+//!   spare *next lease* from the start of its term (granted with its claim
+//!   or adoption, refreshed with its renewals). A release naming a
+//!   successor ([`Fault::ReleaseTo`]), while the key is still bound to the
+//!   leader's lease and the next lease lives, puts the key naming the
+//!   successor under the next lease and the release mark (that put's
+//!   revision) in one write, and leaves the old lease to expire; else it
+//!   revokes as before. The successor that sees a put naming it **adopts**
+//!   with no write: a keep-alive of the next lease and a read that the key
+//!   is still that put, that the release mark's revision is the put's, and
+//!   that its adopter mark (written when the process started) is older
+//!   than the put. Its token is the put's revision. A hand put naming a
+//!   follower under the holder's own lease ([`Fault::PutNamed`]) bumps the
+//!   revision but writes no release mark; [`Handover::PutAlone`], which
+//!   adopts on the put alone, is the twin that must fail. Not modelled: the
+//!   pause, two live processes with one identity, a successor without a
+//!   mark (an older version).
 //!
 //! Both: the leader claims until (send instant of its last acknowledged
 //! campaign or renewal) + TTL − margin on its own clock; the server's clock
@@ -45,6 +63,19 @@ pub enum Backend {
     Redis,
 }
 
+/// Whether and how etcd's handover by one write runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Handover {
+    /// Releases revoke; nobody adopts (the claim only).
+    Off,
+    /// The product's rule: the adoption checks the key, the release mark
+    /// and the adopter mark.
+    Marked,
+    /// A broken rule, the twin that must fail: the successor adopts any put
+    /// of the key naming it while its lease lives.
+    PutAlone,
+}
+
 /// A fault of the TTL backends (each spends one unit of budget).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Fault {
@@ -54,6 +85,11 @@ pub enum Fault {
     RevokeLease,
     /// The key overwritten by hand without a lease or `PX`.
     PutKey,
+    /// etcd: the key put by hand naming a follower, under the holder's own
+    /// lease (`etcdctl put --lease`): a new revision, no release mark.
+    PutNamed,
+    /// The leader resigns naming a successor ([`Act::HandOver`]).
+    ReleaseTo,
     Crash,
     /// Replaced by a fresh process that knows nothing.
     Restart,
@@ -89,6 +125,8 @@ pub struct Config {
     /// Check that no two claim at once (off: check only the tokens).
     pub exclusion: bool,
     pub liveness: Option<Liveness>,
+    /// etcd's handover by one write.
+    pub handover: Handover,
 }
 
 impl Config {
@@ -106,6 +144,7 @@ impl Config {
             budget: 0,
             exclusion: true,
             liveness: None,
+            handover: Handover::Off,
         }
     }
 }
@@ -122,6 +161,8 @@ pub struct Key {
     /// Redis: real ticks left of `PX` (0: no expiry). etcd: unused (the
     /// key lives as long as its lease).
     pub px: u8,
+    /// The candidate the key names (its index + 1; 0: none, a hand write).
+    pub named: u8,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -129,15 +170,22 @@ pub enum Kind {
     Campaign,
     Renew,
     Resign,
+    /// etcd: take over the term a release's put named us for.
+    Adopt,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Req {
     pub kind: Kind,
     pub term: u8,
-    /// etcd campaign: the term whose lease must be gone first (0: none).
+    /// etcd campaign: the term whose lease must be gone first (0: none);
+    /// etcd release with the handover: the next lease's term.
     pub prev: u8,
     pub valid: u8,
+    /// Release: the successor named (index + 1; 0: none).
+    pub succ: u8,
+    /// Adoption: the revision of the put it adopts.
+    pub token: u8,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -146,6 +194,8 @@ pub struct TLead {
     pub valid: u8,
     pub renew_in: u8,
     pub token: u8,
+    /// etcd with the handover: the next lease's term (0: none).
+    pub next: u8,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -158,6 +208,10 @@ pub struct TCand {
     /// Whether the key as it is now has been observed (etcd watch mode).
     pub current: bool,
     pub req: Option<Req>,
+    /// etcd with the handover: the revision of this process's adopter mark.
+    pub adopter: u8,
+    /// etcd with the handover: the put it last tried to adopt.
+    pub tried: u8,
 }
 
 impl TCand {
@@ -169,6 +223,8 @@ impl TCand {
             seen: 0,
             current: false,
             req: None,
+            adopter: 0,
+            tried: 0,
         }
     }
 }
@@ -178,11 +234,13 @@ impl TCand {
 pub struct TSt {
     pub key: Option<Key>,
     /// etcd leases alive: (term, real ticks left); unused slots are (0, 0).
-    pub leases: [(u8, u8); 8],
+    pub leases: [(u8, u8); 12],
     /// The fencing counter (etcd: the revision of the last key creation;
     /// Redis: the counter beside the key).
     pub counter: u8,
     pub cands: [TCand; 3],
+    /// etcd with the handover: the release mark's revision (0: none).
+    pub mark: u8,
     pub budget: u8,
     pub max_claimed: u8,
     pub clock: u8,
@@ -197,6 +255,10 @@ pub enum Act {
     Campaign(usize),
     Renew(usize),
     Serve(usize),
+    /// etcd: a follower sends its adoption of the put naming it.
+    Adopt(usize),
+    /// The leader resigns naming the second candidate its successor.
+    HandOver(usize, usize),
     Fault(Fault, usize),
 }
 
@@ -206,6 +268,13 @@ impl fmt::Display for Act {
             Act::Tick => write!(f, "one tick of real time passes"),
             Act::Observe(c) => write!(f, "{} observes the key (watch event or read)", name(c)),
             Act::Campaign(c) => write!(f, "{} campaigns", name(c)),
+            Act::Adopt(c) => write!(f, "{} adopts the term the key names it for", name(c)),
+            Act::HandOver(c, s) => write!(
+                f,
+                "{} resigns naming {} its successor: stops claiming, sends the release",
+                name(c),
+                name(s)
+            ),
             Act::Renew(c) => write!(f, "{} sends a renewal", name(c)),
             Act::Serve(c) => write!(
                 f,
@@ -230,6 +299,12 @@ impl fmt::Display for Act {
                 "the server applies {}'s request; the answer is lost",
                 name(c)
             ),
+            Act::Fault(Fault::PutNamed, c) => write!(
+                f,
+                "FOREIGN WRITE: the key is put naming {} under the holder's lease",
+                name(c)
+            ),
+            Act::Fault(Fault::ReleaseTo, _) => write!(f, "a release naming a successor"),
             Act::Fault(Fault::Release, c) => {
                 write!(f, "{} resigns: stops claiming, sends the release", name(c))
             }
@@ -264,9 +339,10 @@ impl Model for TtlModel {
                 }
                 TSt {
                     key: None,
-                    leases: [(0, 0); 8],
+                    leases: [(0, 0); 12],
                     counter: 0,
                     cands,
+                    mark: 0,
                     budget: cfg.budget,
                     max_claimed: 0,
                     clock: 0,
@@ -288,11 +364,18 @@ impl Model for TtlModel {
                     out.push(Act::Tick);
                 }
                 if s.budget > 0 && s.clock + live.failover_within < live.horizon {
+                    // With the handover, a follower may crash too (the
+                    // successor a release names may be dead), while another
+                    // candidate stays up to lead.
+                    let handover = self.0.handover != Handover::Off;
+                    let up = s.cands.iter().filter(|c| c.up).count();
                     for c in 0..self.0.candidates {
-                        if claims(&s.cands[c]) {
+                        let cand = &s.cands[c];
+                        if (claims(cand) && !handover) || (handover && cand.up && up > 1) {
                             out.push(Act::Fault(Fault::Crash, c));
                         }
                     }
+                    self.handovers(s, out);
                 }
             }
         }
@@ -336,8 +419,17 @@ impl Model for TtlModel {
             Some(k) if self.0.backend == Backend::Redis => {
                 format!("key: term{} token={} PX {}", k.term, k.token, k.px)
             }
+            Some(k) if k.named > 0 => format!(
+                "key: term{} token={} names {}",
+                k.term,
+                k.token,
+                name(usize::from(k.named) - 1)
+            ),
             Some(k) => format!("key: term{} token={}", k.term, k.token),
         };
+        if s.mark > 0 {
+            out.push_str(&format!(", release mark {}", s.mark));
+        }
         if self.0.backend == Backend::Etcd {
             let leases: Vec<String> = s
                 .leases
@@ -381,6 +473,7 @@ fn describe_cand(c: usize, cand: &TCand) -> String {
             Kind::Campaign => "campaign",
             Kind::Renew => "renewal",
             Kind::Resign => "release",
+            Kind::Adopt => "adoption",
         };
         out.push_str(&format!(" [{what} on the wire]"));
     }
@@ -413,6 +506,7 @@ fn canon(s: &mut TSt) {
     for c in s.cands.iter_mut() {
         if let Some(l) = &mut c.lead {
             id(&mut l.term);
+            id(&mut l.next);
             l.token = 0; // printed only (raw traces keep it)
         }
         if let Some(r) = &mut c.req {
@@ -425,9 +519,38 @@ fn canon(s: &mut TSt) {
 }
 
 fn canon_tokens(s: &mut TSt) {
-    let mut vals: Vec<u8> = vec![0, s.counter, s.max_claimed];
+    // The handover's marks matter only beside the put they may match (the
+    // key's, or an adoption's on the wire): forget the others, so states
+    // that differ only in stale marks are one.
+    let live: Vec<u8> = s
+        .key
+        .iter()
+        .map(|k| k.token)
+        .chain(s.cands.iter().filter_map(|c| c.req.map(|r| r.token)))
+        .filter(|&t| t > 0)
+        .collect();
+    if !live.contains(&s.mark) {
+        s.mark = 0;
+    }
+    let oldest = live.iter().copied().min().unwrap_or(u8::MAX);
+    for c in s.cands.iter_mut() {
+        if !live.contains(&c.tried) {
+            c.tried = 0;
+        }
+        // Older than every put it may be compared with: as old as any.
+        if c.adopter < oldest {
+            c.adopter = 0;
+        }
+    }
+    let mut vals: Vec<u8> = vec![0, s.counter, s.max_claimed, s.mark];
     if let Some(k) = &s.key {
         vals.push(k.token);
+    }
+    for c in &s.cands {
+        vals.extend([c.adopter, c.tried]);
+        if let Some(r) = &c.req {
+            vals.push(r.token);
+        }
     }
     vals.sort_unstable();
     vals.dedup();
@@ -439,7 +562,15 @@ fn canon_tokens(s: &mut TSt) {
     }
     s.counter = map[s.counter as usize];
     s.max_claimed = map[s.max_claimed as usize];
+    s.mark = map[s.mark as usize];
     if let Some(k) = &mut s.key {
         k.token = map[k.token as usize];
+    }
+    for c in s.cands.iter_mut() {
+        c.adopter = map[c.adopter as usize];
+        c.tried = map[c.tried as usize];
+        if let Some(r) = &mut c.req {
+            r.token = map[r.token as usize];
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use super::lease::Observe;
 use super::ttl::{
-    Act, Backend, FOREIGN, Fault, Key, Kind, Req, TCand, TLead, TSt, TtlModel, claims,
+    Act, Backend, FOREIGN, Fault, Handover, Key, Kind, Req, TCand, TLead, TSt, TtlModel, claims,
 };
 
 impl TtlModel {
@@ -12,6 +12,11 @@ impl TtlModel {
 
     fn etcd(&self) -> bool {
         self.0.backend == Backend::Etcd
+    }
+
+    /// etcd's handover by one write is on.
+    fn handover(&self) -> bool {
+        self.etcd() && self.0.handover != Handover::Off
     }
 
     /// etcd, watch mode: no write until every running follower has seen
@@ -49,12 +54,25 @@ impl TtlModel {
             Kind::Campaign => s.key.is_none() && !(self.etcd() && Self::lease_alive(s, r.prev)),
             Kind::Renew => self.etcd() || s.key.is_some_and(|k| k.term == r.term),
             Kind::Resign => Self::lease_alive(s, r.term) || s.key.is_some_and(|k| k.term == r.term),
+            Kind::Adopt => false,
         }
     }
 
     /// Whether serving `r` would change the key (a keep-alive does not).
     fn changes_key(&self, s: &TSt, r: &Req) -> bool {
-        r.kind != Kind::Renew && self.writes(s, r)
+        !matches!(r.kind, Kind::Renew | Kind::Adopt) && self.writes(s, r)
+    }
+
+    /// Whether `c`'s adoption `r` passes its checks at the server.
+    fn adoptable(&self, s: &TSt, c: usize, r: &Req) -> bool {
+        let put = s.key.is_some_and(|k| {
+            k.term == r.term && k.token == r.token && usize::from(k.named) == c + 1
+        });
+        let marked = match self.0.handover {
+            Handover::PutAlone => true,
+            _ => s.mark == r.token && s.cands[c].adopter < r.token,
+        };
+        Self::lease_alive(s, r.term) && put && marked
     }
 
     /// The candidates', the server's and the network's steps.
@@ -90,7 +108,33 @@ impl TtlModel {
                     out.push(Act::Renew(c))
                 }
                 None if cand.req.is_none() && sees_no_key => out.push(Act::Campaign(c)),
+                None if cand.req.is_none() && self.named_me(s, c) => out.push(Act::Adopt(c)),
                 _ => {}
+            }
+        }
+    }
+
+    /// Whether follower `c` has seen a put naming it that it has not tried
+    /// to adopt (etcd, the handover on).
+    fn named_me(&self, s: &TSt, c: usize) -> bool {
+        let cand = &s.cands[c];
+        self.handover()
+            && cand.current
+            && s.key.is_some_and(|k| {
+                k.term != FOREIGN && usize::from(k.named) == c + 1 && cand.tried != k.token
+            })
+    }
+
+    /// The releases naming a successor that leader `c` may send now.
+    pub(super) fn handovers(&self, s: &TSt, out: &mut Vec<Act>) {
+        if s.budget == 0 || !self.0.faults.contains(&Fault::ReleaseTo) {
+            return;
+        }
+        for c in 0..self.0.candidates {
+            if claims(&s.cands[c]) && s.cands[c].req.is_none() {
+                for to in (0..self.0.candidates).filter(|&to| to != c) {
+                    out.push(Act::HandOver(c, to));
+                }
             }
         }
     }
@@ -105,12 +149,24 @@ impl TtlModel {
         if s.budget == 0 {
             return;
         }
+        self.handovers(s, out);
         for &f in self.0.faults {
             match f {
                 Fault::DeleteKey | Fault::PutKey
                     if s.key.is_some_and(|k| k.term != FOREIGN) && self.may_write(s) =>
                 {
                     out.push(Act::Fault(f, 0))
+                }
+                Fault::PutNamed
+                    if self.etcd()
+                        && s.key
+                            .is_some_and(|k| k.term != FOREIGN && Self::lease_alive(s, k.term))
+                        && self.may_write(s) =>
+                {
+                    let named = s.key.map_or(0, |k| usize::from(k.named));
+                    for to in (0..self.0.candidates).filter(|&to| to + 1 != named) {
+                        out.push(Act::Fault(f, to));
+                    }
                 }
                 Fault::RevokeLease
                     if self.etcd()
@@ -155,10 +211,9 @@ impl TtlModel {
                 let valid = self.real(cand, self.0.ttl - self.0.margin);
                 let prev = if self.etcd() { cand.seen } else { 0 };
                 t.cands[c].req = Some(Req {
-                    kind: Kind::Campaign,
-                    term,
-                    prev,
                     valid,
+                    prev,
+                    ..Req::new(Kind::Campaign, term)
                 });
             }
             Act::Renew(c) => {
@@ -166,11 +221,26 @@ impl TtlModel {
                 let term = cand.lead.expect("a leader renews").term;
                 let valid = self.real(cand, self.0.ttl - self.0.margin);
                 t.cands[c].req = Some(Req {
-                    kind: Kind::Renew,
-                    term,
-                    prev: 0,
                     valid,
+                    ..Req::new(Kind::Renew, term)
                 });
+            }
+            Act::Adopt(c) => {
+                let k = t.key.expect("a key names the adopter");
+                let valid = self.real(&t.cands[c], self.0.ttl - self.0.margin);
+                t.cands[c].tried = k.token;
+                t.cands[c].req = Some(Req {
+                    valid,
+                    token: k.token,
+                    ..Req::new(Kind::Adopt, k.term)
+                });
+            }
+            Act::HandOver(c, to) => {
+                t.budget -= 1;
+                if self.0.liveness.is_some() {
+                    t.since_crash = Some(0);
+                }
+                self.step_down_to(t, c, to as u8 + 1);
             }
             Act::Serve(c) => return self.serve(t, c, false),
             Act::Fault(Fault::LoseAnswer, c) => {
@@ -184,7 +254,11 @@ impl TtlModel {
 
     fn fault(&self, t: &mut TSt, f: Fault, c: usize) {
         t.budget -= 1;
-        if matches!(f, Fault::DeleteKey | Fault::PutKey | Fault::RevokeLease) {
+        let write = matches!(
+            f,
+            Fault::DeleteKey | Fault::PutKey | Fault::RevokeLease | Fault::PutNamed
+        );
+        if write {
             self.before_write(t);
         }
         match f {
@@ -194,6 +268,7 @@ impl TtlModel {
                     term: FOREIGN,
                     token: 0,
                     px: 0,
+                    named: 0,
                 })
             }
             Fault::RevokeLease => {
@@ -201,7 +276,9 @@ impl TtlModel {
                 revoke(t, term);
             }
             Fault::Crash => {
-                if claims(&t.cands[c]) && self.0.liveness.is_some() {
+                // With the handover any candidate may crash (the bound then
+                // counts from the last crash or release).
+                if (claims(&t.cands[c]) || self.handover()) && self.0.liveness.is_some() {
                     t.since_crash = Some(0);
                 }
                 let cand = &mut t.cands[c];
@@ -211,28 +288,49 @@ impl TtlModel {
                     ..TCand::fresh(cand.rate)
                 };
             }
-            Fault::Restart => t.cands[c] = TCand::fresh(t.cands[c].rate),
+            Fault::Restart => {
+                t.cands[c] = TCand::fresh(t.cands[c].rate);
+                if self.handover() {
+                    // The new process writes its record and adopter mark.
+                    t.counter += 1;
+                    t.cands[c].adopter = t.counter;
+                }
+            }
+            Fault::PutNamed => {
+                let k = t.key.expect("a key");
+                t.counter += 1;
+                t.key = Some(Key {
+                    token: t.counter,
+                    named: c as u8 + 1,
+                    ..k
+                });
+            }
+            Fault::ReleaseTo => unreachable!("an Act::HandOver"),
             Fault::Lose => t.cands[c].req = None,
             Fault::LoseAnswer => unreachable!("served in apply"),
             Fault::Release => self.step_down(t, c),
         }
-        if matches!(f, Fault::DeleteKey | Fault::PutKey | Fault::RevokeLease) {
+        if write {
             t.cands.iter_mut().for_each(|c| c.current = false);
         }
     }
 
-    /// Stop claiming, and release (etcd: revoke the lease; Redis: delete
-    /// the key if it is ours).
+    /// Stop claiming, and release naming no successor (etcd: revoke the
+    /// lease; Redis: delete the key if it is ours).
     fn step_down(&self, t: &mut TSt, c: usize) {
+        self.step_down_to(t, c, 0);
+    }
+
+    /// Stop claiming, and release naming `succ` (index + 1; 0: none).
+    fn step_down_to(&self, t: &mut TSt, c: usize, succ: u8) {
         let cand = &mut t.cands[c];
         let l = cand.lead.take().expect("a leader steps down");
         cand.seen = l.term;
         if cand.req.is_none() {
             cand.req = Some(Req {
-                kind: Kind::Resign,
-                term: l.term,
-                prev: 0,
-                valid: 0,
+                prev: l.next,
+                succ,
+                ..Req::new(Kind::Resign, l.term)
             });
         }
     }
@@ -291,12 +389,7 @@ impl TtlModel {
                 cand.seen = term;
                 cand.lead = None;
                 if cand.req.is_none() {
-                    cand.req = Some(Req {
-                        kind: Kind::Resign,
-                        term,
-                        prev: 0,
-                        valid: 0,
-                    });
+                    cand.req = Some(Req::new(Kind::Resign, term));
                 }
             }
         }
@@ -310,48 +403,25 @@ impl TtlModel {
     /// unless `lost` (see the Lease model's `serve` on why that suffices).
     fn serve(&self, t: &mut TSt, c: usize, lost: bool) -> Result<(), String> {
         let r = t.cands[c].req.take().expect("a request");
-        let ok = self.writes(t, &r);
-        if ok && r.kind != Kind::Renew {
+        let adopt = r.kind == Kind::Adopt;
+        let ok = if adopt {
+            self.adoptable(t, c, &r)
+        } else {
+            self.writes(t, &r)
+        };
+        let writes_key = !matches!(r.kind, Kind::Renew | Kind::Adopt);
+        if ok && writes_key {
             self.before_write(t);
         }
-        let mut token = 0;
-        let ttl = self.0.ttl;
-        if ok {
-            match r.kind {
-                Kind::Campaign => {
-                    t.counter += 1;
-                    token = t.counter;
-                    let px = if self.etcd() { 0 } else { ttl };
-                    t.key = Some(Key {
-                        term: r.term,
-                        token,
-                        px,
-                    });
-                    if self.etcd() {
-                        grant(t, r.term, ttl);
-                    }
-                }
-                Kind::Renew if self.etcd() => {
-                    // Keep-alive; the read in the same round trip proves
-                    // the key is still bound to our lease.
-                    let alive = Self::lease_alive(t, r.term);
-                    for l in t.leases.iter_mut().filter(|l| l.0 == r.term && l.1 > 0) {
-                        l.1 = ttl;
-                    }
-                    token = u8::from(alive && t.key.is_some_and(|k| k.term == r.term));
-                }
-                Kind::Renew => {
-                    if let Some(k) = &mut t.key {
-                        k.px = ttl;
-                    }
-                    token = 1;
-                }
-                Kind::Resign => revoke(t, r.term),
-            }
-            if r.kind != Kind::Renew {
+        let (token, next) = if ok {
+            let answer = self.apply_request(t, c, &r);
+            if writes_key {
                 t.cands.iter_mut().for_each(|c| c.current = false);
             }
-        }
+            answer
+        } else {
+            (0, 0)
+        };
         let granted = match r.kind {
             Kind::Renew => token == 1,
             _ => ok,
@@ -359,23 +429,120 @@ impl TtlModel {
         if lost || !t.cands[c].up || r.kind == Kind::Resign {
             return Ok(());
         }
-        self.answer(t, c, r, granted, token)
+        self.answer(t, c, r, (granted, token), next)
     }
 
-    /// `c` receives the answer to `r`.
-    fn answer(&self, t: &mut TSt, c: usize, r: Req, ok: bool, token: u8) -> Result<(), String> {
+    /// Apply `c`'s request `r`, which the server accepts: its token (a
+    /// renewal: 1 when it keeps the term) and the new term's next lease.
+    fn apply_request(&self, t: &mut TSt, c: usize, r: &Req) -> (u8, u8) {
+        let mut token = 0;
+        let mut next = 0;
+        let ttl = self.0.ttl;
+        match r.kind {
+            Kind::Campaign => {
+                t.counter += 1;
+                token = t.counter;
+                let px = if self.etcd() { 0 } else { ttl };
+                t.key = Some(Key {
+                    term: r.term,
+                    token,
+                    px,
+                    named: c as u8 + 1,
+                });
+                if self.etcd() {
+                    grant(t, r.term, ttl);
+                }
+                next = self.grant_next(t);
+            }
+            Kind::Adopt => {
+                // The keep-alive of the next lease; the read proved the
+                // rest. The term's own next lease, as at a claim.
+                refresh(t, r.term, ttl);
+                token = r.token;
+                next = self.grant_next(t);
+            }
+            Kind::Renew if self.etcd() => {
+                // Keep-alive; the read in the same round trip proves
+                // the key is still bound to our lease (and, with the
+                // handover, still names us: a put over it ends the term).
+                let alive = Self::lease_alive(t, r.term);
+                refresh(t, r.term, ttl);
+                if let Some(n) = t.cands[c].lead.map(|l| l.next) {
+                    refresh(t, n, ttl);
+                }
+                let ours = t.key.is_some_and(|k| {
+                    k.term == r.term && (!self.handover() || usize::from(k.named) == c + 1)
+                });
+                token = u8::from(alive && ours);
+            }
+            Kind::Resign if self.handover_put(t, r) => {
+                // One write: the key names the successor under the next
+                // lease, the release mark is this put; the old lease is
+                // left to expire.
+                t.counter += 1;
+                t.key = Some(Key {
+                    term: r.prev,
+                    token: t.counter,
+                    px: 0,
+                    named: r.succ,
+                });
+                t.mark = t.counter;
+            }
+            Kind::Renew => {
+                if let Some(k) = &mut t.key {
+                    k.px = ttl;
+                }
+                token = 1;
+            }
+            Kind::Resign => revoke(t, r.term),
+        }
+        (token, next)
+    }
+
+    /// etcd with the handover: grant the new term's next lease (0: off).
+    fn grant_next(&self, t: &mut TSt) -> u8 {
+        if !self.handover() {
+            return 0;
+        }
+        let n = next_term(t);
+        grant(t, n, self.0.ttl);
+        n
+    }
+
+    /// Whether release `r` hands the term over by one put: it names a
+    /// successor, the key is still bound to the leader's lease, and the
+    /// next lease lives.
+    fn handover_put(&self, t: &TSt, r: &Req) -> bool {
+        self.handover()
+            && r.succ > 0
+            && t.key.is_some_and(|k| k.term == r.term)
+            && Self::lease_alive(t, r.prev)
+    }
+
+    /// `c` receives the answer `(ok, token)` to `r`; `next`: the new term's
+    /// next lease (etcd with the handover).
+    fn answer(
+        &self,
+        t: &mut TSt,
+        c: usize,
+        r: Req,
+        answer: (bool, u8),
+        next: u8,
+    ) -> Result<(), String> {
+        let (ok, token) = answer;
         let renew_in = if self.0.liveness.is_some() {
             self.real(&t.cands[c], self.0.renew)
         } else {
             0
         };
         match r.kind {
-            Kind::Campaign if ok && r.valid > 0 => {
+            Kind::Campaign | Kind::Adopt if ok && r.valid > 0 => {
                 t.cands[c].lead = Some(TLead {
                     term: r.term,
                     valid: r.valid,
                     renew_in,
                     token,
+                    next,
                 });
                 if token <= t.max_claimed {
                     return Err(format!(
@@ -386,14 +553,9 @@ impl TtlModel {
                 }
                 t.max_claimed = token;
             }
-            Kind::Campaign if ok => {
+            Kind::Campaign | Kind::Adopt if ok => {
                 // Too late to claim: release what we got.
-                t.cands[c].req = Some(Req {
-                    kind: Kind::Resign,
-                    term: r.term,
-                    prev: 0,
-                    valid: 0,
-                });
+                t.cands[c].req = Some(Req::new(Kind::Resign, r.term));
             }
             Kind::Renew if t.cands[c].lead.is_some_and(|l| l.term == r.term) => {
                 if ok {
@@ -406,6 +568,27 @@ impl TtlModel {
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl Req {
+    /// A request of `kind` for `term`, every other field empty.
+    fn new(kind: Kind, term: u8) -> Req {
+        Req {
+            kind,
+            term,
+            prev: 0,
+            valid: 0,
+            succ: 0,
+            token: 0,
+        }
+    }
+}
+
+/// A keep-alive of the lease of `term`, if it lives: `ttl` from now.
+fn refresh(t: &mut TSt, term: u8, ttl: u8) {
+    for l in t.leases.iter_mut().filter(|l| l.0 == term && l.1 > 0) {
+        l.1 = ttl;
     }
 }
 
@@ -439,7 +622,7 @@ fn next_term(t: &TSt) -> u8 {
     for c in &t.cands {
         m = m.max(c.seen % FOREIGN);
         if let Some(l) = &c.lead {
-            m = m.max(l.term);
+            m = m.max(l.term).max(l.next);
         }
         if let Some(r) = &c.req {
             m = m.max(r.term).max(r.prev % FOREIGN);
