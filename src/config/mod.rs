@@ -259,6 +259,9 @@ impl Config {
         // keeps no drain for it.
         let leading_run = run.as_ref().filter(|r| r.every.is_none());
         let elector = elector_config(&cli, &timing, leading_run, control_addr.is_some())?;
+        // Flags that cannot go together, before anything about the machine
+        // (a missing kubeconfig): the user fixes the command line first.
+        registry::check_failsafe(&cli.store, cli.failsafe.failsafe)?;
         let backend = registry::resolve(
             &cli.store,
             &Common {
@@ -269,7 +272,6 @@ impl Config {
             },
         )?;
         check_every_backend(run.as_ref(), backend.name())?;
-        registry::check_failsafe(&cli.store, cli.failsafe.failsafe)?;
         let pod_ip = std::env::var("POD_IP").ok();
         let failsafe = failsafe::resolve(&cli.failsafe, pod_ip.as_deref())?;
         if failsafe.is_some() && !registry::row(backend.name()).is_some_and(|r| r.failsafe) {

@@ -106,4 +106,13 @@ fn failsafe_is_accepted_on_leases_and_refused_with_the_endpoints_bridge() {
         e.contains("--failsafe") && e.contains("--migrate-from-endpoints"),
         "{e}"
     );
+    // The conflict of two flags is named before anything about the
+    // machine: with no Kubernetes client configuration either, the user
+    // learns first that the flags cannot go together.
+    KUBE_PRESENT.with(|c| c.set(Some(false)));
+    let e = parse(&["--backend=kubernetes", "--migrate-from-endpoints"]).unwrap_err();
+    assert!(
+        e.contains("--failsafe cannot be used with --migrate-from-endpoints"),
+        "{e}"
+    );
 }
