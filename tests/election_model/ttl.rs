@@ -29,13 +29,17 @@
 //!   revokes as before. The successor that sees a put naming it **adopts**
 //!   with no write: a keep-alive of the next lease and a read that the key
 //!   is still that put, that the release mark's revision is the put's, and
-//!   that its adopter mark (written when the process started) is older
+//!   that its adopter mark (written when the process started; the code
+//!   also rewrites it when it republishes its record) is older
 //!   than the put. Its token is the put's revision. A hand put naming a
 //!   follower under the holder's own lease ([`Fault::PutNamed`]) bumps the
 //!   revision but writes no release mark; [`Handover::PutAlone`], which
-//!   adopts on the put alone, is the twin that must fail. Not modelled: the
-//!   pause, two live processes with one identity, a successor without a
-//!   mark (an older version).
+//!   adopts on the put alone, is the twin that must fail. A process tries
+//!   each put once (`TCand::tried`): the code adopts a put at most once
+//!   too, but tries a failed adoption again at a later campaign. Not
+//!   modelled: the pause, two live processes with one identity, a successor
+//!   without a mark (an older version), requests applied after their caller
+//!   gave up on them, the claim's shortcut through the release mark.
 //!
 //! Both: the leader claims until (send instant of its last acknowledged
 //! campaign or renewal) + TTL − margin on its own clock; the server's clock

@@ -270,3 +270,42 @@ async fn a_successor_that_missed_the_put_adopts_at_its_next_campaign_and_a_resta
         "a process of b started after the put adopted b's handed term: {answer:?}"
     );
 }
+
+/// A handed put starts one term. A successor whose adopted term ended
+/// without a release (its deadline passed, the release failed: the Elector
+/// keeps it as abandoned) must not adopt the same put again at its next
+/// campaign: that would be a second term with the first one's fencing
+/// token, under a lease a late-applied release of the first term may still
+/// delete. It follows its own old term instead (the Elector then releases
+/// it), and after that release the next campaign claims with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_put_elects_once_and_an_abandoned_adopted_term_is_not_adopted_again() {
+    let etcd = Etcd::start().await;
+    let (_key, bs) = three(&etcd, "e-handover-once").await;
+    let (term_a, seen) = a_leads(&bs).await;
+    bs[0].release(&term_a, Some("b")).await.unwrap();
+    let term_b = elected(bs[1].campaign("b", TTL, Some(&seen)).await.unwrap());
+    // b's term ends with no release; it campaigns again at once.
+    let again = bs[1]
+        .campaign("b", TTL, Some(&term_b.holder))
+        .await
+        .unwrap();
+    let own = match again {
+        Campaign::Following(h) => h,
+        other => panic!("b adopted the put of its ended term again: {other:?}"),
+    };
+    assert_eq!(
+        own.term_id, term_b.holder.term_id,
+        "b follows its own old term"
+    );
+    assert_eq!(own.fencing_token, term_b.holder.fencing_token);
+    // The Elector's way out: release the abandoned term, then claim.
+    bs[1].release(&term_b, None).await.unwrap();
+    let next = elected(bs[1].campaign("b", TTL, None).await.unwrap());
+    assert!(
+        next.holder.fencing_token > term_b.holder.fencing_token,
+        "a new term has a larger token: {} after {}",
+        next.holder.fencing_token,
+        term_b.holder.fencing_token
+    );
+}

@@ -24,7 +24,10 @@
 //! that its adopter mark is bound to its own record lease and older than
 //! the put (of two processes with one identity, only the one whose mark
 //! the leader saw adopts; a process restarted after the put waits for the
-//! lease, as before). A campaign whose claim finds the key naming it (its
+//! lease, as before). A process adopts a put once: after a term it adopted
+//! ended with no release, its campaign follows that term (the Elector then
+//! releases it as abandoned) rather than start a second term with the same
+//! token under a lease a late-applied release of the first could delete. A campaign whose claim finds the key naming it (its
 //! watch missed the put: it was waiting) tries the same adoption. Any
 //! failed check falls back to the claim. The other followers take the put
 //! as the new holder without a transaction.
@@ -46,9 +49,10 @@
 //!   it: a release that etcd did not answer leaves it to expire by its TTL.
 //!   An unused next lease holds no key and expires by itself.
 //! - A named successor that is dead or does not campaign costs at most the
-//!   next lease's TTL: nobody refreshes it after the release, and the
-//!   followers take over when etcd says it is gone (the mark names the old
-//!   leader's lease, not the next lease).
+//!   next lease's TTL after the release: nobody starts a refresh of it after
+//!   the release (one already sent may land just after it, and then counts
+//!   from there), and the followers take over when etcd says it is gone
+//!   (the mark names the old leader's lease, not the next lease).
 //! - Off with failsafe (the roster is written by the term's own claim).
 //!   On etcd the Elector always keeps the registry, so every leader keeps a
 //!   next lease (granted at the start of its term, so that at rest a
@@ -283,6 +287,13 @@ impl EtcdBackend {
         if self.failsafe.load(Ordering::Relaxed) || lease == 0 {
             return Ok(None);
         }
+        // A put starts one term: a term of ours it started that ended with
+        // no release (abandoned) is followed, then released, never adopted
+        // again (its token would not grow, and a late-applied release of
+        // that term could delete the key under the new one).
+        if *self.adopted.lock().expect("adopted") == Some((lease, rev)) {
+            return Ok(None);
+        }
         let Some((record_lease, _)) = self.registry_lease.lock().await.get(identity).cloned()
         else {
             return Ok(None);
@@ -312,6 +323,7 @@ impl EtcdBackend {
         if !self.still_handed(&read, (lease, rev), identity, record_lease) {
             return Ok(None);
         }
+        *self.adopted.lock().expect("adopted") = Some((lease, rev));
         let ttl = Duration::from_secs(granted.granted_ttl() as u64);
         self.start_next_lease(ttl).await;
         *self.keep_alive.lock().await = Some(KeepAlive {

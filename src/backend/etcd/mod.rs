@@ -116,6 +116,9 @@ pub struct EtcdBackend {
     next_lease: Arc<std::sync::Mutex<Option<handover::NextLease>>>,
     /// The put of the key that ended the watched term ([`handover`]).
     handed: std::sync::Mutex<Option<handover::Handed>>,
+    /// The put (lease, `mod_revision`) this process last adopted: a put
+    /// starts one term ([`handover`]).
+    adopted: std::sync::Mutex<Option<(i64, i64)>>,
 }
 
 impl EtcdBackend {
@@ -139,6 +142,7 @@ impl EtcdBackend {
             failsafe: std::sync::atomic::AtomicBool::new(false),
             next_lease: Arc::default(),
             handed: std::sync::Mutex::new(None),
+            adopted: std::sync::Mutex::new(None),
         })
     }
 
