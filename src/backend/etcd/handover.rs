@@ -275,6 +275,18 @@ impl EtcdBackend {
             && record.mod_revision() < rev
     }
 
+    /// Whether the put at `rev` under `lease` may start a term of ours: not
+    /// with failsafe, not an unleased key, and not a put we adopted already
+    /// (a put starts one term: a term of ours it started that ended with no
+    /// release is followed, then released as abandoned, never adopted again;
+    /// its token would not grow, and a late-applied release of that term
+    /// could delete the key under the new one).
+    fn may_adopt(&self, lease: i64, rev: i64) -> bool {
+        !self.failsafe.load(Ordering::Relaxed)
+            && lease != 0
+            && *self.adopted.lock().expect("adopted") != Some((lease, rev))
+    }
+
     /// Adopt the term a release handed to `identity` by its put of the key
     /// under `lease` at revision `rev` (module docs): `None` when a check
     /// fails (the caller then claims, or follows).
@@ -284,14 +296,7 @@ impl EtcdBackend {
         lease: i64,
         rev: i64,
     ) -> Result<Option<Campaign>> {
-        if self.failsafe.load(Ordering::Relaxed) || lease == 0 {
-            return Ok(None);
-        }
-        // A put starts one term: a term of ours it started that ended with
-        // no release (abandoned) is followed, then released, never adopted
-        // again (its token would not grow, and a late-applied release of
-        // that term could delete the key under the new one).
-        if *self.adopted.lock().expect("adopted") == Some((lease, rev)) {
+        if !self.may_adopt(lease, rev) {
             return Ok(None);
         }
         let Some((record_lease, _)) = self.registry_lease.lock().await.get(identity).cloned()
@@ -317,10 +322,9 @@ impl EtcdBackend {
         let (Ok((keeper, stream)), Ok(granted)) = (keep, granted) else {
             return Ok(None);
         };
-        if granted.granted_ttl() <= 0 {
-            return Ok(None);
-        }
-        if !self.still_handed(&read, (lease, rev), identity, record_lease) {
+        if granted.granted_ttl() <= 0
+            || !self.still_handed(&read, (lease, rev), identity, record_lease)
+        {
             return Ok(None);
         }
         *self.adopted.lock().expect("adopted") = Some((lease, rev));
