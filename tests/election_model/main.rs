@@ -471,11 +471,20 @@ mod ttl_backends {
 
     fn handover(rule: Handover, faults: &'static [Fault], budget: u8) -> TtlModel {
         TtlModel(Config {
-            faults,
-            budget,
             handover: rule,
-            ..Config::base(Backend::Etcd)
+            ..model(Backend::Etcd, faults, budget).0
         })
+    }
+
+    /// `m` checked for liveness: a leader at once, and within
+    /// `failover_within` ticks of a crash (or, with the handover, a release).
+    fn failover(m: TtlModel, failover_within: u8) -> TtlModel {
+        let liveness = Some(Liveness {
+            elect_within: 0,
+            failover_within,
+            horizon: 12,
+        });
+        TtlModel(Config { liveness, ..m.0 })
     }
 
     #[test]
@@ -518,19 +527,9 @@ mod ttl_backends {
 
     #[test]
     fn etcd_handover_liveness_a_dead_successor_costs_at_most_the_ttl() {
-        let live = |failover_within| {
-            let liveness = Some(Liveness {
-                elect_within: 0,
-                failover_within,
-                horizon: 12,
-            });
-            TtlModel(Config {
-                faults: &[Fault::Crash, Fault::ReleaseTo],
-                budget: 2,
-                liveness,
-                handover: Handover::Marked,
-                ..Config::base(Backend::Etcd)
-            })
+        let live = |within| {
+            let faults = &[Fault::Crash, Fault::ReleaseTo];
+            failover(handover(Handover::Marked, faults, 2), within)
         };
         holds(
             "etcd handover liveness: a leader within the TTL (3) of a release or crash",
@@ -590,19 +589,7 @@ mod ttl_backends {
     #[test]
     fn etcd_and_redis_liveness_a_new_leader_a_ttl_after_a_crash() {
         for b in [Backend::Etcd, Backend::Redis] {
-            let live = |failover_within| {
-                let liveness = Some(Liveness {
-                    elect_within: 0,
-                    failover_within,
-                    horizon: 12,
-                });
-                TtlModel(Config {
-                    faults: &[Fault::Crash],
-                    budget: 1,
-                    liveness,
-                    ..Config::base(b)
-                })
-            };
+            let live = |within| failover(model(b, &[Fault::Crash], 1), within);
             holds(
                 &format!("{b:?} liveness: failover within the TTL (3)"),
                 &live(3),

@@ -27,10 +27,11 @@
 //! lease, as before). A process adopts a put once: after a term it adopted
 //! ended with no release, its campaign follows that term (the Elector then
 //! releases it as abandoned) rather than start a second term with the same
-//! token under a lease a late-applied release of the first could delete. A campaign whose claim finds the key naming it (its
-//! watch missed the put: it was waiting) tries the same adoption. Any
-//! failed check falls back to the claim. The other followers take the put
-//! as the new holder without a transaction.
+//! token under a lease a late-applied release of the first could delete.
+//! A campaign whose claim finds the key naming it (its watch missed the
+//! put: it was waiting) tries the same adoption. Any failed check falls
+//! back to the claim. The other followers take the put as the new holder
+//! without a transaction.
 //!
 //! **Adopter mark**: `<key>/adopters/<identity>`, written with the
 //! candidate's record under the record's lease (one transaction). The
@@ -171,7 +172,6 @@ impl EtcdBackend {
     /// successor that cannot adopt: an older version) the old release:
     /// delete the key, put the mark and the successor key.
     pub(super) fn release_put(&self, lease: i64, successor: &str, next: i64) -> Txn {
-        let mark = || TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None);
         let absent = |key| Compare::create_revision(key, CompareOp::Equal, 0);
         let present = Compare::create_revision(self.adopter_key(successor), CompareOp::Greater, 0);
         let handed = Txn::new()
@@ -182,7 +182,7 @@ impl EtcdBackend {
                     successor.as_bytes().to_vec(),
                     Some(PutOptions::new().with_lease(next)),
                 ),
-                mark(),
+                self.release_mark(lease),
                 TxnOp::delete(self.successor_key(), None),
             ])
             .or_else(self.deleting_release(lease, Some(successor)));
@@ -191,12 +191,17 @@ impl EtcdBackend {
             .and_then([TxnOp::txn(handed)])
     }
 
+    /// The release mark of `lease`: its term is over.
+    fn release_mark(&self, lease: i64) -> TxnOp {
+        TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None)
+    }
+
     /// The release that deletes the key: the delete, the release mark of
     /// `lease` and, when one is named, the successor key.
     pub(super) fn deleting_release(&self, lease: i64, successor: Option<&str>) -> Vec<TxnOp> {
         let mut ops = vec![
             TxnOp::delete(self.key.clone(), None),
-            TxnOp::put(self.released_key(), lease_hex(lease).into_bytes(), None),
+            self.release_mark(lease),
         ];
         if let Some(to) = successor {
             ops.push(TxnOp::put(
