@@ -23,10 +23,12 @@ pub(super) type Built = Option<(Arc<Failsafe>, TcpListener)>;
 ///
 /// # Errors
 /// [`RunError::Backend`] when the backend keeps no roster, [`RunError::Bind`]
-/// naming `--peer-addr`.
+/// naming `--peer-addr`, [`RunError::Metrics`] when the peer channel's
+/// counters cannot be registered on `registry`.
 pub(super) async fn build(
     cfg: &Config,
     roster: Option<Arc<dyn RosterStore>>,
+    registry: &prometheus::Registry,
 ) -> Result<Built, RunError> {
     let Some(fs) = &cfg.failsafe else {
         return Ok(None);
@@ -45,10 +47,14 @@ pub(super) async fn build(
     let built = Failsafe::new(
         &cfg.elector.election,
         me,
-        fs.secret.clone(),
+        fs.keys.clone(),
         roster,
-        max_promise,
+        (max_promise, fs.max_outage),
     );
+    built
+        .counters()
+        .register(registry)
+        .map_err(RunError::Metrics)?;
     Ok(Some((Arc::new(built), listener)))
 }
 

@@ -109,7 +109,6 @@ impl App {
     /// [`RunError::Bind`] naming the flag whose address cannot be bound.
     pub async fn build(cfg: Config) -> Result<App, RunError> {
         let (backend, coordinator) = connect(cfg.backend.as_ref())?;
-        let failsafe = failsafe_tasks::build(&cfg, backend.roster.clone()).await?;
         let registry = Registry::new();
         let metrics = Metrics::new(
             registry.clone(),
@@ -117,6 +116,7 @@ impl App {
             backend.election.name(),
         )
         .map_err(RunError::Metrics)?;
+        let failsafe = failsafe_tasks::build(&cfg, backend.roster.clone(), &registry).await?;
         let listener = bind("--http-addr", cfg.http_addr).await?;
         let control_listener = match cfg.control_addr {
             Some(addr) => Some(bind("--control-addr", addr).await?),

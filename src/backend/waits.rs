@@ -41,7 +41,8 @@ pub enum WaitReason {
     /// what an earlier process of it promised may still hold.
     FailsafeStartWait,
     /// Failsafe: a roster exists and does not list this candidate yet; the
-    /// leader admits it at its next renewal.
+    /// leader admits it at its next renewal once it confirms its peer
+    /// channel.
     NotOnRoster,
     /// Failsafe: the roster cannot be read (the backend is down, or refuses:
     /// a Redis server without `appendonly yes`), so this member cannot know
@@ -88,7 +89,7 @@ impl WaitReason {
                 "failsafe: started less than one maximum promise ago; what an earlier process of this member promised may still hold, so it does not campaign yet"
             }
             WaitReason::NotOnRoster => {
-                "failsafe: not on the roster yet; the leader admits this candidate at its next renewal"
+                "failsafe: not on the roster yet; the leader admits this candidate at its next renewal once it confirms its peer channel (a wrong secret: never; both logs say so)"
             }
             WaitReason::RosterUnreadable => {
                 "failsafe: the roster cannot be read, so this member cannot know whether it may campaign; the log says why (a backend that does not answer, or a Redis server without appendonly yes); retrying"

@@ -1,15 +1,18 @@
 //! The failsafe flags (`--failsafe`, `--peer-addr`,
-//! `--failsafe-secret-file`), checked into [`FailsafeSettings`].
+//! `--failsafe-secret-file`, `--failsafe-accepted-secret-file`,
+//! `--failsafe-max-outage`), checked into [`FailsafeSettings`].
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 
-use crate::failsafe::peer::{Secret, SecretError};
-use crate::flags::{ConfigError, config_error};
+use crate::failsafe::peer::Secret;
+use crate::failsafe::sign::Keys;
+use crate::flags::{ConfigError, config_error, format_duration, parse_duration};
 
 /// The failsafe flags.
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Debug, Clone)]
 pub struct FailsafeArgs {
     /// Lead on through a backend outage (opt-in).
     ///
@@ -24,7 +27,34 @@ pub struct FailsafeArgs {
     /// File holding the shared secret of the peer channel (at least 16 bytes; a Secret mounted into every member). Required with --failsafe.
     #[arg(long, env = "LEADER_ELECTOR_FAILSAFE_SECRET_FILE", value_name = "PATH")]
     pub failsafe_secret_file: Option<PathBuf>,
+
+    /// File holding a second secret the peer channel accepts but never signs with: the old one (or the next one) while the Secret is rotated (see the book's Failsafe page).
+    #[arg(
+        long,
+        env = "LEADER_ELECTOR_FAILSAFE_ACCEPTED_SECRET_FILE",
+        value_name = "PATH"
+    )]
+    pub failsafe_accepted_secret_file: Option<PathBuf>,
+
+    /// The most a member promises one leader's term without seeing it live in the backend: the longest outage failsafe bridges, and the longest a forged heartbeat holds an election leaderless (at least --lease-duration).
+    #[arg(long, env = "LEADER_ELECTOR_FAILSAFE_MAX_OUTAGE", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub failsafe_max_outage: Duration,
 }
+
+impl Default for FailsafeArgs {
+    fn default() -> Self {
+        FailsafeArgs {
+            failsafe: false,
+            peer_addr: None,
+            failsafe_secret_file: None,
+            failsafe_accepted_secret_file: None,
+            failsafe_max_outage: DEFAULT_MAX_OUTAGE,
+        }
+    }
+}
+
+/// The default of `--failsafe-max-outage`.
+pub const DEFAULT_MAX_OUTAGE: Duration = Duration::from_secs(300);
 
 /// The default peer port.
 pub const DEFAULT_PEER_PORT: u16 = 4042;
@@ -34,27 +64,41 @@ pub const DEFAULT_PEER_PORT: u16 = 4042;
 pub struct FailsafeSettings {
     /// Where the peer listener binds, and the address published in the roster.
     pub peer_addr: std::net::SocketAddr,
-    /// The shared secret.
-    pub secret: Secret,
+    /// The peer channel's keys (the shared secret, and the accepted one).
+    pub keys: Keys,
+    /// `--failsafe-max-outage`.
+    pub max_outage: Duration,
 }
 
 /// Check the failsafe flags: `None` when failsafe is off (its other flags
-/// are then refused), `pod_ip` is `$POD_IP`.
+/// are then refused), `pod_ip` is `$POD_IP`, `lease` is `--lease-duration`.
 ///
 /// # Errors
 /// A [`ConfigError`] naming the flag: no peer address, an address that is
-/// not `HOST:PORT` with an IP, a missing, unreadable or short secret file.
+/// not `HOST:PORT` with an IP, a missing, unreadable or short secret file,
+/// a maximum outage shorter than the lease duration.
 pub fn resolve(
     args: &FailsafeArgs,
     pod_ip: Option<&str>,
+    lease: Duration,
 ) -> Result<Option<FailsafeSettings>, ConfigError> {
     if !args.failsafe {
-        if args.peer_addr.is_some() || args.failsafe_secret_file.is_some() {
+        if args.peer_addr.is_some()
+            || args.failsafe_secret_file.is_some()
+            || args.failsafe_accepted_secret_file.is_some()
+        {
             return Err(config_error(
-                "--peer-addr and --failsafe-secret-file need --failsafe\nhint: add --failsafe, or leave them out",
+                "--peer-addr, --failsafe-secret-file and --failsafe-accepted-secret-file need --failsafe\nhint: add --failsafe, or leave them out",
             ));
         }
         return Ok(None);
+    }
+    if args.failsafe_max_outage < lease {
+        return Err(config_error(format!(
+            "--failsafe-max-outage ({}) is shorter than --lease-duration ({})\nhint: failsafe bridges at least one lease duration; the default is 5m",
+            format_duration(args.failsafe_max_outage),
+            format_duration(lease)
+        )));
     }
     let text = match (&args.peer_addr, pod_ip.filter(|ip| !ip.is_empty())) {
         (Some(a), _) => a.clone(),
@@ -75,12 +119,20 @@ pub fn resolve(
             "--failsafe-secret-file is required with --failsafe\nhint: mount a Secret holding at least 16 random bytes into every member and name the file",
         ));
     };
-    let secret = Secret::from_file(path).map_err(|e| match e {
-        SecretError::Read { .. } | SecretError::TooShort { .. } => {
-            config_error(format!("--failsafe-secret-file: {e}"))
-        }
-    })?;
-    Ok(Some(FailsafeSettings { peer_addr, secret }))
+    let secret = Secret::from_file(path)
+        .map_err(|e| config_error(format!("--failsafe-secret-file: {e}")))?;
+    let accepted = match &args.failsafe_accepted_secret_file {
+        Some(path) => Some(
+            Secret::from_file(path)
+                .map_err(|e| config_error(format!("--failsafe-accepted-secret-file: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(Some(FailsafeSettings {
+        peer_addr,
+        keys: Keys::new(secret, accepted),
+        max_outage: args.failsafe_max_outage,
+    }))
 }
 
 #[cfg(test)]
@@ -92,8 +144,11 @@ mod tests {
             failsafe: true,
             peer_addr: peer.map(str::to_owned),
             failsafe_secret_file: file,
+            ..FailsafeArgs::default()
         }
     }
+
+    const L: Duration = Duration::from_secs(15);
 
     #[test]
     fn each_bad_failsafe_flag_is_named() {
@@ -103,17 +158,35 @@ mod tests {
         std::fs::write(&short, "too short\n").unwrap();
         std::fs::write(&good, "0123456789abcdef\n").unwrap();
         let msg = |r: Result<Option<FailsafeSettings>, ConfigError>| r.unwrap_err().to_string();
-        assert!(msg(resolve(&args(None, Some(good.clone())), None)).contains("--peer-addr"));
-        assert!(msg(resolve(&args(Some("x"), Some(good.clone())), None)).contains("--peer-addr"));
+        assert!(msg(resolve(&args(None, Some(good.clone())), None, L)).contains("--peer-addr"));
         assert!(
-            msg(resolve(&args(Some("127.0.0.1:1"), None), None)).contains("--failsafe-secret-file")
+            msg(resolve(&args(Some("x"), Some(good.clone())), None, L)).contains("--peer-addr")
         );
-        let m = msg(resolve(&args(Some("127.0.0.1:1"), Some(short)), None));
+        assert!(
+            msg(resolve(&args(Some("127.0.0.1:1"), None), None, L))
+                .contains("--failsafe-secret-file")
+        );
+        let m = msg(resolve(&args(Some("127.0.0.1:1"), Some(short)), None, L));
         assert!(
             m.contains("--failsafe-secret-file") && m.contains("16"),
             "{m}"
         );
-        let ok = resolve(&args(None, Some(good)), Some("10.1.2.3"))
+        let short_outage = FailsafeArgs {
+            failsafe_max_outage: Duration::from_secs(10),
+            ..args(None, Some(good.clone()))
+        };
+        let m = msg(resolve(&short_outage, Some("10.1.2.3"), L));
+        assert!(
+            m.contains("--failsafe-max-outage (10s)") && m.contains("--lease-duration (15s)"),
+            "{m}"
+        );
+        let bad_accepted = FailsafeArgs {
+            failsafe_accepted_secret_file: Some(dir.join("absent")),
+            ..args(None, Some(good.clone()))
+        };
+        let m = msg(resolve(&bad_accepted, Some("10.1.2.3"), L));
+        assert!(m.contains("--failsafe-accepted-secret-file"), "{m}");
+        let ok = resolve(&args(None, Some(good)), Some("10.1.2.3"), L)
             .unwrap()
             .unwrap();
         assert_eq!(ok.peer_addr.to_string(), "10.1.2.3:4042");
@@ -121,7 +194,11 @@ mod tests {
             peer_addr: Some("1.2.3.4:5".into()),
             ..FailsafeArgs::default()
         };
-        assert!(msg(resolve(&off, None)).contains("--failsafe"));
-        assert!(resolve(&FailsafeArgs::default(), None).unwrap().is_none());
+        assert!(msg(resolve(&off, None, L)).contains("--failsafe"));
+        assert!(
+            resolve(&FailsafeArgs::default(), None, L)
+                .unwrap()
+                .is_none()
+        );
     }
 }

@@ -273,7 +273,7 @@ impl Config {
         )?;
         check_every_backend(run.as_ref(), backend.name())?;
         let pod_ip = std::env::var("POD_IP").ok();
-        let failsafe = failsafe::resolve(&cli.failsafe, pod_ip.as_deref())?;
+        let failsafe = failsafe::resolve(&cli.failsafe, pod_ip.as_deref(), cli.lease_duration)?;
         if failsafe.is_some() && !registry::row(backend.name()).is_some_and(|r| r.failsafe) {
             return Err(config_error(format!(
                 "--failsafe: the {} backend keeps no failsafe roster yet\nhint: leave --failsafe off; it is built on etcd, Redis and Kubernetes Leases",

@@ -144,6 +144,10 @@ impl Elector {
             Hold::Promised(until) => {
                 let left = until.saturating_duration_since(now);
                 self.set_waiting(Some((WaitReason::FailsafePromise, left)));
+                // Read the backend meanwhile: a member that sees the term
+                // gone refuses the next heartbeat (a forger's, or a leader
+                // cut off from a backend its members still reach).
+                self.look_at_holder().await;
                 // Look again each renew interval: a new heartbeat extends
                 // the promise, and the leader stays named meanwhile.
                 Some(

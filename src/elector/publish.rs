@@ -207,6 +207,9 @@ impl Elector {
 
     /// The last backend call failed with `e`; a new error is logged once.
     pub(super) fn backend_failed(&mut self, e: BackendError) {
+        if let Some(fs) = &self.failsafe {
+            fs.blind();
+        }
         self.report(Observation::BackendUp(false));
         let config_problem = !e.is_retryable();
         self.publisher
@@ -218,6 +221,9 @@ impl Elector {
     /// may name the observed leader, and records the duration of a failover
     /// when the term differs from the one seen before.
     pub(super) fn heard(&mut self, token: Option<u64>, sent: Instant) {
+        if let Some(fs) = &self.failsafe {
+            fs.saw(token);
+        }
         self.publish(Change::Heard(sent + self.cfg.silence_bound()));
         let Some(token) = token else { return };
         if let Some((previous, at)) = self.term_seen

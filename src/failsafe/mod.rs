@@ -23,8 +23,9 @@
 //!   required set is every roster the leader *sent* this term since its
 //!   last acknowledged write (the model's second counterexample: a renewal
 //!   that admitted a member was applied but its answer lost).
-//! - [`peer`](crate::failsafe::peer): the peer listener's router (one route, authenticated by a
-//!   shared secret) and the heartbeat client.
+//! - [`peer`](crate::failsafe::peer): the peer listener's router (one route) and the heartbeat
+//!   client; [`sign`](crate::failsafe::sign): their signatures (HMAC-SHA256 keyed by a shared
+//!   secret that never travels; replays refused).
 //!
 //! The invariant kept: at no instant may a member that promised campaign
 //! while the leader counts that promise; a leader whose bound has passed
@@ -34,6 +35,7 @@ mod confirm;
 mod node;
 pub mod peer;
 mod promise;
+pub mod sign;
 
 pub use crate::backend::roster::{Member, Roster, RosterStore};
 pub use confirm::Confirmations;

@@ -14,9 +14,10 @@ use futures_util::future::join_all;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
-use super::peer::{self, PeerState, Secret};
+use super::peer::{self, Counters, PeerState, Sender};
+use super::sign::{Keys, Nonces};
 use super::{Confirmations, Heartbeat, Member, Promises, Roster, RosterStore};
 
 /// Why a member does not campaign now.
@@ -54,15 +55,22 @@ pub(super) fn hold_of(promises: &Promises) -> Option<Hold> {
 pub struct Failsafe {
     election: String,
     me: Member,
-    secret: Secret,
+    keys: Keys,
+    /// The nonces of heartbeats received, and of answers received.
+    nonces: (Arc<Nonces>, Nonces),
+    counters: Counters,
     max_promise: Duration,
     promises: Arc<Mutex<Promises>>,
     /// Set while this member leads or has a campaign on the wire; read by
     /// the peer listener under the promises' lock.
     campaigning: Arc<AtomicBool>,
     store: Arc<dyn RosterStore>,
-    /// The applications as last listed (the next roster's members).
+    /// The applications as last listed whose peer channel this process
+    /// confirmed (the next roster's members).
     applicants: Mutex<Vec<Member>>,
+    /// The applicants confirmed (identity → the address confirmed), and
+    /// those refused and warned of.
+    checked: Mutex<(BTreeMap<String, String>, BTreeMap<String, String>)>,
     client: reqwest::Client,
 }
 
@@ -77,20 +85,27 @@ impl std::fmt::Debug for Failsafe {
 impl Failsafe {
     /// The failsafe of member `me` in `election`, started now: it campaigns
     /// no sooner than `max_promise` from now (what an earlier process of
-    /// it promised has run out by then), and asks no more of its members.
+    /// it promised has run out by then), and asks no more of its members;
+    /// its promises to one term add up to at most `max_outage` without a
+    /// sight of that term in the backend. Messages are signed with `keys`
+    /// and refused outside a window of `max_promise`.
     pub fn new(
         election: &str,
         me: Member,
-        secret: Secret,
+        keys: Keys,
         store: Arc<dyn RosterStore>,
-        max_promise: Duration,
+        (max_promise, max_outage): (Duration, Duration),
     ) -> Failsafe {
-        let promises = Promises::new(election, &me.identity, max_promise, Instant::now());
+        let limits = (max_promise, max_outage);
+        let promises = Promises::new(election, &me.identity, limits, Instant::now());
         Failsafe {
             election: election.to_owned(),
             applicants: Mutex::new(vec![me.clone()]),
             me,
-            secret,
+            keys,
+            nonces: (Arc::new(Nonces::new(max_promise)), Nonces::new(max_promise)),
+            counters: Counters::new(election),
+            checked: Mutex::default(),
             max_promise,
             promises: Arc::new(Mutex::new(promises)),
             campaigning: Arc::new(AtomicBool::new(false)),
@@ -109,10 +124,17 @@ impl Failsafe {
         self.max_promise
     }
 
+    /// The peer channel's counters (register them to serve them).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
     /// The peer listener's router (the heartbeat only).
     pub fn router(&self) -> axum::Router {
         peer::router(PeerState {
-            secret: self.secret.clone(),
+            keys: self.keys.clone(),
+            nonces: self.nonces.0.clone(),
+            counters: self.counters.clone(),
             promises: self.promises.clone(),
             campaigning: {
                 let c = self.campaigning.clone();
@@ -187,6 +209,18 @@ impl Failsafe {
             .saw_token(token);
     }
 
+    /// A backend answer showed the term with fencing token `token` holding
+    /// the key (`None`: nobody); see [`Promises::saw`].
+    pub fn saw(&self, token: Option<u64>) {
+        let mut p = self.promises.lock().expect("the promises lock");
+        p.saw(token, Instant::now());
+    }
+
+    /// A backend call failed (see [`Promises::blind`]).
+    pub fn blind(&self) {
+        self.promises.lock().expect("the promises lock").blind();
+    }
+
     /// The leader this member promised last and until when (`None`: no
     /// promise holds), so a follower keeps naming it while the backend is
     /// silent.
@@ -231,6 +265,7 @@ impl Failsafe {
             }
             if let Ok(Ok(list)) = tokio::time::timeout(call_timeout, self.store.applicants()).await
             {
+                let list = self.confirm_applicants(list, call_timeout).await;
                 *self.applicants.lock().expect("the applicants lock") = list;
             }
             tokio::select! {
@@ -239,6 +274,61 @@ impl Failsafe {
             }
         }
         let _ = tokio::time::timeout(call_timeout, self.store.withdraw(&self.me.identity)).await;
+    }
+
+    /// The applicants in `list` whose peer channel answers a signed probe
+    /// with a signed acknowledgement in their own name, each probed once
+    /// per address (a refused one again at every listing, warned of and
+    /// counted once until it passes).
+    async fn confirm_applicants(&self, list: Vec<Member>, wait: Duration) -> Vec<Member> {
+        let probes = list.into_iter().map(|m| async move {
+            let known = {
+                let checked = self.checked.lock().expect("the checked lock");
+                checked.0.get(&m.identity) == Some(&m.peer_addr)
+            };
+            if m.identity == self.me.identity || known {
+                return Some(m);
+            }
+            let hb = Heartbeat {
+                election: self.election.clone(),
+                leader: self.me.identity.clone(),
+                fencing_token: 0,
+                promise_ms: 0,
+            };
+            let ack = peer::send(self.sender(), &m.peer_addr, &hb, wait).await;
+            let ack = ack.and_then(|a| {
+                (a.member == m.identity)
+                    .then_some(())
+                    .ok_or_else(|| format!("it answered as {:?}", a.member))
+            });
+            let mut checked = self.checked.lock().expect("the checked lock");
+            match ack {
+                Ok(()) => {
+                    if checked.1.remove(&m.identity).is_some() {
+                        info!(member = %m.identity, "a failsafe applicant refused before is confirmed now");
+                    }
+                    checked.0.insert(m.identity.clone(), m.peer_addr.clone());
+                    Some(m)
+                }
+                Err(why) => {
+                    if checked.1.insert(m.identity.clone(), why.clone()).is_none() {
+                        self.counters.refuse_admission();
+                        warn!(member = %m.identity, peer_addr = %m.peer_addr, reason = %why, "refused a failsafe applicant: this process cannot confirm it over its peer channel, so it is not admitted to the roster");
+                    }
+                    None
+                }
+            }
+        });
+        join_all(probes).await.into_iter().flatten().collect()
+    }
+
+    fn sender(&self) -> Sender<'_> {
+        Sender {
+            client: &self.client,
+            keys: &self.keys,
+            nonces: &self.nonces.1,
+            counters: &self.counters,
+        }
     }
 
     /// One round of heartbeats from this leader (term `fencing_token`) to
@@ -263,7 +353,7 @@ impl Failsafe {
             let addr = addresses.get(id)?;
             let (hb, id) = (&hb, id.to_owned());
             Some(async move {
-                let ack = peer::send(&self.client, addr, &self.secret, hb, wait).await;
+                let ack = peer::send(self.sender(), addr, hb, wait).await;
                 let promise = ack.and_then(|a| {
                     if a.member == id {
                         Ok(Duration::from_millis(a.promise_ms))

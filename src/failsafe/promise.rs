@@ -1,6 +1,8 @@
 //! A member's promises: not to campaign until the latest promise it gave
 //! has run out on its own monotonic clock, nor before one maximum promise
-//! after it started.
+//! after it started. A member that reads the backend promises only a term
+//! it sees there, and the promises to one term add up to at most
+//! `max_outage` until it sees that term live again while no promise holds.
 
 use std::time::Duration;
 
@@ -26,6 +28,26 @@ pub enum Refusal {
         /// The highest token this member has seen.
         seen: u64,
     },
+    /// This member reads the backend and the heartbeat's term is not there
+    /// (the key is absent, or another term holds it).
+    #[error("this member reads the backend and term {got} is not live there (it sees {seen})")]
+    NotInBackend {
+        /// The heartbeat's token.
+        got: u64,
+        /// What the backend showed: a term's token, or nobody.
+        seen: String,
+    },
+    /// The promises to this term since it was last seen live in the
+    /// backend reached `--failsafe-max-outage`.
+    #[error(
+        "the promises to term {token} reached --failsafe-max-outage ({max_ms} ms) without a sight of it in the backend"
+    )]
+    Spent {
+        /// The term's token.
+        token: u64,
+        /// The bound, in milliseconds.
+        max_ms: u64,
+    },
 }
 
 /// A member's promises (one per process).
@@ -39,13 +61,27 @@ pub struct Promises {
     highest_token: u64,
     /// The leader of the last heartbeat accepted.
     leader: Option<String>,
+    /// What the last backend answer showed (`Some(None)`: nobody holds the
+    /// key); `None` when the last backend call failed.
+    sight: Option<Option<u64>>,
+    /// The most promises to one term may cover without a sight of it.
+    max_outage: Duration,
+    /// The term promised last and the instant of its first promise since
+    /// it was last seen live while no promise held.
+    budget: Option<(u64, Instant)>,
 }
 
 impl Promises {
     /// A process started at `started`: it campaigns no sooner than
     /// `max_promise` after it (whatever the old process promised has run
     /// out by then). `max_promise` also caps what a heartbeat may ask.
-    pub fn new(election: &str, identity: &str, max_promise: Duration, started: Instant) -> Self {
+    /// `max_outage` bounds the promises to one term (see [`Promises::saw`]).
+    pub fn new(
+        election: &str,
+        identity: &str,
+        (max_promise, max_outage): (Duration, Duration),
+        started: Instant,
+    ) -> Self {
         Promises {
             election: election.to_owned(),
             identity: identity.to_owned(),
@@ -53,7 +89,25 @@ impl Promises {
             until: started + max_promise,
             highest_token: 0,
             leader: None,
+            sight: None,
+            max_outage,
+            budget: None,
         }
+    }
+
+    /// Answers a probe (a heartbeat asking no promise): this member's
+    /// identity, nothing promised, nothing changed.
+    ///
+    /// # Errors
+    /// [`Refusal::OtherElection`].
+    pub fn probe(&self, hb: &Heartbeat) -> Result<Ack, Refusal> {
+        if hb.election != self.election {
+            return Err(Refusal::OtherElection(hb.election.clone()));
+        }
+        Ok(Ack {
+            member: self.identity.clone(),
+            promise_ms: 0,
+        })
     }
 
     /// Handles a heartbeat received at `now`; `campaigning` says whether
@@ -79,7 +133,24 @@ impl Promises {
                 seen: self.highest_token,
             });
         }
-        let promise = hb.promise().min(self.max_promise);
+        let token = hb.fencing_token;
+        if let Some(seen) = self.sight
+            && seen != Some(token)
+        {
+            let seen = seen.map_or("nobody".to_owned(), |t| format!("term {t}"));
+            return Err(Refusal::NotInBackend { got: token, seen });
+        }
+        let start = match self.budget {
+            Some((t, start)) if t == token => start,
+            _ => now,
+        };
+        let end = start + self.max_outage;
+        if now >= end {
+            let max_ms = self.max_outage.as_millis() as u64;
+            return Err(Refusal::Spent { token, max_ms });
+        }
+        self.budget = Some((token, start));
+        let promise = hb.promise().min(self.max_promise).min(end - now);
         self.highest_token = hb.fencing_token;
         self.until = self.until.max(now + promise);
         self.leader = Some(hb.leader.clone());
@@ -92,6 +163,26 @@ impl Promises {
     /// Records a fencing token seen in the backend (a newer term).
     pub fn saw_token(&mut self, token: u64) {
         self.highest_token = self.highest_token.max(token);
+    }
+
+    /// A backend answer at `now` showed the term with fencing token `token`
+    /// holding the key (`None`: nobody): heartbeats of any other term are
+    /// refused until the next sight. Seen while no promise holds, the term
+    /// gets a new budget of `max_outage`.
+    pub fn saw(&mut self, token: Option<u64>, now: Instant) {
+        self.sight = Some(token);
+        if let Some(t) = token {
+            self.saw_token(t);
+            if now >= self.until && self.budget.is_some_and(|(b, _)| b == t) {
+                self.budget = None;
+            }
+        }
+    }
+
+    /// A backend call failed: this member cannot see the backend, and
+    /// promises any term (within its budget) until the next sight.
+    pub fn blind(&mut self) {
+        self.sight = None;
     }
 
     /// Whether this member may campaign at `now` (no promise holds).

@@ -26,6 +26,7 @@ mod failsafe;
 mod failsafe_cut;
 mod failsafe_lease;
 mod failsafe_redis;
+mod failsafe_sign;
 mod fault;
 mod kubernetes;
 mod kubernetes_bridge;
