@@ -240,6 +240,14 @@ The sidecar container, as one item of a Pod's `containers` list.
       value: {{ printf "$(POD_IP):%d" (int $v.failsafe.peerPort) | quote }}
     - name: LEADER_ELECTOR_FAILSAFE_SECRET_FILE
       value: /etc/leader-elector/failsafe/secret
+    {{- if $v.failsafe.acceptedSecretKey }}
+    - name: LEADER_ELECTOR_FAILSAFE_ACCEPTED_SECRET_FILE
+      value: /etc/leader-elector/failsafe/accepted
+    {{- end }}
+    {{- if $v.failsafe.maxOutage }}
+    - name: LEADER_ELECTOR_FAILSAFE_MAX_OUTAGE
+      value: {{ $v.failsafe.maxOutage | quote }}
+    {{- end }}
     {{- end }}
     - name: LEADER_ELECTOR_LOG_FORMAT
       value: {{ $v.logFormat | quote }}
@@ -319,6 +327,10 @@ Pods without an fsGroup.
     items:
       - key: secret
         path: secret
+      {{- with $v.failsafe.acceptedSecretKey }}
+      - key: {{ . | quote }}
+        path: accepted
+      {{- end }}
 {{- end }}
 {{- if and (ne $v.backend "redis") $v.etcd.endpoints }}
 {{- if $v.etcd.tls.secretName }}
