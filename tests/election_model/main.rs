@@ -18,6 +18,9 @@
 //!   TTL) and Redis (a key with `PX`, a fencing counter).
 //! - [`failsafe`], [`failsafe_rules`], [`failsafe_checks`]: failsafe, a
 //!   leader that outlives a backend outage on its members' promises.
+//! - [`shards`], [`shards_rules`], [`shards_checks`]: shard ownership, N
+//!   shards over 2–3 members, each held like a term and moved by release
+//!   then acquire.
 //!
 //! Every safety claim has a twin that must fail (the old rule, or a fault
 //! the rule cannot handle, kept as an asserted known counterexample), so the
@@ -36,6 +39,9 @@ mod failsafe_checks;
 mod failsafe_rules;
 mod lease;
 mod lease_rules;
+mod shards;
+mod shards_checks;
+mod shards_rules;
 mod ttl;
 mod ttl_rules;
 
