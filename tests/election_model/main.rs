@@ -28,7 +28,8 @@
 //! within a bound; a new one within a bound after the leader crashes, and
 //! not one tick sooner) show the safe rules are not safe by electing nobody.
 //! Every run prints the states explored and its time. Larger bounds:
-//! `cargo test --test election_model -- --ignored` (about four minutes). What the
+//! `cargo test --test election_model -- --ignored` (about ten minutes, the
+//! shards' included). What the
 //! model covers and what it does not: README.md, "What the election model
 //! covers and what it does not".
 
@@ -606,7 +607,8 @@ mod ttl_backends {
 }
 
 /// Larger bounds, for a change to the rules: `cargo test --test
-/// election_model -- --ignored` (about four minutes in a debug build).
+/// election_model -- --ignored` (about four minutes in a debug build; the
+/// shards' larger bounds are `shards_checks::shards_larger_bounds`).
 #[test]
 #[ignore]
 fn deeper() {
