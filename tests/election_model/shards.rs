@@ -1,4 +1,4 @@
-//! Shard ownership as a [`Model`]: N shards (2–3) over 2–3 members, each
+//! Shard ownership as a [`Model`]: N shards (1–3) over 2–3 members, each
 //! shard held like a term, moved by release then acquire.
 //!
 //! **The store** keeps one **session** per member process (etcd: its lease;
