@@ -113,6 +113,9 @@ pub mod ops;
 pub mod query;
 #[doc(hidden)]
 pub mod serve;
+/// Shards: the KEP-5866 hash ranges of N shards, their selector strings,
+/// and which member owns which (pure arithmetic; the runtime comes next).
+pub mod shards;
 #[doc(hidden)]
 pub mod shutdown;
 #[doc(hidden)]

@@ -18,6 +18,9 @@
 //!   TTL) and Redis (a key with `PX`, a fencing counter).
 //! - [`failsafe`], [`failsafe_rules`], [`failsafe_checks`]: failsafe, a
 //!   leader that outlives a backend outage on its members' promises.
+//! - [`shards`], [`shards_rules`], [`shards_checks`]: shard ownership, N
+//!   shards over 2–3 members, each held like a term and moved by release
+//!   then acquire.
 //!
 //! Every safety claim has a twin that must fail (the old rule, or a fault
 //! the rule cannot handle, kept as an asserted known counterexample), so the
@@ -25,7 +28,8 @@
 //! within a bound; a new one within a bound after the leader crashes, and
 //! not one tick sooner) show the safe rules are not safe by electing nobody.
 //! Every run prints the states explored and its time. Larger bounds:
-//! `cargo test --test election_model -- --ignored` (about four minutes). What the
+//! `cargo test --test election_model -- --ignored` (about ten minutes, the
+//! shards' included). What the
 //! model covers and what it does not: README.md, "What the election model
 //! covers and what it does not".
 
@@ -36,6 +40,9 @@ mod failsafe_checks;
 mod failsafe_rules;
 mod lease;
 mod lease_rules;
+mod shards;
+mod shards_checks;
+mod shards_rules;
 mod ttl;
 mod ttl_rules;
 
@@ -600,7 +607,8 @@ mod ttl_backends {
 }
 
 /// Larger bounds, for a change to the rules: `cargo test --test
-/// election_model -- --ignored` (about four minutes in a debug build).
+/// election_model -- --ignored` (about four minutes in a debug build; the
+/// shards' larger bounds are `shards_checks::shards_larger_bounds`).
 #[test]
 #[ignore]
 fn deeper() {
