@@ -206,16 +206,22 @@ mod tests {
     #[test]
     fn a_listed_record_reads_back() {
         let v = Value::Array(
-            ["a", "3", "r1", "false", "2000", "100", "150", "400", "3000"]
-                .map(bulk)
-                .to_vec(),
+            [
+                "a", "3", "r1", "false", "2000", "100", "150", "400", "3000", "5000",
+            ]
+            .map(bulk)
+            .to_vec(),
         );
         let l = listed(&v).expect("a record");
+        assert_eq!(l.candidate.frozen_until, Some(from_unix_ms(5000)));
         assert_eq!(l.candidate.identity, "a");
         assert_eq!((l.candidate.priority, l.candidate.ready), (3, false));
         assert_eq!(l.age, Some(Duration::from_millis(250)));
         assert_eq!((l.ttl, l.created), (Duration::from_secs(2), Some(100)));
         assert_eq!(l.candidate.preempt_after, Some(Duration::from_secs(3)));
+        let unfrozen = ["a", "1", "", "true", "2000", "100", "150", "400", "", ""];
+        let l = listed(&Value::Array(unfrozen.map(bulk).to_vec())).expect("a record");
+        assert_eq!(l.candidate.frozen_until, None);
         assert!(listed(&Value::Array(vec![bulk("a")])).is_none());
     }
 }
