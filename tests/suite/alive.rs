@@ -5,9 +5,10 @@
 //! table's bound), then SIGKILL of it while it leads. Its registry record
 //! stays `ready` for twelve lease durations; the survivors must not hand
 //! the term back to it. Safety: 0 overlaps (the recorder's checker).
-//! Liveness: the longest time nobody leads is one crash failover (≤ lease
-//! + 1.5 s), at most one handover names the dead member, and neither
-//! `status` nor a survivor's `/leader` names it as leading after lease + 1 s.
+//! Liveness: the longest time nobody leads is one crash failover (at most
+//! the lease and 1.5 s), at most one handover names the dead member, and
+//! neither `status` nor a survivor's `/leader` names it as leading after
+//! lease + 1 s.
 
 use std::process::Command;
 use std::time::Duration;
