@@ -11,8 +11,7 @@
 //! tokio clock, so a paused process resumes as "not leader".
 //!
 //! The Elector is the only writer of the `watch` channel and owns all timing:
-//! backends are called one verb at a time, each under a deadline shorter than
-//! the renew interval.
+//! backends are called one verb at a time, each under a call deadline.
 //!
 //! Layout: this file is the safety core's campaign loop ([`Elector::run`]);
 //! `lead` holds a term (renew, step down, resign); `follow` follows another
@@ -20,9 +19,9 @@
 //! `gates` holds the features that only delay or gate a candidacy or a
 //! step-down (health gate, cooldown, drain, release wait, participants),
 //! called by the core at four documented points; `observe` reports each
-//! step to an [`Observer`] (the metrics) without knowing about them;
-//! `config`, `builder` and `state` hold the public types, `transition` the
-//! one function that writes the state, `watching` the waits on it.
+//! step to an [`Observer`] (the metrics); `known` what the Elector knows of
+//! controls, registry and dead members; `config`, `builder` and `state` hold
+//! the public types, `transition` the state's one writer, `watching` waits.
 //!
 //! What an embedding program needs is re-exported at the crate root; the
 //! rest of this module serves the sidecar binary and its tests and is not a
@@ -97,8 +96,9 @@ pub struct ElectorHandle {
     tx: mpsc::Sender<Command>,
     /// The backend, for its name in errors.
     backend: Arc<dyn LeaseBackend>,
-    /// To check a switchover's target; `None`: the backend keeps no registry.
+    /// To check a switchover's target (`None`: no registry), and who is dead.
     registry: Option<Arc<dyn CandidateRegistry>>,
+    known: known::Shared,
     /// To follow the controls and write a pin; `None`: it keeps none.
     controls: Option<Arc<dyn ControlStore>>,
     state: watch::Receiver<LeaderState>,
@@ -252,6 +252,7 @@ impl Elector {
             tx: self.commands_tx.clone(),
             backend: self.backend.clone(),
             registry: self.registry.clone(),
+            known: self.known.clone(),
             controls: self.controls.clone(),
             state: self.publisher.watch_state(),
             call_timeout: self.cfg.call_timeout(),

@@ -11,8 +11,8 @@
 //! sidecars follow.
 //!
 //! Exit codes of `status`: 0 someone leads, 3 nobody leads (the key is free),
-//! 4 a Lease names a holder that has not renewed within its duration by this
-//! machine's wall clock (possibly expired), 1 the backend could not be read,
+//! 4 the holder's time left reads 0 (possibly expired; the warning says
+//! what that means on the backend read), 1 the backend could not be read,
 //! 2 bad flags. `observe` exits 0 on
 //! SIGINT/SIGTERM (or when its output is closed), 2 on bad flags; backend
 //! errors are reported on stderr and retried.
@@ -42,9 +42,9 @@ use observe::shutdown_signal;
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
 
-/// Exit code of `status` when a Lease names a holder whose last renewal
-/// (`renewTime`) plus its duration is past by this machine's wall clock: it
-/// may be dead, and nobody may lead (an estimate: clocks may differ).
+/// Exit code of `status` when the holder's time left reads 0: it may be
+/// dead, and nobody may lead (the warning says what that means on the
+/// backend read: its `About::expiry`).
 pub const EXIT_POSSIBLY_EXPIRED: u8 = 4;
 
 /// Flags of `leader-elector status` and `leader-elector observe`.
@@ -235,11 +235,12 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
     match &holder {
         None => EXIT_NO_LEADER,
         // A backend that reports the time left reports 0 for a holder whose
-        // term may be over (a Lease: renewTime + leaseDurationSeconds past).
+        // term may be over; what that means is the backend's to say.
         Some(h) if h.expires_in == Some(Duration::ZERO) => {
             crate::say!(
-                "warning: holder {} has not renewed the Lease within its duration by this machine's clock (renewTime + leaseDurationSeconds is past): possibly expired; an estimate, since clocks may differ",
-                h.identity
+                "warning: holder {} may be dead and nobody may lead: {}",
+                h.identity,
+                backend.about().expiry
             );
             EXIT_POSSIBLY_EXPIRED
         }

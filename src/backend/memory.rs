@@ -28,6 +28,7 @@ pub const ABOUT: &About = &About {
     tls_hint: "the in-memory backend has no TLS",
     auth_hint: "the in-memory backend has no credentials",
     rejected: &[],
+    expiry: "its lease has no time left",
     open_cause: None,
 };
 

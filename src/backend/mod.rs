@@ -221,6 +221,9 @@ pub struct About {
     /// Advice for [`BackendError::Rejected`], by code; a code not listed
     /// gets "retrying with backoff".
     pub rejected: &'static [(&'static str, &'static str)],
+    /// What a holder whose time left reads 0 ([`Holder::expires_in`])
+    /// means on this backend, in `status`'s warning (exit 4).
+    pub expiry: &'static str,
     /// How to open a cause of this backend's client library whose text or
     /// `source()` hides what failed: its own text and the next cause, or
     /// `None` for a cause it does not know. `None`: nothing to open.

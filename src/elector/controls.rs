@@ -146,7 +146,7 @@ impl ElectorHandle {
         // operator just saw in `status` (the matrix caught a switchover
         // refused 60 ms after the target turned ready).
         let listed = match timeout(self.call_timeout, registry.candidates_now()).await {
-            Ok(Ok(listed)) => listed,
+            Ok(Ok(listed)) => super::known::judged(&self.known, listed, false),
             Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
             Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),
         };

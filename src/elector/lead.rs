@@ -252,6 +252,11 @@ impl Elector {
         }
         let valid_until = sent + ttl.saturating_sub(self.cfg.margin(ttl, now - sent));
         self.elected(term, valid_until);
+        let me = self.cfg.identity.as_str();
+        self.known.send_if_modified(|k| {
+            k.alive.took_term(me);
+            false
+        });
         self.last_seen = Some(term.holder.clone());
         Held {
             valid_until,
@@ -380,6 +385,10 @@ impl Elector {
         }
         if let Some(to) = &successor {
             info!(election = %self.cfg.election, successor = %to, "releasing the term to the named successor");
+            self.known.send_if_modified(|k| {
+                k.alive.released_to(to, Instant::now());
+                false
+            });
         }
         let backend = self.backend.clone();
         let released = self

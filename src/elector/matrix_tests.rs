@@ -1,7 +1,7 @@
 //! The pairwise matrix of the operations' precedence table (issue 34,
 //! "Done when"), on the in-memory backend under a paused clock: every
 //! ordered pair of {pause, freeze, switchover, forced switchover,
-//! revision, priority, unhealthy app, SIGTERM} applied to a running
+//! revision, priority, unhealthy app, SIGTERM, SIGKILL} applied to a running
 //! election of three (a, b, c: priority 1, revision r1), with
 //!
 //! - the overlap checker: at every 10 ms step at most one member claims
@@ -11,7 +11,7 @@
 //!   ([`TableModel`], beside the table in `precedence.rs`); while paused, the leader never changes (only SIGTERM
 //!   ends its term, and then nobody leads).
 //!
-//! One test per row (the first control), eight cells each.
+//! One test per row (the first control), nine cells each.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -30,7 +30,7 @@ const TTL: Duration = Duration::from_secs(3);
 const STEP: Duration = Duration::from_millis(10);
 
 /// The controls of the matrix, in the table's order.
-const OPS: [Op; 8] = Op::ALL;
+const OPS: [Op; 9] = Op::ALL;
 
 /// How long the control may take to show its outcome (its bound).
 fn bound(op: Op) -> Duration {
@@ -39,6 +39,8 @@ fn bound(op: Op) -> Duration {
         Op::Priority => Duration::from_secs(4),
         // The health grace (1 s), then a handover.
         Op::Unhealthy => Duration::from_millis(2500),
+        // One crash failover: the lease, and 1.5 s (issue 46).
+        Op::Sigkill => TTL + Duration::from_millis(1500),
         _ => Duration::from_millis(1500),
     }
 }
@@ -216,6 +218,12 @@ impl Cell {
                 self.member(&l).stop.cancel();
                 self.model.loses(&l, true);
             }
+            Op::Sigkill => {
+                // No release; its record stays ready until its TTL.
+                let Some(l) = current else { return };
+                self.member(&l).task.abort();
+                self.model.loses(&l, true);
+            }
         }
         self.model.settle();
     }
@@ -312,4 +320,9 @@ async fn matrix_row_unhealthy() {
 #[tokio::test(start_paused = true)]
 async fn matrix_row_sigterm() {
     row(Op::Sigterm).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn matrix_row_sigkill() {
+    row(Op::Sigkill).await;
 }

@@ -183,11 +183,13 @@ pub enum MatrixOp {
     Unhealthy,
     /// The leader gets SIGTERM.
     Sigterm,
+    /// The leader gets SIGKILL: no release, its record stays ready.
+    Sigkill,
 }
 
 impl MatrixOp {
     /// Every control, in the table's order.
-    pub const ALL: [MatrixOp; 8] = [
+    pub const ALL: [MatrixOp; 9] = [
         MatrixOp::Pause,
         MatrixOp::Freeze,
         MatrixOp::Switchover,
@@ -196,6 +198,7 @@ impl MatrixOp {
         MatrixOp::Priority,
         MatrixOp::Unhealthy,
         MatrixOp::Sigterm,
+        MatrixOp::Sigkill,
     ];
 }
 
@@ -306,7 +309,7 @@ impl TableModel {
         self.pinned = force.then(|| to.to_owned());
     }
 
-    /// Member `l` leaves the candidates (`gone`: a SIGTERM) or turns
+    /// Member `l` leaves the candidates (`gone`: a SIGTERM or a SIGKILL) or turns
     /// unhealthy: the best other member is named unless paused; paused,
     /// a leader that left leaves nobody.
     pub fn loses(&mut self, l: &str, gone: bool) {

@@ -142,9 +142,7 @@ impl Preempt {
             let (relist, matures) = match timeout(self.call_timeout, registry.candidates()).await {
                 Ok(Ok(listed)) => {
                     backoff.reset();
-                    let listed = Arc::new(listed);
-                    self.known
-                        .send_modify(|k| k.registry = Some(listed.clone()));
+                    let listed = super::known::judged(&self.known, listed, true);
                     self.count(&listed);
                     match self.judge(&listed, &mut seen, Instant::now()) {
                         Verdict::HandOver(to, why) => return (to, why),

@@ -257,6 +257,13 @@ impl Elector {
     /// Record the holder observed as a follower (`None`: nobody holds the
     /// key); ends our own claim, if any.
     pub(super) fn observe(&mut self, holder: Option<&Holder>) {
+        let (me, now) = (self.cfg.identity.as_str(), Instant::now());
+        let id = holder.map(|h| h.identity.as_str());
+        // Nobody waits on this: no wake-up.
+        self.known.send_if_modified(|k| {
+            k.alive.saw_holder(id, me, now);
+            false
+        });
         self.publish(Change::Observed {
             leader: holder.map(|h| h.identity.clone()),
             fencing_token: holder.map(|h| h.fencing_token),

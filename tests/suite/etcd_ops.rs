@@ -6,9 +6,9 @@
 //! next campaign win). Each safety test has its liveness twin.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use leader_elector::backend::candidates::{Candidate, SUCCESSOR_WAIT_CAP};
+use leader_elector::backend::candidates::{Candidate, SUCCESSOR_WAIT_CAP, from_unix_ms, unix_ms};
 use leader_elector::backend::controls::Controls;
 use leader_elector::backend::etcd::{EtcdBackend, EtcdOptions};
 use leader_elector::backend::{Campaign, LeaseBackend, Renewal, Term, WaitReason};
@@ -133,6 +133,18 @@ pub async fn registry_lists_until_withdrawn_or_lapsed(make: &dyn Fn() -> Backend
     // `status` shows an age on every backend (etcd: from the record's write time).
     assert!(a.age.or(a.written_ago).is_some(), "{a:?}");
     assert!(a.created < bb.created, "{a:?} {bb:?}");
+    // A freeze round-trips on every backend (Redis dropped it: issue 46).
+    let until = from_unix_ms(unix_ms(SystemTime::now()) + 60_000);
+    let frozen = Candidate {
+        ready: false,
+        frozen_until: Some(until),
+        ..candidate("c", 1, "r1")
+    };
+    b.publish_candidate(&frozen, TTL).await.unwrap();
+    let c = b.candidates().await.unwrap();
+    let c = c.iter().find(|l| l.candidate.identity == "c").unwrap();
+    assert_eq!(c.candidate, frozen, "the freeze is kept");
+    b.withdraw_candidate("c").await.unwrap();
     // A renewal keeps the record's place in the order of creation.
     let created = a.created;
     sleep(Duration::from_millis(5)).await;

@@ -12,6 +12,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alive;
 mod cli_docs;
 mod closed_output;
 mod cluster;

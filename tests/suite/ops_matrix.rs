@@ -2,7 +2,7 @@
 //! "Done when") on the real backends: etcd, Redis (one server), Redlock
 //! (three servers) and the Kubernetes stand-in. Ordered pairs of {pause,
 //! freeze, switchover, forced switchover, revision, priority, unhealthy
-//! app, SIGTERM} are applied to a running election of three sidecar
+//! app, SIGTERM, SIGKILL} are applied to a running election of three sidecar
 //! processes (a, b, c: priority 1, revision r1, `--preempt-after 2s`), each
 //! cell a new election on the backend's one server, with
 //!
@@ -18,7 +18,7 @@
 //! The normal run: one cell per row per backend, the second control
 //! shifted by a different amount on each backend so that every column is
 //! hit, plus "pause, priority, revision" (the leader stays for the whole
-//! pause). `LE_FULL_MATRIX=1`: all 64 cells per backend. Each cell prints
+//! pause). `LE_FULL_MATRIX=1`: all 81 cells per backend. Each cell prints
 //! its backend, overlaps, longest leaderless time and time to the named
 //! leader per control. `LE_MATRIX_CELL="Pause then Sigterm"` runs only the
 //! cells so named; `LE_MATRIX_DUMP=<dir>` keeps the members' logs of a
@@ -49,7 +49,7 @@ const TTL: Duration = Duration::from_secs(2);
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// The controls of the matrix, in the table's order.
-const OPS: [Op; 8] = Op::ALL;
+const OPS: [Op; 9] = Op::ALL;
 
 /// From the instant the registry shows the control: how long the
 /// named leader may take, and how long a kept leader must hold.
@@ -59,6 +59,8 @@ fn bound(op: Op) -> Duration {
         Op::Priority => Duration::from_millis(4500),
         // Health checks every 200 ms, a grace of 1 s, a handover.
         Op::Unhealthy | Op::Sigterm => Duration::from_secs(3),
+        // One crash failover (the lease and 1.5 s: issue 46), and a poll.
+        Op::Sigkill => TTL + Duration::from_secs(2),
         _ => Duration::from_secs(2),
     }
 }
@@ -325,11 +327,17 @@ impl Cell {
                     .store(503, Ordering::Relaxed);
                 self.model.loses(&l, false);
             }
-            Op::Sigterm => {
+            Op::Sigterm | Op::Sigkill => {
                 let Some(l) = current else { return };
                 let i = self.index(&l);
-                self.cs[i].signal(Signal::SIGTERM);
-                // It leads until it has released (a graceful stop).
+                let kill = op == Op::Sigkill;
+                self.cs[i].signal(if kill {
+                    Signal::SIGKILL
+                } else {
+                    Signal::SIGTERM
+                });
+                // A SIGTERM: it leads until it has released (a graceful
+                // stop); a SIGKILL: its term ends by its lease alone.
                 let exited = self.cs[i].wait_exit(LIMIT).await;
                 assert!(exited.is_some(), "{}: {l} did not stop", self.name);
                 self.model.loses(&l, true);
@@ -484,7 +492,8 @@ fn cells(shift: usize) -> Vec<Vec<Op>> {
             .flat_map(|&a| OPS.iter().map(move |&b| vec![a, b]))
             .collect()
     } else {
-        (0..8).map(|i| vec![OPS[i], OPS[(i + shift) % 8]]).collect()
+        let n = OPS.len();
+        (0..n).map(|i| vec![OPS[i], OPS[(i + shift) % n]]).collect()
     };
     all.push(vec![Op::Pause, Op::Priority, Op::Revision]);
     // `LE_MATRIX_CELL="Pause then Sigterm"`: only the cells so named.

@@ -52,6 +52,11 @@ impl Fleet {
         Self::new(Backend::start("redis").await, test)
     }
 
+    /// A fleet on Redlock over three fresh Redis servers.
+    pub async fn redlock(test: &str) -> Fleet {
+        Self::new(Backend::start("redlock").await, test)
+    }
+
     /// Start sidecar `id` with `flags` after the common ones.
     pub async fn start(&mut self, id: &str, flags: &[&str]) -> Sidecar {
         let mut args = self.common.clone();

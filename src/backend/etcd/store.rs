@@ -25,6 +25,7 @@ pub const BACKEND: &About = &About {
     tls_hint: "check --etcd-ca-file (the CA that signed the server certificate), the server name in the endpoint URL, and --etcd-cert-file/--etcd-key-file if the server requires client certificates",
     auth_hint: "check --etcd-username and the password in --etcd-password-file, and that the user has read-write permission on the election prefix",
     rejected: &[],
+    expiry: "its lease has less than a second left by etcd's count (TimeToLive rounds down): its holder did not keep it alive, or is about to",
     open_cause: Some(open_cause),
 };
 

@@ -61,6 +61,7 @@ pub const ABOUT: &About = &About {
     tls_hint: super::ABOUT.tls_hint,
     auth_hint: "--migrate-from-endpoints needs get, create, update on endpoints (core API group) in the election namespace: the chart's Role has them with migrateFromEndpoints: true",
     rejected: &[],
+    expiry: super::ABOUT.expiry,
     open_cause: None,
 };
 

@@ -114,6 +114,7 @@ pub const ABOUT: &crate::backend::About = &crate::backend::About {
             "run in a Pod with a ServiceAccount token mounted (automountServiceAccountToken), or set KUBECONFIG",
         ),
     ],
+    expiry: "the Lease's renewTime + leaseDurationSeconds is past by this machine's clock (an estimate: clocks may differ)",
     open_cause: None,
 };
 

@@ -99,6 +99,7 @@ pub(crate) const BACKEND: &About = &About {
             "a grant or renewal counts only once as many replicas as --redis-min-replicas asks have it (WAIT): check that the replicas run and are linked to this primary (INFO replication: connected_slaves), or lower --redis-min-replicas; the grant was given back (a renewal counts as failed), retrying",
         ),
     ],
+    expiry: "its key's PTTL is 0: the server is expiring it (its holder did not renew it)",
     open_cause: None,
 };
 

@@ -26,7 +26,7 @@ use super::RedisBackend;
 use super::answered::Answers;
 use super::lua::{Lua, ms};
 use super::server::text_of;
-use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed};
+use crate::backend::candidates::{Candidate, DEFAULT_PRIORITY, Listed, from_unix_ms, unix_ms};
 use crate::backend::{BackendError, Result};
 
 /// The shortest wait of a registry or controls watch for a message before it
@@ -69,6 +69,9 @@ impl RedisBackend {
             &candidate
                 .preempt_after
                 .map_or(String::new(), |d| d.as_millis().to_string()),
+            &candidate
+                .frozen_until
+                .map_or(String::new(), |t| unix_ms(t).to_string()),
         ];
         self.on_quorum(
             Lua::CandidatePublish,
@@ -169,6 +172,7 @@ fn listed(v: &Value) -> Option<Listed> {
         renewed,
         now,
         preempt_after,
+        frozen_until,
     ] = text.as_slice()
     else {
         return None;
@@ -181,9 +185,7 @@ fn listed(v: &Value) -> Option<Listed> {
             priority: priority.parse().unwrap_or(DEFAULT_PRIORITY),
             revision: revision.clone(),
             ready: ready != "false",
-            // Not stored on Redis: a frozen candidate publishes `ready`
-            // false, which keeps it out of every choice.
-            frozen_until: None,
+            frozen_until: num(frozen_until).map(from_unix_ms),
             preempt_after: num(preempt_after).map(Duration::from_millis),
         },
         age: Some(Duration::from_millis(now.saturating_sub(renewed))),
@@ -204,16 +206,22 @@ mod tests {
     #[test]
     fn a_listed_record_reads_back() {
         let v = Value::Array(
-            ["a", "3", "r1", "false", "2000", "100", "150", "400", "3000"]
-                .map(bulk)
-                .to_vec(),
+            [
+                "a", "3", "r1", "false", "2000", "100", "150", "400", "3000", "5000",
+            ]
+            .map(bulk)
+            .to_vec(),
         );
         let l = listed(&v).expect("a record");
+        assert_eq!(l.candidate.frozen_until, Some(from_unix_ms(5000)));
         assert_eq!(l.candidate.identity, "a");
         assert_eq!((l.candidate.priority, l.candidate.ready), (3, false));
         assert_eq!(l.age, Some(Duration::from_millis(250)));
         assert_eq!((l.ttl, l.created), (Duration::from_secs(2), Some(100)));
         assert_eq!(l.candidate.preempt_after, Some(Duration::from_secs(3)));
+        let unfrozen = ["a", "1", "", "true", "2000", "100", "150", "400", "", ""];
+        let l = listed(&Value::Array(unfrozen.map(bulk).to_vec())).expect("a record");
+        assert_eq!(l.candidate.frozen_until, None);
         assert!(listed(&Value::Array(vec![bulk("a")])).is_none());
     }
 }
