@@ -66,7 +66,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
-use super::store::{Lease, lease_hex, revision_of};
+use super::store::{Lease, lease_hex, revision_of, ttl_secs};
 use super::{EtcdBackend, KeepAlive};
 use crate::backend::{Campaign, Holder, Result, Term, TermId};
 
@@ -229,6 +229,7 @@ impl EtcdBackend {
     pub(super) async fn after_put(
         &self,
         identity: &str,
+        ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Option<Campaign>> {
         let Some(h) = self.handed.lock().expect("handed").take() else {
@@ -243,7 +244,7 @@ impl EtcdBackend {
                 self.holder_from(&h.kv, h.revision),
             )));
         }
-        self.adopt(identity, h.kv.lease(), h.kv.mod_revision())
+        self.adopt(identity, ttl, h.kv.lease(), h.kv.mod_revision())
             .await
     }
 
@@ -292,12 +293,13 @@ impl EtcdBackend {
             && *self.adopted.lock().expect("adopted") != Some((lease, rev))
     }
 
-    /// Adopt the term a release handed to `identity` by its put of the key
-    /// under `lease` at revision `rev` (module docs): `None` when a check
-    /// fails (the caller then claims, or follows).
+    /// Adopt the term a release handed to `identity` (whose TTL is `ttl`)
+    /// by its put of the key under `lease` at revision `rev` (module docs):
+    /// `None` when a check fails (the caller then claims, or follows).
     pub(super) async fn adopt(
         &self,
         identity: &str,
+        ttl: Duration,
         lease: i64,
         rev: i64,
     ) -> Result<Option<Campaign>> {
@@ -332,6 +334,15 @@ impl EtcdBackend {
         {
             return Ok(None);
         }
+        if granted.granted_ttl() != ttl_secs(ttl) {
+            // Kept ahead with the old leader's TTL: the term starts under
+            // a lease of ours ([`super::swap`]).
+            let swapped = self.swap(identity, (lease, rev), record_lease, ttl).await?;
+            if swapped.is_some() {
+                *self.adopted.lock().expect("adopted") = Some((lease, rev));
+            }
+            return Ok(swapped);
+        }
         *self.adopted.lock().expect("adopted") = Some((lease, rev));
         let ttl = Duration::from_secs(granted.granted_ttl() as u64);
         self.start_next_lease(ttl).await;
@@ -342,17 +353,23 @@ impl EtcdBackend {
             in_flight: false,
         });
         let revision = revision_of(read.header());
-        Ok(Some(Campaign::Elected(Term {
-            holder: Holder {
-                identity: identity.to_owned(),
-                fencing_token: rev.max(0) as u64,
-                term_id: TermId::numbered(lease, lease_hex(lease)),
-                revision: Some(revision),
-                expires_in: None,
-            },
-            ttl,
-            granted: ttl,
-            servers: None,
-        })))
+        Ok(Some(adopted(identity, (lease, rev), ttl, revision)))
     }
+}
+
+/// The term `identity` adopted: the put at `rev` under `lease`, of `ttl`,
+/// read at `revision`.
+fn adopted(identity: &str, (lease, rev): (i64, i64), ttl: Duration, revision: i64) -> Campaign {
+    Campaign::Elected(Term {
+        holder: Holder {
+            identity: identity.to_owned(),
+            fencing_token: rev.max(0) as u64,
+            term_id: TermId::numbered(lease, lease_hex(lease)),
+            revision: Some(revision),
+            expires_in: None,
+        },
+        ttl,
+        granted: ttl,
+        servers: None,
+    })
 }

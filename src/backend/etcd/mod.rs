@@ -37,6 +37,7 @@ mod registry;
 mod release;
 mod roster;
 pub mod store;
+mod swap;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,7 +294,7 @@ impl LeaseBackend for EtcdBackend {
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
         // A put the watch saw: a handover to us, or another holder.
-        if let Some(answer) = self.after_put(identity, previous).await? {
+        if let Some(answer) = self.after_put(identity, ttl, previous).await? {
             return Ok(answer);
         }
         match self.campaign_after(identity, ttl, previous).await? {
@@ -304,7 +305,7 @@ impl LeaseBackend for EtcdBackend {
                 let lease = h.term_id.number().unwrap_or(0);
                 let rev = h.fencing_token as i64;
                 Ok(self
-                    .adopt(identity, lease, rev)
+                    .adopt(identity, ttl, lease, rev)
                     .await?
                     .unwrap_or(Campaign::Following(h)))
             }
