@@ -29,8 +29,10 @@
 //! releases it as abandoned) rather than start a second term with the same
 //! token under a lease a late-applied release of the first could delete.
 //! A campaign whose claim finds the key naming it (its watch missed the
-//! put: it was waiting) tries the same adoption. Any failed check falls
-//! back to the claim. The other followers take the put as the new holder
+//! put: it was waiting) tries the same adoption. A successor whose TTL
+//! differs from the next lease's (granted with the old leader's) does not
+//! keep that lease: it swaps the key onto a lease of its own TTL in one
+//! transaction ([`super::swap`]). Any failed check falls back to the claim. The other followers take the put as the new holder
 //! without a transaction.
 //!
 //! **Adopter mark**: `<key>/adopters/<identity>`, written with the
@@ -43,7 +45,8 @@
 //!
 //! Invariants:
 //! - The fencing token of a term is the `mod_revision` of the write that
-//!   began it (the claim's put or the release's put), and the key is
+//!   began it (the claim's put, the release's put, or the taker's swap),
+//!   and the key is
 //!   written by nobody else during a term: a renewal that finds another
 //!   `mod_revision` ends the term (a foreign write).
 //! - Nobody revokes the next lease once a release may have bound the key to

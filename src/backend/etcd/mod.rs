@@ -18,7 +18,8 @@
 //!   names the successor the Elector chose (if any; the backend never lists
 //!   the registry here); then the lease is revoked ([`claim`]). With a next
 //!   lease kept, it puts the key naming the successor instead: the
-//!   handover by one write ([`handover`]).
+//!   handover by one write ([`handover`]); a successor of another TTL
+//!   swaps the key onto a lease of its own ([`swap`]).
 //! - **Operations**: the candidate registry (`registry`), the pause and
 //!   the switchover request (`controls`); the campaign transaction
 //!   honours the pause and the named successor ([`claim`]).
