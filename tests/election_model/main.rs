@@ -564,11 +564,75 @@ mod ttl_backends {
         assert!(trace.has_action("its successor"), "{trace}");
     }
 
+    /// [`handover`] between A of TTL 3 and B of TTL 4 (a rolling update
+    /// that changes `--lease-duration`, issue 50): either may lead first,
+    /// so a run hands over in both directions.
+    fn mixed(rule: Handover, faults: &'static [Fault], budget: u8) -> TtlModel {
+        let mut m = handover(rule, faults, budget);
+        m.0.ttls = Some([3, 4]);
+        m
+    }
+
+    #[test]
+    fn etcd_handover_between_different_ttls_runs_on_the_takers_own() {
+        holds(
+            "etcd, handover between TTLs 3 and 4, one fault",
+            &mixed(Handover::Marked, HANDOVER, 1),
+        );
+        // The safety twin: a taker that claims its own TTL while the key
+        // stays under the next lease of a shorter one outlives that lease.
+        let trace = fails(
+            "etcd, handover between TTLs 3 and 4, the taker claiming its own TTL without the swap",
+            &mixed(Handover::NoSwap, &[Fault::ReleaseTo], 1),
+        );
+        assert!(
+            trace.has_action("resigns naming B") && trace.reason.contains("is_leader=true"),
+            "{trace}"
+        );
+        // The rule does swap: B, of TTL 4, leads under a lease of 4 while
+        // the next lease of 3 that A's release put the key under lives (a
+        // claim would wait for it to expire).
+        let swapped = |s: &crate::ttl::TSt| {
+            let b = s.cands[1].lead.map_or(0, |l| l.term);
+            let alive = |term: u8, ttl: u8| {
+                s.leases
+                    .iter()
+                    .any(|l| l.1 > 0 && (term == 0 || l.0 == term) && l.2 == ttl)
+            };
+            b != 0 && alive(b, 4) && alive(0, 3)
+        };
+        let trace = fails(
+            "etcd, handover from TTL 3 to TTL 4: the taker's term under its own lease",
+            &Reach(mixed(Handover::Marked, &[Fault::ReleaseTo], 1), swapped),
+        );
+        assert!(trace.has_action("B adopts"), "{trace}");
+    }
+
+    #[test]
+    fn etcd_handover_liveness_between_different_ttls_costs_the_holders_own_ttl() {
+        let live = |rule| failover(mixed(rule, &[Fault::Crash, Fault::ReleaseTo], 2), 4);
+        holds(
+            "etcd handover liveness, TTLs 3 and 4: a leader within the crashed holder's own TTL (a release: the next lease's)",
+            &live(Handover::Marked),
+        );
+        // The liveness twin, the rule before the swap: A, of TTL 3, taking
+        // over from B keeps B's next lease of 4; A's crash then costs 4.
+        let trace = fails(
+            "etcd handover liveness, TTLs 3 and 4, the taker keeping the next lease",
+            &live(Handover::KeepsLease),
+        );
+        assert!(trace.reason.contains("no leader"), "{trace}");
+    }
+
     /// Three faults, and three candidates (see `super::deeper`).
     pub fn deeper() {
         holds(
             "etcd, handover by one write, three faults",
             &handover(Handover::Marked, HANDOVER, 3),
+        );
+        holds(
+            "etcd, handover between TTLs 3 and 4, two faults (release to, hand put, crash, lost answer)",
+            &mixed(Handover::Marked, HANDOVER_FEW, 2),
         );
         let mut m = handover(Handover::Marked, &[Fault::ReleaseTo, Fault::PutNamed], 1);
         m.0.candidates = 3;

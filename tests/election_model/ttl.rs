@@ -34,7 +34,15 @@
 //!   than the put. Its token is the put's revision. A hand put naming a
 //!   follower under the holder's own lease ([`Fault::PutNamed`]) bumps the
 //!   revision but writes no release mark; [`Handover::PutAlone`], which
-//!   adopts on the put alone, is the twin that must fail. A process tries
+//!   adopts on the put alone, is the twin that must fail. With
+//!   [`Config::ttls`] the candidates' TTLs differ (issue 50): the next
+//!   lease is granted with the leader's TTL, and a taker whose TTL differs
+//!   **swaps**: its adoption is one write that compares what the adoption
+//!   reads and puts the key naming it under a new lease of its own TTL (its
+//!   token that put's revision). [`Handover::KeepsLease`] (the rule before:
+//!   the next lease as granted) is the liveness twin, and
+//!   [`Handover::NoSwap`] (its own TTL claimed under the next lease) the
+//!   safety twin. A process tries
 //!   each put once (`TCand::tried`): the code adopts a put at most once
 //!   too, but tries a failed adoption again at a later campaign. Not
 //!   modelled: the pause, two live processes with one identity, a successor
@@ -78,6 +86,13 @@ pub enum Handover {
     /// A broken rule, the twin that must fail: the successor adopts any put
     /// of the key naming it while its lease lives.
     PutAlone,
+    /// The rule before issue 50, the liveness twin of the swap: the
+    /// successor adopts the next lease as it was granted (the old leader's
+    /// TTL), so its crash costs that TTL, not its own.
+    KeepsLease,
+    /// A broken rule, the safety twin of the swap: the successor claims its
+    /// own TTL while the key stays under the next lease of a shorter one.
+    NoSwap,
 }
 
 /// A fault of the TTL backends (each spends one unit of budget).
@@ -114,8 +129,12 @@ pub struct Config {
     pub observe: Observe,
     /// Number of candidates, 1 to 3.
     pub candidates: usize,
-    /// The TTL (etcd lease, Redis `PX`), in ticks; every candidate's.
+    /// The TTL (etcd lease, Redis `PX`), in ticks; every candidate's but
+    /// those [`Config::ttls`] names.
     pub ttl: u8,
+    /// A's and B's own TTLs when they differ from `ttl` (a rolling update
+    /// that changes `--lease-duration`, issue 50); C's is `ttl`.
+    pub ttls: Option<[u8; 2]>,
     /// Renew interval in liveness runs (safety runs renew at any instant).
     pub renew: u8,
     /// Drift margin, in ticks.
@@ -141,6 +160,7 @@ impl Config {
             observe: Observe::Watch,
             candidates: 2,
             ttl: 3,
+            ttls: None,
             renew: 2,
             margin: 0,
             drift: 0,
@@ -237,8 +257,9 @@ impl TCand {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct TSt {
     pub key: Option<Key>,
-    /// etcd leases alive: (term, real ticks left); unused slots are (0, 0).
-    pub leases: [(u8, u8); 12],
+    /// etcd leases alive: (term, real ticks left, granted TTL); unused
+    /// slots are (0, 0, 0).
+    pub leases: [(u8, u8, u8); 12],
     /// The fencing counter (etcd: the revision of the last key creation;
     /// Redis: the counter beside the key).
     pub counter: u8,
@@ -249,6 +270,9 @@ pub struct TSt {
     pub max_claimed: u8,
     pub clock: u8,
     pub since_crash: Option<u8>,
+    /// With [`Config::ttls`]: the failover bound of the last crash or
+    /// release (a crashed holder's own TTL, a release's next lease's).
+    pub due: u8,
 }
 
 /// One step.
@@ -343,7 +367,7 @@ impl Model for TtlModel {
                 }
                 TSt {
                     key: None,
-                    leases: [(0, 0); 12],
+                    leases: [(0, 0, 0); 12],
                     counter: 0,
                     cands,
                     mark: 0,
@@ -351,6 +375,7 @@ impl Model for TtlModel {
                     max_claimed: 0,
                     clock: 0,
                     since_crash: None,
+                    due: 0,
                 }
             })
             .collect()
@@ -413,6 +438,15 @@ impl Model for TtlModel {
         if !urgent.is_empty() || !claiming.is_empty() {
             return None;
         }
+        let within = if s.due > 0 {
+            s.due
+        } else {
+            live.failover_within
+        };
+        let live = super::lease::Liveness {
+            failover_within: within,
+            ..live
+        };
         live.verdict(s.clock, s.since_crash)
     }
 
@@ -439,7 +473,7 @@ impl Model for TtlModel {
                 .leases
                 .iter()
                 .filter(|l| l.1 > 0)
-                .map(|l| format!("term{} {} left", l.0, l.1))
+                .map(|l| format!("term{} {} left of {}", l.0, l.1, l.2))
                 .collect();
             out.push_str(&format!(", leases: [{}]", leases.join(", ")));
         }

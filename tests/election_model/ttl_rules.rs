@@ -10,6 +10,14 @@ impl TtlModel {
         (i16::from(local) + i16::from(c.rate)).max(1) as u8
     }
 
+    /// Candidate `c`'s own TTL.
+    pub(super) fn ttl_of(&self, c: usize) -> u8 {
+        match self.0.ttls {
+            Some(pair) if c < 2 => pair[c],
+            _ => self.0.ttl,
+        }
+    }
+
     fn etcd(&self) -> bool {
         self.0.backend == Backend::Etcd
     }
@@ -54,13 +62,28 @@ impl TtlModel {
             Kind::Campaign => s.key.is_none() && !(self.etcd() && Self::lease_alive(s, r.prev)),
             Kind::Renew => self.etcd() || s.key.is_some_and(|k| k.term == r.term),
             Kind::Resign => Self::lease_alive(s, r.term) || s.key.is_some_and(|k| k.term == r.term),
-            Kind::Adopt => false,
+            Kind::Adopt => self.swaps(s, r),
         }
     }
 
-    /// Whether serving `r` would change the key (a keep-alive does not).
+    /// Whether serving `r` would change the key (a keep-alive does not; an
+    /// adoption does when it swaps).
     fn changes_key(&self, s: &TSt, r: &Req) -> bool {
-        !matches!(r.kind, Kind::Renew | Kind::Adopt) && self.writes(s, r)
+        r.kind != Kind::Renew && self.writes(s, r)
+    }
+
+    /// Whether serving adoption `r` swaps the key onto a lease of the
+    /// taker's own TTL (the product's rule, when the next lease was granted
+    /// with another TTL: `src/backend/etcd/swap.rs`).
+    fn swaps(&self, s: &TSt, r: &Req) -> bool {
+        let Some(k) = s.key.filter(|k| k.named > 0 && k.term != FOREIGN) else {
+            return false;
+        };
+        let c = usize::from(k.named) - 1;
+        self.0.handover == Handover::Marked
+            && r.kind == Kind::Adopt
+            && self.adoptable(s, c, r)
+            && granted(s, r.term) != self.ttl_of(c)
     }
 
     /// Whether `c`'s adoption `r` passes its checks at the server.
@@ -208,7 +231,7 @@ impl TtlModel {
             Act::Campaign(c) => {
                 let term = next_term(t);
                 let cand = &t.cands[c];
-                let valid = self.real(cand, self.0.ttl - self.0.margin);
+                let valid = self.real(cand, self.ttl_of(c) - self.0.margin);
                 let prev = if self.etcd() { cand.seen } else { 0 };
                 t.cands[c].req = Some(Req {
                     valid,
@@ -219,7 +242,13 @@ impl TtlModel {
             Act::Renew(c) => {
                 let cand = &t.cands[c];
                 let term = cand.lead.expect("a leader renews").term;
-                let valid = self.real(cand, self.0.ttl - self.0.margin);
+                // The TTL its term's lease was granted with (its own, but
+                // under the twins that keep the next lease).
+                let ttl = match granted(t, term) {
+                    0 => self.ttl_of(c),
+                    g => g,
+                };
+                let valid = self.real(cand, ttl - self.0.margin);
                 t.cands[c].req = Some(Req {
                     valid,
                     ..Req::new(Kind::Renew, term)
@@ -227,7 +256,13 @@ impl TtlModel {
             }
             Act::Adopt(c) => {
                 let k = t.key.expect("a key names the adopter");
-                let valid = self.real(&t.cands[c], self.0.ttl - self.0.margin);
+                // The old rule counts the next lease's TTL; the others the
+                // taker's own.
+                let ttl = match granted(t, k.term) {
+                    g if g > 0 && self.0.handover == Handover::KeepsLease => g,
+                    _ => self.ttl_of(c),
+                };
+                let valid = self.real(&t.cands[c], ttl - self.0.margin);
                 t.cands[c].tried = k.token;
                 t.cands[c].req = Some(Req {
                     valid,
@@ -239,6 +274,8 @@ impl TtlModel {
                 t.budget -= 1;
                 if self.0.liveness.is_some() {
                     t.since_crash = Some(0);
+                    // A dead successor costs the next lease's TTL.
+                    t.due = self.due(self.ttl_of(c));
                 }
                 self.step_down_to(t, c, to as u8 + 1);
             }
@@ -280,6 +317,10 @@ impl TtlModel {
                 // counts from the last crash or release).
                 if (claims(&t.cands[c]) || self.handover()) && self.0.liveness.is_some() {
                     t.since_crash = Some(0);
+                    // A holder's crash costs its own TTL; anyone else's
+                    // the longest (a successor named by a release).
+                    let holder = claims(&t.cands[c]).then(|| self.ttl_of(c));
+                    t.due = self.due(holder.unwrap_or(self.longest()));
                 }
                 let cand = &mut t.cands[c];
                 *cand = TCand {
@@ -352,7 +393,7 @@ impl TtlModel {
         for l in t.leases.iter_mut() {
             l.1 = l.1.saturating_sub(1);
             if l.1 == 0 {
-                l.0 = 0;
+                *l = (0, 0, 0);
             }
         }
         let key_term = t.key.map_or(0, |k| k.term);
@@ -402,19 +443,23 @@ impl TtlModel {
     /// The server applies `c`'s request; the answer reaches `c` at once
     /// unless `lost` (see the Lease model's `serve` on why that suffices).
     fn serve(&self, t: &mut TSt, c: usize, lost: bool) -> Result<(), String> {
-        let r = t.cands[c].req.take().expect("a request");
+        let mut r = t.cands[c].req.take().expect("a request");
         let adopt = r.kind == Kind::Adopt;
         let ok = if adopt {
             self.adoptable(t, c, &r)
         } else {
             self.writes(t, &r)
         };
-        let writes_key = !matches!(r.kind, Kind::Renew | Kind::Adopt);
+        let writes_key = match r.kind {
+            Kind::Renew => false,
+            Kind::Adopt => self.swaps(t, &r),
+            _ => true,
+        };
         if ok && writes_key {
             self.before_write(t);
         }
         let (token, next) = if ok {
-            let answer = self.apply_request(t, c, &r);
+            let answer = self.apply_request(t, c, &mut r);
             if writes_key {
                 t.cands.iter_mut().for_each(|c| c.current = false);
             }
@@ -433,11 +478,12 @@ impl TtlModel {
     }
 
     /// Apply `c`'s request `r`, which the server accepts: its token (a
-    /// renewal: 1 when it keeps the term) and the new term's next lease.
-    fn apply_request(&self, t: &mut TSt, c: usize, r: &Req) -> (u8, u8) {
+    /// renewal: 1 when it keeps the term) and the new term's next lease (a
+    /// swapping adoption: `r.term` becomes the taker's own lease).
+    fn apply_request(&self, t: &mut TSt, c: usize, r: &mut Req) -> (u8, u8) {
         let mut token = 0;
         let mut next = 0;
-        let ttl = self.0.ttl;
+        let ttl = self.ttl_of(c);
         match r.kind {
             Kind::Campaign => {
                 t.counter += 1;
@@ -452,23 +498,38 @@ impl TtlModel {
                 if self.etcd() {
                     grant(t, r.term, ttl);
                 }
-                next = self.grant_next(t);
+                next = self.grant_next(t, c);
+            }
+            Kind::Adopt if self.swaps(t, r) => {
+                // One transaction compares what the adoption reads and
+                // puts the key naming the taker under a lease of its TTL.
+                r.term = next_term(t);
+                grant(t, r.term, ttl);
+                t.counter += 1;
+                token = t.counter;
+                t.key = Some(Key {
+                    term: r.term,
+                    token,
+                    px: 0,
+                    named: c as u8 + 1,
+                });
+                next = self.grant_next(t, c);
             }
             Kind::Adopt => {
                 // The keep-alive of the next lease; the read proved the
                 // rest. The term's own next lease, as at a claim.
-                refresh(t, r.term, ttl);
+                refresh(t, r.term);
                 token = r.token;
-                next = self.grant_next(t);
+                next = self.grant_next(t, c);
             }
             Kind::Renew if self.etcd() => {
                 // Keep-alive; the read in the same round trip proves
                 // the key is still bound to our lease (and, with the
                 // handover, still names us: a put over it ends the term).
                 let alive = Self::lease_alive(t, r.term);
-                refresh(t, r.term, ttl);
+                refresh(t, r.term);
                 if let Some(n) = t.cands[c].lead.map(|l| l.next) {
-                    refresh(t, n, ttl);
+                    refresh(t, n);
                 }
                 let ours = t.key.is_some_and(|k| {
                     k.term == r.term && (!self.handover() || usize::from(k.named) == c + 1)
@@ -499,14 +560,29 @@ impl TtlModel {
         (token, next)
     }
 
-    /// etcd with the handover: grant the new term's next lease (0: off).
-    fn grant_next(&self, t: &mut TSt) -> u8 {
+    /// etcd with the handover: grant the next lease of `c`'s new term,
+    /// with `c`'s TTL (0: off).
+    fn grant_next(&self, t: &mut TSt, c: usize) -> u8 {
         if !self.handover() {
             return 0;
         }
         let n = next_term(t);
-        grant(t, n, self.0.ttl);
+        grant(t, n, self.ttl_of(c));
         n
+    }
+
+    /// The longest TTL of any candidate.
+    fn longest(&self) -> u8 {
+        (0..self.0.candidates)
+            .map(|c| self.ttl_of(c))
+            .max()
+            .unwrap_or(self.0.ttl)
+    }
+
+    /// The failover bound `bound` when candidates' TTLs differ (0: the
+    /// configuration's one bound).
+    fn due(&self, bound: u8) -> u8 {
+        if self.0.ttls.is_some() { bound } else { 0 }
     }
 
     /// Whether release `r` hands the term over by one put: it names a
@@ -585,10 +661,11 @@ impl Req {
     }
 }
 
-/// A keep-alive of the lease of `term`, if it lives: `ttl` from now.
-fn refresh(t: &mut TSt, term: u8, ttl: u8) {
+/// A keep-alive of the lease of `term`, if it lives: its granted TTL from
+/// now.
+fn refresh(t: &mut TSt, term: u8) {
     for l in t.leases.iter_mut().filter(|l| l.0 == term && l.1 > 0) {
-        l.1 = ttl;
+        l.1 = l.2;
     }
 }
 
@@ -598,14 +675,22 @@ fn grant(t: &mut TSt, term: u8, ttl: u8) {
         .iter_mut()
         .find(|l| l.1 == 0)
         .expect("a free lease slot");
-    *slot = (term, ttl);
+    *slot = (term, ttl, ttl);
+}
+
+/// The TTL the live lease of `term` was granted with (0: none lives).
+fn granted(t: &TSt, term: u8) -> u8 {
+    t.leases
+        .iter()
+        .find(|l| l.0 == term && l.1 > 0 && term != 0)
+        .map_or(0, |l| l.2)
 }
 
 /// Revokes the lease of `term` (etcd; its key goes with it), or deletes
 /// the key if it is `term`'s (Redis check-and-delete).
 fn revoke(t: &mut TSt, term: u8) {
     for l in t.leases.iter_mut().filter(|l| l.0 == term) {
-        *l = (0, 0);
+        *l = (0, 0, 0);
     }
     if t.key.is_some_and(|k| k.term == term) {
         t.key = None;

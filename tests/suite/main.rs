@@ -21,6 +21,7 @@ mod coord;
 mod docs_refs;
 mod etcd;
 mod etcd_handover;
+mod etcd_handover_ttl;
 mod etcd_ops;
 mod example_operator;
 mod failsafe;

@@ -78,16 +78,17 @@ pub(super) async fn txn_or_no_lease(
 
 /// What a claim transaction read or did.
 #[derive(Default)]
-struct Found {
+pub(super) struct Found {
     /// The transaction put the election key.
-    wrote: bool,
+    pub(super) wrote: bool,
     holder: Option<Holder>,
     paused: bool,
     /// The named successor and its key's `mod_revision`.
     named: Option<(String, i64)>,
     /// The lease id the release mark names.
     mark: Option<Vec<u8>>,
-    revision: i64,
+    /// The revision of the answer (of the put, when it wrote).
+    pub(super) revision: i64,
 }
 
 impl EtcdBackend {
@@ -109,7 +110,7 @@ impl EtcdBackend {
         Compare::create_revision(key, CompareOp::Equal, 0)
     }
 
-    fn put_key(&self, identity: &str, lease: i64) -> TxnOp {
+    pub(super) fn put_key(&self, identity: &str, lease: i64) -> TxnOp {
         let opts = PutOptions::new().with_lease(lease);
         TxnOp::put(self.key.clone(), identity.as_bytes().to_vec(), Some(opts))
     }
@@ -127,9 +128,8 @@ impl EtcdBackend {
         let mut mark = (prev != 0).then_some(prev);
         loop {
             let sent = Instant::now();
-            let claimed = self
-                .claim_txn(&mut client, identity, &mut lease, mark, ahead)
-                .await?;
+            let txn = self.claim_ops(identity, lease.id, mark);
+            let claimed = self.claim_txn(&mut client, txn, &mut lease, ahead).await?;
             let Some((found, keep_alive)) = claimed else {
                 (lease, at, ahead) = match ahead {
                     // The claim ran before the grant beside it: the lease
@@ -174,23 +174,21 @@ impl EtcdBackend {
         }
     }
 
-    /// The claim transaction for `identity` under `lease` (module docs),
-    /// requiring the release mark of `mark` when given, with what `ahead`
-    /// sends beside it: the spare's keep-alive, or the grant of a new
+    /// Run `txn`, a transaction that may bind the key to `lease` (the
+    /// claim, module docs; or the taker's swap, [`super::swap`]), with what
+    /// `ahead` sends beside it: the spare's keep-alive, or the grant of a new
     /// lease with our id (sent first on the same connection, so etcd
     /// nearly always applies it first; when it did not, the claim found no
     /// lease and is sent again). `None` when etcd says the lease is gone
     /// (`lease.ttl` is then the granted TTL when a grant went beside). The
     /// lease is abandoned when the call fails.
-    async fn claim_txn(
+    pub(super) async fn claim_txn(
         &self,
         client: &mut Client,
-        identity: &str,
+        txn: Txn,
         lease: &mut Lease,
-        mark: Option<i64>,
         ahead: Ahead,
     ) -> Result<Option<(Found, Option<KeepAlive>)>> {
-        let txn = self.claim_ops(identity, lease.id, mark);
         let put = txn_or_no_lease(client.clone(), txn);
         let beside = send_beside(client.lease_client(), *lease, ahead);
         // The grant or keep-alive is polled first: it is on the wire first.
@@ -447,7 +445,7 @@ impl EtcdBackend {
     /// The term won at `revision` for `identity` under `lease`; the
     /// lease's keep-alive stream, when the campaign opened one, serves its
     /// renewals.
-    async fn won(
+    pub(super) async fn won(
         &self,
         identity: &str,
         lease: Lease,

@@ -29,8 +29,10 @@
 //! releases it as abandoned) rather than start a second term with the same
 //! token under a lease a late-applied release of the first could delete.
 //! A campaign whose claim finds the key naming it (its watch missed the
-//! put: it was waiting) tries the same adoption. Any failed check falls
-//! back to the claim. The other followers take the put as the new holder
+//! put: it was waiting) tries the same adoption. A successor whose TTL
+//! differs from the next lease's (granted with the old leader's) does not
+//! keep that lease: it swaps the key onto a lease of its own TTL in one
+//! transaction ([`super::swap`]). Any failed check falls back to the claim. The other followers take the put as the new holder
 //! without a transaction.
 //!
 //! **Adopter mark**: `<key>/adopters/<identity>`, written with the
@@ -43,7 +45,8 @@
 //!
 //! Invariants:
 //! - The fencing token of a term is the `mod_revision` of the write that
-//!   began it (the claim's put or the release's put), and the key is
+//!   began it (the claim's put, the release's put, or the taker's swap),
+//!   and the key is
 //!   written by nobody else during a term: a renewal that finds another
 //!   `mod_revision` ends the term (a foreign write).
 //! - Nobody revokes the next lease once a release may have bound the key to
@@ -66,7 +69,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
-use super::store::{Lease, lease_hex, revision_of};
+use super::store::{Lease, lease_hex, revision_of, ttl_secs};
 use super::{EtcdBackend, KeepAlive};
 use crate::backend::{Campaign, Holder, Result, Term, TermId};
 
@@ -229,6 +232,7 @@ impl EtcdBackend {
     pub(super) async fn after_put(
         &self,
         identity: &str,
+        ttl: Duration,
         previous: Option<&Holder>,
     ) -> Result<Option<Campaign>> {
         let Some(h) = self.handed.lock().expect("handed").take() else {
@@ -243,7 +247,7 @@ impl EtcdBackend {
                 self.holder_from(&h.kv, h.revision),
             )));
         }
-        self.adopt(identity, h.kv.lease(), h.kv.mod_revision())
+        self.adopt(identity, ttl, h.kv.lease(), h.kv.mod_revision())
             .await
     }
 
@@ -292,12 +296,13 @@ impl EtcdBackend {
             && *self.adopted.lock().expect("adopted") != Some((lease, rev))
     }
 
-    /// Adopt the term a release handed to `identity` by its put of the key
-    /// under `lease` at revision `rev` (module docs): `None` when a check
-    /// fails (the caller then claims, or follows).
+    /// Adopt the term a release handed to `identity` (whose TTL is `ttl`)
+    /// by its put of the key under `lease` at revision `rev` (module docs):
+    /// `None` when a check fails (the caller then claims, or follows).
     pub(super) async fn adopt(
         &self,
         identity: &str,
+        ttl: Duration,
         lease: i64,
         rev: i64,
     ) -> Result<Option<Campaign>> {
@@ -332,6 +337,15 @@ impl EtcdBackend {
         {
             return Ok(None);
         }
+        if granted.granted_ttl() != ttl_secs(ttl) {
+            // Kept ahead with the old leader's TTL: the term starts under
+            // a lease of ours ([`super::swap`]).
+            let swapped = self.swap(identity, (lease, rev), record_lease, ttl).await?;
+            if swapped.is_some() {
+                *self.adopted.lock().expect("adopted") = Some((lease, rev));
+            }
+            return Ok(swapped);
+        }
         *self.adopted.lock().expect("adopted") = Some((lease, rev));
         let ttl = Duration::from_secs(granted.granted_ttl() as u64);
         self.start_next_lease(ttl).await;
@@ -342,17 +356,23 @@ impl EtcdBackend {
             in_flight: false,
         });
         let revision = revision_of(read.header());
-        Ok(Some(Campaign::Elected(Term {
-            holder: Holder {
-                identity: identity.to_owned(),
-                fencing_token: rev.max(0) as u64,
-                term_id: TermId::numbered(lease, lease_hex(lease)),
-                revision: Some(revision),
-                expires_in: None,
-            },
-            ttl,
-            granted: ttl,
-            servers: None,
-        })))
+        Ok(Some(adopted(identity, (lease, rev), ttl, revision)))
     }
+}
+
+/// The term `identity` adopted: the put at `rev` under `lease`, of `ttl`,
+/// read at `revision`.
+fn adopted(identity: &str, (lease, rev): (i64, i64), ttl: Duration, revision: i64) -> Campaign {
+    Campaign::Elected(Term {
+        holder: Holder {
+            identity: identity.to_owned(),
+            fencing_token: rev.max(0) as u64,
+            term_id: TermId::numbered(lease, lease_hex(lease)),
+            revision: Some(revision),
+            expires_in: None,
+        },
+        ttl,
+        granted: ttl,
+        servers: None,
+    })
 }

@@ -18,7 +18,8 @@
 //!   names the successor the Elector chose (if any; the backend never lists
 //!   the registry here); then the lease is revoked ([`claim`]). With a next
 //!   lease kept, it puts the key naming the successor instead: the
-//!   handover by one write ([`handover`]).
+//!   handover by one write ([`handover`]); a successor of another TTL
+//!   swaps the key onto a lease of its own ([`swap`]).
 //! - **Operations**: the candidate registry (`registry`), the pause and
 //!   the switchover request (`controls`); the campaign transaction
 //!   honours the pause and the named successor ([`claim`]).
@@ -37,6 +38,7 @@ mod registry;
 mod release;
 mod roster;
 pub mod store;
+mod swap;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,7 +295,7 @@ impl LeaseBackend for EtcdBackend {
         previous: Option<&Holder>,
     ) -> Result<Campaign> {
         // A put the watch saw: a handover to us, or another holder.
-        if let Some(answer) = self.after_put(identity, previous).await? {
+        if let Some(answer) = self.after_put(identity, ttl, previous).await? {
             return Ok(answer);
         }
         match self.campaign_after(identity, ttl, previous).await? {
@@ -304,7 +306,7 @@ impl LeaseBackend for EtcdBackend {
                 let lease = h.term_id.number().unwrap_or(0);
                 let rev = h.fencing_token as i64;
                 Ok(self
-                    .adopt(identity, lease, rev)
+                    .adopt(identity, ttl, lease, rev)
                     .await?
                     .unwrap_or(Campaign::Following(h)))
             }
