@@ -573,13 +573,25 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
     }
     // A token that is well-formed but unknown: 410 on renew, 409 on release.
     assert_eq!(
-        call(port, "POST", "/locks/a/renew?token=1.abc", None)
-            .await
-            .0,
+        call(
+            port,
+            "POST",
+            "/locks/a/renew?token=v1.l.1.0123456789abcdef0123456789abcdef",
+            None
+        )
+        .await
+        .0,
         410
     );
     assert_eq!(
-        call(port, "DELETE", "/locks/a?token=1.abc", None).await.0,
+        call(
+            port,
+            "DELETE",
+            "/locks/a?token=v1.l.1.0123456789abcdef0123456789abcdef",
+            None
+        )
+        .await
+        .0,
         409
     );
 }
