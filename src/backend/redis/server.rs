@@ -166,7 +166,7 @@ impl Server {
         if is_tls_error(&err) {
             return BackendError::Tls {
                 backend: BACKEND,
-                endpoints: self.label.clone(),
+                endpoints: self.endpoint(),
                 source: Box::new(err),
             };
         }
@@ -209,7 +209,7 @@ impl Server {
         {
             return BackendError::Unreachable {
                 backend: BACKEND,
-                endpoints: self.label.clone(),
+                endpoints: self.endpoint(),
                 source: Box::new(err),
             };
         }
@@ -217,6 +217,18 @@ impl Server {
             backend: BACKEND,
             source: Box::new(err),
         }
+    }
+
+    /// The server an error of a request names: with Sentinel the primary
+    /// they named last (the server that failed), with the group it came
+    /// from; else [`Server::label`].
+    fn endpoint(&self) -> String {
+        if let Target::Sentinel { current, .. } = &self.target
+            && let Some((at, _)) = current.lock().expect("current lock").as_ref()
+        {
+            return format!("{at} (the primary named by {})", self.label);
+        }
+        self.label.clone()
     }
 
     /// A new connection under the per-server timeouts: to the fixed
