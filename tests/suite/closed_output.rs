@@ -160,7 +160,7 @@ async fn observe_exits_0_when_its_stdout_closes_on_a_stable_election() {
 /// long it took. Fails when it is still running after 2 s (it checks every
 /// 250 ms; the rest is this machine's load).
 async fn exit_after_close(child: &mut std::process::Child) -> (Option<i32>, Duration) {
-    let closed = std::time::Instant::now();
+    let closed = tokio::time::Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             return (status.code(), closed.elapsed());

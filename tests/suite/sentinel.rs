@@ -328,12 +328,7 @@ async fn a_lock_lost_with_a_killed_primary_has_no_second_holder_before_its_ttl()
     // Liveness counts from the hold-off's start on the promoted primary (b's
     // first attempt there, as the server records it): when the Sentinels
     // named it to b's client is the backend's time, not ours.
-    let since = group
-        .hold_off_start(new, "leader-elector:coord-promoted", FAILOVER_LIMIT)
-        .await;
-    let late = granted_at
-        .duration_since(since + ttl + Duration::from_secs(1))
-        .unwrap_or_default();
+    let late = group.after_hold_off(new, ttl, granted_at).await;
     eprintln!(
         "sentinel lost lock: failover {failover:?}; a's token {}, b's {} {after:?} after a's grant (TTL {ttl:?}), {late:?} after the hold-off ended, {:?} after the kill",
         first.fencing_token,
@@ -385,11 +380,9 @@ async fn a_lock_with_a_wait_is_granted_through_a_killed_primary() {
     let (took, granted_at) = (asked.elapsed(), std::time::SystemTime::now());
     assert_eq!(st, 200, "wait=30s answered after {took:?}: {b}");
     let (new, _) = group.wait_failover(old, FAILOVER_LIMIT).await;
-    let since = group
-        .hold_off_start(new, "leader-elector:coord-promoted", FAILOVER_LIMIT)
+    let late = group
+        .after_hold_off(new, Duration::from_secs(4), granted_at)
         .await;
-    let hold_end = since + Duration::from_secs(4 + 1);
-    let late = granted_at.duration_since(hold_end).unwrap_or_default();
     eprintln!("sentinel wait: granted {took:?} after asking, {late:?} after the hold-off ended");
     assert!(
         late <= Duration::from_secs(1) + Duration::from_millis(200),

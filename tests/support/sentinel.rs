@@ -264,6 +264,22 @@ impl SentinelGroup {
         }
     }
 
+    /// How long after the coordination hold-off of server `i` (a promoted
+    /// primary) ended a grant of `ttl` came `at`: the hold-off ends at its
+    /// start ([`SentinelGroup::hold_off_start`] of the marker
+    /// `leader-elector:coord-promoted`) + `ttl` + 1 s.
+    pub async fn after_hold_off(
+        &self,
+        i: usize,
+        ttl: Duration,
+        at: std::time::SystemTime,
+    ) -> Duration {
+        let key = "leader-elector:coord-promoted";
+        let since = self.hold_off_start(i, key, Duration::from_secs(20)).await;
+        at.duration_since(since + ttl + Duration::from_secs(1))
+            .unwrap_or_default()
+    }
+
     /// `SENTINEL FAILOVER <master>` on the first Sentinel.
     pub async fn failover(&self) {
         let mut c = self.sentinels[0].conn().await.expect("a Sentinel answers");
