@@ -268,7 +268,7 @@ async fn release(State(cs): State<ControlState>, _: Strict<NoParams>) -> Respons
 async fn not_found() -> Response {
     error_response(
         StatusCode::NOT_FOUND,
-        "no such path; the control API has POST /resign, POST /switchover, POST /release, /locks/{name}, /semaphores/{name}, /jobs/{queue}/{job}/claim and /complete",
+        "no such path; the control API has POST /resign, POST /switchover, POST /release; POST and DELETE /locks/{name}, /semaphores/{name} and /rwlocks/{name}, each with POST …/renew; POST and DELETE /jobs/{queue}/{job}/claim, POST /jobs/{queue}/{job}/renew and /complete; POST /jobs/{name}/periods/{start}/claim and /complete",
     )
 }
 

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Renewal, Term};
+use crate::backend::{BackendError, Campaign, Holder, LeaseBackend, Renewal, Term, WaitReason};
 
 /// One candidate's view of the shared memory backend, with its own fault switch
 /// (its network link).
@@ -529,6 +529,26 @@ async fn drain_ends_by_its_timeout_when_the_app_never_releases() {
     assert!(!cs[1].rx.borrow().is_leader(Instant::now()));
     run_for(&cs, Duration::from_millis(200)).await;
     assert!(cs[1].rx.borrow().is_leader(Instant::now()));
+}
+
+/// A closed health gate is what `/leader`'s `waiting` names (it named
+/// nothing), and the wait ends when the gate opens.
+#[tokio::test(start_paused = true)]
+async fn a_closed_health_gate_is_shown_as_the_wait() {
+    let b = MemoryBackend::new();
+    let (gate_tx, gate) = watch::channel(false);
+    let (a, _h, _) = start_with(&b, cfg("a"), Some(gate));
+    run_for(std::slice::from_ref(&a), Duration::from_secs(1)).await;
+    let waiting = a.rx.borrow().waiting;
+    assert_eq!(
+        waiting.map(|w| w.what),
+        Some(WaitReason::HealthGate),
+        "{waiting:?}"
+    );
+    gate_tx.send_replace(true);
+    run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
+    let s = a.rx.borrow().clone();
+    assert!(s.is_leader(Instant::now()) && s.waiting.is_none(), "{s:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -59,8 +59,11 @@ pub struct LeaderBody {
     pub is_leader: bool,
     /// Fencing token of the observed term.
     pub fencing_token: Option<u64>,
-    /// RFC 3339 time at which this candidate first observed the current term.
-    pub term_started_at: Option<String>,
+    /// RFC 3339 wall-clock time at which this sidecar first observed the
+    /// current term (by its own clock; no backend records when a term
+    /// started, so two sidecars that saw the term at different moments
+    /// show different times).
+    pub term_observed_at: Option<String>,
     /// Lease TTL in force, in seconds.
     pub lease_duration_seconds: f64,
     /// Milliseconds this candidate may still claim to lead (0 when not leading).
@@ -124,7 +127,8 @@ pub struct WaitingBody {
     pub what: &'static str,
     /// RFC 3339 wall-clock time at which the wait is expected to end;
     /// `"resume"` for a pause (it ends when an operator resumes, not at a
-    /// time); `None` when it never ends.
+    /// time); `None` when it never ends or ends on an event (a closed
+    /// health gate opens when the app answers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
 }
@@ -146,7 +150,7 @@ impl LeaderBody {
             leader: state.leader_at(now).map(str::to_owned),
             is_leader,
             fencing_token: state.fencing_token,
-            term_started_at: state
+            term_observed_at: state
                 .term_observed_at
                 .map(|t| humantime::format_rfc3339_millis(t).to_string()),
             lease_duration_seconds: state.lease_duration.as_secs_f64(),
@@ -175,10 +179,12 @@ impl LeaderBody {
                 }),
                 w => w.map(|w| WaitingBody {
                     what: w.what.as_str(),
-                    until: Some(match w.what {
-                        WaitReason::Paused => "resume".to_owned(),
-                        _ => humantime::format_rfc3339_millis(w.until).to_string(),
-                    }),
+                    until: match w.what {
+                        WaitReason::Paused => Some("resume".to_owned()),
+                        // It ends when the app answers, not at a time.
+                        WaitReason::HealthGate => None,
+                        _ => Some(humantime::format_rfc3339_millis(w.until).to_string()),
+                    },
                 }),
             },
         }

@@ -93,7 +93,7 @@ async fn leader_answers_200_with_the_full_body_and_headers() {
     assert_eq!(body["transitions"], 3);
     assert_eq!(body["lease_duration_seconds"], 15.0);
     assert!(body["valid_for_ms"].as_u64().unwrap() > 4000);
-    assert_eq!(body["term_started_at"], "1970-01-01T00:00:00.000Z");
+    assert_eq!(body["term_observed_at"], "1970-01-01T00:00:00.000Z");
     assert!(body.get("error").is_none());
     for field in ["election", "identity", "backend", "backend_healthy"] {
         assert!(body.get(field).is_some(), "{field} missing");

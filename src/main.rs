@@ -107,11 +107,13 @@ fn command_main(command: Command) -> ExitCode {
 }
 
 /// Report a runtime failure once: through the log when it shows errors (JSON
-/// stays JSON), else on stderr; exit code 1.
+/// stays JSON; a hint joins its line with "; ", so a text log line shows no
+/// literal `\n`), else on stderr; exit code 1.
 fn report(e: RunError) -> ExitCode {
     let e = anyhow::Error::new(e);
     if tracing::enabled!(tracing::Level::ERROR) {
-        tracing::error!(error = format!("{e:#}"), "leader-elector failed");
+        let one_line = format!("{e:#}").replace('\n', "; ");
+        tracing::error!(error = %one_line, "leader-elector failed");
     } else {
         leader_elector::say!("error: {e:#}");
     }

@@ -37,7 +37,7 @@ mod observe;
 pub use candidates::CandidateRow;
 pub use controls::{EXIT_NOT_DONE, EXIT_REFUSED, SwitchoverCli, pause_main, switchover_main};
 pub use observe::observe;
-use observe::shutdown_signal;
+use observe::stop_signal;
 
 /// Exit code of `status` when nobody leads the election.
 pub const EXIT_NO_LEADER: u8 = 3;
@@ -50,7 +50,8 @@ pub const EXIT_POSSIBLY_EXPIRED: u8 = 4;
 /// Flags of `leader-elector status` and `leader-elector observe`.
 #[derive(Parser, Debug, Clone)]
 pub struct OpsCli {
-    /// Name of the election to read.
+    /// Name of the election to read (status, observe) or to control (pause,
+    /// resume, switchover).
     #[arg(long, env = "LEADER_ELECTOR_ELECTION", value_name = "NAME")]
     pub election: String,
 
@@ -140,11 +141,12 @@ pub fn status_main(cli: &OpsCli) -> ExitCode {
     })
 }
 
-/// `leader-elector observe`: one line per change until SIGINT/SIGTERM.
+/// `leader-elector observe`: one line per change until SIGINT/SIGTERM, or
+/// until its stdout or stderr is closed.
 pub fn observe_main(cli: &OpsCli) -> ExitCode {
     block_on(cli, |backend| async move {
         let out = &mut std::io::stdout();
-        observe(cli, backend.election.as_ref(), out, shutdown_signal()).await
+        observe(cli, backend.election.as_ref(), out, stop_signal()).await
     })
 }
 

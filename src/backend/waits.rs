@@ -16,6 +16,9 @@ pub enum WaitReason {
     Frozen,
     /// This candidate has priority 0: it never leads.
     PriorityZero,
+    /// The health gate is closed: `--candidate-health-url` does not answer
+    /// 2xx; the candidate campaigns again once it does.
+    HealthGate,
     /// The last release named another candidate as successor: it gets a
     /// head start of a few round trips before the others campaign.
     SuccessorHeadStart,
@@ -62,6 +65,9 @@ impl WaitReason {
             }
             WaitReason::PriorityZero => {
                 "priority 0 (--priority 0): this candidate never leads; it follows and reports the leader"
+            }
+            WaitReason::HealthGate => {
+                "the health gate is closed (--candidate-health-url does not answer 2xx): this candidate campaigns again once the app answers"
             }
             WaitReason::SuccessorHeadStart => {
                 "the release names another candidate as successor: leaving it a few round trips to take the term"

@@ -115,7 +115,7 @@ pub(crate) fn check_range(flag: &str, value: Duration) -> Result<(), ConfigError
     };
     if value < min || value > max {
         return Err(config_error(format!(
-            "{flag} ({}) must be between {} and {}\nhint: see the README's table of flags and ranges",
+            "{flag} ({}) must be between {} and {}\nhint: see the book's table of flags and ranges (Flags in detail, docs/src/configuration.md)",
             crate::flags::format_duration(value),
             if min.is_zero() {
                 "0s".to_owned()

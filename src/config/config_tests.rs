@@ -216,6 +216,16 @@ fn kubernetes_names_are_checked() {
     assert!(e.contains("--election-namespace (Bad_NS)"), "{e}");
 }
 
+/// A range error points at the book's table of flags (it named "the
+/// README's table", which lives in the book).
+#[test]
+fn a_range_error_points_at_the_books_flag_table() {
+    let e = cli(&["--election=a", "--id=me", EP, "--lease-duration=1000y"]).unwrap_err();
+    assert!(e.contains("the book's table of flags and ranges"), "{e}");
+    assert!(e.contains("docs/src/configuration.md"), "{e}");
+    assert!(!e.contains("README"), "{e}");
+}
+
 /// Every setting that cannot work stops start-up, naming the flag.
 #[test]
 fn unworkable_values_are_refused_naming_the_flag() {

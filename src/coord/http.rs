@@ -41,6 +41,11 @@ use crate::query::Strict;
 pub const MAX_BODY: usize = 4096;
 /// TTL bounds of locks, permits and claims.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// The `ttl` of a lock, semaphore permit or read-write lock (and of their
+/// renewals) when the request gives none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The `ttl` of a job claim (and of its renewal) when the request gives none.
+pub const DEFAULT_JOB_TTL: Duration = Duration::from_secs(300);
 /// Upper TTL bound.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Longest `wait`.
@@ -138,7 +143,7 @@ pub(super) fn acquire_params(
     service: &Service,
 ) -> Result<(Duration, Duration, String), Bad> {
     Ok((
-        duration(ttl, "ttl", Duration::from_secs(30), MIN_TTL, MAX_TTL)?,
+        duration(ttl, "ttl", DEFAULT_TTL, MIN_TTL, MAX_TTL)?,
         duration(wait, "wait", Duration::ZERO, Duration::ZERO, MAX_WAIT)?,
         owner(owner_value, service)?,
     ))
@@ -292,13 +297,7 @@ async fn renew<const SEM: bool>(
 ) -> Response {
     let (object, what) = object_of(SEM, &name);
     let checked = name_and_token(what, &name, p.token.as_deref(), &body).and_then(|token| {
-        let ttl = duration(
-            p.ttl.as_deref(),
-            "ttl",
-            Duration::from_secs(30),
-            MIN_TTL,
-            MAX_TTL,
-        )?;
+        let ttl = duration(p.ttl.as_deref(), "ttl", DEFAULT_TTL, MIN_TTL, MAX_TTL)?;
         Ok((token, ttl))
     });
     let (token, ttl) = match checked {
@@ -378,13 +377,7 @@ async fn job_claim(
         return reply(r);
     }
     let (ttl, owner) = match (
-        duration(
-            p.ttl.as_deref(),
-            "ttl",
-            Duration::from_secs(300),
-            MIN_TTL,
-            MAX_TTL,
-        ),
+        duration(p.ttl.as_deref(), "ttl", DEFAULT_JOB_TTL, MIN_TTL, MAX_TTL),
         owner(p.owner.as_ref(), &s.service),
     ) {
         (Ok(t), Ok(o)) => (t, o),

@@ -105,7 +105,7 @@ async fn rw_renew(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let checked = name_ok("read-write lock name", &name)
-        .and_then(|_| renewal(&p, &body, Duration::from_secs(30)));
+        .and_then(|_| renewal(&p, &body, super::http::DEFAULT_TTL));
     let (token, ttl) = match checked {
         Ok(v) => v,
         Err(r) => return reply(r),
@@ -152,7 +152,8 @@ async fn job_renew(
     Strict(p): Strict<RenewParams>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let checked = job_ok(&queue, &job).and_then(|_| renewal(&p, &body, Duration::from_secs(300)));
+    let checked =
+        job_ok(&queue, &job).and_then(|_| renewal(&p, &body, super::http::DEFAULT_JOB_TTL));
     let (token, ttl) = match checked {
         Ok(v) => v,
         Err(r) => return reply(r),

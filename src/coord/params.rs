@@ -54,11 +54,28 @@ pub(crate) struct ClaimParams {
     pub(crate) owner: Option<String>,
 }
 
-/// The body of a request that carries its token there.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenBody {
-    token: serde_json::Value,
+/// The fields of a JSON object body in their order, a repeated key kept
+/// twice (`serde_json`'s map keeps only the last one).
+struct Fields(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = m.next_entry()? {
+                    fields.push(entry);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// The token from `?token=` or a JSON body `{"token": "..."}`, not both.
@@ -97,29 +114,40 @@ pub(crate) fn token(
     }
 }
 
-/// The token of a JSON body `{"token": "..."}` with no other field.
+/// The token of a JSON body `{"token": "..."}` with no other field and no
+/// key given twice.
 fn body_token(bytes: &[u8]) -> Result<String, Bad> {
-    let v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes)
+    let Fields(fields) = serde_json::from_slice(bytes)
         .map_err(|_| reject("the body is not a JSON object; send {\"token\": \"TOKEN\"}"))?;
-    if let Some(other) = v.keys().find(|k| *k != "token") {
-        return Err(reject(crate::query::unknown(
-            "body field",
-            other,
-            &["token"],
-        )));
+    let mut token = None;
+    for (key, value) in fields {
+        if key != "token" {
+            return Err(reject(crate::query::unknown(
+                "body field",
+                &key,
+                &["token"],
+            )));
+        }
+        if token.replace(value).is_some() {
+            return Err(reject("repeated body field 'token': give it once"));
+        }
     }
-    let body: TokenBody = serde_json::from_value(serde_json::Value::Object(v))
-        .map_err(|_| reject("the body has no field token; send {\"token\": \"TOKEN\"}"))?;
-    match body.token.as_str() {
-        Some(t) => check_token(t),
-        None => Err(reject(
+    match token {
+        Some(serde_json::Value::String(t)) => check_token(&t),
+        Some(_) => Err(reject(
             "body field 'token' must be a string; send {\"token\": \"TOKEN\"}",
+        )),
+        None => Err(reject(
+            "the body has no field token; send {\"token\": \"TOKEN\"}",
         )),
     }
 }
 
+/// A token as issued (`v1.<kind>.<lease>.<nonce>`, see
+/// [`Token`](crate::backend::coordination::Token)); any other string is
+/// malformed (400), never "no longer yours" (410).
 fn check_token(t: &str) -> Result<String, Bad> {
-    if t.is_empty() || t.len() > 128 || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '.') {
+    if crate::backend::coordination::Token::parse(t).is_none() {
         return Err(reject(
             "token is malformed: use the token string from the acquisition's answer",
         ));

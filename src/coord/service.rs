@@ -414,18 +414,35 @@ impl Service {
 
 mod rw;
 
-/// One attempt; while the backend answers a promotion hold-off
-/// ([`CoordError::HoldOff`]) that ends before `deadline`, again once it
-/// ended. A request that may not wait that long gets the hold-off.
+/// First pause after a transient backend error while a request may wait.
+const ERROR_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest pause between attempts after transient backend errors.
+const ERROR_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// One attempt, repeated through what passes within the request's `wait`
+/// (its budget): a promotion hold-off ([`CoordError::HoldOff`]) that ends
+/// before `deadline` is slept out, and a transient backend error (a broken
+/// connection, a primary killed before its Sentinels name another) is
+/// retried after a pause from 50 ms doubling to 1 s while the next attempt
+/// starts before `deadline`. Anything else, and a wait that would outlast
+/// `deadline`, is the answer; without a `wait` the first answer is.
 async fn through_hold_off<F, Fut>(attempt: &mut F, deadline: Instant) -> Result<Try>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Try>>,
 {
+    let mut pause = ERROR_RETRY_FIRST;
     loop {
         match attempt().await {
             Err(CoordError::HoldOff { retry_after }) if Instant::now() + retry_after < deadline => {
                 tokio::time::sleep(retry_after).await;
+            }
+            Err(CoordError::Backend(e))
+                if e.is_retryable() && Instant::now() + pause < deadline =>
+            {
+                tracing::debug!(error = %e.report(), "a waiting request retries after a backend error");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ERROR_RETRY_MAX);
             }
             other => return other,
         }

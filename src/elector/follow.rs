@@ -79,17 +79,23 @@ impl Elector {
     }
 
     /// Name the freeze (the cooldown after a resign) as what keeps this
-    /// candidate from campaigning, with its end; nothing once it is over.
+    /// candidate from campaigning, with its end; else a closed health gate
+    /// (which ends when the app answers, so `/leader` shows no `until`);
+    /// nothing once both are over.
     fn show_freeze(&mut self) {
         let now = Instant::now();
         let left = self
             .gates
             .cooldown_until()
             .map(|t| t.saturating_duration_since(now));
-        self.set_waiting(
-            left.filter(|d| !d.is_zero())
-                .map(|d| (WaitReason::Frozen, d)),
-        );
+        let frozen = left
+            .filter(|d| !d.is_zero())
+            .map(|d| (WaitReason::Frozen, d));
+        let unhealthy = self
+            .gates
+            .health_gate_closed()
+            .then_some((WaitReason::HealthGate, self.cfg.renew_interval));
+        self.set_waiting(frozen.or(unhealthy));
     }
 
     /// Follow `holder` until its key changes, the backend's hint of its expiry

@@ -101,6 +101,11 @@ impl Gates {
         cooled && healthy && !self.never_leads
     }
 
+    /// Whether a candidacy gate is set and closed (the app is unhealthy).
+    pub(super) fn health_gate_closed(&self) -> bool {
+        self.candidacy.as_ref().is_some_and(|g| !*g.borrow())
+    }
+
     /// Stay out of campaigns for `cooldown` from now (after a resign): a
     /// freeze, which the registry record shows (not eligible until then).
     pub(super) fn cool_down(&mut self, cooldown: Duration) {

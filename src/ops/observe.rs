@@ -141,8 +141,50 @@ fn report_watch_error(e: &BackendError) {
     }
 }
 
+/// How often `observe` looks whether its stdout or stderr was closed while
+/// nothing is written (`| head -1` on a stable election).
+const CLOSED_CHECK: Duration = Duration::from_millis(250);
+
+/// Resolves once stdout or stderr is a pipe or socket whose reader is gone
+/// (`observe … | head -1`), seen without writing: a zero-timeout `poll(2)`
+/// of both descriptors every [`CLOSED_CHECK`], which reports `POLLERR` (a
+/// pipe) or `POLLHUP` (a socket, a terminal) for a closed reader. A file, a
+/// terminal or `/dev/null` (where `main` reopened a closed descriptor)
+/// never resolves it.
+pub(super) async fn output_closed() {
+    while !stdio_hung_up() {
+        tokio::time::sleep(CLOSED_CHECK).await;
+    }
+}
+
+fn stdio_hung_up() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let (out, err) = (std::io::stdout(), std::io::stderr());
+    // No event asked for: `poll` reports the hang-up and error states anyway.
+    let mut fds = [
+        PollFd::new(out.as_fd(), PollFlags::empty()),
+        PollFd::new(err.as_fd(), PollFlags::empty()),
+    ];
+    if poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) <= 0 {
+        return false;
+    }
+    let gone = PollFlags::POLLERR | PollFlags::POLLHUP;
+    fds.iter()
+        .any(|f| f.revents().is_some_and(|r| r.intersects(gone)))
+}
+
+/// Resolves on SIGINT or SIGTERM, or when stdout or stderr is closed
+/// ([`output_closed`]): what ends `observe` with exit code 0.
+pub(super) async fn stop_signal() {
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = output_closed() => {}
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
-pub(super) async fn shutdown_signal() {
+async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::interrupt()),

@@ -50,7 +50,10 @@ const fn route(
 
 const NONE: (&str, &str, Option<&str>) = ("verbose", "1", Some("yes"));
 const TTL: (&str, &str, Option<&str>) = ("ttl", "5s", Some("soon"));
-const TOKEN: (&str, &str, Option<&str>) = ("token", "abc", None);
+/// A string of a token's form (`v1.<kind>.<lease>.<nonce>`) that no
+/// backend issued: a string of another form is refused as malformed first.
+const WELL_FORMED: &str = "v1.l.0.0123456789abcdef0123456789abcdef";
+const TOKEN: (&str, &str, Option<&str>) = ("token", WELL_FORMED, None);
 
 /// Every route of both listeners.
 pub const ROUTES: &[Route] = &[
@@ -158,7 +161,7 @@ pub fn requests() -> Vec<Hostile> {
 
 fn for_route(r: Route) -> Vec<Hostile> {
     let p = r.param;
-    let body_token = (r.token && p != "token").then(|| r#"{"token": "abc"}"#.to_owned());
+    let body_token = (r.token && p != "token").then(|| format!(r#"{{"token": "{WELL_FORMED}"}}"#));
     let one = |case, extra: String, body: Option<String>, field| Hostile {
         route: r,
         case,

@@ -78,3 +78,17 @@ fn short_help_fits_a_screen_and_long_help_lines_fit_100_columns() {
         }
     }
 }
+
+/// `pause`, `resume` and `switchover` write the election's controls: their
+/// `--help` says so (it said "Name of the election to read").
+#[test]
+fn pause_and_switchover_help_say_the_election_is_controlled() {
+    for cmd in ["pause", "resume", "switchover"] {
+        let help = bin(&[cmd, "--help"]);
+        let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            words.contains("--election <NAME> Name of the election to read (status, observe) or to control (pause, resume, switchover)"),
+            "{cmd} --help: {help}"
+        );
+    }
+}

@@ -572,14 +572,17 @@ async fn bad_input_gets_a_4xx_json_error_naming_the_field() {
         assert!(e.contains(word), "{method} {path}: {e}");
     }
     // A token that is well-formed but unknown: 410 on renew, 409 on release.
+    let unknown = "token=v1.l.1.0123456789abcdef0123456789abcdef";
     assert_eq!(
-        call(port, "POST", "/locks/a/renew?token=1.abc", None)
+        call(port, "POST", &format!("/locks/a/renew?{unknown}"), None)
             .await
             .0,
         410
     );
     assert_eq!(
-        call(port, "DELETE", "/locks/a?token=1.abc", None).await.0,
+        call(port, "DELETE", &format!("/locks/a?{unknown}"), None)
+            .await
+            .0,
         409
     );
 }

@@ -397,3 +397,19 @@ fn promql_names_are_found_and_label_values_skipped() {
         ]
     );
 }
+
+/// The coordination page states the `ttl` a request without one gets, as
+/// the code has it (the defaults were nowhere in the docs).
+#[test]
+fn coordination_page_states_the_ttl_used_when_none_is_given() {
+    use leader_elector::coord::http::{DEFAULT_JOB_TTL, DEFAULT_TTL};
+    let page = std::fs::read_to_string(repo().join("docs/src/coordination.md")).unwrap();
+    assert_eq!(
+        (DEFAULT_TTL, DEFAULT_JOB_TTL),
+        (Duration::from_secs(30), Duration::from_secs(300))
+    );
+    assert!(
+        page.contains("**when `ttl` is omitted**: 30 s for a lock, a semaphore permit or a read-write lock (and their renewals), 5 min for a job claim"),
+        "docs/src/coordination.md does not state the default ttls"
+    );
+}

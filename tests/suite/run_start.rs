@@ -96,3 +96,28 @@ async fn a_command_that_exits_127_at_once_ends_the_run_after_start_failures() {
     assert!(log.contains("2 times in a row"), "{log}");
     assert!(!log.contains("freeze"), "{log}");
 }
+
+/// A listen address another process holds: exit 1, and the log line names
+/// the flag with its hint on the same line, without a literal `\n` (it was
+/// printed as `…address\nhint: …` inside the quoted field).
+#[test]
+fn a_port_in_use_is_one_log_line_naming_the_flag_and_the_hint() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to hold");
+    let addr = held.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args(["--election", "e", "--etcd-endpoints", "http://127.0.0.1:1"])
+        .args(["--http-addr", &addr, "--control-addr", "127.0.0.1:0"])
+        .env_remove("LEADER_ELECTOR_ELECTION")
+        .output()
+        .expect("run leader-elector");
+    let logs =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{logs}");
+    let line = logs
+        .lines()
+        .find(|l| l.contains("cannot listen on --http-addr"))
+        .unwrap_or_else(|| panic!("no line names --http-addr: {logs}"));
+    assert!(line.contains("hint: another process holds"), "{line}");
+    assert!(!line.contains("\\n"), "a literal \\n in: {line}");
+    drop(held);
+}

@@ -221,6 +221,65 @@ impl SentinelGroup {
         }
     }
 
+    /// When server `i` (a promoted primary) started its promotion
+    /// hold-off, as it records it: the `<since ms>` of the promotion marker
+    /// at `key` (`<replid>|<since ms>[|…]`, written by the first campaign
+    /// or grant on it under its own replication id), by the server's wall
+    /// clock (this machine's). Waits up to `limit` for that first write.
+    /// The event a bound after a promotion counts from: what came before it
+    /// (the Sentinels' failover, their view reaching each client) is the
+    /// backend's time.
+    pub async fn hold_off_start(
+        &self,
+        i: usize,
+        key: &str,
+        limit: Duration,
+    ) -> std::time::SystemTime {
+        let start = Instant::now();
+        loop {
+            let repl = self.servers[i].replication().await;
+            let id = repl
+                .lines()
+                .find_map(|l| l.strip_prefix("master_replid:"))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default();
+            let mark: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut self.servers[i].conn().await)
+                .await
+                .unwrap_or(None);
+            let mut parts = mark.as_deref().unwrap_or_default().split('|');
+            if let (Some(mid), Some(since)) = (parts.next(), parts.next())
+                && !id.is_empty()
+                && mid == id
+                && let Ok(ms) = since.parse::<u64>()
+            {
+                return std::time::UNIX_EPOCH + Duration::from_millis(ms);
+            }
+            assert!(
+                start.elapsed() < limit,
+                "no promotion marker {key} of server {i}'s replication id within {limit:?}: {mark:?}"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How long after the coordination hold-off of server `i` (a promoted
+    /// primary) ended a grant of `ttl` came `at`: the hold-off ends at its
+    /// start ([`SentinelGroup::hold_off_start`] of the marker
+    /// `leader-elector:coord-promoted`) + `ttl` + 1 s.
+    pub async fn after_hold_off(
+        &self,
+        i: usize,
+        ttl: Duration,
+        at: std::time::SystemTime,
+    ) -> Duration {
+        let key = "leader-elector:coord-promoted";
+        let since = self.hold_off_start(i, key, Duration::from_secs(20)).await;
+        at.duration_since(since + ttl + Duration::from_secs(1))
+            .unwrap_or_default()
+    }
+
     /// `SENTINEL FAILOVER <master>` on the first Sentinel.
     pub async fn failover(&self) {
         let mut c = self.sentinels[0].conn().await.expect("a Sentinel answers");

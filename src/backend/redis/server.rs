@@ -19,7 +19,9 @@ use super::exclusive::Exclusive;
 use super::lua::Lua;
 use super::sentinel::{Locator, READONLY_FIXED, SentinelOptions, confirm_master, open_client};
 use super::{BACKEND, RedisOptions, UNREPLICATED, Unreplicated, is_unreplicated, redact};
-use crate::backend::{BackendError, Result, is_tls_error};
+use crate::backend::{BackendError, Result};
+
+mod classify;
 
 /// Where a [`Server`]'s requests go.
 enum Target {
@@ -153,69 +155,6 @@ impl Server {
             backend: BACKEND,
             call,
             timeout_ms: self.timeout.as_millis() as u64,
-        }
-    }
-
-    /// Classify a Redis error by kind and code (never by text, except Redis
-    /// 7.0's ACL denial inside a script, which has no code of its own).
-    pub fn classify(&self, err: redis::RedisError) -> BackendError {
-        let auth = |err| BackendError::Auth {
-            backend: BACKEND,
-            source: Box::new(err),
-        };
-        if is_tls_error(&err) {
-            return BackendError::Tls {
-                backend: BACKEND,
-                endpoints: self.label.clone(),
-                source: Box::new(err),
-            };
-        }
-        if err.kind() == redis::ErrorKind::AuthenticationFailed {
-            return auth(err);
-        }
-        let code = match err.code() {
-            Some("NOPERM" | "NOAUTH" | "WRONGPASS") => return auth(err),
-            Some("ERR")
-                if err
-                    .detail()
-                    .is_some_and(|d| d.contains("can't run this command")) =>
-            {
-                return auth(err);
-            }
-            Some("WRONGTYPE") => Some("wrongtype"),
-            // Answered by loading the script (EVAL); one that still escapes
-            // is a refusal, never an outage (failsafe must not start on it).
-            Some("NOSCRIPT") => Some("noscript"),
-            Some("READONLY") => Some("readonly"),
-            Some("LOADING") => Some("loading"),
-            Some("OOM") => Some("oom"),
-            _ => None,
-        };
-        if let Some(code) = code {
-            return BackendError::Rejected {
-                backend: BACKEND,
-                code,
-                source: Box::new(err),
-            };
-        }
-        if err.is_timeout() {
-            return self.timed_out("request");
-        }
-        let cluster = super::cluster::is_transient(err.kind());
-        if cluster
-            || err.is_io_error()
-            || err.is_connection_dropped()
-            || err.is_connection_refusal()
-        {
-            return BackendError::Unreachable {
-                backend: BACKEND,
-                endpoints: self.label.clone(),
-                source: Box::new(err),
-            };
-        }
-        BackendError::Server {
-            backend: BACKEND,
-            source: Box::new(err),
         }
     }
 
