@@ -38,6 +38,8 @@ mod ops;
 mod ops_controls;
 mod ops_matrix;
 mod ops_priority;
+mod partition;
+mod partition_scenarios;
 mod periods;
 mod redis;
 mod redis_ops;
