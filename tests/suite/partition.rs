@@ -43,8 +43,18 @@ pub enum Store {
     Etcd,
     /// Three etcd members; sidecar `i` reaches member `i` only.
     Etcd3,
+    /// [`Store::Etcd3`] with `--pre-vote` (etcd 3.4's default is off; 3.5
+    /// turns it on): a member rejoining from a partition does not force an
+    /// election.
+    Etcd3PreVote,
     /// One Redis server.
     Redis,
+    /// A Redis primary, two replicas and three Sentinels (`back` in that
+    /// order); the sidecars follow the Sentinels with `--redis-min-replicas 1`.
+    Sentinel,
+    /// The Kubernetes API stand-in, in the test process on the host,
+    /// reached through the bridge.
+    Kube,
 }
 
 /// Servers, sidecars, recorder and register of one scenario.
@@ -58,6 +68,8 @@ pub struct World {
     _servers: Vec<NsProcess>,
     /// The servers' nodes.
     pub back: Vec<usize>,
+    /// The Kubernetes API stand-in, when that is the backend.
+    pub kube: Option<super::partition_kube::KubeHost>,
     heals: Mutex<Vec<(String, Instant)>>,
     _dir: TempDir,
     /// Last: the namespaces go after every process in them.
@@ -70,33 +82,24 @@ impl World {
     pub async fn start(store: Store, test: &str) -> World {
         let net = Net::new();
         let dir = TempDir::new().unwrap();
-        let members = if store == Store::Etcd3 { 3 } else { 1 };
-        let back: Vec<usize> = (0..members).map(|i| net.add(&format!("b{i}"))).collect();
-        let servers = match store {
-            Store::Redis => vec![start_redis(&net, back[0], &dir).await],
-            _ => start_etcd(&net, &back, &dir).await,
-        };
+        let servers = backend(store, &net, &dir).await;
+        let env: Vec<(&str, &str)> = servers
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let name = election(test);
         let mut sidecars = Vec::new();
         let mut side = Vec::new();
-        for i in 0..3 {
+        for (i, flags) in servers.flags.iter().enumerate() {
             let node = net.add(&format!("s{i}"));
-            let server = net.ip(back[i % members]);
-            let mut args: Vec<String> = match store {
-                Store::Redis => vec!["--redis-url".into(), format!("redis://{server}:6379")],
-                _ => vec!["--etcd-endpoints".into(), format!("http://{server}:2379")],
-            };
+            let mut args = flags.clone();
             args.extend(FAST.iter().map(|s| s.to_string()));
             args.extend(["--http-addr".into(), format!("{}:0", net.ip(node))]);
             let wrapper = net.wrapper(node);
             let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-            sidecars.push(Sidecar::start_wrapped(
-                &wrapper,
-                &name,
-                &format!("s{i}"),
-                &args,
-                &[],
-            ));
+            let id = format!("s{i}");
+            sidecars.push(Sidecar::start_wrapped(&wrapper, &name, &id, &args, &env));
             side.push(node);
         }
         let rec = Recorder::new(TTL);
@@ -109,19 +112,16 @@ impl World {
             rec.add_at(&s.identity, *ip, *port);
         }
         let reg = Arc::new(Register::default());
-        let writers = Some(Writers::start(
-            reg.clone(),
-            &addrs,
-            Duration::from_millis(50),
-        ));
+        let writers = Some(Writers::start(reg.clone(), &addrs, TTL / 2));
         let w = World {
             rec,
             reg,
             writers,
             _sidecars: sidecars,
             side,
-            _servers: servers,
-            back,
+            back: servers.back.clone(),
+            kube: servers.kube,
+            _servers: servers.procs,
             heals: Mutex::new(Vec::new()),
             _dir: dir,
             net,
@@ -191,6 +191,24 @@ impl World {
             worst.as_millis(),
             report.longest_gap.as_millis()
         );
+        let recovery = report
+            .slowest_recovery
+            .as_ref()
+            .map_or("—".into(), |(r, b, _)| {
+                format!("{} ({})", r.as_millis(), b.as_millis())
+            });
+        // One tab-separated line for scripts/partitions (BENCHMARKS.md).
+        eprintln!(
+            "partition-result\t{scenario}\t{}\t{}\t{}\t{recovery}\t{}\t{}\t{}\t{}\t{}",
+            report.faults,
+            report.overlaps.len(),
+            report.token_regressions.len(),
+            worst.as_millis(),
+            report.longest_gap.as_millis(),
+            reg.accepted,
+            reg.refused_stale,
+            reg.shared_token.len()
+        );
         assert!(report.problems.is_empty(), "{}", report.summary());
         assert!(report.overlaps.is_empty() && report.token_regressions.is_empty());
         assert!(reg.shared_token.is_empty(), "{:?}", reg.shared_token);
@@ -202,8 +220,58 @@ impl World {
     }
 }
 
-/// Start etcd members on `nodes` (one cluster), ready.
-async fn start_etcd(net: &Net, nodes: &[usize], dir: &TempDir) -> Vec<NsProcess> {
+/// What a world's backend is made of.
+pub struct Servers {
+    /// The servers' nodes (none for the stand-in, which runs on the host).
+    pub back: Vec<usize>,
+    /// Their processes.
+    pub procs: Vec<NsProcess>,
+    /// The backend flags of each of the three sidecars.
+    pub flags: Vec<Vec<String>>,
+    /// Environment for every sidecar (`KUBECONFIG`).
+    pub env: Vec<(String, String)>,
+    /// The Kubernetes API stand-in, when that is the backend.
+    pub kube: Option<super::partition_kube::KubeHost>,
+}
+
+/// The servers of `store` on new nodes.
+async fn backend(store: Store, net: &Net, dir: &TempDir) -> Servers {
+    match store {
+        Store::Sentinel => return super::partition_sentinel::start(net, dir).await,
+        Store::Kube => return super::partition_kube::start(net, dir).await,
+        _ => {}
+    }
+    let members = if matches!(store, Store::Etcd3 | Store::Etcd3PreVote) {
+        3
+    } else {
+        1
+    };
+    let back: Vec<usize> = (0..members).map(|i| net.add(&format!("b{i}"))).collect();
+    let procs = match store {
+        Store::Redis => vec![start_redis(net, back[0], dir, &[]).await],
+        _ => start_etcd(net, &back, dir, store == Store::Etcd3PreVote).await,
+    };
+    let flags = (0..3)
+        .map(|i| {
+            let server = net.ip(back[i % members]);
+            match store {
+                Store::Redis => vec!["--redis-url".into(), format!("redis://{server}:6379")],
+                _ => vec!["--etcd-endpoints".into(), format!("http://{server}:2379")],
+            }
+        })
+        .collect();
+    Servers {
+        back,
+        procs,
+        flags,
+        env: Vec::new(),
+        kube: None,
+    }
+}
+
+/// Start etcd members on `nodes` (one cluster; with Raft's pre-vote when
+/// `pre_vote`), every one answering `/health`.
+async fn start_etcd(net: &Net, nodes: &[usize], dir: &TempDir, pre_vote: bool) -> Vec<NsProcess> {
     require("etcd", "etcd-server");
     let cluster: Vec<String> = nodes
         .iter()
@@ -213,7 +281,7 @@ async fn start_etcd(net: &Net, nodes: &[usize], dir: &TempDir) -> Vec<NsProcess>
     let mut procs = Vec::new();
     for (i, &n) in nodes.iter().enumerate() {
         let ip = net.ip(n);
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "--name".into(),
             format!("m{i}"),
             "--data-dir".into(),
@@ -230,6 +298,9 @@ async fn start_etcd(net: &Net, nodes: &[usize], dir: &TempDir) -> Vec<NsProcess>
             cluster.join(","),
         ]
         .into();
+        if pre_vote {
+            args.push("--pre-vote".into());
+        }
         let log = dir.path().join(format!("etcd{i}.log"));
         procs.push(net.spawn(n, "etcd", &args, &log));
     }
@@ -245,11 +316,12 @@ async fn start_etcd(net: &Net, nodes: &[usize], dir: &TempDir) -> Vec<NsProcess>
     procs
 }
 
-/// Start a Redis server on `node` (port 6379, nothing kept), ready.
-async fn start_redis(net: &Net, node: usize, dir: &TempDir) -> NsProcess {
+/// Start a Redis server on `node` (port 6379, nothing kept; `extra` flags
+/// after the defaults), accepting connections.
+pub async fn start_redis(net: &Net, node: usize, dir: &TempDir, extra: &[String]) -> NsProcess {
     require("redis-server", "redis-server");
     let ip = net.ip(node);
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "--port",
         "6379",
         "--bind",
@@ -263,7 +335,9 @@ async fn start_redis(net: &Net, node: usize, dir: &TempDir) -> NsProcess {
     ]
     .map(String::from)
     .into();
-    let p = net.spawn(node, "redis-server", &args, &dir.path().join("redis.log"));
+    args.extend_from_slice(extra);
+    let log = dir.path().join(format!("redis{node}.log"));
+    let p = net.spawn(node, "redis-server", &args, &log);
     wait_for(Duration::from_secs(15), "redis to accept", || async move {
         tokio::net::TcpStream::connect((ip, 6379)).await.is_ok()
     })

@@ -99,6 +99,17 @@ fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Kills every process still inside namespace `ns` (servers a killed run
+/// left behind keep its namespace alive).
+fn kill_inside(ns: &str) {
+    let pids = Command::new("ip").args(["netns", "pids", ns]).output();
+    for pid in
+        String::from_utf8_lossy(&pids.map(|o| o.stdout).unwrap_or_default()).split_whitespace()
+    {
+        try_run("kill", &["-9", pid]);
+    }
+}
+
 /// Removes namespaces and bridges left by runs of dead processes.
 fn sweep() {
     let list = Command::new("ip").args(["netns", "list"]).output();
@@ -117,6 +128,7 @@ fn sweep() {
         if let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok())
             && !alive(pid)
         {
+            kill_inside(name);
             try_run("ip", &["netns", "del", name]);
         }
     }
@@ -168,8 +180,7 @@ impl Net {
     /// address, loopback up, and an empty nftables table for its cuts.
     /// Returns its index.
     pub fn add(&self, name: &str) -> usize {
-        let mut nodes = self.nodes.lock().unwrap();
-        let k = nodes.len();
+        let k = self.nodes().len();
         let ns = format!("{}{k}", self.prefix);
         let ip = Ipv4Addr::new(self.subnet[0], self.subnet[1], self.subnet[2], k as u8 + 2);
         let veth = format!("{}v{k}", self.bridge);
@@ -193,7 +204,7 @@ impl Net {
                 "table inet {TABLE} {{\n chain out {{ type filter hook output priority 0; policy accept; }}\n chain inp {{ type filter hook input priority 0; policy accept; }}\n}}\n"
             ),
         );
-        nodes.push(Node {
+        self.nodes.lock().unwrap().push(Node {
             name: name.to_owned(),
             ns,
             ip,
@@ -203,7 +214,13 @@ impl Net {
 
     /// Node `i`.
     pub fn node(&self, i: usize) -> Node {
-        self.nodes.lock().unwrap()[i].clone()
+        self.nodes()[i].clone()
+    }
+
+    /// Every node so far (a copy: no lock is held while a command runs, so a
+    /// failed command never poisons the list the cleanup needs).
+    pub fn nodes(&self) -> Vec<Node> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Node `i`'s address.
@@ -226,6 +243,29 @@ impl Net {
         );
     }
 
+    /// The host's address on the bridge (never cut: it samples every node).
+    pub fn host_ip(&self) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(
+            self.subnet[0],
+            self.subnet[1],
+            self.subnet[2],
+            1,
+        ))
+    }
+
+    /// Cut node `i` from TCP port `port` of the host, both ways (a server
+    /// that runs in the test process, such as the Kubernetes API stand-in,
+    /// listening on [`Net::host_ip`]); the host's other ports stay reachable.
+    pub fn cut_host_port(&self, i: usize, port: u16) {
+        let (n, host) = (self.node(i), self.host_ip());
+        nft(
+            &n.ns,
+            &format!(
+                "add rule inet {TABLE} out ip daddr {host} tcp dport {port} drop\nadd rule inet {TABLE} inp ip saddr {host} tcp sport {port} drop\n"
+            ),
+        );
+    }
+
     /// A symmetric cut between `a` and `b`.
     pub fn cut_both(&self, a: usize, b: usize) {
         self.cut(a, b);
@@ -245,7 +285,7 @@ impl Net {
     /// at random (not those to the host: the sampling stays exact).
     pub fn loss(&self, percent: u8) {
         let host = Ipv4Addr::new(self.subnet[0], self.subnet[1], self.subnet[2], 1);
-        for n in self.nodes.lock().unwrap().iter() {
+        for n in &self.nodes() {
             nft(
                 &n.ns,
                 &format!(
@@ -258,7 +298,7 @@ impl Net {
     /// `tc netem` on every node's link: `delay_ms` ± `jitter_ms`, `loss` %.
     /// Panics naming the missing kernel module when the kernel has no netem.
     pub fn netem(&self, delay_ms: u32, jitter_ms: u32, loss: u8) {
-        for n in self.nodes.lock().unwrap().iter() {
+        for n in &self.nodes() {
             let (d, j, l) = (
                 format!("{delay_ms}ms"),
                 format!("{jitter_ms}ms"),
@@ -281,7 +321,7 @@ impl Net {
 
     /// Remove every cut and every impairment: the network is whole again.
     pub fn heal(&self) {
-        for n in self.nodes.lock().unwrap().iter() {
+        for n in &self.nodes() {
             nft(
                 &n.ns,
                 &format!("flush chain inet {TABLE} out\nflush chain inet {TABLE} inp\n"),
@@ -317,7 +357,8 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        for n in self.nodes.lock().unwrap().iter() {
+        for n in &self.nodes() {
+            kill_inside(&n.ns);
             try_run("ip", &["netns", "del", &n.ns]);
         }
         try_run("ip", &["link", "del", &self.bridge]);
