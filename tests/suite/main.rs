@@ -39,6 +39,7 @@ mod ops_controls;
 mod ops_matrix;
 mod ops_priority;
 mod partition;
+mod partition_failsafe;
 mod partition_kube;
 mod partition_scenarios;
 mod partition_sentinel;

@@ -49,6 +49,9 @@ pub enum Store {
     Etcd3PreVote,
     /// One Redis server.
     Redis,
+    /// One etcd member; the sidecars with `--failsafe`, their peer
+    /// listeners on their own addresses.
+    EtcdFailsafe,
     /// A Redis primary, two replicas and three Sentinels (`back` in that
     /// order); the sidecars follow the Sentinels with `--redis-min-replicas 1`.
     Sentinel,
@@ -96,6 +99,9 @@ impl World {
             let mut args = flags.clone();
             args.extend(FAST.iter().map(|s| s.to_string()));
             args.extend(["--http-addr".into(), format!("{}:0", net.ip(node))]);
+            if store == Store::EtcdFailsafe {
+                args.extend(super::partition_failsafe::flags(net.ip(node), dir.path()));
+            }
             let wrapper = net.wrapper(node);
             let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
             let id = format!("s{i}");
