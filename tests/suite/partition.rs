@@ -7,8 +7,11 @@
 //! twice, and a leader is back within the bound after each heal.
 //!
 //! Two scenarios run in every `cargo test`; the whole set runs with
-//! `LEADER_ELECTOR_PARTITIONS=all` (the others return at once without it).
-//! The scenarios themselves are in `partition_scenarios`.
+//! `LEADER_ELECTOR_PARTITIONS=all` (the others return at once without it;
+//! `scripts/partitions` runs it and writes BENCHMARKS.md's figures). This
+//! file builds the world; the scenarios are in `partition_scenarios` (etcd
+//! and Redis), `partition_sentinel`, `partition_kube` and
+//! `partition_failsafe`.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

@@ -137,7 +137,12 @@ fn sweep() {
         let Some(name) = line.split(": ").nth(1).and_then(|n| n.split('@').next()) else {
             continue;
         };
-        let Some(hex) = name.strip_prefix(BRIDGE_PREFIX) else {
+        // A bridge is `lpb<pid hex><n hex>`; its veths (`…v<k>`) go with
+        // their namespaces and are never swept here (a live run's would be).
+        let Some(hex) = name
+            .strip_prefix(BRIDGE_PREFIX)
+            .filter(|h| h.chars().all(|c| c.is_ascii_hexdigit()))
+        else {
             continue;
         };
         let pid = hex
