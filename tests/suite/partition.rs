@@ -34,6 +34,13 @@ pub const TTL: Duration = Duration::from_secs(2);
 /// leader change etcd gives every lease its full TTL again (one more TTL).
 pub const BOUND: Duration = Duration::from_millis(2 * 2000 + 1500);
 
+/// The bound when the fault may cost etcd its Raft leader (the leader's
+/// member cut into the minority): the book's "etcd's downtime + TTL + 0.5 s"
+/// after the last renewal, where the downtime is the majority's election:
+/// etcd's 1 s election timeout, randomized up to twice that. [`BOUND`] plus
+/// that election.
+pub const RAFT_BOUND: Duration = Duration::from_millis(2 * 2000 + 1500 + 2000);
+
 /// Whether the whole set runs (`LEADER_ELECTOR_PARTITIONS=all`).
 pub fn all() -> bool {
     std::env::var("LEADER_ELECTOR_PARTITIONS").is_ok_and(|v| v == "all")
@@ -149,9 +156,15 @@ impl World {
 
     /// Declare a fault on the current leader that must end its term; returns
     /// the fault's index and the leader's slot.
-    pub async fn fault_on_leader(&self, name: &str, expect: Expect) -> (usize, usize) {
+    /// A new term must come within `within` of the fault.
+    pub async fn fault_on_leader(
+        &self,
+        name: &str,
+        expect: Expect,
+        within: Duration,
+    ) -> (usize, usize) {
         let (slot, token) = self.leader(Duration::from_secs(30)).await;
-        let mut f = Fault::new(name, Some(slot), expect, BOUND);
+        let mut f = Fault::new(name, Some(slot), expect, within);
         f.ends_term = Some((slot, token));
         (self.rec.fault(f), slot)
     }

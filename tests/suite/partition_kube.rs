@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use super::partition::{Servers, Store, World, all};
+use super::partition::{BOUND, Servers, Store, World, all};
 use crate::support::backends::NAMESPACE;
 use crate::support::kube_api::{Endpoint, KubeApi};
 use crate::support::netns::Net;
@@ -85,7 +85,7 @@ async fn kubernetes_api_reachable_by_followers_not_the_leader() {
     let name = "p-kube";
     let w = World::start(Store::Kube, name).await;
     let (fault, slot) = w
-        .fault_on_leader("API cut from the leader", Expect::CutOff)
+        .fault_on_leader("API cut from the leader", Expect::CutOff, BOUND)
         .await;
     let port = w.kube.as_ref().expect("the stand-in").port;
     w.net.cut_host_port(w.side[slot], port);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::partition::{BOUND, Store, TTL, World, all};
+use super::partition::{BOUND, RAFT_BOUND, Store, TTL, World, all};
 use crate::support::netns::Net;
 use crate::support::recorder::{Expect, Fault};
 
@@ -25,7 +25,7 @@ enum Way {
 async fn cut_leader(store: Store, name: &str, way: Option<Way>) {
     let w = World::start(store, name).await;
     let (fault, slot) = w
-        .fault_on_leader("leader cut from the backend", Expect::CutOff)
+        .fault_on_leader("leader cut from the backend", Expect::CutOff, BOUND)
         .await;
     let leader = w.side[slot];
     for &b in &w.back {
@@ -66,7 +66,11 @@ async fn etcd_leader_cut_from_its_member() {
 async fn minority(store: Store, name: &str) {
     let w = World::start(store, name).await;
     let (fault, slot) = w
-        .fault_on_leader("leader's member in the minority", Expect::CutOff)
+        .fault_on_leader(
+            "leader's member in the minority",
+            Expect::CutOff,
+            RAFT_BOUND,
+        )
         .await;
     let minority = w.back[slot];
     let majority: Vec<usize> = w.back.iter().copied().filter(|&b| b != minority).collect();
