@@ -1,8 +1,9 @@
 //! One HTTP/1.1 client for tests and benches, always with a time limit: a
-//! request on a fresh loopback connection (`Connection: close`), its answer
+//! request on a fresh connection (loopback unless an address is given) (`Connection: close`), its answer
 //! read to the end. Enough for the sidecar's APIs and the stand-ins; nothing
 //! here follows redirects or reuses connections.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -47,10 +48,26 @@ pub async fn http_request(
     body: Option<&str>,
     limit: Duration,
 ) -> std::io::Result<(u16, String)> {
+    http_request_at(LOOPBACK, port, method, path, body, limit).await
+}
+
+/// The loopback address every server of the kit listens on by default.
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+/// [`http_request`] to `ip:port` (a process in a network namespace answers
+/// on its own address, not the host's loopback).
+pub async fn http_request_at(
+    ip: IpAddr,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    limit: Duration,
+) -> std::io::Result<(u16, String)> {
     // A plain variable (not a `Cell`) keeps the future `Send` for spawned callers.
     let mut stage = Stage::Connecting;
     let fut = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut s = tokio::net::TcpStream::connect((ip, port)).await?;
         s.set_nodelay(true)?;
         let head = match body {
             Some(b) => format!(
@@ -63,7 +80,7 @@ pub async fn http_request(
         stage = Stage::Sending;
         s.write_all(
             format!(
-                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}Connection: close\r\n\r\n{}",
+                "{method} {path} HTTP/1.1\r\nHost: {ip}\r\n{head}Connection: close\r\n\r\n{}",
                 body.unwrap_or("")
             )
             .as_bytes(),
@@ -74,7 +91,7 @@ pub async fn http_request(
         s.read_to_end(&mut buf).await?;
         parse_answer(&String::from_utf8_lossy(&buf))
     };
-    let request = format!("{method} {path} on 127.0.0.1:{port}");
+    let request = format!("{method} {path} on {ip}:{port}");
     let outcome = timeout(limit, fut).await;
     match outcome {
         Ok(answer) => answer.map_err(|e| std::io::Error::new(e.kind(), format!("{request}: {e}"))),

@@ -16,6 +16,8 @@
 //! - [`stats`]: percentiles and means for tests and benches; [`procfs`]: a
 //!   process's memory, CPU time and open files.
 //! - [`waits`]: polling with a limit.
+//! - [`netns`]: real partitions (a network namespace per node, nftables
+//!   cuts); [`history`]: the fenced register and leaderless time after heals.
 //! - [`certs`]: TLS certificates.
 //! - [`kube_api`], [`proxy`]: in-process stand-ins (bind port 0);
 //!   [`old_elector`]: the archived leader-elector image's loop, on the
@@ -37,8 +39,10 @@ pub mod cluster;
 pub mod etcd;
 pub mod failover;
 pub mod fleet;
+pub mod history;
 pub mod http;
 pub mod kube_api;
+pub mod netns;
 pub mod old_elector;
 pub mod ports;
 pub mod procfs;

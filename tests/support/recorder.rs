@@ -18,13 +18,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
-use super::http_get;
+use super::http::{HTTP_LIMIT, http_request_at};
 
 /// How long a polling task waits between an answer and its next request.
 pub const POLL_GAP: Duration = Duration::from_millis(4);
@@ -189,15 +190,22 @@ impl Recorder {
     /// Start polling `/leader` on `port`; returns the slot number. A restarted
     /// sidecar is a new process and gets a new slot (same `label` is fine).
     pub fn add(&self, label: &str, port: u16) -> usize {
+        self.add_at(label, IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+    }
+
+    /// [`Recorder::add`] for a sidecar answering on `ip:port` (one in a
+    /// network namespace, sampled from the host).
+    pub fn add_at(&self, label: &str, ip: IpAddr, port: u16) -> usize {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let sink = samples.clone();
         let task = tokio::spawn(async move {
             loop {
                 let send = Instant::now();
-                let answer = match http_get(port, "/leader").await {
-                    Ok((status, body)) => parse(status, &body),
-                    Err(_) => None,
-                };
+                let answer =
+                    match http_request_at(ip, port, "GET", "/leader", None, HTTP_LIMIT).await {
+                        Ok((status, body)) => parse(status, &body),
+                        Err(_) => None,
+                    };
                 let recv = Instant::now();
                 sink.lock().unwrap().push(Sample { send, recv, answer });
                 sleep(POLL_GAP).await;
@@ -338,7 +346,8 @@ impl Drop for Recorder {
     }
 }
 
-fn parse(status: u16, body: &str) -> Option<Answer> {
+/// A `/leader` answer's status and body as an [`Answer`] (`None`: not JSON).
+pub fn parse(status: u16, body: &str) -> Option<Answer> {
     let v: serde_json::Value = serde_json::from_str(body).ok()?;
     Some(Answer {
         status,
