@@ -240,7 +240,7 @@ pub async fn status(cli: &OpsCli, connected: &Connected, out: &mut dyn Write) ->
         // term may be over; what that means is the backend's to say.
         Some(h) if h.expires_in == Some(Duration::ZERO) => {
             crate::say!(
-                "warning: holder {} may be dead and nobody may lead: {}",
+                "warning: holder {} is possibly expired (it may be dead and nobody may lead): {}",
                 h.identity,
                 backend.about().expiry
             );
