@@ -67,9 +67,14 @@ pub(super) struct Alive {
 }
 
 /// How much later than the instant a mark counts from a record must have
-/// been written to clear it: the list's latency and the clock skew between
-/// the writer and the reader (records carry wall-clock times).
-pub(super) const REWRITE_SLACK: std::time::Duration = std::time::Duration::from_millis(250);
+/// been written to clear it: none. A restart may publish within
+/// milliseconds of the mark's instant (a holder that led for 15 ms, was
+/// stopped and started again: any slack kept it out for a whole record
+/// renewal period, 4 lease durations). Clock skew between writer and
+/// reader can make a dead member's last write look later than the mark;
+/// that costs at most one more handover it does not take, after which the
+/// releaser marks it again (the successor rule).
+pub(super) const REWRITE_SLACK: std::time::Duration = std::time::Duration::ZERO;
 
 impl Alive {
     fn mark(&mut self, identity: String, since: Instant) {

@@ -101,25 +101,16 @@ impl EtcdBackend {
             preempt_after_ms: candidate.preempt_after.map(|d| d.as_millis() as u64),
             written_ms: None,
         };
-        // Compared without the time: an unchanged record is renewed by a
-        // keep-alive, not written again.
+        // Every publish writes, an unchanged record too: its `written_ms`
+        // is how a reader sees a member alive again after it was known dead
+        // (a leader that stopped claiming, a restarted process), and a
+        // keep-alive would not move it.
         let value = serde_json::to_vec(&record).expect("a record serializes");
         let written = Record {
             written_ms: Some(unix_ms(std::time::SystemTime::now())),
             ..record
         };
         let written = serde_json::to_vec(&written).expect("a record serializes");
-        let kept = self
-            .registry_lease
-            .lock()
-            .await
-            .get(&candidate.identity)
-            .cloned();
-        if let Some((lease, _)) = kept.filter(|(_, v)| *v == value)
-            && self.keep_alive_once(&client, lease).await
-        {
-            return Ok(());
-        }
         let lease = self.store.grant(&mut client, ttl, None).await?;
         // The record and this process's adopter mark, bound to one lease
         // in one write ([`super::handover`]).
@@ -144,19 +135,6 @@ impl EtcdBackend {
             let _ = self.store.revoke(&mut client, old, None).await;
         }
         Ok(())
-    }
-
-    /// Renew the record's `lease` by one keep-alive (the record itself is
-    /// unchanged): `true` when etcd answered with a TTL left, `false` when
-    /// the lease is gone or the call failed (the caller writes the record
-    /// again under a new lease).
-    async fn keep_alive_once(&self, client: &etcd_client::Client, lease: i64) -> bool {
-        let once = async {
-            let (mut keeper, mut stream) = client.lease_client().keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        matches!(once.await, Ok(Some(r)) if r.ttl() > 0)
     }
 
     /// Remove `identity`'s record: one revoke of the lease of our last
