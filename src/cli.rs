@@ -145,7 +145,13 @@ const ENV_NOTE: &str = "Each sidecar flag also reads LEADER_ELECTOR_ + its name 
 const HEADINGS: &[(&str, &[&str])] = &[
     (
         "Failsafe",
-        &["failsafe", "peer_addr", "failsafe_secret_file"],
+        &[
+            "failsafe",
+            "peer_addr",
+            "failsafe_secret_file",
+            "failsafe_accepted_secret_file",
+            "failsafe_max_outage",
+        ],
     ),
     (
         "Election",

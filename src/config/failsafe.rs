@@ -12,7 +12,7 @@ use crate::failsafe::sign::Keys;
 use crate::flags::{ConfigError, config_error, format_duration, parse_duration};
 
 /// The failsafe flags.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct FailsafeArgs {
     /// Lead on through a backend outage (opt-in).
     ///
@@ -36,21 +36,9 @@ pub struct FailsafeArgs {
     )]
     pub failsafe_accepted_secret_file: Option<PathBuf>,
 
-    /// The most a member promises one leader's term without seeing it live in the backend: the longest outage failsafe bridges, and the longest a forged heartbeat holds an election leaderless (at least --lease-duration).
-    #[arg(long, env = "LEADER_ELECTOR_FAILSAFE_MAX_OUTAGE", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub failsafe_max_outage: Duration,
-}
-
-impl Default for FailsafeArgs {
-    fn default() -> Self {
-        FailsafeArgs {
-            failsafe: false,
-            peer_addr: None,
-            failsafe_secret_file: None,
-            failsafe_accepted_secret_file: None,
-            failsafe_max_outage: DEFAULT_MAX_OUTAGE,
-        }
-    }
+    /// The most a member promises one leader's term without seeing it live in the backend: the longest outage failsafe bridges, and the longest a forged heartbeat holds an election leaderless (at least --lease-duration) [default: 5m].
+    #[arg(long, env = "LEADER_ELECTOR_FAILSAFE_MAX_OUTAGE", value_parser = parse_duration, value_name = "DURATION")]
+    pub failsafe_max_outage: Option<Duration>,
 }
 
 /// The default of `--failsafe-max-outage`.
@@ -83,20 +71,13 @@ pub fn resolve(
     lease: Duration,
 ) -> Result<Option<FailsafeSettings>, ConfigError> {
     if !args.failsafe {
-        if args.peer_addr.is_some()
-            || args.failsafe_secret_file.is_some()
-            || args.failsafe_accepted_secret_file.is_some()
-        {
-            return Err(config_error(
-                "--peer-addr, --failsafe-secret-file and --failsafe-accepted-secret-file need --failsafe\nhint: add --failsafe, or leave them out",
-            ));
-        }
-        return Ok(None);
+        return refuse_without_failsafe(args).map(|()| None);
     }
-    if args.failsafe_max_outage < lease {
+    let max_outage = args.failsafe_max_outage.unwrap_or(DEFAULT_MAX_OUTAGE);
+    if max_outage < lease {
         return Err(config_error(format!(
             "--failsafe-max-outage ({}) is shorter than --lease-duration ({})\nhint: failsafe bridges at least one lease duration; the default is 5m",
-            format_duration(args.failsafe_max_outage),
+            format_duration(max_outage),
             format_duration(lease)
         )));
     }
@@ -131,8 +112,34 @@ pub fn resolve(
     Ok(Some(FailsafeSettings {
         peer_addr,
         keys: Keys::new(secret, accepted),
-        max_outage: args.failsafe_max_outage,
+        max_outage,
     }))
+}
+
+/// Failsafe is off: refuse each of its other flags, named.
+fn refuse_without_failsafe(args: &FailsafeArgs) -> Result<(), ConfigError> {
+    let set: Vec<&str> = [
+        ("--peer-addr", args.peer_addr.is_some()),
+        (
+            "--failsafe-secret-file",
+            args.failsafe_secret_file.is_some(),
+        ),
+        (
+            "--failsafe-accepted-secret-file",
+            args.failsafe_accepted_secret_file.is_some(),
+        ),
+        ("--failsafe-max-outage", args.failsafe_max_outage.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
+    if set.is_empty() {
+        return Ok(());
+    }
+    Err(config_error(format!(
+        "{} set without --failsafe: it has no effect\nhint: add --failsafe, or leave it out",
+        set.join(", ")
+    )))
 }
 
 #[cfg(test)]
@@ -172,7 +179,7 @@ mod tests {
             "{m}"
         );
         let short_outage = FailsafeArgs {
-            failsafe_max_outage: Duration::from_secs(10),
+            failsafe_max_outage: Some(Duration::from_secs(10)),
             ..args(None, Some(good.clone()))
         };
         let m = msg(resolve(&short_outage, Some("10.1.2.3"), L));
@@ -190,15 +197,42 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(ok.peer_addr.to_string(), "10.1.2.3:4042");
-        let off = FailsafeArgs {
-            peer_addr: Some("1.2.3.4:5".into()),
-            ..FailsafeArgs::default()
-        };
-        assert!(msg(resolve(&off, None, L)).contains("--failsafe"));
         assert!(
             resolve(&FailsafeArgs::default(), None, L)
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn each_failsafe_flag_without_failsafe_is_refused_by_name() {
+        let msg = |a: &FailsafeArgs| resolve(a, None, L).unwrap_err().to_string();
+        let cases = [
+            (
+                "--peer-addr",
+                FailsafeArgs {
+                    peer_addr: Some("1.2.3.4:5".into()),
+                    ..FailsafeArgs::default()
+                },
+            ),
+            (
+                "--failsafe-max-outage",
+                FailsafeArgs {
+                    failsafe_max_outage: Some(Duration::from_secs(60)),
+                    ..FailsafeArgs::default()
+                },
+            ),
+            (
+                "--failsafe-accepted-secret-file",
+                FailsafeArgs {
+                    failsafe_accepted_secret_file: Some(PathBuf::from("/absent")),
+                    ..FailsafeArgs::default()
+                },
+            ),
+        ];
+        for (flag, off) in cases {
+            let m = msg(&off);
+            assert!(m.contains(&format!("{flag} set without --failsafe")), "{m}");
+        }
     }
 }

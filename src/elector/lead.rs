@@ -420,7 +420,7 @@ impl Elector {
                 info!(%election, %identity, fencing_token, "resigning for shutdown")
             }
             StepDown::Deadline if self.failsafe.is_some() => {
-                warn!(%election, %identity, fencing_token, "stepped down: neither a renewal nor every roster member's promise covers the term any longer (failsafe: an earlier line names the member that stopped confirming, if one did)")
+                warn!(%election, %identity, fencing_token, "stepped down: neither a renewal nor every roster member's promise covers the term any longer (failsafe: an earlier line names the member that stopped confirming, if one did; at --failsafe-max-outage the members' own logs say so)")
             }
             StepDown::Deadline => {
                 warn!(%election, %identity, fencing_token, "stepped down: no renewal acknowledged before the validity deadline")

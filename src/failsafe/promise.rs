@@ -69,6 +69,8 @@ pub struct Promises {
     /// The term promised last and the instant of its first promise since
     /// it was last seen live while no promise held.
     budget: Option<(u64, Instant)>,
+    /// The budget whose end was last warned of (one WARN per budget).
+    warned_spent: Option<(u64, Instant)>,
 }
 
 impl Promises {
@@ -92,6 +94,7 @@ impl Promises {
             sight: None,
             max_outage,
             budget: None,
+            warned_spent: None,
         }
     }
 
@@ -145,12 +148,18 @@ impl Promises {
             _ => now,
         };
         let end = start + self.max_outage;
+        let asked = hb.promise().min(self.max_promise);
+        let promise = asked.min(end.saturating_duration_since(now));
+        if promise < asked && self.warned_spent != Some((token, start)) {
+            self.warned_spent = Some((token, start));
+            let max_outage = crate::flags::format_duration(self.max_outage);
+            tracing::warn!(election = %self.election, leader = %hb.leader, fencing_token = token, %max_outage, "failsafe: this member's promises to the leader's term reach --failsafe-max-outage without a sight of the term in the backend; it promises no more to this term, so the leader steps down when its last promise ends");
+        }
         if now >= end {
             let max_ms = self.max_outage.as_millis() as u64;
             return Err(Refusal::Spent { token, max_ms });
         }
         self.budget = Some((token, start));
-        let promise = hb.promise().min(self.max_promise).min(end - now);
         self.highest_token = hb.fencing_token;
         self.until = self.until.max(now + promise);
         self.leader = Some(hb.leader.clone());

@@ -61,7 +61,7 @@ pub enum Unauthentic {
     #[error("not signed (missing or malformed {0} header)")]
     Unsigned(&'static str),
     /// No configured key gives the signature.
-    #[error("signed with another key: the members' --failsafe-secret-file differ")]
+    #[error("signed with another key (a forgery, or the members' --failsafe-secret-file differ)")]
     WrongKey,
     /// The timestamp is outside the window on the receiver's wall clock.
     #[error(
@@ -270,6 +270,20 @@ mod tests {
 
     const A: &[u8] = b"aaaaaaaaaaaaaaaa";
     const B: &[u8] = b"bbbbbbbbbbbbbbbb";
+
+    /// The layout the book's Failsafe page gives (checked there with
+    /// `openssl dgst -sha256 -hmac`): a change here is a wire change.
+    #[test]
+    fn the_signed_bytes_are_the_books_layout() {
+        let key = Secret::new(b"0123456789abcdef").unwrap();
+        let body = br#"{"election":"e","leader":"a","fencing_token":7,"promise_ms":2000}"#;
+        let nonce = "00112233445566778899aabbccddeeff";
+        let mac = Keys::mac(&key, HEAD, 1_700_000_000_000, nonce, body);
+        assert_eq!(
+            hex(&mac.finalize().into_bytes()),
+            "2992b6ad3b2b94a282261a5d34521acdfadb3a754381aed0535ea1e42e02ee61"
+        );
+    }
 
     #[test]
     fn a_signed_message_passes_once_and_its_replay_is_refused() {
