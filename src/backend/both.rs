@@ -250,6 +250,10 @@ impl LeaseBackend for Both {
 // successor).
 #[async_trait]
 impl CandidateRegistry for Both {
+    fn deletes_lapsed(&self) -> bool {
+        self.registry.deletes_lapsed()
+    }
+
     async fn publish_candidate(&self, candidate: &Candidate, ttl: Duration) -> Result<()> {
         self.registry.publish_candidate(candidate, ttl).await
     }

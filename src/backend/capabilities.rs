@@ -68,6 +68,15 @@ pub trait CandidateRegistry: Send + Sync {
     /// [`BackendError::WatchEnded`](super::BackendError::WatchEnded); the
     /// caller lists the registry again and calls this again after a backoff.
     async fn watch_candidates(&self) -> Result<()>;
+
+    /// Whether the backend deletes a record once its TTL passes (etcd: the
+    /// record is bound to a lease). Such a record is renewed while its
+    /// candidate leads too, or the leader's record would vanish from the
+    /// registry 12 lease durations into its term. The default: records
+    /// lapse but stay listed, so a leader does not renew its own.
+    fn deletes_lapsed(&self) -> bool {
+        false
+    }
 }
 
 /// The operator controls of one election (a pause, a switchover request),

@@ -5,7 +5,11 @@
 //! changes, and withdrawn when the Elector stops. While this candidate
 //! leads it is not renewed (a releasing leader names another candidate,
 //! never itself; the leader's writes stay one per renew interval) and it
-//! is written again at once when leadership ends. A backend without a
+//! is written again at once when leadership ends — except on a backend
+//! that deletes a lapsed record (etcd, whose record is bound to a lease
+//! of 12 lease durations): there it is renewed while leading too (an
+//! unchanged record is one keep-alive, no write), or the leader's record
+//! would vanish from the registry 12 lease durations into its term. A backend without a
 //! registry gets no calls at all.
 //!
 //! The record is a hint for a releasing leader's choice of successor; a
@@ -187,6 +191,11 @@ impl Keeper {
     /// While this candidate holds a term, wait (no renewals); `true` when
     /// `stop` came first.
     async fn wait_while_leading(&mut self, stop: &CancellationToken) -> bool {
+        // A backend that deletes a lapsed record (etcd) renews it while
+        // leading too: otherwise it vanishes from the registry mid-term.
+        if self.backend.deletes_lapsed() {
+            return stop.is_cancelled();
+        }
         let Some(state) = self.leading.as_mut() else {
             return false;
         };

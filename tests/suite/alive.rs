@@ -211,3 +211,84 @@ async fn kubernetes_a_crashed_higher_priority_costs_one_failover() {
     let fleet = Fleet::kubernetes("alive-k-pri").await;
     a_crashed_preferred_leader_costs_one_failover(fleet, Preferred::Priority).await;
 }
+
+/// `status -o json`'s candidate identities.
+fn status_candidates(fleet: &Fleet) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args(["status", "--election", &fleet.election, "-o", "json"])
+        .args(fleet.backend.server_flags())
+        .env_remove("LEADER_ELECTOR_ELECTION")
+        .output()
+        .expect("run leader-elector status");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["candidates"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["identity"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The crashed preferred member restarted with the same identity takes the
+/// term back (the survivors hand it over to the newer revision); its new
+/// record stays listed while it leads, past the record's TTL (12 lease
+/// durations: etcd deletes a record whose lease nobody keeps alive, and a
+/// leader that did not renew its record lost it then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_a_restarted_preferred_member_leads_with_its_record_listed() {
+    let mut fleet = Fleet::etcd("alive-e-restart").await;
+    let how = Preferred::Revision;
+    let rec = Recorder::new(FLEET_LEASE);
+    let mut old = Vec::new();
+    for i in 0..3 {
+        let s = fleet.start(&format!("a{i}"), &how.flags(false)).await;
+        rec.add(&s.identity, s.port);
+        old.push(s);
+    }
+    rec.wait_leader(Duration::from_secs(30))
+        .await
+        .expect("a first leader");
+    let mut b = fleet.start("b", &how.flags(true)).await;
+    let slot = rec.add(&b.identity, b.port);
+    until_answering(&b, Duration::from_secs(30)).await;
+    let joined = Instant::now();
+    while rec.leader_now(joined).map(|l| l.0) != Some(slot) {
+        assert!(Instant::now() < joined + how.bound(), "b did not lead");
+        sleep(Duration::from_millis(50)).await;
+    }
+    b.signal(Signal::SIGKILL);
+    b.wait_exit(Duration::from_secs(5)).await;
+    rec.stop_polling(slot);
+    let killed = Instant::now();
+    while rec.leader_now(killed).is_none_or(|l| l.0 == slot) {
+        assert!(killed.elapsed() < 6 * FLEET_LEASE, "no survivor leads");
+        sleep(Duration::from_millis(50)).await;
+    }
+    let b2 = fleet.start("b", &how.flags(true)).await;
+    let identity = b2.identity.clone();
+    assert_eq!(identity, b.identity, "the restart keeps the identity");
+    let slot = rec.add(&b2.identity, b2.port);
+    until_answering(&b2, Duration::from_secs(30)).await;
+    let joined = Instant::now();
+    while rec.leader_now(joined).map(|l| l.0) != Some(slot) {
+        assert!(
+            joined.elapsed() < 6 * FLEET_LEASE,
+            "the restarted b did not take the term back"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    let led = Instant::now();
+    while led.elapsed() < 14 * FLEET_LEASE {
+        let listed = status_candidates(&fleet);
+        assert!(
+            listed.contains(&identity),
+            "the leading restarted {identity} is not listed {:?} after it took the term back: {listed:?}\n{}",
+            led.elapsed(),
+            b2.log()
+        );
+        sleep(Duration::from_millis(300)).await;
+    }
+    drop(old);
+}

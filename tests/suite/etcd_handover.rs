@@ -309,3 +309,76 @@ async fn an_adopted_put_elects_once_and_an_abandoned_adopted_term_is_not_adopted
         term_b.holder.fencing_token
     );
 }
+
+/// Whether `identity`'s record is listed in `b`'s registry.
+async fn listed(b: &Backend, identity: &str) -> bool {
+    let all = b.candidates().await.unwrap();
+    all.iter().any(|l| l.candidate.identity == identity)
+}
+
+/// A preferred member killed while it leads and restarted with the same
+/// identity takes the term back by the handover (the user's report): its
+/// new process's record must stay listed while it leads (the leader does
+/// not renew it), not vanish with a lease the handover or the term uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_successor_that_takes_the_term_back_keeps_its_record() {
+    let etcd = Etcd::start().await;
+    let (key, bs) = three(&etcd, "e-handover-restart-record").await;
+    let record_ttl = TTL * 12;
+    let first = backend(&etcd, &key);
+    first
+        .publish_candidate(&Candidate::new("d"), record_ttl)
+        .await
+        .unwrap();
+    let (term_a, seen) = a_leads(&bs).await;
+    following(first.campaign("d", TTL, None).await.unwrap());
+    bs[0].release(&term_a, Some("d")).await.unwrap();
+    let term_d = elected(first.campaign("d", TTL, Some(&seen)).await.unwrap());
+    // kill -9: no release, no withdraw; a takes over after the lease.
+    drop(first);
+    let mut previous = term_d.holder.clone();
+    let start = Instant::now();
+    let term_a = loop {
+        assert!(start.elapsed() < TTL * 4, "a did not take over");
+        match bs[0].campaign("a", TTL, Some(&previous)).await.unwrap() {
+            Campaign::Elected(t) => break t,
+            Campaign::Following(h) => {
+                previous = h;
+                sleep(Duration::from_millis(200)).await;
+            }
+            Campaign::Waiting { retry_after, .. } => {
+                sleep(retry_after.max(Duration::from_millis(100))).await
+            }
+        }
+    };
+    sleep(Duration::from_millis(300)).await;
+    // The restart: a new process of d publishes its record and follows.
+    let restarted = backend(&etcd, &key);
+    restarted
+        .publish_candidate(&Candidate::new("d"), record_ttl)
+        .await
+        .unwrap();
+    let seen = following(restarted.campaign("d", TTL, None).await.unwrap());
+    assert_eq!(seen.identity, "a");
+    let wd = watching(&restarted, &seen);
+    sleep(Duration::from_millis(200)).await;
+    bs[0].release(&term_a, Some("d")).await.unwrap();
+    timeout(Duration::from_secs(5), wd)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let term_d = elected(restarted.campaign("d", TTL, Some(&seen)).await.unwrap());
+    assert!(listed(&bs[1], "d").await, "d's record is gone at once");
+    // It leads (renewing its term, not its record) for two TTLs.
+    let until = Instant::now() + TTL * 3;
+    while Instant::now() < until {
+        let r = restarted.renew(&term_d).await.unwrap();
+        assert!(matches!(r, Renewal::Renewed { .. }), "{r:?}");
+        assert!(
+            listed(&bs[1], "d").await,
+            "the leading restarted d's record vanished"
+        );
+        sleep(TTL / 4).await;
+    }
+}

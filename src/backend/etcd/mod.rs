@@ -436,6 +436,12 @@ impl CandidateRegistry for EtcdBackend {
     async fn watch_candidates(&self) -> Result<()> {
         self.watch_registry().await
     }
+
+    /// The record is bound to a lease: etcd deletes it at its TTL, so a
+    /// leader keeps renewing it (unchanged: one keep-alive, no write).
+    fn deletes_lapsed(&self) -> bool {
+        true
+    }
 }
 
 #[async_trait]
