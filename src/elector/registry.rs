@@ -7,8 +7,8 @@
 //! never itself; the leader's writes stay one per renew interval) and it
 //! is written again at once when leadership ends — except on a backend
 //! that deletes a lapsed record (etcd, whose record is bound to a lease
-//! of 12 lease durations): there it is renewed while leading too (an
-//! unchanged record is one keep-alive, no write), or the leader's record
+//! of 12 lease durations): there it is renewed while leading too (each
+//! renewal writes it again), or the leader's record
 //! would vanish from the registry 12 lease durations into its term. A backend without a
 //! registry gets no calls at all.
 //!

@@ -438,7 +438,7 @@ impl CandidateRegistry for EtcdBackend {
     }
 
     /// The record is bound to a lease: etcd deletes it at its TTL, so a
-    /// leader keeps renewing it (unchanged: one keep-alive, no write).
+    /// leader keeps renewing it (each renewal writes it again).
     fn deletes_lapsed(&self) -> bool {
         true
     }
