@@ -222,6 +222,40 @@ fn campaigner(
     })
 }
 
+/// Renew `term` on `backend` every quarter of its TTL until the returned
+/// handle is dropped by [`RenewedWhile::check`]: while `c` is watched for a
+/// term it must not take, `b` holds its own as a leader does. (Left
+/// unrenewed, `b`'s key runs out [`TTL`] after its grant and `c` may take
+/// it by right: under load `c`'s watch ended after that, seen in CI.)
+struct RenewedWhile {
+    task: tokio::task::JoinHandle<()>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl RenewedWhile {
+    fn start(backend: &Backend, term: &Term) -> RenewedWhile {
+        let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (b, t, f) = (backend.clone(), term.clone(), failures.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                sleep(TTL / 4).await;
+                match b.renew(&t).await {
+                    Ok(Renewal::Renewed { .. }) => {}
+                    other => f.lock().unwrap().push(format!("{other:?}")),
+                }
+            }
+        });
+        RenewedWhile { task, failures }
+    }
+
+    /// Stop renewing; every renewal must have said renewed.
+    fn check(self) {
+        self.task.abort();
+        let failures = self.failures.lock().unwrap();
+        assert!(failures.is_empty(), "b's renewals failed: {failures:?}");
+    }
+}
+
 /// `b` and `c` campaign while `a` releases to `b`; `b` starts `late` after
 /// the release. `b` leads; `c` never does meanwhile. Returns the time from
 /// the release to `b`'s term.
@@ -236,10 +270,15 @@ async fn hand_over_to_b(make: &dyn Fn() -> Backend, late: Duration) -> Duration 
     a.release(&term, Some("b")).await.unwrap();
     let (won, _, _) = bs.await.unwrap().expect("the named successor leads");
     let handover = released.elapsed();
+    let renewed = RenewedWhile::start(&b, &won);
     assert_eq!(won.holder.identity, "b");
     assert!(won.holder.fencing_token > term.holder.fencing_token);
     let third = cs.await.unwrap();
-    assert!(third.is_none(), "c took the term: {third:?}");
+    assert!(
+        third.is_none(),
+        "c took the term: {third:?}; b took it {handover:?} after the release"
+    );
+    renewed.check();
     b.release(&won, None).await.unwrap();
     handover
 }
@@ -278,7 +317,9 @@ pub async fn a_plain_release_names_the_registry_choice(make: &dyn Fn() -> Backen
     assert_eq!(to.as_deref(), Some("b"));
     a.release(&term, to.as_deref()).await.unwrap();
     let (won, _, _) = bs.await.unwrap().expect("the registry's choice leads");
+    let renewed = RenewedWhile::start(&b, &won);
     assert!(cs.await.unwrap().is_none(), "c took the term");
+    renewed.check();
     b.withdraw_candidate("b").await.unwrap();
     let cs = campaigner(&c, "c", Duration::from_millis(30), limit);
     let to = choice(&*b, "b").await;

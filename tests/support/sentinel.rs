@@ -59,6 +59,15 @@ impl Sentinel {
         addr.map(|(_, p)| p)
     }
 
+    /// The last `lines` lines of this Sentinel's log (its view of a failover
+    /// that did not come: votes, `+sdown`, `+odown`, `-failover-abort-*`).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text =
+            std::fs::read_to_string(self._dir.path().join("sentinel.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// How many replicas and other Sentinels this Sentinel knows.
     async fn known(&self) -> (usize, usize) {
         let Some(c) = self.conn().await else {
@@ -213,10 +222,17 @@ impl SentinelGroup {
             {
                 return (i, start.elapsed());
             }
-            assert!(
-                start.elapsed() < limit,
-                "no failover away from server {old} within {limit:?}: the Sentinels name {named:?}"
-            );
+            if start.elapsed() >= limit {
+                let logs: Vec<String> = self
+                    .sentinels
+                    .iter()
+                    .map(|s| format!("--- Sentinel {}:\n{}", s.port, s.log_tail(40)))
+                    .collect();
+                panic!(
+                    "no failover away from server {old} within {limit:?}: the Sentinels name {named:?}\n{}",
+                    logs.join("\n")
+                );
+            }
             sleep(Duration::from_millis(50)).await;
         }
     }

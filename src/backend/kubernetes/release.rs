@@ -57,7 +57,12 @@ impl KubeLeaseBackend {
             };
             match self.cas(conn, &released(base, ours, successor)).await? {
                 Cas::Written(_) => {
-                    self.view(|v| v.resigned());
+                    self.view(|v| {
+                        v.resigned();
+                        if successor.is_some() {
+                            v.handed_over(ours);
+                        }
+                    });
                     return Ok(());
                 }
                 Cas::Conflict => {

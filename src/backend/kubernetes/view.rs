@@ -276,6 +276,11 @@ pub(super) struct LeaseView {
     watched: Option<(String, Instant)>,
     /// The slowest recent latency of our own requests (decaying).
     slowest: Duration,
+    /// The term id of our last release that named a successor: we wrote
+    /// that release, so we saw it before anyone (no watch delay of ours),
+    /// and our head start for the successor counts the longest wait
+    /// (`LeaseView::yield_until`).
+    handed_over: Option<String>,
     /// Bumped at every version seen or deletion found, by any path: the
     /// controls follow wakes on it (`KubeLeaseBackend::view`).
     sightings: u64,

@@ -12,7 +12,8 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::{Hold, LeaseView, Standing};
-use crate::backend::kubernetes::{RELEASED_ANNOTATION, TOKEN_ANNOTATION};
+use crate::backend::candidates::SUCCESSOR_WAIT_CAP;
+use crate::backend::kubernetes::{RELEASED_ANNOTATION, SUCCESSOR_ANNOTATION, TOKEN_ANNOTATION};
 
 const TTL: Duration = Duration::from_secs(6);
 
@@ -64,6 +65,32 @@ fn held_until(v: &LeaseView, now: Instant) -> (Instant, Hold) {
         Standing::Held { until, how, .. } => (until, how),
         other => panic!("expected a held Lease, got {other:?}"),
     }
+}
+
+/// A follower leaves a release's named successor its own `wait` from its
+/// first sight; the releaser (it handed that term over) the longest one,
+/// [`SUCCESSOR_WAIT_CAP`]: it saw the release before the successor could.
+/// A later release of another term is counted as any follower's.
+#[test]
+fn the_releaser_leaves_its_named_successor_the_longest_head_start() {
+    let t0 = Instant::now();
+    let short = Duration::from_millis(100);
+    let naming = |was: &str, rv: u64| {
+        let mut l = released(was, rv, 7);
+        let a = l.metadata.annotations.as_mut().unwrap();
+        a.insert(SUCCESSOR_ANNOTATION.to_owned(), "b".to_owned());
+        l
+    };
+    let mut v = follower();
+    v.observed(&naming("a_1", 2), t0);
+    assert_eq!(v.yield_until("c", short), Some(t0 + short));
+    assert_eq!(v.yield_until("b", short), None);
+    v.handed_over("a_1");
+    assert_eq!(v.yield_until("a", short), Some(t0 + SUCCESSOR_WAIT_CAP));
+    assert_eq!(v.yield_until("b", short), None);
+    let t1 = secs(t0, 5.0);
+    v.observed(&naming("c_1", 4), t1);
+    assert_eq!(v.yield_until("a", short), Some(t1 + short));
 }
 
 #[test]

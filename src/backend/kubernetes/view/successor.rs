@@ -4,7 +4,9 @@
 //! from this process's own request latency), counted from this process's
 //! first sight of the release. The named candidate, and everyone after the
 //! wait, campaigns as on any release: the compare-and-swap still decides,
-//! so the rule changes who tries first, never who may lead.
+//! so the rule changes who tries first, never who may lead. The releaser
+//! itself leaves the successor the longest wait (see
+//! `LeaseView::yield_until`).
 
 use std::time::Duration;
 
@@ -12,7 +14,18 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 
 use super::{LeaseView, has_release_mark};
-use crate::backend::kubernetes::{SUCCESSOR_ANNOTATION, holder_of};
+use crate::backend::candidates::SUCCESSOR_WAIT_CAP;
+use crate::backend::kubernetes::{RELEASED_ANNOTATION, SUCCESSOR_ANNOTATION, holder_of};
+
+/// The term a holder's own release names ([`RELEASED_ANNOTATION`]).
+fn release_mark_of(lease: &Lease) -> Option<&str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(RELEASED_ANNOTATION)
+        .map(String::as_str)
+}
 
 /// The identity a release names as its successor (`None`: none, or the
 /// Lease is held).
@@ -34,6 +47,14 @@ impl LeaseView {
     /// successor it names, waiting `wait` from its first sight of the
     /// release; `None` when the Lease is not such a release or names
     /// `identity` itself.
+    ///
+    /// The releaser itself waits [`SUCCESSOR_WAIT_CAP`] instead: it saw
+    /// its own release at once, while the successor sees it only when its
+    /// watch delivers it and then needs its own scheduling, which on a
+    /// loaded node took longer than a fast releaser's `wait` (a switchover
+    /// taken back by the old leader, seen in CI). Its own release is
+    /// proven by the release mark naming the term it handed over
+    /// ([`LeaseView::handed_over`]).
     pub(in crate::backend::kubernetes) fn yield_until(
         &self,
         identity: &str,
@@ -41,7 +62,21 @@ impl LeaseView {
     ) -> Option<Instant> {
         let seen = self.seen.as_ref().filter(|s| !s.deleted)?;
         let named = successor_of(&seen.lease)?;
+        let ours = self
+            .handed_over
+            .as_deref()
+            .is_some_and(|t| release_mark_of(&seen.lease) == Some(t));
+        let wait = if ours {
+            wait.max(SUCCESSOR_WAIT_CAP)
+        } else {
+            wait
+        };
         (named != identity).then(|| seen.changed_at + wait)
+    }
+
+    /// We released term `term_id` naming a successor.
+    pub(in crate::backend::kubernetes) fn handed_over(&mut self, term_id: &str) {
+        self.handed_over = Some(term_id.to_owned());
     }
 
     /// One request of ours took `took`: the slowest recent latency decays
