@@ -59,7 +59,10 @@ pub async fn health_checker(
             info!(url = %url, "the app is healthy: a candidate");
         }
         first = false;
-        gate.send_replace(healthy);
+        // Only a change is sent: every receiver wakes on a send, and a
+        // repeated answer is not news (the registry keeper writes the
+        // record on each change of readiness).
+        gate.send_if_modified(|was| std::mem::replace(was, healthy) != healthy);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}

@@ -151,7 +151,7 @@ impl Keeper {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = sleep_until(until) => {}
-                    closed = readiness_changed(gate.clone()) => if closed { self.ready = None },
+                    closed = readiness_changed(gate.clone(), healthy) => if closed { self.ready = None },
                     _ = freeze_changed(&mut self.frozen) => {}
                     // A new leader: compare, and keep waiting (no write).
                     _ = leader_changed(self.leader.as_mut()) => continue,
@@ -216,13 +216,22 @@ async fn freeze_changed(frozen: &mut watch::Receiver<Option<(Instant, SystemTime
     }
 }
 
-/// Resolves when the gate changes (`false`), or with `true` when its sender
-/// is gone; pends forever without a gate.
-async fn readiness_changed(gate: Option<watch::Receiver<bool>>) -> bool {
+/// Resolves when the gate says other than `written` (`false`), or with
+/// `true` when its sender is gone; pends forever without a gate. A send of
+/// the same answer (the health checker sends one every interval) is not a
+/// change: it writes nothing.
+async fn readiness_changed(gate: Option<watch::Receiver<bool>>, written: bool) -> bool {
     let Some(mut g) = gate else {
         return std::future::pending().await;
     };
-    g.changed().await.is_err()
+    loop {
+        if g.changed().await.is_err() {
+            return true;
+        }
+        if *g.borrow_and_update() != written {
+            return false;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -299,6 +308,42 @@ mod tests {
         registry.withdraw("pod-a", Duration::from_secs(3)).await;
         assert_eq!(calls().last().unwrap(), "withdraw pod-a");
         assert_eq!(calls().len(), 4);
+    }
+
+    /// A health check that says again what it said (the checker sends
+    /// every `--health-interval`) writes nothing: only a change of
+    /// readiness is written at once. (Before, every check rewrote the
+    /// record: with the default 1 s interval one write per second per
+    /// member, and on etcd each write moved the adopter mark, so a
+    /// handover put that landed between a write and the successor's
+    /// adoption read was not adopted: a lease duration with no leader.)
+    #[tokio::test(start_paused = true)]
+    async fn a_health_check_that_repeats_its_answer_writes_nothing() {
+        let backend = Arc::new(Recorder::default());
+        let (gate, ready) = watch::channel(true);
+        let lease = Duration::from_secs(15);
+        let registry = Registry::start(
+            &CancellationToken::new(),
+            Some(backend.clone()),
+            Candidate::new("pod-a"),
+            (Some(ready), None, watch::channel(None).1),
+            lease,
+            Duration::from_secs(3),
+        )
+        .expect("a backend with a registry");
+        let calls = || backend.calls.lock().unwrap().clone();
+        for _ in 0..30 {
+            sleep(Duration::from_secs(1)).await;
+            gate.send_replace(true);
+        }
+        assert_eq!(calls().len(), 1, "one write in 30 s: {:?}", calls());
+        gate.send_replace(false);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls().len(), 2, "a change is written at once");
+        gate.send_replace(false);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls().len(), 2, "{:?}", calls());
+        registry.withdraw("pod-a", Duration::from_secs(3)).await;
     }
 
     /// While this candidate leads its record is not renewed; it is written

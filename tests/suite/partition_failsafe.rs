@@ -46,6 +46,7 @@ async fn failsafe_members_cut_from_each_other_while_etcd_is_down() {
         BOUND,
     ));
     w.net.split(&w.side, &w.back);
+    w.rec.in_effect(fault);
     sleep(TTL * 2).await;
     let still = w
         .rec

@@ -89,6 +89,7 @@ async fn kubernetes_api_reachable_by_followers_not_the_leader() {
         .await;
     let port = w.kube.as_ref().expect("the stand-in").port;
     w.net.cut_host_port(w.side[slot], port);
+    w.rec.in_effect(fault);
     super::partition_scenarios::hold_for_new_leader(&w, slot).await;
     w.heal("API cut", Some(fault));
     w.judge(name, super::partition::TTL * 2).await;

@@ -35,6 +35,7 @@ async fn cut_leader(store: Store, name: &str, way: Option<Way>) {
             Some(Way::BackendToLeader) => w.net.cut(b, leader),
         }
     }
+    w.rec.in_effect(fault);
     hold_for_new_leader(&w, slot).await;
     w.heal("cut", Some(fault));
     w.judge(name, TTL * 2).await;
@@ -75,6 +76,7 @@ async fn minority(store: Store, name: &str) {
     let minority = w.back[slot];
     let majority: Vec<usize> = w.back.iter().copied().filter(|&b| b != minority).collect();
     w.net.split(&[minority], &majority);
+    w.rec.in_effect(fault);
     hold_for_new_leader(&w, slot).await;
     w.heal("minority", Some(fault));
     w.judge(name, TTL * 2).await;

@@ -124,6 +124,7 @@ async fn sentinel_primary_isolated_with_the_leader() {
         .filter(|n| !island.contains(n))
         .collect();
     w.net.split(&island, &rest);
+    w.rec.in_effect(fault);
     sleep(SENTINEL_BOUND + TTL).await;
     w.heal("sentinel island", Some(fault));
     w.judge(name, TTL * 3).await;

@@ -238,6 +238,20 @@ impl Recorder {
         v.len() - 1
     }
 
+    /// Fault `i` is in effect now (the command that made it returned): its
+    /// start, and the recovery counted from it, move here. A fault is
+    /// recorded before it is made (to name the leader it targets), and
+    /// making it takes time (nftables rules under load: tens of ms); a
+    /// renewal sent meanwhile may still be answered, and its validity
+    /// counts from its send, after the recorded start (seen: a cut-off
+    /// leader held 8 ms "past" a start taken before the rules).
+    pub fn in_effect(&self, i: usize) {
+        let now = Instant::now();
+        let mut v = self.faults.lock().unwrap();
+        v[i].start = now;
+        v[i].recover_from = now;
+    }
+
     /// Mark fault `i` healed now; recovery counts from now when `recover_from_end`.
     pub fn heal(&self, i: usize, recover_from_end: bool) {
         let now = Instant::now();
