@@ -267,10 +267,17 @@ async fn release(State(cs): State<ControlState>, _: Strict<NoParams>) -> Respons
     json_response(StatusCode::OK, json!({ "released": draining }))
 }
 
-async fn not_found() -> Response {
-    error_response(
+/// The 404: the request it did not find (`method`, and `path` as sent, not
+/// percent-decoded) and every route there is.
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    json_response(
         StatusCode::NOT_FOUND,
-        "no such path; the control API has POST /resign, POST /switchover, POST /release; POST and DELETE /locks/{name}, /semaphores/{name} and /rwlocks/{name}, each with POST …/renew; POST and DELETE /jobs/{queue}/{job}/claim, POST /jobs/{queue}/{job}/renew and /complete; POST /jobs/{name}/periods/{start}/claim and /complete",
+        json!({
+            "error": format!("no such path: {method} {path}; the control API has POST /resign, POST /switchover, POST /release; POST and DELETE /locks/{{name}}, /semaphores/{{name}} and /rwlocks/{{name}}, each with POST …/renew; POST and DELETE /jobs/{{queue}}/{{job}}/claim, POST /jobs/{{queue}}/{{job}}/renew and /complete; POST /jobs/{{name}}/periods/{{start}}/claim and /complete"),
+            "method": method.as_str(),
+            "path": path,
+        }),
     )
 }
 
