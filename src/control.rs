@@ -242,7 +242,9 @@ async fn switchover(
         ),
         Err(SwitchoverRefusal::Backend(why)) => error_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("cannot check the switchover's target: {why}"),
+            format!(
+                "cannot check the switchover's target: {why}; nothing was handed over: retry the switchover"
+            ),
         ),
         Err(refusal) => {
             let leader = match &refusal {
@@ -265,10 +267,17 @@ async fn release(State(cs): State<ControlState>, _: Strict<NoParams>) -> Respons
     json_response(StatusCode::OK, json!({ "released": draining }))
 }
 
-async fn not_found() -> Response {
-    error_response(
+/// The 404: the request it did not find (`method`, and `path` as sent, not
+/// percent-decoded) and every route there is.
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    json_response(
         StatusCode::NOT_FOUND,
-        "no such path; the control API has POST /resign, POST /switchover, POST /release; POST and DELETE /locks/{name}, /semaphores/{name} and /rwlocks/{name}, each with POST …/renew; POST and DELETE /jobs/{queue}/{job}/claim, POST /jobs/{queue}/{job}/renew and /complete; POST /jobs/{name}/periods/{start}/claim and /complete",
+        json!({
+            "error": format!("no such path: {method} {path}; the control API has POST /resign, POST /switchover, POST /release; POST and DELETE /locks/{{name}}, /semaphores/{{name}} and /rwlocks/{{name}}, each with POST …/renew; POST and DELETE /jobs/{{queue}}/{{job}}/claim, POST /jobs/{{queue}}/{{job}}/renew and /complete; POST /jobs/{{name}}/periods/{{start}}/claim and /complete"),
+            "method": method.as_str(),
+            "path": path,
+        }),
     )
 }
 
@@ -485,5 +494,47 @@ mod tests {
             "{body}"
         );
         assert!(body.get("leader").is_some(), "{body}");
+    }
+
+    /// A switchover whose target cannot be checked (the registry does not
+    /// answer) is a 503 that says nothing was handed over and to retry,
+    /// never that the sidecar retries it.
+    #[tokio::test]
+    async fn a_switchover_that_cannot_check_its_target_says_to_retry_it() {
+        let b = crate::backend::memory::MemoryBackend::new();
+        let cfg = crate::elector::ElectorConfig::new("e", "me", Duration::from_secs(3));
+        let (elector, mut state) = crate::elector::Elector::connected(cfg, &b.connected(), None);
+        let handle = elector.handle();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn(elector.run(stop.clone()));
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            crate::elector::until_leading(&mut state),
+        )
+        .await
+        .expect("leads");
+        b.set_unreachable(true);
+        let app = control_router(ControlState {
+            handle,
+            state,
+            resign_cooldown: Duration::from_secs(1),
+            coord: None,
+        });
+        let resp = app
+            .oneshot(request("127.0.0.1:5555", "/switchover?to=b"))
+            .await
+            .unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let error = body["error"].as_str().unwrap_or_default();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(error.contains("cannot reach memory"), "{error}");
+        assert!(!error.contains("retrying"), "{error}");
+        assert!(error.contains("retry the switchover"), "{error}");
+        stop.cancel();
+        run.await.unwrap();
     }
 }

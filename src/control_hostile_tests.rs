@@ -158,6 +158,31 @@ async fn the_404_lists_every_control_route() {
         assert!(error.contains(route.method), "{}: {error}", route.method);
     }
     assert!(error.contains("/periods/{start}/claim"), "{error}");
+    // It names the request it did not find, as sent (not percent-decoded),
+    // escaped as JSON: a quote and non-ASCII arrive whole.
+    for (method, path) in [
+        ("POST", "/lokcs/x"),
+        ("DELETE", "/lokcs/\"q\"/é"),
+        ("POST", "/lokcs/%22q%22/%C3%A9"),
+    ] {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo("127.0.0.1:5555".parse::<SocketAddr>().unwrap()));
+        let resp = r.control.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), axum::http::StatusCode::NOT_FOUND, "{path}");
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["path"], path, "{body}");
+        assert_eq!(body["method"], method, "{body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(&format!("{method} {path}")), "{error}");
+    }
     r.stop.cancel();
     r.run.await.unwrap();
 }

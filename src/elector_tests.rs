@@ -531,10 +531,46 @@ async fn drain_ends_by_its_timeout_when_the_app_never_releases() {
     assert!(cs[1].rx.borrow().is_leader(Instant::now()));
 }
 
+/// The log lines of a test, written by a subscriber set for its thread
+/// (a paused-clock test runs every task on it).
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Capture what this thread logs until the guard drops.
+    fn start() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines().map(str::to_owned).collect()
+    }
+}
+
 /// A closed health gate is what `/leader`'s `waiting` names (it named
-/// nothing), and the wait ends when the gate opens.
+/// nothing), and the wait ends when the gate opens. Its log line names no
+/// `until` (it ends when the app answers, not at a time; it printed one
+/// renew interval from then).
 #[tokio::test(start_paused = true)]
 async fn a_closed_health_gate_is_shown_as_the_wait() {
+    let (logs, _guard) = Captured::start();
     let b = MemoryBackend::new();
     let (gate_tx, gate) = watch::channel(false);
     let (a, _h, _) = start_with(&b, cfg("a"), Some(gate));
@@ -545,6 +581,13 @@ async fn a_closed_health_gate_is_shown_as_the_wait() {
         Some(WaitReason::HealthGate),
         "{waiting:?}"
     );
+    let lines = logs.lines();
+    let gated: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("not campaigning yet") && l.contains("health gate is closed"))
+        .collect();
+    assert!(!gated.is_empty(), "no wait logged: {lines:#?}");
+    assert!(gated.iter().all(|l| !l.contains("until")), "{gated:#?}");
     gate_tx.send_replace(true);
     run_for(std::slice::from_ref(&a), Duration::from_millis(50)).await;
     let s = a.rx.borrow().clone();

@@ -23,7 +23,6 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::WaitReason;
 use crate::elector::LeaderState;
 use crate::metrics::Metrics;
 use crate::query::{NoParams, Strict};
@@ -179,12 +178,7 @@ impl LeaderBody {
                 }),
                 w => w.map(|w| WaitingBody {
                     what: w.what.as_str(),
-                    until: match w.what {
-                        WaitReason::Paused => Some("resume".to_owned()),
-                        // It ends when the app answers, not at a time.
-                        WaitReason::HealthGate => None,
-                        _ => Some(humantime::format_rfc3339_millis(w.until).to_string()),
-                    },
+                    until: w.until_text(),
                 }),
             },
         }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::*;
+use crate::backend::WaitReason;
 use crate::elector::{LeaderState, OwnTerm};
 
 fn follower() -> LeaderState {

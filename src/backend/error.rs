@@ -166,21 +166,45 @@ impl BackendError {
         }
     }
 
-    /// [`report`](Self::report) for a command that tries once (`status`,
-    /// `pause`, `switchover`): the hint without "retrying with backoff",
-    /// which only a running sidecar does.
+    /// The [`hint`](Self::hint) without what the running sidecar does about
+    /// the error (retrying, watching again, waiting out a `Retry-After`):
+    /// the advice for whoever got an answer that nobody retries (a command
+    /// that tries once, a coordination request answered 503). `None` when
+    /// the hint is only that.
+    pub fn advice(&self) -> Option<&'static str> {
+        let hint = self.hint();
+        let advice = match self {
+            BackendError::WatchEnded { .. } => "",
+            BackendError::Throttled { .. } => hint
+                .split_once("; the next request")
+                .map_or(hint, |(a, _)| a),
+            _ => SIDECAR_RETRIES
+                .iter()
+                .find_map(|tail| hint.strip_suffix(tail))
+                .unwrap_or(hint),
+        };
+        (!advice.is_empty()).then_some(advice)
+    }
+
+    /// [`report`](Self::report) for an answer nobody retries (`status`,
+    /// `pause`, `switchover`, a coordination request's 503): the
+    /// [`advice`](Self::advice) as its hint, never "retrying", which only a
+    /// running sidecar does.
     pub fn report_once(&self) -> String {
-        self.report()
-            .replace("; retrying with backoff)", ")")
-            .replace(" (hint: retrying with backoff)", "")
+        self.report_with(self.advice())
     }
 
     /// The whole error as one line: this layer, its causes, and the hint.
     /// gRPC statuses are reduced to their message and their own causes
     /// (their `Display` dumps the `Debug` text of the transport error), and a
-    /// cause that repeats what is already said is left out. Commands that
-    /// try once use [`report_once`](Self::report_once).
+    /// cause that repeats what is already said is left out. Answers nobody
+    /// retries use [`report_once`](Self::report_once).
     pub fn report(&self) -> String {
+        self.report_with(Some(self.hint()))
+    }
+
+    /// The error, its causes and `hint`, if any, as one line.
+    fn report_with(&self, hint: Option<&str>) -> String {
         let mut out = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
@@ -191,12 +215,24 @@ impl BackendError {
             }
             source = next;
         }
-        out.push_str(" (hint: ");
-        out.push_str(self.hint());
-        out.push(')');
+        if let Some(hint) = hint {
+            out.push_str(" (hint: ");
+            out.push_str(hint);
+            out.push(')');
+        }
         out
     }
 }
+
+/// How a hint ends when it says that the running sidecar retries (the
+/// shared hints, and a backend's advice on a code it waits out):
+/// [`BackendError::advice`] leaves it out.
+const SIDECAR_RETRIES: [&str; 4] = [
+    "; retrying with backoff",
+    "; retrying",
+    ", retrying",
+    "retrying with backoff",
+];
 
 /// One cause's own text and the next cause: the backend's own opener first
 /// ([`About::open_cause`]), else the cause's `Display` and `source()`.

@@ -219,7 +219,9 @@ pub struct About {
     /// Advice for [`BackendError::Auth`].
     pub auth_hint: &'static str,
     /// Advice for [`BackendError::Rejected`], by code; a code not listed
-    /// gets "retrying with backoff".
+    /// gets "retrying with backoff". Advice on a code the sidecar waits out
+    /// ends with "; retrying" or ", retrying", which answers nobody retries
+    /// leave out ([`BackendError::advice`]).
     pub rejected: &'static [(&'static str, &'static str)],
     /// What a holder whose time left reads 0 ([`Holder::expires_in`])
     /// means on this backend, in `status`'s warning (exit 4).
@@ -420,5 +422,32 @@ mod tests {
             !once.contains("retrying") && !once.contains("(hint"),
             "{once}"
         );
+        // Nor what the running sidecar does about the error: a backend's
+        // own advice keeps its fix and drops its "retrying".
+        for code in ["loading", "oom", redis::UNREPLICATED] {
+            let once = rejected(redis::BACKEND, code).report_once();
+            assert!(!once.contains("retrying"), "{once}");
+            assert!(rejected(redis::BACKEND, code).report().contains("retrying"));
+        }
+        let once = rejected(redis::BACKEND, "oom").report_once();
+        assert!(once.ends_with("raise maxmemory)"), "{once}");
+        let ended = BackendError::WatchEnded {
+            backend: etcd,
+            reason: "compacted".into(),
+        };
+        assert!(
+            !ended.report_once().contains("(hint"),
+            "{}",
+            ended.report_once()
+        );
+        let throttled = BackendError::Throttled {
+            backend: kubernetes::ABOUT,
+            retry_after: Duration::from_secs(1),
+            source: "429".into(),
+        };
+        let once = throttled.report_once();
+        assert!(once.contains("throttling this client (HTTP 429"), "{once}");
+        assert!(!once.contains("the next request waits"), "{once}");
+        assert!(throttled.hint().ends_with("at most one renew interval"));
     }
 }

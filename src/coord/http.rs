@@ -18,7 +18,9 @@
 //!
 //! The token comes as `?token=` or a JSON body `{"token": "…"}` (at most
 //! 4 KiB). Every answer is JSON with `Cache-Control: no-store`; bad input is
-//! a 4xx whose `error` names the field and the fix.
+//! a 4xx whose `error` names the field and the fix; a backend error is a 503
+//! whose `error` says what the sidecar did with the request (tried it once,
+//! or kept trying within its `wait`) and what the client should do.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +36,7 @@ use serde_json::json;
 use super::params::{ClaimParams, LockParams, SemaphoreParams};
 pub(super) use super::params::{RenewParams, TokenParams, token};
 use super::{Acquire, CoordError, Object, Outcome, Service, Try, check_name, check_owner};
+use crate::backend::BackendError;
 use crate::http::{error_response, json_response};
 use crate::query::Strict;
 
@@ -153,10 +156,42 @@ pub(super) fn name_ok(what: &str, name: &str) -> Result<(), Bad> {
     check_name(what, name).map_err(|m| (StatusCode::BAD_REQUEST, m))
 }
 
+/// The answer to a request that never waits (a renewal, a release, a
+/// completion, a job claim) and failed with `e`.
 pub(super) fn backend_error(e: CoordError) -> Response {
+    answer_error(e, None)
+}
+
+/// The answer to an acquisition with `wait` (zero: none) that failed with
+/// `e`.
+pub(super) fn acquisition_error(e: CoordError, wait: Duration) -> Response {
+    answer_error(e, Some(wait))
+}
+
+/// What the client of a request answered with backend error `b` should do:
+/// the error, its advice ([`BackendError::report_once`]: never "retrying",
+/// as nothing retries the request once it is answered), and what the
+/// sidecar did with the request and the client should do next. `wait`: the
+/// acquisition's, `None` for a request that never waits.
+fn unavailable(b: &BackendError, wait: Option<Duration>) -> String {
+    let next = match wait {
+        _ if !b.is_retryable() => "not retried: a retry does not mend this error; fix what the hint says, then retry the request".to_owned(),
+        None => "the sidecar tried this request once and does not retry it: retry the request".to_owned(),
+        Some(w) if w.is_zero() => "the sidecar tried this request once and does not retry it: retry the request, or give it a wait= within which the sidecar retries such errors".to_owned(),
+        Some(w) => format!(
+            "the sidecar kept trying it within its wait ({}) until its budget ran out, and tries no more: retry the request later, or with a longer wait",
+            crate::flags::format_duration(w)
+        ),
+    };
+    format!("{}; {next}", b.report_once())
+}
+
+fn answer_error(e: CoordError, wait: Option<Duration>) -> Response {
     match e {
         CoordError::Unsupported(msg) => bad(msg),
-        CoordError::Backend(b) => error_response(StatusCode::SERVICE_UNAVAILABLE, b.report()),
+        CoordError::Backend(b) => {
+            error_response(StatusCode::SERVICE_UNAVAILABLE, unavailable(&b, wait))
+        }
         e @ CoordError::Corrupt { .. } => {
             error_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         }
@@ -263,7 +298,7 @@ async fn lock_acquire(
     };
     match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
-        Err(e) => backend_error(e),
+        Err(e) => acquisition_error(e, wait),
     }
 }
 
@@ -364,7 +399,7 @@ async fn sem_acquire(
     };
     match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
-        Err(e) => backend_error(e),
+        Err(e) => acquisition_error(e, wait),
     }
 }
 
@@ -438,3 +473,7 @@ fn completed(r: Result<Outcome, CoordError>) -> Response {
         Err(e) => backend_error(e),
     }
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::http::{
     Bad, CoordState, MAX_TTL, MIN_TTL, RenewParams, TokenParams, acquire_params, acquired,
-    backend_error, duration, name_ok, reject, released, renewed, reply, token,
+    acquisition_error, backend_error, duration, name_ok, reject, released, renewed, reply, token,
 };
 use super::{Acquire, Object, RwMode};
 use crate::query::Strict;
@@ -80,7 +80,7 @@ async fn rw_acquire(
     };
     match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
-        Err(e) => backend_error(e),
+        Err(e) => acquisition_error(e, wait),
     }
 }
 

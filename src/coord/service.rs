@@ -288,12 +288,11 @@ impl Service {
             // round trips than a try first; one name is one lock, and each
             // release wakes one waiter.
             Acquire::Lock(name) if !wait.is_zero() && self.coord.queues() => {
-                let fair = Acquire::FairLock { name, wait };
-                self.budgeted(wait, self.queued(fair, owner, ttl, wait))
+                self.budgeted(wait, self.queued(name, owner, ttl, wait))
                     .await
             }
-            Acquire::FairLock { .. } => {
-                self.budgeted(wait, self.queued(what, owner, ttl, wait))
+            Acquire::FairLock { name, .. } => {
+                self.budgeted(wait, self.queued(name, owner, ttl, wait))
                     .await
             }
             Acquire::Lock(_) | Acquire::Semaphore { .. } => {
@@ -316,22 +315,25 @@ impl Service {
         }
     }
 
-    /// A fair lock through the backend's queue, where it waits.
-    async fn queued(
-        &self,
-        fair: Acquire<'_>,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Try> {
+    /// Fair lock `name` through the backend's queue, where it waits up to
+    /// `wait`. A transient error within the wait is retried by the rule of
+    /// every waiting request ([`through_hold_off`]): the next attempt
+    /// queues again, at the end of the queue, for what is left of the wait.
+    async fn queued(&self, name: &str, owner: &str, ttl: Duration, wait: Duration) -> Result<Try> {
         let started = Instant::now();
+        let deadline = started + wait;
         let _waiting = if wait.is_zero() {
             None
         } else {
             Some(self.enter_wait()?)
         };
-        let r = self.coord.acquire(fair, owner, ttl).await;
-        self.noted(fair.object().name(), started, &r);
+        let mut attempt = || {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            self.coord
+                .acquire(Acquire::FairLock { name, wait }, owner, ttl)
+        };
+        let r = through_hold_off(&mut attempt, deadline).await;
+        self.noted(name, started, &r);
         r
     }
 
@@ -420,7 +422,9 @@ const ERROR_RETRY_FIRST: Duration = Duration::from_millis(50);
 const ERROR_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// One attempt, repeated through what passes within the request's `wait`
-/// (its budget): a promotion hold-off ([`CoordError::HoldOff`]) that ends
+/// (its budget): the rule of every request that waits (a lock, plain or
+/// fair, a semaphore permit, a read-write lock; a job claim never waits).
+/// A promotion hold-off ([`CoordError::HoldOff`]) that ends
 /// before `deadline` is slept out, and a transient backend error (a broken
 /// connection, a primary killed before its Sentinels name another) is
 /// retried after a pause from 50 ms doubling to 1 s while the next attempt

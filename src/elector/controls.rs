@@ -147,7 +147,7 @@ impl ElectorHandle {
         // refused 60 ms after the target turned ready).
         let listed = match timeout(self.call_timeout, registry.candidates_now()).await {
             Ok(Ok(listed)) => super::known::judged(&self.known, listed, false),
-            Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report())),
+            Ok(Err(e)) => return Err(SwitchoverRefusal::Backend(e.report_once())),
             Err(_) => return Err(SwitchoverRefusal::Backend("the call timed out".into())),
         };
         check_target(&listed, (&me, Some(priority), paused), to, (force, now))?;

@@ -102,7 +102,16 @@ impl Publisher {
             }
             Some(Note::NewWait) => {
                 if let Some(w) = s.waiting {
-                    info!(election = %s.election, waiting_for = w.what.as_str(), until = %humantime::format_rfc3339_millis(w.until), "not campaigning yet");
+                    let what = w.what.as_str();
+                    match w.until_text() {
+                        Some(until) => {
+                            info!(election = %s.election, waiting_for = what, until = %until, "not campaigning yet")
+                        }
+                        // A closed health gate ends when the app answers.
+                        None => {
+                            info!(election = %s.election, waiting_for = what, "not campaigning yet")
+                        }
+                    }
                 }
             }
             None => {}

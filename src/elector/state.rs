@@ -66,6 +66,20 @@ pub struct Waiting {
     pub until: SystemTime,
 }
 
+impl Waiting {
+    /// When the wait ends, as `/leader` and the log show it: the RFC 3339
+    /// time (milliseconds); `"resume"` for a pause (an operator ends it,
+    /// not a time); `None` for a closed health gate (it ends when the app
+    /// answers: its `until` is only when the gate is asked again).
+    pub fn until_text(&self) -> Option<String> {
+        match self.what {
+            crate::backend::WaitReason::Paused => Some("resume".to_owned()),
+            crate::backend::WaitReason::HealthGate => None,
+            _ => Some(humantime::format_rfc3339_millis(self.until).to_string()),
+        }
+    }
+}
+
 /// What one candidate knows about its election. Published by the Elector on a
 /// `tokio::sync::watch` channel; readers call [`LeaderState::is_leader`] with
 /// the current instant each time they answer (or [`LeaderState::is_leader_now`]).

@@ -428,3 +428,5 @@ async fn a_wait_outlasts_transient_backend_errors_and_the_hold_off_within_its_bu
         Instant::now() - held
     );
 }
+
+mod retry_tests;
