@@ -296,8 +296,11 @@ async fn lock_acquire(
     } else {
         Acquire::Lock(&name)
     };
+    let queued = s.service.is_queued(&what, wait);
     match s.service.acquire(what, &owner, ttl, wait).await {
         Ok(t) => acquired(t),
+        // Tried once: a queued request answers its first error.
+        Err(e) if queued => answer_error(e, None),
         Err(e) => acquisition_error(e, wait),
     }
 }

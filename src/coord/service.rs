@@ -266,6 +266,18 @@ impl Service {
         self.waiting.load(Ordering::SeqCst)
     }
 
+    /// Whether `what`, asked with `wait`, goes through the backend's queue
+    /// (a fair lock, or a plain lock that may wait on a backend that
+    /// queues, etcd): such a request answers its first backend error
+    /// ([`Service::queued`]), so its 503 says it was tried once.
+    pub fn is_queued(&self, what: &Acquire<'_>, wait: Duration) -> bool {
+        match what {
+            Acquire::FairLock { .. } => true,
+            Acquire::Lock(_) => !wait.is_zero() && self.coord.queues(),
+            _ => false,
+        }
+    }
+
     /// Acquire `what` for `ttl`, labelled `owner`, waiting up to `wait`:
     /// a lock in arrival order where the backend queues, a read-write lock's
     /// writer keeping new readers out while it waits (the service makes its
@@ -316,23 +328,23 @@ impl Service {
     }
 
     /// Fair lock `name` through the backend's queue, where it waits up to
-    /// `wait`. A transient error within the wait is retried by the rule of
-    /// every waiting request ([`through_hold_off`]): the next attempt
-    /// queues again, at the end of the queue, for what is left of the wait.
+    /// `wait`. A transient error is the answer, within the wait or not:
+    /// the attempt's queue entry is bound to a lease that the outage may
+    /// have kept the sidecar from revoking, so a retry would queue behind
+    /// its own entry until that lease's TTL (seen with etcd restarted under
+    /// a waiter: granted never, 409 naming the waiter itself after its
+    /// whole wait). The client retries, as the 503 says.
     async fn queued(&self, name: &str, owner: &str, ttl: Duration, wait: Duration) -> Result<Try> {
         let started = Instant::now();
-        let deadline = started + wait;
         let _waiting = if wait.is_zero() {
             None
         } else {
             Some(self.enter_wait()?)
         };
-        let mut attempt = || {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            self.coord
-                .acquire(Acquire::FairLock { name, wait }, owner, ttl)
-        };
-        let r = through_hold_off(&mut attempt, deadline).await;
+        let r = self
+            .coord
+            .acquire(Acquire::FairLock { name, wait }, owner, ttl)
+            .await;
         self.noted(name, started, &r);
         r
     }
@@ -422,8 +434,9 @@ const ERROR_RETRY_FIRST: Duration = Duration::from_millis(50);
 const ERROR_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// One attempt, repeated through what passes within the request's `wait`
-/// (its budget): the rule of every request that waits (a lock, plain or
-/// fair, a semaphore permit, a read-write lock; a job claim never waits).
+/// (its budget): the rule of every request that waits (a lock, a
+/// semaphore permit, a read-write lock; a job claim never waits, and a
+/// queued fair lock answers its first error: see `Service::queued`).
 /// A promotion hold-off ([`CoordError::HoldOff`]) that ends
 /// before `deadline` is slept out, and a transient backend error (a broken
 /// connection, a primary killed before its Sentinels name another) is
