@@ -271,10 +271,16 @@ impl Service {
     /// queues, etcd): such a request answers its first backend error
     /// ([`Service::queued`]), so its 503 says it was tried once.
     pub fn is_queued(&self, what: &Acquire<'_>, wait: Duration) -> bool {
-        match what {
-            Acquire::FairLock { .. } => true,
-            Acquire::Lock(_) => !wait.is_zero() && self.coord.queues(),
-            _ => false,
+        self.queued_name(what, wait).is_some()
+    }
+
+    /// The lock name of `what` when it goes through the queue
+    /// ([`Service::is_queued`]).
+    fn queued_name<'a>(&self, what: &Acquire<'a>, wait: Duration) -> Option<&'a str> {
+        match *what {
+            Acquire::FairLock { name, .. } => Some(name),
+            Acquire::Lock(name) if !wait.is_zero() && self.coord.queues() => Some(name),
+            _ => None,
         }
     }
 
@@ -293,21 +299,19 @@ impl Service {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Try> {
+        // A plain request that may wait joins the queue where the backend
+        // has one (etcd) at once: joining takes the lock when nobody holds
+        // it and nobody queues (exactly a plain try), in fewer round trips
+        // than a try first; one name is one lock, and each release wakes one
+        // waiter.
+        if let Some(name) = self.queued_name(&what, wait) {
+            return self
+                .budgeted(wait, self.queued(name, owner, ttl, wait))
+                .await;
+        }
         match what {
-            // A plain request that may wait joins the queue where the backend
-            // has one (etcd) at once: joining takes the lock when nobody
-            // holds it and nobody queues (exactly a plain try), in fewer
-            // round trips than a try first; one name is one lock, and each
-            // release wakes one waiter.
-            Acquire::Lock(name) if !wait.is_zero() && self.coord.queues() => {
-                self.budgeted(wait, self.queued(name, owner, ttl, wait))
-                    .await
-            }
-            Acquire::FairLock { name, .. } => {
-                self.budgeted(wait, self.queued(name, owner, ttl, wait))
-                    .await
-            }
-            Acquire::Lock(_) | Acquire::Semaphore { .. } => {
+            // A fair lock is always queued (above).
+            Acquire::Lock(_) | Acquire::FairLock { .. } | Acquire::Semaphore { .. } => {
                 let attempt = || self.coord.acquire(what, owner, ttl);
                 self.budgeted(wait, self.with_wait(what.object(), wait, attempt))
                     .await

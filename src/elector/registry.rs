@@ -278,20 +278,26 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_record_is_renewed_rewritten_on_readiness_and_withdrawn() {
+    /// A keeper of `pod-a`'s record behind a candidacy gate (open), lease
+    /// 15 s: the recording backend, the gate and the keeper.
+    fn gated_keeper() -> (Arc<Recorder>, watch::Sender<bool>, Registry) {
         let backend = Arc::new(Recorder::default());
         let (gate, ready) = watch::channel(true);
-        let lease = Duration::from_secs(15);
         let registry = Registry::start(
             &CancellationToken::new(),
             Some(backend.clone()),
             Candidate::new("pod-a"),
             (Some(ready), None, watch::channel(None).1),
-            lease,
+            Duration::from_secs(15),
             Duration::from_secs(3),
         )
         .expect("a backend with a registry");
+        (backend, gate, registry)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_record_is_renewed_rewritten_on_readiness_and_withdrawn() {
+        let (backend, gate, registry) = gated_keeper();
         let calls = || backend.calls.lock().unwrap().clone();
         sleep(Duration::from_secs(1)).await;
         assert_eq!(calls(), ["publish pod-a ready=true ttl=180s"]);
@@ -319,18 +325,7 @@ mod tests {
     /// adoption read was not adopted: a lease duration with no leader.)
     #[tokio::test(start_paused = true)]
     async fn a_health_check_that_repeats_its_answer_writes_nothing() {
-        let backend = Arc::new(Recorder::default());
-        let (gate, ready) = watch::channel(true);
-        let lease = Duration::from_secs(15);
-        let registry = Registry::start(
-            &CancellationToken::new(),
-            Some(backend.clone()),
-            Candidate::new("pod-a"),
-            (Some(ready), None, watch::channel(None).1),
-            lease,
-            Duration::from_secs(3),
-        )
-        .expect("a backend with a registry");
+        let (backend, gate, registry) = gated_keeper();
         let calls = || backend.calls.lock().unwrap().clone();
         for _ in 0..30 {
             sleep(Duration::from_secs(1)).await;
