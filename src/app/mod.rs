@@ -10,6 +10,7 @@
 pub mod backends;
 mod failsafe_tasks;
 mod pod_tasks;
+mod shard_tasks;
 pub mod tasks;
 
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ use crate::coord::{CoordMetrics, Coordinator, Service};
 use crate::elector::Elector;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
+use crate::shards::http::{ShardsState, shards_router};
 pub use backends::{Backends, connect};
 use tasks::{Stop, Task, Tasks};
 
@@ -210,7 +212,9 @@ impl App {
         let mut tasks = Tasks::default();
         let stops = (shutdown, http_stop);
         let elector = failsafe_tasks::spawn(cfg, self.failsafe, elector, &mut tasks, stops);
-        let (mut elector, health, notify) = hook_rows(cfg, elector, shutdown);
+        let (mut elector, health, notify, gate) = hook_rows(cfg, elector, shutdown);
+        let (keeper, shards) =
+            shard_tasks::spawn_keeper(cfg, self.backend.shards.clone(), gate, shutdown);
         let labeler =
             pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
         let slice_writer = pod_tasks::spawn_slice_writer(cfg, &mut elector, &state, shutdown).await;
@@ -229,6 +233,7 @@ impl App {
             .critical("the elector task ended unexpectedly")
             .late("the elector did not finish resigning in time; the lease will expire by TTL"),
         );
+        tasks.push_opt(keeper);
         tasks.push_opt(labeler);
         tasks.push_opt(slice_writer);
         let service = self.serving.coord.as_ref().map(|c| c.service.clone());
@@ -256,7 +261,9 @@ impl App {
             resign_cooldown: cfg.resign_cooldown,
             coord: None,
         };
-        let (http, control) = self.serving.spawn(cfg, app_state, control, http_stop);
+        let (http, control) = self
+            .serving
+            .spawn(cfg, (app_state, shards), control, http_stop);
         tasks.push(http);
         tasks.push_opt(control);
         tasks
@@ -268,7 +275,7 @@ impl Serving {
     fn spawn(
         self,
         cfg: &Config,
-        app_state: AppState,
+        (app_state, shards): (AppState, ShardsState),
         mut control: ControlState,
         http_stop: &CancellationToken,
     ) -> (Task, Option<Task>) {
@@ -292,7 +299,7 @@ impl Serving {
                 let span = info_span!("control");
                 Task::spawn("control", Stop::Http, limit, span, fut)
             });
-        let router = router(app_state);
+        let router = router(app_state).merge(shards_router(shards));
         let http = serve(self.listener, "--http-addr", router, true, cfg, http_stop);
         let http = Task::spawn("http", Stop::Http, HTTP_DRAIN, info_span!("http"), http)
             .critical("the HTTP server ended unexpectedly")
@@ -370,10 +377,11 @@ fn hook_rows(
     cfg: &Config,
     mut elector: Elector,
     shutdown: &CancellationToken,
-) -> (Elector, Option<Task>, Option<Task>) {
-    let mut health = None;
+) -> (Elector, Option<Task>, Option<Task>, Option<Gate>) {
+    let (mut health, mut gate) = (None, None);
     if let Some((url, interval)) = &cfg.candidate_health {
         let (gate_tx, gate_rx) = tokio::sync::watch::channel(false);
+        gate = Some(gate_rx.clone());
         elector = elector.with_candidacy(gate_rx);
         let fut = crate::hooks::health_checker(url.clone(), *interval, gate_tx, shutdown.clone());
         let span = info_span!("health");
@@ -396,8 +404,11 @@ fn hook_rows(
         )
         .late("pending notifications were not delivered before exit")
     });
-    (elector, health, notify)
+    (elector, health, notify, gate)
 }
+
+/// The candidacy gate of `--candidate-health-url` (`true`: ready).
+type Gate = tokio::sync::watch::Receiver<bool>;
 
 /// The coordination service of the control API.
 fn coord_state(cfg: &Config, coordinator: Box<dyn Coordinator>, registry: &Registry) -> CoordState {

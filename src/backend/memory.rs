@@ -60,6 +60,7 @@ struct Inner {
 }
 
 mod roster;
+pub mod shards;
 
 /// How long a campaign refused by a pause asks the candidate to wait.
 const PAUSED_RETRY: Duration = Duration::from_secs(1);
@@ -94,6 +95,7 @@ impl MemoryBackend {
             registry: Some(Arc::new(self.clone())),
             controls: Some(Arc::new(self.clone())),
             roster: Some(Arc::new(self.clone())),
+            shards: Some(Arc::new(shards::MemoryShards::new())),
         }
     }
 

@@ -29,6 +29,7 @@ pub mod memory;
 pub mod redis;
 pub mod registry;
 pub mod roster;
+pub mod shards;
 mod waits;
 
 use std::time::Duration;

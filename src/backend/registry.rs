@@ -86,6 +86,8 @@ pub struct Row {
     pub coordination: Option<&'static str>,
     /// Whether it keeps a failsafe roster (`--failsafe` is refused otherwise).
     pub failsafe: bool,
+    /// Whether it keeps shard records (`--shards` is refused otherwise).
+    pub shards: bool,
 }
 
 /// A row's `resolve`: its flags and the common settings (and whether
@@ -156,6 +158,9 @@ pub struct Connected {
     /// The failsafe roster over the same connection; `None` when the
     /// backend keeps none (then `--failsafe` is refused).
     pub roster: Option<Arc<dyn super::roster::RosterStore>>,
+    /// The shard records over the same connection; `None` when the
+    /// backend keeps none (then `--shards` is refused).
+    pub shards: Option<Arc<dyn super::shards::ShardStore>>,
 }
 
 fn backend_names() -> PossibleValuesParser {

@@ -155,6 +155,13 @@ pub(crate) fn check_ranges(cli: &Cli) -> Result<(), ConfigError> {
             cli.max_connections
         )));
     }
+    if cli.shards as usize > crate::shards::MAX_SHARDS {
+        return Err(config_error(format!(
+            "--shards ({}) must be between 1 and {}, or 0 for none\nhint: a shard is a hash range of the objects your app works on; a few per member is plenty",
+            cli.shards,
+            crate::shards::MAX_SHARDS
+        )));
+    }
     if cli.coord_max_waiters == 0 || cli.coord_max_waiters > COORD_MAX_WAITERS_LIMIT {
         return Err(config_error(format!(
             "--coord-max-waiters ({}) must be between 1 and {COORD_MAX_WAITERS_LIMIT}\nhint: beyond the cap an acquisition with a wait answers 429; the default is {}",

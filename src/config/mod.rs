@@ -72,6 +72,8 @@ pub struct Config {
     pub log_level: String,
     /// Failsafe: `None` when off.
     pub failsafe: Option<failsafe::FailsafeSettings>,
+    /// `--shards`: `None` when off (0).
+    pub shards: Option<u32>,
 }
 
 /// The durations derived from the timing flags and their defaults.
@@ -280,7 +282,15 @@ impl Config {
                 backend.name()
             )));
         }
+        let shards = (cli.shards > 0).then_some(cli.shards);
+        if shards.is_some() && !registry::row(backend.name()).is_some_and(|r| r.shards) {
+            return Err(config_error(format!(
+                "--shards: the {} backend keeps no shard records yet\nhint: shards are built on etcd and one Redis server; leave --shards at 0 here",
+                backend.name()
+            )));
+        }
         Ok(Config {
+            shards,
             failsafe,
             elector,
             backend,

@@ -199,6 +199,7 @@ fn connected_to(backend: &Arc<Naming>) -> crate::backend::registry::Connected {
         registry: Some(backend.clone()),
         controls: None,
         roster: None,
+        shards: None,
     }
 }
 

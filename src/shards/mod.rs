@@ -57,6 +57,8 @@
 //! unready member is left out of it; a paused set computes nothing).
 
 mod assign;
+pub mod http;
+pub mod keeper;
 mod range;
 mod selector;
 
@@ -69,3 +71,7 @@ pub use selector::{SelectorError, parse_selector};
 #[cfg(test)]
 #[path = "shards_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "keeper_tests.rs"]
+mod keeper_tests;

@@ -29,6 +29,7 @@ pub const ROW: Row = Row {
     resolve,
     coordination: Some("locks, fair locks, semaphores, job claims"),
     failsafe: true,
+    shards: true,
 };
 
 /// The etcd flags.
@@ -144,6 +145,7 @@ impl Settings for EtcdSettings {
             registry: Some(backend.clone()),
             controls: Some(backend.clone()),
             roster: Some(backend.clone()),
+            shards: Some(Arc::new(super::shards::EtcdShards::new(backend.clone()))),
             election: backend,
             coordination: Some(Box::new(coord)),
         })

@@ -37,6 +37,7 @@ mod handover;
 mod registry;
 mod release;
 mod roster;
+pub mod shards;
 pub mod store;
 mod swap;
 

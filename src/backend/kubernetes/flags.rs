@@ -26,6 +26,7 @@ pub const ROW: Row = Row {
     resolve,
     coordination: Some("locks, fair locks, semaphores, job claims"),
     failsafe: true,
+    shards: false,
 };
 
 #[cfg(test)]
@@ -94,12 +95,14 @@ impl Settings for KubeSettings {
                 election: both,
                 coordination: Some(Box::new(coord)),
                 roster: None,
+                shards: None,
             });
         }
         Ok(Connected {
             registry: Some(lease.clone()),
             controls: Some(lease.clone()),
             roster: Some(lease.clone()),
+            shards: None,
             election: lease,
             coordination: Some(Box::new(coord)),
         })

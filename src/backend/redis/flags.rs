@@ -28,6 +28,7 @@ pub const ROW: Row = Row {
     resolve,
     coordination: Some("one server or a Redlock group: locks, semaphores, job claims"),
     failsafe: true,
+    shards: false,
 };
 
 /// The Redis flags.
@@ -166,6 +167,7 @@ impl Settings for RedisSettings {
             registry: Some(backend.clone()),
             controls: Some(backend.clone()),
             roster: Some(backend.clone()),
+            shards: None,
             election: backend,
             coordination: Some(Box::new(coord)),
         })
