@@ -51,6 +51,7 @@ mod redis;
 mod redis_ops;
 mod redlock_coord;
 mod run_start;
+mod shards;
 mod rwlock;
 mod sentinel;
 mod stand_in;

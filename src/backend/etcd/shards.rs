@@ -141,13 +141,13 @@ impl ShardStore for EtcdShards {
         let store = self.backend.store();
         let client = self.backend.client().await?;
         let mut leases = client.lease_client();
-        let id = session_lease(session);
-        let once = async {
-            let (_keeper, mut stream) = leases.keep_alive(id).await?;
-            stream.message().await
-        };
-        let answer = store.call(None, "lease keep-alive", once).await?;
-        Ok(answer.is_some_and(|a| a.ttl() > 0))
+        // etcd-client's keep_alive sends one keep-alive and reads its answer:
+        // a TTL of 0 (the lease is gone) is its LeaseKeepAliveError.
+        match leases.keep_alive(session_lease(session)).await {
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+            Err(e) => Err(store.failed(e).await),
+        }
     }
 
     async fn read(&self, shards: u32) -> Result<ShardSnapshot> {
