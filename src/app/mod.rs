@@ -218,21 +218,7 @@ impl App {
         let labeler =
             pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
         let slice_writer = pod_tasks::spawn_slice_writer(cfg, &mut elector, &state, shutdown).await;
-        let limit = cfg.elector.call_timeout()
-            + cfg.elector.drain_timeout.unwrap_or_default()
-            + Duration::from_secs(1);
-        let span = info_span!("elector", election = %cfg.elector.election);
-        tasks.push(
-            Task::spawn(
-                "elector",
-                Stop::Shutdown,
-                limit,
-                span,
-                none(elector.run(shutdown.clone())),
-            )
-            .critical("the elector task ended unexpectedly")
-            .late("the elector did not finish resigning in time; the lease will expire by TTL"),
-        );
+        tasks.push(elector_row(cfg, elector, shutdown));
         tasks.push_opt(keeper);
         tasks.push_opt(labeler);
         tasks.push_opt(slice_writer);
@@ -405,6 +391,24 @@ fn hook_rows(
         .late("pending notifications were not delivered before exit")
     });
     (elector, health, notify, gate)
+}
+
+/// The Elector's row: it stops claiming, drains if configured and resigns
+/// within its call deadline plus the drain and a second.
+fn elector_row(cfg: &Config, elector: Elector, shutdown: &CancellationToken) -> Task {
+    let limit = cfg.elector.call_timeout()
+        + cfg.elector.drain_timeout.unwrap_or_default()
+        + Duration::from_secs(1);
+    let span = info_span!("elector", election = %cfg.elector.election);
+    Task::spawn(
+        "elector",
+        Stop::Shutdown,
+        limit,
+        span,
+        none(elector.run(shutdown.clone())),
+    )
+    .critical("the elector task ended unexpectedly")
+    .late("the elector did not finish resigning in time; the lease will expire by TTL")
 }
 
 /// The candidacy gate of `--candidate-health-url` (`true`: ready).

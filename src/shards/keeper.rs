@@ -81,6 +81,14 @@ impl ShardView {
     }
 }
 
+/// What one round read and holds: the snapshot, the session and its
+/// validity's end.
+struct Held<'a> {
+    snap: &'a ShardSnapshot,
+    session: &'a Session,
+    valid_until: Instant,
+}
+
 /// The keeper of one member's shards.
 pub struct Keeper {
     cfg: KeeperConfig,
@@ -252,49 +260,86 @@ impl Keeper {
             .map(|r| r.as_ref().map(|r| r.member.clone()))
             .collect();
         let next = assign(&members, &current);
-        let me = self.cfg.identity.clone();
         let mut mine = self.view.borrow().mine.clone();
-        // Stop claiming first, publish, then release.
+        let held = Held {
+            snap: &snap,
+            session: &session,
+            valid_until,
+        };
+        self.give_away(&held, &next, &mut mine, (&current, &members))
+            .await;
+        let mut owners = current.clone();
+        self.take(&held, &next, &mut mine, &mut owners).await;
+        let me = self.cfg.identity.as_str();
+        for (i, o) in owners.iter_mut().enumerate() {
+            if o.as_deref() == Some(me) && !mine.contains_key(&(i as u32)) {
+                *o = None;
+            }
+        }
+        self.publish(mine, Some(valid_until), owners, members, None);
+    }
+
+    /// Stop claiming the shards `next` gives to others, publish that, then
+    /// delete their records (the model's release rule: in this order).
+    async fn give_away(
+        &mut self,
+        held: &Held<'_>,
+        next: &[Option<String>],
+        mine: &mut BTreeMap<u32, u64>,
+        (current, members): (&[Option<String>], &[String]),
+    ) {
+        let me = self.cfg.identity.as_str();
         let give: Vec<u32> = (0..self.cfg.shards)
-            .filter(|&i| next[i as usize].as_deref() != Some(me.as_str()))
-            .filter(|&i| {
-                current[i as usize].as_deref() == Some(me.as_str()) || mine.contains_key(&i)
-            })
+            .filter(|&i| next[i as usize].as_deref() != Some(me))
+            .filter(|&i| current[i as usize].as_deref() == Some(me) || mine.contains_key(&i))
             .collect();
         if give.iter().any(|i| mine.contains_key(i)) {
             for i in &give {
                 mine.remove(i);
             }
+            let valid = Some(held.valid_until);
             self.publish(
                 mine.clone(),
-                Some(valid_until),
-                current.clone(),
-                members.clone(),
+                valid,
+                current.to_vec(),
+                members.to_vec(),
                 None,
             );
         }
         for i in give {
-            if snap.shards[i as usize]
+            if held.snap.shards[i as usize]
                 .as_ref()
-                .is_some_and(|r| r.session == session.id)
+                .is_some_and(|r| r.session == held.session.id)
             {
-                let _ = self.call(self.store.release(&session, i)).await;
+                let _ = self.call(self.store.release(held.session, i)).await;
             }
         }
-        let mut owners = current.clone();
+    }
+
+    /// Acquire the free shards `next` gives this member, while the session
+    /// is valid; poll soon when one is still another's.
+    async fn take(
+        &mut self,
+        held: &Held<'_>,
+        next: &[Option<String>],
+        mine: &mut BTreeMap<u32, u64>,
+        owners: &mut [Option<String>],
+    ) {
+        let me = self.cfg.identity.clone();
         for i in 0..self.cfg.shards {
             let ix = i as usize;
             let wanted = next[ix].as_deref() == Some(me.as_str());
-            let free = snap.shards[ix]
+            let free = held.snap.shards[ix]
                 .as_ref()
-                .is_none_or(|r| r.session == session.id);
+                .is_none_or(|r| r.session == held.session.id);
             if !wanted || !free || mine.contains_key(&i) {
                 continue;
             }
-            if Instant::now() >= valid_until {
+            if Instant::now() >= held.valid_until {
                 break;
             }
-            if let Ok(Some(token)) = self.call(self.store.acquire(&session, &me, i)).await {
+            let acquired = self.call(self.store.acquire(held.session, &me, i)).await;
+            if let Ok(Some(token)) = acquired {
                 mine.insert(i, token);
                 owners[ix] = Some(me.clone());
             }
@@ -306,12 +351,6 @@ impl Keeper {
         if waiting {
             self.next_read = self.next_read.min(Instant::now() + PENDING_POLL);
         }
-        for (i, o) in owners.iter_mut().enumerate() {
-            if o.as_deref() == Some(me.as_str()) && !mine.contains_key(&(i as u32)) {
-                *o = None;
-            }
-        }
-        self.publish(mine, Some(valid_until), owners, members, None);
     }
 
     /// The members of the set: those with our `--shards` (others are said
@@ -384,10 +423,9 @@ impl Keeper {
     async fn leave(&mut self) {
         let session = self.session.as_ref().map(|s| s.0.clone());
         self.drop_all(None);
-        if let Some(s) = session {
-            if let Err(e) = self.call(self.store.close(&s)).await {
-                warn!(error = %e, "cannot close the shard session: its shards move when its TTL runs out");
-            }
+        let Some(s) = session else { return };
+        if let Err(e) = self.call(self.store.close(&s)).await {
+            warn!(error = %e, "cannot close the shard session: its shards move when its TTL runs out");
         }
     }
 }

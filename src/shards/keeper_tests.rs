@@ -110,6 +110,42 @@ fn moved(a: &BTreeMap<u32, String>, b: &BTreeMap<u32, String>) -> usize {
     (0..N).filter(|i| a.get(i) != b.get(i)).count()
 }
 
+/// `id` joins: settled within 1 s, balanced, and only shards to it moved
+/// (at most its share).
+async fn join(
+    w: &mut Watch,
+    members: &mut BTreeMap<String, Member>,
+    store: &Arc<MemoryShards>,
+    id: &str,
+) {
+    let before = w.run(members, Duration::from_millis(20)).await.1;
+    members.insert(id.to_string(), start(store, id));
+    let joined = Instant::now();
+    let (settled, after) = w.run(members, Duration::from_secs(3)).await;
+    let at = settled.expect("every shard owned after a join");
+    assert!(
+        at - joined <= Duration::from_secs(1),
+        "join settled after {:?}",
+        at - joined
+    );
+    balanced(&after, members.len());
+    for i in 0..N {
+        if before.get(&i) != after.get(&i) {
+            assert_eq!(
+                after.get(&i).map(String::as_str),
+                Some(id),
+                "shard {i} moved between two members that stay"
+            );
+        }
+    }
+    let need = N as usize / members.len();
+    assert!(
+        moved(&before, &after) <= need + 1,
+        "a join moved {} shards",
+        moved(&before, &after)
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn shards_move_on_join_leave_and_crash_with_never_two_owners() {
     let store = Arc::new(MemoryShards::new());
@@ -129,32 +165,7 @@ async fn shards_move_on_join_leave_and_crash_with_never_two_owners() {
 
     // Joins: 3 → 5. A join moves only shards to the newcomer.
     for id in ["d", "e"] {
-        let before = w.run(&members, Duration::from_millis(20)).await.1;
-        members.insert(id.to_string(), start(&store, id));
-        let joined = Instant::now();
-        let (settled, after) = w.run(&members, Duration::from_secs(3)).await;
-        let at = settled.expect("every shard owned after a join");
-        assert!(
-            at - joined <= Duration::from_secs(1),
-            "join settled after {:?}",
-            at - joined
-        );
-        balanced(&after, members.len());
-        for i in 0..N {
-            if before.get(&i) != after.get(&i) {
-                assert_eq!(
-                    after.get(&i).map(String::as_str),
-                    Some(id),
-                    "shard {i} moved between two members that stay"
-                );
-            }
-        }
-        let need = N as usize / members.len();
-        assert!(
-            moved(&before, &after) <= need + 1,
-            "a join moved {} shards",
-            moved(&before, &after)
-        );
+        join(&mut w, &mut members, &store, id).await;
     }
 
     // Graceful leave of e: its shards move within 1 s.

@@ -126,7 +126,10 @@ async fn settle(
             return (from.elapsed(), counts);
         }
         if from.elapsed() > limit {
-            let logs: Vec<String> = live.iter().map(|s| format!("--- {}:\n{}", s.identity, s.log())).collect();
+            let logs: Vec<String> = live
+                .iter()
+                .map(|s| format!("--- {}:\n{}", s.identity, s.log()))
+                .collect();
             panic!(
                 "{what}: not every shard owned once within {limit:?}: {owner:?}\n{}",
                 logs.join("\n")
@@ -160,6 +163,96 @@ fn balanced(counts: &BTreeMap<String, usize>, members: usize, what: &str) {
     );
 }
 
+/// 3 → 5: each join settles within 1 s of the newcomer answering.
+async fn joins(book: &mut Book, all: &mut Vec<Sidecar>, start: &impl Fn(&str) -> Sidecar) {
+    for id in ["m4", "m5"] {
+        let s = start(id);
+        let up = Instant::now();
+        while sample(&s).await.is_none() {
+            sleep(Duration::from_millis(10)).await;
+        }
+        all.push(s);
+        let refs: Vec<&Sidecar> = all.iter().collect();
+        let (took, counts) = settle(book, &refs, up, Duration::from_secs(1), id).await;
+        eprintln!("join of {id}: settled {took:?} after it answered: {counts:?}");
+        watch(book, &refs, Duration::from_millis(600)).await;
+        let (_, counts) = settle(book, &refs, Instant::now(), LEASE, id).await;
+        balanced(&counts, all.len(), id);
+    }
+}
+
+/// 5 → 2 by SIGTERM: each leave settles within 1 s of the exit.
+async fn leaves(book: &mut Book, all: &mut Vec<Sidecar>) {
+    for _ in 0..3 {
+        let mut gone = all.remove(0);
+        gone.signal(Signal::SIGTERM);
+        gone.wait_exit(Duration::from_secs(10))
+            .await
+            .expect("exits on SIGTERM");
+        let exited = Instant::now();
+        let refs: Vec<&Sidecar> = all.iter().collect();
+        let (took, counts) =
+            settle(book, &refs, exited, Duration::from_secs(1), &gone.identity).await;
+        eprintln!(
+            "leave of {}: settled {took:?} after its exit: {counts:?}",
+            gone.identity
+        );
+        balanced(&counts, all.len(), &gone.identity);
+    }
+}
+
+/// SIGKILL of an owner, then SIGSTOP of another: each settles within the
+/// lease and 1.5 s; the stopped one, continued, claims only what it holds.
+async fn kill_and_stop(book: &mut Book, all: &mut Vec<Sidecar>) {
+    let refs: Vec<&Sidecar> = all.iter().collect();
+    settle(
+        book,
+        &refs,
+        Instant::now(),
+        Duration::from_secs(5),
+        "m6 joins",
+    )
+    .await;
+    watch(book, &refs, Duration::from_millis(600)).await;
+    let mut dead = all.remove(0);
+    dead.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    let _ = dead.wait_exit(Duration::from_secs(5)).await;
+    let refs: Vec<&Sidecar> = all.iter().collect();
+    let (took, counts) = settle(
+        book,
+        &refs,
+        killed,
+        LEASE + Duration::from_millis(1500),
+        "SIGKILL",
+    )
+    .await;
+    eprintln!("SIGKILL of {}: settled {took:?}: {counts:?}", dead.identity);
+    balanced(&counts, 2, "after SIGKILL");
+
+    // SIGSTOP of an owner: the other owns all within lease + 1.5 s, and the
+    // stopped one, continued, claims nothing it no longer holds.
+    let stopped = all.remove(0);
+    stopped.signal(Signal::SIGSTOP);
+    let at = Instant::now();
+    let refs: Vec<&Sidecar> = all.iter().collect();
+    let (took, _) = settle(
+        book,
+        &refs,
+        at,
+        LEASE + Duration::from_millis(1500),
+        "SIGSTOP",
+    )
+    .await;
+    eprintln!("SIGSTOP of {}: settled {took:?}", stopped.identity);
+    stopped.signal(Signal::SIGCONT);
+    all.push(stopped);
+    let refs: Vec<&Sidecar> = all.iter().collect();
+    watch(book, &refs, Duration::from_secs(1)).await;
+    let (_, counts) = settle(book, &refs, Instant::now(), LEASE * 3, "SIGCONT").await;
+    balanced(&counts, 2, "after SIGCONT");
+}
+
 #[tokio::test]
 async fn etcd_shards_scale_3_5_2_then_a_kill_and_a_stop_with_never_two_owners() {
     let etcd = Etcd::start().await;
@@ -172,65 +265,21 @@ async fn etcd_shards_scale_3_5_2_then_a_kill_and_a_stop_with_never_two_owners() 
     let mut book = Book::default();
     let mut all: Vec<Sidecar> = ["m1", "m2", "m3"].iter().map(|id| start(id)).collect();
     let refs: Vec<&Sidecar> = all.iter().collect();
-    let (took, counts) = settle(&mut book, &refs, Instant::now(), Duration::from_secs(15), "3 members").await;
+    let (took, counts) = settle(
+        &mut book,
+        &refs,
+        Instant::now(),
+        Duration::from_secs(15),
+        "3 members",
+    )
+    .await;
     balanced(&counts, 3, "3 members");
     eprintln!("3 members settled in {took:?}: {counts:?}");
 
-    for id in ["m4", "m5"] {
-        let s = start(id);
-        let up = Instant::now();
-        while sample(&s).await.is_none() {
-            sleep(Duration::from_millis(10)).await;
-        }
-        all.push(s);
-        let refs: Vec<&Sidecar> = all.iter().collect();
-        let (took, counts) = settle(&mut book, &refs, up, Duration::from_secs(1) + LEASE, id).await;
-        eprintln!("join of {id}: settled {took:?} after it answered: {counts:?}");
-        watch(&mut book, &refs, Duration::from_millis(600)).await;
-        let (_, counts) = settle(&mut book, &refs, Instant::now(), LEASE, id).await;
-        balanced(&counts, all.len(), id);
-    }
-
-    // 5 → 2 by SIGTERM: each leave settles within 1 s of the exit.
-    for _ in 0..3 {
-        let mut gone = all.remove(0);
-        gone.signal(Signal::SIGTERM);
-        gone.wait_exit(Duration::from_secs(10)).await.expect("exits on SIGTERM");
-        let exited = Instant::now();
-        let refs: Vec<&Sidecar> = all.iter().collect();
-        let (took, counts) = settle(&mut book, &refs, exited, Duration::from_secs(1), &gone.identity).await;
-        eprintln!("leave of {}: settled {took:?} after its exit: {counts:?}", gone.identity);
-        balanced(&counts, all.len(), &gone.identity);
-    }
-
-    // A third member, then SIGKILL of an owner: settled within lease + 1.5 s.
+    joins(&mut book, &mut all, &start).await;
+    leaves(&mut book, &mut all).await;
     all.push(start("m6"));
-    let refs: Vec<&Sidecar> = all.iter().collect();
-    settle(&mut book, &refs, Instant::now(), Duration::from_secs(5), "m6 joins").await;
-    watch(&mut book, &refs, Duration::from_millis(600)).await;
-    let mut dead = all.remove(0);
-    dead.signal(Signal::SIGKILL);
-    let killed = Instant::now();
-    let _ = dead.wait_exit(Duration::from_secs(5)).await;
-    let refs: Vec<&Sidecar> = all.iter().collect();
-    let (took, counts) = settle(&mut book, &refs, killed, LEASE + Duration::from_millis(1500), "SIGKILL").await;
-    eprintln!("SIGKILL of {}: settled {took:?}: {counts:?}", dead.identity);
-    balanced(&counts, 2, "after SIGKILL");
-
-    // SIGSTOP of an owner: the other owns all within lease + 1.5 s, and the
-    // stopped one, continued, claims nothing it no longer holds.
-    let stopped = all.remove(0);
-    stopped.signal(Signal::SIGSTOP);
-    let at = Instant::now();
-    let refs: Vec<&Sidecar> = all.iter().collect();
-    let (took, _) = settle(&mut book, &refs, at, LEASE + Duration::from_millis(1500), "SIGSTOP").await;
-    eprintln!("SIGSTOP of {}: settled {took:?}", stopped.identity);
-    stopped.signal(Signal::SIGCONT);
-    all.push(stopped);
-    let refs: Vec<&Sidecar> = all.iter().collect();
-    watch(&mut book, &refs, Duration::from_secs(1)).await;
-    let (_, counts) = settle(&mut book, &refs, Instant::now(), LEASE * 3, "SIGCONT").await;
-    balanced(&counts, 2, "after SIGCONT");
+    kill_and_stop(&mut book, &mut all).await;
     book.check();
 }
 
@@ -242,10 +291,20 @@ async fn shards_answers_404_without_the_flag_and_the_flag_is_checked() {
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("--shards"), "{body}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
-        .args(["--election", "x", "--etcd-endpoints", &etcd.url, "--shards", "5000"])
+        .args([
+            "--election",
+            "x",
+            "--etcd-endpoints",
+            &etcd.url,
+            "--shards",
+            "5000",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--shards (5000) must be between 1 and 4096"), "{err}");
+    assert!(
+        err.contains("--shards (5000) must be between 1 and 4096"),
+        "{err}"
+    );
 }

@@ -199,6 +199,10 @@ The sidecar container, as one item of a Pod's `containers` list.
       value: {{ $v.priority | int64 | toString | quote }}
     - name: LEADER_ELECTOR_PREEMPT_AFTER
       value: {{ $v.preemptAfter | quote }}
+    {{- if $v.shards }}
+    - name: LEADER_ELECTOR_SHARDS
+      value: {{ $v.shards | int64 | toString | quote }}
+    {{- end }}
     {{- if $v.revisionFromPodTemplateHash }}
     # The ReplicaSet's hash of the Pod template: a new one per rollout.
     - name: LEADER_ELECTOR_REVISION
