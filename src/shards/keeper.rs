@@ -132,6 +132,9 @@ impl Keeper {
     pub async fn run(mut self, mut eligible: watch::Receiver<bool>, stop: CancellationToken) {
         let mut read = true;
         let mut seen = 0;
+        // A gate whose sender is gone (no health URL) never changes again:
+        // its `changed` would answer at once, forever.
+        let mut gated = true;
         loop {
             let open = *eligible.borrow_and_update();
             let wait = self.step(open, read).await;
@@ -140,7 +143,10 @@ impl Keeper {
             let left = wait.saturating_duration_since(Instant::now());
             tokio::select! {
                 () = stop.cancelled() => break,
-                _ = eligible.changed() => read = true,
+                r = eligible.changed(), if gated => match r {
+                    Ok(()) => read = true,
+                    Err(_) => gated = false,
+                },
                 () = sleep_until(valid_end.unwrap_or(wait)) => {}
                 () = sleep_until(wait) => {}
                 notice = self.store.changed(&mut seen, left) => read |= notice,

@@ -265,3 +265,26 @@ async fn a_member_with_another_shard_count_is_left_out() {
     );
     assert!(view.borrow().members.iter().all(|m| m == "z"));
 }
+
+/// At rest a member costs one renewal per renew interval and one read per
+/// TTL, also when its candidacy gate's sender is gone (no health URL: the
+/// app's gate is a constant; a closed channel must not wake the loop).
+#[tokio::test(start_paused = true)]
+async fn at_rest_a_member_renews_once_per_interval_and_reads_once_per_ttl() {
+    let store = Arc::new(MemoryShards::new());
+    for id in ["a", "b"] {
+        let (keeper, _view) = Keeper::new(cfg(id), store.clone());
+        let eligible = watch::channel(true).1;
+        tokio::spawn(keeper.run(eligible, CancellationToken::new()));
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = store.calls();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let calls = store.calls() - before;
+    // Per member: 60 s / (TTL/3) renewals and 60 s / TTL reads.
+    let most = 2 * (60 * 3 / TTL.as_secs() + 60 / TTL.as_secs() + 2);
+    assert!(
+        calls <= most,
+        "{calls} calls in 60 s at rest (at most {most})"
+    );
+}

@@ -40,6 +40,8 @@ impl Inner {
 pub struct MemoryShards {
     inner: Mutex<Inner>,
     next: AtomicU64,
+    /// Calls answered (or refused), for tests of the request rate.
+    calls: AtomicU64,
     notices: watch::Sender<u64>,
 }
 
@@ -48,6 +50,7 @@ impl Default for MemoryShards {
         MemoryShards {
             inner: Mutex::default(),
             next: AtomicU64::default(),
+            calls: AtomicU64::default(),
             notices: watch::channel(0).0,
         }
     }
@@ -74,7 +77,13 @@ impl MemoryShards {
         self.notices.send_modify(|n| *n += 1);
     }
 
+    /// How many calls the store has had (each would be a request to a server).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let mut g = self.inner.lock().unwrap();
         if g.unreachable {
             return Err(BackendError::Unreachable {
