@@ -283,12 +283,7 @@ impl Config {
             )));
         }
         let shards = (cli.shards > 0).then_some(cli.shards);
-        if shards.is_some() && !registry::row(backend.name()).is_some_and(|r| r.shards) {
-            return Err(config_error(format!(
-                "--shards: the {} backend keeps no shard records yet\nhint: shards are built on etcd and one Redis server; leave --shards at 0 here",
-                backend.name()
-            )));
-        }
+        registry::check_shards(&cli.store, backend.name(), shards.is_some())?;
         Ok(Config {
             shards,
             failsafe,

@@ -384,10 +384,10 @@ impl Keeper {
     async fn leave(&mut self) {
         let session = self.session.as_ref().map(|s| s.0.clone());
         self.drop_all(None);
-        if let Some(s) = session {
-            if let Err(e) = self.call(self.store.close(&s)).await {
-                warn!(error = %e, "cannot close the shard session: its shards move when its TTL runs out");
-            }
+        if let Some(s) = session
+            && let Err(e) = self.call(self.store.close(&s)).await
+        {
+            warn!(error = %e, "cannot close the shard session: its shards move when its TTL runs out");
         }
     }
 }

@@ -53,6 +53,7 @@ mod redlock_coord;
 mod run_start;
 mod rwlock;
 mod sentinel;
+mod shards_redis;
 mod stand_in;
 mod strict_input;
 mod successor;
