@@ -218,21 +218,7 @@ impl App {
         let labeler =
             pod_tasks::spawn_labeler(cfg, &mut elector, &state, &self.metrics, shutdown).await;
         let slice_writer = pod_tasks::spawn_slice_writer(cfg, &mut elector, &state, shutdown).await;
-        let limit = cfg.elector.call_timeout()
-            + cfg.elector.drain_timeout.unwrap_or_default()
-            + Duration::from_secs(1);
-        let span = info_span!("elector", election = %cfg.elector.election);
-        tasks.push(
-            Task::spawn(
-                "elector",
-                Stop::Shutdown,
-                limit,
-                span,
-                none(elector.run(shutdown.clone())),
-            )
-            .critical("the elector task ended unexpectedly")
-            .late("the elector did not finish resigning in time; the lease will expire by TTL"),
-        );
+        tasks.push(elector_task(cfg, elector, shutdown));
         tasks.push_opt(keeper);
         tasks.push_opt(labeler);
         tasks.push_opt(slice_writer);
@@ -310,6 +296,24 @@ impl Serving {
 
 /// Run mode's task: the command once per period with `--every` (over the
 /// coordination service), else while leading.
+/// The elector's row: critical, and given its call timeout plus its drain
+/// to resign at the stop.
+fn elector_task(cfg: &Config, elector: Elector, shutdown: &CancellationToken) -> Task {
+    let limit = cfg.elector.call_timeout()
+        + cfg.elector.drain_timeout.unwrap_or_default()
+        + Duration::from_secs(1);
+    let span = info_span!("elector", election = %cfg.elector.election);
+    Task::spawn(
+        "elector",
+        Stop::Shutdown,
+        limit,
+        span,
+        none(elector.run(shutdown.clone())),
+    )
+    .critical("the elector task ended unexpectedly")
+    .late("the elector did not finish resigning in time; the lease will expire by TTL")
+}
+
 fn run_mode(
     cfg: &Config,
     opts: crate::config::RunOptions,

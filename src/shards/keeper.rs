@@ -299,15 +299,29 @@ impl Keeper {
                 owners[ix] = Some(me.clone());
             }
         }
-        // A shard ours by the map but not free yet (its owner has not let it
-        // go): look again soon, not only at the next notice.
+        self.settle(&next, mine, owners, members, valid_until);
+    }
+
+    /// Publish what this member holds after a round (`owners` as read, with
+    /// this member's entries that did not come true cleared). A shard ours
+    /// by the map `next` but not free yet (its owner has not let it go) is
+    /// looked at again soon, not only at the next notice.
+    fn settle(
+        &mut self,
+        next: &[Option<String>],
+        mine: BTreeMap<u32, u64>,
+        mut owners: Vec<Option<String>>,
+        members: Vec<String>,
+        valid_until: Instant,
+    ) {
+        let me = self.cfg.identity.as_str();
         let waiting = (0..self.cfg.shards)
-            .any(|i| next[i as usize].as_deref() == Some(me.as_str()) && !mine.contains_key(&i));
+            .any(|i| next[i as usize].as_deref() == Some(me) && !mine.contains_key(&i));
         if waiting {
             self.next_read = self.next_read.min(Instant::now() + PENDING_POLL);
         }
         for (i, o) in owners.iter_mut().enumerate() {
-            if o.as_deref() == Some(me.as_str()) && !mine.contains_key(&(i as u32)) {
+            if o.as_deref() == Some(me) && !mine.contains_key(&(i as u32)) {
                 *o = None;
             }
         }

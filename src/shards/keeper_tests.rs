@@ -110,6 +110,12 @@ fn moved(a: &BTreeMap<u32, String>, b: &BTreeMap<u32, String>) -> usize {
     (0..N).filter(|i| a.get(i) != b.get(i)).count()
 }
 
+/// Every shard owned (from `settled` on) no later than `limit` after `from`.
+fn within(settled: Option<Instant>, from: Instant, limit: Duration, after: &str) {
+    let at = settled.unwrap_or_else(|| panic!("not every shard owned after {after}"));
+    assert!(at - from <= limit, "{after} settled after {:?}", at - from);
+}
+
 #[tokio::test(start_paused = true)]
 async fn shards_move_on_join_leave_and_crash_with_never_two_owners() {
     let store = Arc::new(MemoryShards::new());
@@ -133,12 +139,7 @@ async fn shards_move_on_join_leave_and_crash_with_never_two_owners() {
         members.insert(id.to_string(), start(&store, id));
         let joined = Instant::now();
         let (settled, after) = w.run(&members, Duration::from_secs(3)).await;
-        let at = settled.expect("every shard owned after a join");
-        assert!(
-            at - joined <= Duration::from_secs(1),
-            "join settled after {:?}",
-            at - joined
-        );
+        within(settled, joined, Duration::from_secs(1), "a join");
         balanced(&after, members.len());
         for i in 0..N {
             if before.get(&i) != after.get(&i) {
@@ -163,12 +164,7 @@ async fn shards_move_on_join_leave_and_crash_with_never_two_owners() {
     e.stop.cancel();
     let left = Instant::now();
     let (settled, after) = w.run(&members, Duration::from_secs(3)).await;
-    let at = settled.expect("every shard owned after a leave");
-    assert!(
-        at - left <= Duration::from_secs(1),
-        "leave settled after {:?}",
-        at - left
-    );
+    within(settled, left, Duration::from_secs(1), "a leave");
     balanced(&after, 4);
     for i in 0..N {
         if before.get(&i) != after.get(&i) {
@@ -186,11 +182,11 @@ async fn shards_move_on_join_leave_and_crash_with_never_two_owners() {
     d.task.abort();
     let crashed = Instant::now();
     let (settled, after) = w.run(&members, TTL + Duration::from_secs(3)).await;
-    let at = settled.expect("every shard owned after a crash");
-    assert!(
-        at - crashed <= TTL + Duration::from_millis(1500),
-        "crash settled after {:?}",
-        at - crashed
+    within(
+        settled,
+        crashed,
+        TTL + Duration::from_millis(1500),
+        "a crash",
     );
     balanced(&after, 3);
 }

@@ -47,6 +47,30 @@ async fn by_hand(server: &RedisServer, args: &[&str]) -> redis::Value {
     cmd.query_async(&mut c).await.expect("a command by hand")
 }
 
+/// The server's `uptime_in_seconds`.
+async fn uptime(server: &RedisServer) -> u64 {
+    let info = by_hand(server, &["INFO", "server"]).await;
+    let info = match info {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO answered {other:?}"),
+    };
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix("uptime_in_seconds:"));
+    line.and_then(|v| v.trim().parse().ok()).expect("an uptime")
+}
+
+/// A server up long enough for acquisitions under `ttl`: the store's
+/// restart hold-off (uptime below TTL + 1 s) is over.
+async fn started(ttl: Duration) -> RedisServer {
+    let r = RedisServer::start().await;
+    while Duration::from_secs(uptime(&r).await) < ttl + Duration::from_secs(1) {
+        sleep(Duration::from_millis(50)).await;
+    }
+    r
+}
+
 async fn take(s: &RedisShards, session: &Session, member: &str, shard: u32) -> u64 {
     s.acquire(session, member, shard)
         .await
@@ -56,9 +80,9 @@ async fn take(s: &RedisShards, session: &Session, member: &str, shard: u32) -> u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_records_and_tokens_round_trip() {
-    let r = RedisServer::start().await;
+    let r = started(Duration::from_secs(2)).await;
     let s = store(&r, "shards-round-trip");
-    let ttl = Duration::from_secs(5);
+    let ttl = Duration::from_secs(2);
     let a = s.open("a", 16, ttl).await.unwrap();
     assert_eq!(a.ttl, ttl);
     let t1 = take(&s, &a, "a", 0).await;
@@ -122,13 +146,13 @@ async fn sessions_records_and_tokens_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_shard_is_taken_only_once_its_session_ran_out() {
-    let r = RedisServer::start().await;
+    let r = started(Duration::from_secs(2)).await;
     let s = store(&r, "shards-expiry");
     let ttl = Duration::from_secs(1);
     let sent = Instant::now();
     let a = s.open("a", 4, ttl).await.unwrap();
     let t1 = take(&s, &a, "a", 3).await;
-    let b = s.open("b", 4, Duration::from_secs(10)).await.unwrap();
+    let b = s.open("b", 4, Duration::from_secs(2)).await.unwrap();
     // b asks until granted: never before a's TTL, counted from the send of
     // a's open (the server counts from its receipt, later).
     let granted = loop {
@@ -152,7 +176,7 @@ async fn a_held_shard_is_taken_only_once_its_session_ran_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_past_its_ttl_is_not_renewed_nor_brought_back() {
-    let r = RedisServer::start().await;
+    let r = started(Duration::from_millis(300)).await;
     let test = "shards-renew-late";
     let s = store(&r, test);
     let a = s.open("a", 4, Duration::from_millis(300)).await.unwrap();
@@ -175,6 +199,46 @@ async fn a_session_past_its_ttl_is_not_renewed_nor_brought_back() {
     assert_eq!(s.acquire(&a, "a", 1).await.unwrap(), None);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_grants_nothing_for_one_ttl() {
+    let ttl = Duration::from_secs(1);
+    let mut r = started(ttl).await;
+    let s = store(&r, "shards-restart");
+    let a = s.open("a", 4, ttl).await.unwrap();
+    let t1 = take(&s, &a, "a", 0).await;
+    let before = Instant::now();
+    r.restart().await;
+    // The server forgot a's session and record; a's renewal says so, and
+    // nobody takes the shard before a's validity has surely ended.
+    let b = loop {
+        match s.open("b", 4, ttl).await {
+            Ok(b) => break b,
+            Err(_) => sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert!(!s.renew(&a).await.unwrap());
+    let granted = loop {
+        if let Some(t) = s.acquire(&b, "b", 0).await.unwrap() {
+            break t;
+        }
+        assert!(s.renew(&b).await.unwrap(), "b's session lives");
+        assert!(
+            before.elapsed() < ttl * 5,
+            "never granted after the restart"
+        );
+        sleep(Duration::from_millis(20)).await;
+    };
+    let at = before.elapsed();
+    assert!(
+        at >= ttl,
+        "granted {at:?} after the restart, within one TTL {ttl:?}"
+    );
+    assert!(
+        granted > t1,
+        "{t1} then {granted}: tokens grow across the restart"
+    );
+}
+
 fn bad_counter(e: &BackendError) -> bool {
     matches!(
         e,
@@ -187,10 +251,10 @@ fn bad_counter(e: &BackendError) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_edits_never_crash_nor_give_a_smaller_token() {
-    let r = RedisServer::start().await;
+    let r = started(Duration::from_secs(2)).await;
     let test = "shards-hand-edits";
     let s = store(&r, test);
-    let ttl = Duration::from_secs(5);
+    let ttl = Duration::from_secs(2);
     let (a, b) = (
         s.open("a", 4, ttl).await.unwrap(),
         s.open("b", 4, ttl).await.unwrap(),
@@ -246,12 +310,12 @@ async fn hand_edits_never_crash_nor_give_a_smaller_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_sessions_acquire_is_noticed() {
-    let r = RedisServer::start().await;
+    let r = started(Duration::from_secs(2)).await;
     let (mine, theirs) = (store(&r, "shards-notice"), store(&r, "shards-notice"));
     let mut seen = 0;
     // The first call subscribes; nothing happened since.
     assert!(!mine.changed(&mut seen, Duration::from_millis(100)).await);
-    let b = theirs.open("b", 4, Duration::from_secs(5)).await.unwrap();
+    let b = theirs.open("b", 4, Duration::from_secs(2)).await.unwrap();
     assert!(
         mine.changed(&mut seen, Duration::from_secs(2)).await,
         "open noticed"
@@ -269,7 +333,7 @@ async fn another_sessions_acquire_is_noticed() {
     assert!(mine.changed(&mut seen, Duration::from_secs(2)).await);
     // Other elections' changes are not ours.
     let other = store(&r, "shards-notice-other");
-    let c = other.open("c", 4, Duration::from_secs(5)).await.unwrap();
+    let c = other.open("c", 4, Duration::from_secs(2)).await.unwrap();
     take(&other, &c, "c", 0).await;
     assert!(
         !mine.changed(&mut seen, Duration::from_millis(300)).await,
@@ -372,7 +436,7 @@ fn balanced(map: &BTreeMap<u32, String>, ids: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_keepers_share_sixteen_shards_with_never_two_owners() {
-    let r = RedisServer::start().await;
+    let r = started(Duration::from_secs(2)).await;
     let (mut members, mut tokens) = (BTreeMap::new(), BTreeMap::new());
     let mut ids = Vec::new();
     for id in ["a", "b", "c"] {

@@ -88,15 +88,22 @@ redis.call('PEXPIRE', held, ttl)
 return 1
 ";
 
-/// Take a shard. ARGV: prefix, session id, channel, shard id, member.
-/// KEYS: members, the shard's fencing counter. The record is written with the
-/// session's PTTL when it is absent, bound to this session, or bound to a
-/// session that is not live. Answers `{1, token}`, `{0}` refused (the
-/// session is not live, or another live session holds it), `{-2, counter}`
-/// for a counter that is not ours to raise.
+/// Take a shard. ARGV: prefix, session id, channel, shard id, member, the
+/// session's TTL in ms. KEYS: members, the shard's fencing counter. The
+/// record is written with the session's PTTL when it is absent, bound to
+/// this session, or bound to a session that is not live. Answers `{1,
+/// token}`, `{0}` refused (the session is not live, another live session
+/// holds it), `{3, wait_ms}` the server has been up for less than one TTL
+/// (+ 1 s: `uptime_in_seconds` counts whole seconds), so it may have
+/// restarted without persistence and forgotten a record whose owner still
+/// claims it, as the campaign's hold-off; `{-2, counter}` for a counter
+/// that is not ours to raise.
 pub(super) const SHARD_ACQUIRE: &str = r"
 local sid, id = ARGV[2], ARGV[4]
 if not live(sid) then return {0} end
+local wait = tonumber(ARGV[6]) + 1000
+local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+if up and up * 1000 < wait then return {3, wait - up * 1000} end
 local current = redis.call('GET', record_key(id))
 if current then
   local owner = record_sid(current)

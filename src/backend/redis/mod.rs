@@ -67,7 +67,7 @@ pub use registry::FALLBACK;
 pub(crate) const BACKEND: &About = &About {
     name: "redis",
     tls_hint: "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL",
-    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, EXISTS, PTTL, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE, and the candidate registry's HSET, HSETNX, HMGET, ZADD, ZRANGE, ZREM, ZSCORE and ZREMRANGEBYSCORE (with --shards also SADD, SREM, SMEMBERS and ZRANGEBYSCORE), on the election's keys and channels (and WAIT with --redis-min-replicas)",
+    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, EXISTS, PTTL, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE, and the candidate registry's HSET, HSETNX, HMGET, ZADD, ZRANGE, ZREM, ZSCORE and ZREMRANGEBYSCORE (with --shards also SADD, SREM, SMEMBERS, ZRANGEBYSCORE and INFO), on the election's keys and channels (and WAIT with --redis-min-replicas)",
     rejected: &[
         (
             "wrongtype",

@@ -28,6 +28,15 @@
 //! such read after its TTL. A read that finds dead sessions forgets them
 //! and publishes.
 //!
+//! **Restart without persistence**: the server forgets sessions, records
+//! and counters. Tokens still grow while the server's clock does (counters
+//! start at it), and an acquisition is refused while the server has been up
+//! for less than the acquiring session's TTL + 1 s, as the campaign's
+//! hold-off: every owner that still claims a forgotten record has seen its
+//! validity end by then (its renewal answers `false`). Members of one
+//! election share `--lease-duration`; a longer TTL elsewhere is not waited
+//! for.
+//!
 //! One server only: Redlock (several independent servers), Sentinel and
 //! Cluster are refused by [`RedisShards::new`] (and `--shards` with them
 //! at start-up).
@@ -255,14 +264,20 @@ impl ShardStore for RedisShards {
         let counter = self.counter_key(shard);
         let id = shard.to_string();
         let answer = self
-            .eval(Lua::ShardAcquire, &[&counter], &session.id, &[&id, member])
+            .eval(
+                Lua::ShardAcquire,
+                &[&counter],
+                &session.id,
+                &[&id, member, &ms(session.ttl)],
+            )
             .await?;
         let Value::Array(items) = &answer else {
             return Err(unexpected(&answer));
         };
         match items.as_slice() {
             [Value::Int(1), token] => uint_of(token).map(Some).ok_or_else(|| unexpected(&answer)),
-            [Value::Int(0)] => Ok(None),
+            // Refused, or the server is too fresh (restart hold-off).
+            [Value::Int(0)] | [Value::Int(3), _] => Ok(None),
             [Value::Int(-2), value] => Err(BackendError::Rejected {
                 backend: BACKEND,
                 code: "fencing_counter",
