@@ -1,8 +1,10 @@
 //! The Redis shard store on a real `redis-server`, through the
 //! [`ShardStore`] trait: sessions, records, tokens per shard, expiry,
-//! hand edits and change notices; then three keepers on it (16 shards
-//! sampled every 10 ms): never two claimants, every shard owned within
-//! 1 s of a join or a leave.
+//! hand edits, a restart and change notices; then three keepers on it (16
+//! shards sampled every 10 ms): never two claimants, tokens never go down,
+//! every shard owned within 1 s of a join or a leave, and within 2 TTL + 1 s
+//! of a crash (an expiry publishes nothing: the survivor's periodic read
+//! finds it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -366,6 +368,7 @@ const N: u32 = 16;
 struct Member {
     view: watch::Receiver<ShardView>,
     stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
     _gate: watch::Sender<bool>,
 }
 
@@ -382,10 +385,11 @@ fn start(store: &Arc<RedisShards>, id: &str) -> Member {
     let (keeper, view) = Keeper::new(cfg, store.clone());
     let (gate, eligible) = watch::channel(true);
     let stop = CancellationToken::new();
-    tokio::spawn(keeper.run(eligible, stop.clone()));
+    let task = tokio::spawn(keeper.run(eligible, stop.clone()));
     Member {
         view,
         stop,
+        task,
         _gate: gate,
     }
 }
@@ -464,6 +468,19 @@ async fn three_keepers_share_sixteen_shards_with_never_two_owners() {
         at - left
     );
     balanced(&map, &ids);
+    // A crash (the task gone without a word): no notice comes at the
+    // expiry; the survivor takes b's shards at its next read after b's TTL.
+    members.remove("b").unwrap().task.abort();
+    let crashed = Instant::now();
+    let (settled, map) = watch_claims(&members, &mut tokens, Duration::from_secs(6)).await;
+    let at = settled.unwrap_or_else(|| panic!("b crashed: not every shard owned: {map:?}"));
+    eprintln!("a crash settled after {:?}", at - crashed);
+    assert!(
+        at - crashed <= Duration::from_secs(5),
+        "b's crash settled after {:?}",
+        at - crashed
+    );
+    balanced(&map, &["a"]);
     for m in members.values() {
         m.stop.cancel();
     }
