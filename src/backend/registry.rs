@@ -200,6 +200,26 @@ pub fn check_failsafe(args: &BackendArgs, on: bool) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `--shards` (`on`: given) on the backend `chosen`: refused when its row
+/// keeps no shard records, or its own flags name a set-up that keeps none
+/// (Redis: Redlock, Sentinel, Cluster).
+///
+/// # Errors
+/// A [`ConfigError`] (exit 2) naming `--shards` and the fix.
+pub fn check_shards(args: &BackendArgs, chosen: &str, on: bool) -> Result<(), ConfigError> {
+    if on && !row(chosen).is_some_and(|r| r.shards) {
+        return Err(config_error(format!(
+            "--shards: the {chosen} backend keeps no shard records yet\nhint: shards are built on etcd and one Redis server; leave --shards at 0 here"
+        )));
+    }
+    #[cfg(feature = "redis")]
+    if chosen == super::redis::flags::ROW.name {
+        super::redis::flags::check_shards(&args.redis, on)?;
+    }
+    let _ = args;
+    Ok(())
+}
+
 /// [`resolve`] before the checks of flags another backend owns.
 fn choose(args: &BackendArgs, common: &Common) -> Result<Arc<dyn Settings>, ConfigError> {
     if let Some(row) = row(&args.backend) {

@@ -376,6 +376,33 @@ fn redis_min_replicas_defaults_to_off_parses_and_says_what_is_allowed() {
     }
 }
 
+#[test]
+fn shards_on_redis_need_one_server() {
+    let base = ["--election=a", "--id=me", "--shards=16"];
+    let with = |more: &[&str]| cli(&[&base[..], more].concat());
+    let c = with(&["--redis-url=redis://h:1"]).unwrap();
+    assert_eq!(c.shards, Some(16));
+    assert!(c.backend.connect().unwrap().shards.is_some());
+    let refused: [&[&str]; 3] = [
+        &["--redis-url=redis://h:1,redis://h:2,redis://h:3"],
+        &["--redis-cluster", "--redis-url=redis://h:1"],
+        &["--redis-sentinel=h:26379", "--redis-sentinel-master=m"],
+    ];
+    for more in refused {
+        let e = with(more)
+            .err()
+            .unwrap_or_else(|| panic!("{more:?} accepted"));
+        assert!(e.contains("--shards cannot go with"), "{more:?}: {e}");
+        assert!(e.contains("give one --redis-url"), "{more:?}: {e}");
+    }
+    let c = cli(&[
+        "--election=a",
+        "--id=me",
+        "--redis-url=redis://h:1,redis://h:2,redis://h:3",
+    ]);
+    assert_eq!(c.unwrap().shards, None, "no --shards, no check");
+}
+
 fn run_cli(args: &[&str]) -> Result<Config, String> {
     let mut full = vec!["leader-elector"];
     full.extend_from_slice(args);

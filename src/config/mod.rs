@@ -166,18 +166,6 @@ fn every(every: Duration) -> Result<Duration, ConfigError> {
         .map_err(|e| config_error(format!("{e}\nhint: e.g. --every 5m")))
 }
 
-/// `--shards`: `None` for 0; refused on a backend that keeps no shard records.
-fn shards_on(shards: u32, backend: &str) -> Result<Option<u32>, ConfigError> {
-    let serves = registry::row(backend).is_some_and(|r| r.shards);
-    match shards {
-        0 => Ok(None),
-        _ if !serves => Err(config_error(format!(
-            "--shards: the {backend} backend keeps no shard records yet\nhint: shards are built on etcd; leave --shards at 0 here"
-        ))),
-        n => Ok(Some(n)),
-    }
-}
-
 /// `run --every` claims each period as a job: the backend must serve job
 /// claims.
 fn check_every_backend(run: Option<&RunOptions>, backend: &str) -> Result<(), ConfigError> {
@@ -294,7 +282,8 @@ impl Config {
                 backend.name()
             )));
         }
-        let shards = shards_on(cli.shards, backend.name())?;
+        let shards = (cli.shards > 0).then_some(cli.shards);
+        registry::check_shards(&cli.store, backend.name(), shards.is_some())?;
         Ok(Config {
             shards,
             failsafe,

@@ -28,12 +28,14 @@
 //!   one keep-alive renews every shard (no request per shard), and the
 //!   renewal's proof read is one range read of the shard prefix; followers
 //!   watch the prefix.
-//! - **Redis** (one server or Redlock, per server): the session is a member
-//!   key with `PX`; shard `i` is a key naming the member's session, created
-//!   with `SET NX` semantics by a script that also counts the shard's
-//!   fencing counter up and gives it the session's remaining `PTTL`. One
-//!   renewal script checks the session and resets `PX` on it and on every
-//!   shard key naming it: one command per renew interval, whatever N.
+//! - **Redis** (one server; Redlock, Sentinel and Cluster refused for
+//!   now): the session is a key with `PX` and an entry in a sorted set
+//!   scored by its expiry; shard `i` is a key naming the session, written
+//!   by a script when absent, ours, or bound to a session that is no longer
+//!   live, which also counts the shard's fencing counter up and gives the
+//!   record the session's remaining `PTTL`. One renewal script checks the
+//!   session and resets `PX` on it and on every shard key naming it: one
+//!   command per renew interval, whatever N (`backend::redis::shards`).
 //! - **Kubernetes Lease**: no server-side expiry, so the owner map is
 //!   decided in one place: the election's leader writes it, with a per
 //!   shard token counter, into its own Lease in the renewal it already

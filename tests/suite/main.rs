@@ -54,6 +54,7 @@ mod run_start;
 mod rwlock;
 mod sentinel;
 mod shards;
+mod shards_redis;
 mod stand_in;
 mod strict_input;
 mod successor;

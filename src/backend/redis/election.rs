@@ -96,7 +96,8 @@ pub struct RedisBackend {
     pub(super) failsafe: super::roster::FailsafeState,
 }
 
-fn new_token() -> String {
+/// A random token of 16 bytes in hex (a term's, a grant's, a shard session's id).
+pub(super) fn new_token() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -28,7 +28,8 @@ pub const ROW: Row = Row {
     resolve,
     coordination: Some("one server or a Redlock group: locks, semaphores, job claims"),
     failsafe: true,
-    shards: false,
+    // One server only: `check_shards` refuses Redlock, Sentinel and Cluster.
+    shards: true,
 };
 
 /// The Redis flags.
@@ -163,11 +164,13 @@ impl Settings for RedisSettings {
         let backend = RedisBackend::new(&self.prefix, &self.election, self.options.clone())?;
         backend.set_reread(self.reread);
         let coord = RedisCoord::new(backend.clone());
+        // `None` on Redlock, Sentinel and Cluster (refused by `check_shards`).
+        let shards = super::shards::RedisShards::new(backend.clone()).ok();
         Ok(Connected {
             registry: Some(backend.clone()),
             controls: Some(backend.clone()),
             roster: Some(backend.clone()),
-            shards: None,
+            shards: shards.map(|s| Arc::new(s) as _),
             election: backend,
             coordination: Some(Box::new(coord)),
         })
@@ -232,6 +235,28 @@ fn resolve(
         },
         reread: common.lease_duration.max(super::FALLBACK),
     }))
+}
+
+/// `--shards` (`on`: given) with these flags: shard records are kept on
+/// one server only.
+///
+/// # Errors
+/// A [`ConfigError`] naming `--shards` and the flag it cannot go with.
+pub fn check_shards(r: &RedisArgs, on: bool) -> Result<(), ConfigError> {
+    let with = if !on {
+        return Ok(());
+    } else if !r.redis_sentinel.is_empty() {
+        "--redis-sentinel"
+    } else if r.redis_cluster == Some(true) {
+        "--redis-cluster"
+    } else if r.redis_url.len() > 1 {
+        "a Redlock group (--redis-url given more than once)"
+    } else {
+        return Ok(());
+    };
+    Err(config_error(format!(
+        "--shards cannot go with {with}: the Redis backend keeps shard records on one server only\nhint: give one --redis-url (a single server), or leave --shards at 0"
+    )))
 }
 
 /// Whether `--redis-cluster` is on, checked against the other flags: it

@@ -15,7 +15,10 @@ use super::coord::promoted::HOLD;
 use super::lua_campaign::CAMPAIGN;
 use super::lua_ops::{CANDIDATE_LIST, CANDIDATE_PUBLISH, CANDIDATE_WITHDRAW};
 use super::lua_rw::{RW, RW_GIVE_UP, RW_READ, RW_READ_RENEW, RW_UNREAD, RW_WRITE};
-use super::lua_sem::{SEM_ACQUIRE, SEM_LIVE, SEM_RELEASE, SEM_RENEW};
+use super::lua_sem::{SEM_ACQUIRE, SEM_LIVE, SEM_RELEASE, SEM_RENEW, SIZE, SLOT_LOCK, SLOTS};
+use super::lua_shards::{
+    SHARD_ACQUIRE, SHARD_CLOSE, SHARD_OPEN, SHARD_READ, SHARD_RELEASE, SHARD_RENEW, SHARDS,
+};
 use super::roster::{ROSTER_APPLICANTS, ROSTER_APPLY, ROSTER_READ, ROSTER_WITHDRAW};
 
 /// Most digits a fencing counter may have, in every script. Redis runs Lua
@@ -160,52 +163,6 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
-/// Shared prelude of the Redlock semaphore scripts: `other_size(base,
-/// skey, permits)` is the size recorded in `skey` when it differs from
-/// `permits` and one of its slots `base:slot:0..size-1` is live (it binds),
-/// else `false`.
-const SIZE: &str = r"
-local function other_size(base, skey, permits)
-  local size = redis.call('GET', skey)
-  if not size or size == permits then return false end
-  local m = tonumber(size)
-  if not m then return false end
-  for i = 0, m - 1 do
-    if redis.call('EXISTS', base .. ':slot:' .. i) == 1 then return size end
-  end
-  return false
-end
-";
-
-/// Redlock semaphore: which of the slots `KEYS[1]:slot:0..ARGV[1]-1` are
-/// taken on this server. KEYS: base, size. ARGV: permits. Answers `{size,
-/// {taken indices}}`, `size` the binding size of live permits taken with
-/// another size ([`SIZE`]) or `0`. Read-only.
-const SLOTS: &str = r"
-local taken = {}
-for i = 0, tonumber(ARGV[1]) - 1 do
-  if redis.call('EXISTS', KEYS[1] .. ':slot:' .. i) == 1 then taken[#taken + 1] = i end
-end
-return {tonumber(other_size(KEYS[1], KEYS[2], ARGV[1]) or '0'), taken}
-";
-
-/// Redlock semaphore slot: [`LOCK`] unless live permits were taken with
-/// another size, then record this size. KEYS: slot, counter, size, base.
-/// ARGV: token, owner, TTL in ms, permits. Answers as [`LOCK`], or `{-3,
-/// size}`.
-const SLOT_LOCK: &str = r"
-local other = other_size(KEYS[4], KEYS[3], ARGV[4])
-if other then return {-3, other} end
-local current = redis.call('GET', KEYS[1])
-if current then return {0, current} end
-local ok, bad = fence_ok(KEYS[2])
-if not ok then return {-2, bad} end
-local f = fence_next(KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. f .. '|' .. ARGV[2], 'PX', ARGV[3])
-redis.call('SET', KEYS[3], ARGV[4])
-return {1, f}
-";
-
 /// Job claim: [`LOCK`] on the claim unless the job is done. KEYS: claim,
 /// counter, done. ARGV: token, owner, TTL in ms. Answers as [`LOCK`], or
 /// `{2}` completed.
@@ -284,9 +241,21 @@ pub enum Lua {
     RosterApplicants,
     /// A failsafe application withdrawn (`ROSTER_WITHDRAW`).
     RosterWithdraw,
+    /// A shard session opened (`SHARD_OPEN`).
+    ShardOpen,
+    /// A shard session and its records renewed (`SHARD_RENEW`).
+    ShardRenew,
+    /// A shard taken (`SHARD_ACQUIRE`).
+    ShardAcquire,
+    /// A shard given back (`SHARD_RELEASE`).
+    ShardRelease,
+    /// A shard session ended (`SHARD_CLOSE`).
+    ShardClose,
+    /// The shard members and records (`SHARD_READ`).
+    ShardRead,
 }
 
-const ALL: [Lua; 26] = [
+const ALL: [Lua; 32] = [
     Lua::Campaign,
     Lua::ElectionRenew,
     Lua::Raise,
@@ -313,6 +282,12 @@ const ALL: [Lua; 26] = [
     Lua::RosterApply,
     Lua::RosterApplicants,
     Lua::RosterWithdraw,
+    Lua::ShardOpen,
+    Lua::ShardRenew,
+    Lua::ShardAcquire,
+    Lua::ShardRelease,
+    Lua::ShardClose,
+    Lua::ShardRead,
 ];
 
 static SCRIPTS: LazyLock<Vec<Script>> =
@@ -347,6 +322,12 @@ impl Lua {
             Lua::RosterApply => ROSTER_APPLY,
             Lua::RosterApplicants => ROSTER_APPLICANTS,
             Lua::RosterWithdraw => ROSTER_WITHDRAW,
+            Lua::ShardOpen => SHARD_OPEN,
+            Lua::ShardRenew => SHARD_RENEW,
+            Lua::ShardAcquire => SHARD_ACQUIRE,
+            Lua::ShardRelease => SHARD_RELEASE,
+            Lua::ShardClose => SHARD_CLOSE,
+            Lua::ShardRead => SHARD_READ,
         }
     }
 
@@ -364,13 +345,14 @@ impl Lua {
             | Lua::Claim
             | Lua::SemAcquire
             | Lua::RwRead
-            | Lua::RwWrite => first_is_1(),
+            | Lua::RwWrite
+            | Lua::ShardAcquire => first_is_1(),
             // 2: put back on a Redlock server that had lost the key; the
             // code comes first, the controls after it (`RENEW_TAIL`).
             Lua::ElectionRenew => {
                 matches!(answer, Value::Array(v) if matches!(v.first(), Some(Value::Int(1 | 2))))
             }
-            Lua::Raise | Lua::Renew | Lua::SemRenew | Lua::RwReadRenew => {
+            Lua::Raise | Lua::Renew | Lua::SemRenew | Lua::RwReadRenew | Lua::ShardRenew => {
                 matches!(answer, Value::Int(1))
             }
             Lua::Release
@@ -386,7 +368,11 @@ impl Lua {
             | Lua::RosterRead
             | Lua::RosterApply
             | Lua::RosterApplicants
-            | Lua::RosterWithdraw => false,
+            | Lua::RosterWithdraw
+            | Lua::ShardOpen
+            | Lua::ShardRelease
+            | Lua::ShardClose
+            | Lua::ShardRead => false,
         }
     }
 
@@ -409,6 +395,10 @@ impl Lua {
                 | Lua::RosterApply
                 | Lua::RosterApplicants
                 | Lua::RosterWithdraw
+                | Lua::ShardOpen
+                | Lua::ShardRelease
+                | Lua::ShardClose
+                | Lua::ShardRead
         )
     }
 
@@ -425,6 +415,12 @@ impl Lua {
                 format!("{prelude}{RW}{hold}{}", self.body())
             }
             Lua::ElectionRenew => format!("{prelude}{RENEW_HEAD}{}{RENEW_TAIL}", self.body()),
+            Lua::ShardOpen
+            | Lua::ShardRenew
+            | Lua::ShardAcquire
+            | Lua::ShardRelease
+            | Lua::ShardClose
+            | Lua::ShardRead => format!("{prelude}{SHARDS}{}", self.body()),
             _ => format!("{prelude}{hold}{}", self.body()),
         }
     }

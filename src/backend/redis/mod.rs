@@ -12,7 +12,8 @@
 //!   other command sent to all servers;
 //! - `election`: the election ([`RedisBackend`], a [`super::LeaseBackend`]),
 //!   with its operations beside it: the candidate registry (`registry`)
-//!   and the pause and switchover controls (`controls`); the coordination
+//!   the pause and switchover controls (`controls`) and the shard records
+//!   of one server ([`shards`]); the coordination
 //!   API ([`coord`]) is the other client of [`group`].
 //!
 //! With `--redis-min-replicas N` ([`RedisOptions::min_replicas`]) every
@@ -42,11 +43,13 @@ mod lua_campaign;
 mod lua_ops;
 mod lua_rw;
 mod lua_sem;
+mod lua_shards;
 mod registry;
 mod released;
 pub mod roster;
 pub mod sentinel;
 pub mod server;
+pub mod shards;
 pub mod verdict;
 
 use std::time::Duration;
@@ -64,7 +67,7 @@ pub use registry::FALLBACK;
 pub(crate) const BACKEND: &About = &About {
     name: "redis",
     tls_hint: "check --redis-ca-file (the CA that signed the server certificate) and the host name in the rediss:// URL",
-    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, EXISTS, PTTL, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE, and the candidate registry's HSET, HSETNX, HMGET, ZADD, ZRANGE, ZREM, ZSCORE and ZREMRANGEBYSCORE, on the election's keys and channels (and WAIT with --redis-min-replicas)",
+    auth_hint: "check the user and password in --redis-url or --redis-password-file, and that the ACL user may run GET, SET, INCR, EXISTS, PTTL, PEXPIRE, DEL, PUBLISH, EVAL/EVALSHA and SUBSCRIBE, and the candidate registry's HSET, HSETNX, HMGET, ZADD, ZRANGE, ZREM, ZSCORE and ZREMRANGEBYSCORE (with --shards also SADD, SREM, SMEMBERS, ZRANGEBYSCORE and INFO), on the election's keys and channels (and WAIT with --redis-min-replicas)",
     rejected: &[
         (
             "wrongtype",

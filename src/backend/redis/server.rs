@@ -98,6 +98,11 @@ impl Server {
         Ok(Self::with_target(label, target, options))
     }
 
+    /// Whether this is the primary a Sentinel group names (`--redis-sentinel`).
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.target, Target::Sentinel { .. })
+    }
+
     /// Whether this is a Redis Cluster (`--redis-cluster`).
     pub fn is_cluster(&self) -> bool {
         matches!(self.target, Target::Cluster { .. })
