@@ -16,7 +16,8 @@ use tokio::time::{Instant, sleep};
 
 use crate::support::etcd::Etcd;
 use crate::support::http::http_get;
-use crate::support::sidecar::{FAST, Sidecar, election};
+use crate::support::redis_server::RedisServer;
+use crate::support::sidecar::{FAST, Sidecar, election, redis_sidecar};
 
 const N: usize = 16;
 const LEASE: Duration = Duration::from_secs(2);
@@ -262,6 +263,11 @@ async fn etcd_shards_scale_3_5_2_then_a_kill_and_a_stop_with_never_two_owners() 
         flags.extend(["--shards", "16"]);
         Sidecar::start(&etcd.url, &name, id, &flags)
     };
+    scenario(&start).await;
+}
+
+/// 3 members, 3 → 5 → 2, then a kill and a stop (see the module doc).
+async fn scenario(start: &impl Fn(&str) -> Sidecar) {
     let mut book = Book::default();
     let mut all: Vec<Sidecar> = ["m1", "m2", "m3"].iter().map(|id| start(id)).collect();
     let refs: Vec<&Sidecar> = all.iter().collect();
@@ -276,11 +282,26 @@ async fn etcd_shards_scale_3_5_2_then_a_kill_and_a_stop_with_never_two_owners() 
     balanced(&counts, 3, "3 members");
     eprintln!("3 members settled in {took:?}: {counts:?}");
 
-    joins(&mut book, &mut all, &start).await;
+    joins(&mut book, &mut all, start).await;
     leaves(&mut book, &mut all).await;
     all.push(start("m6"));
     kill_and_stop(&mut book, &mut all).await;
     book.check();
+}
+
+/// The same scenario on one Redis server (a fresh server grants no shard
+/// for its first TTL + 1 s: the restart hold-off).
+#[tokio::test]
+async fn redis_shards_scale_3_5_2_then_a_kill_and_a_stop_with_never_two_owners() {
+    let redis = RedisServer::start().await;
+    let name = election("shards-redis");
+    let url = redis.url.clone();
+    let start = |id: &str| {
+        let mut flags = FAST.to_vec();
+        flags.extend(["--shards", "16"]);
+        redis_sidecar(&[url.as_str()], &name, id, &flags)
+    };
+    scenario(&start).await;
 }
 
 #[tokio::test]

@@ -61,7 +61,7 @@ return 1
 
 /// Renew a live session, its set of held ids and every record bound to it
 /// (one script whatever their number; ids whose record is no longer ours
-/// leave the set). ARGV: prefix, session id, channel, TTL in ms. Answers 1
+/// leave the set), and forget (and announce) sessions that ran out. ARGV: prefix, session id, channel, TTL in ms. Answers 1
 /// renewed, 0 the session is not live (forgotten now; never re-created).
 pub(super) const SHARD_RENEW: &str = r"
 local sid = ARGV[2]
@@ -85,6 +85,9 @@ for _, id in ipairs(redis.call('SMEMBERS', held)) do
   end
 end
 redis.call('PEXPIRE', held, ttl)
+-- A session that ran out is noticed by the next renewal of any member
+-- (an expiry publishes nothing): the others read within a renew interval.
+if prune() > 0 then noticed() end
 return 1
 ";
 
