@@ -100,6 +100,8 @@ pub struct Keeper {
     next_read: Instant,
     /// The last call failed: read again at the next round.
     failed: bool,
+    /// Why nobody owns: members with another N are live (last read).
+    mixed: Option<String>,
     view: watch::Sender<ShardView>,
     refused: BTreeSet<String>,
 }
@@ -121,6 +123,7 @@ impl Keeper {
             next_renew: Instant::now(),
             next_read: Instant::now(),
             failed: false,
+            mixed: None,
             view,
             refused: BTreeSet::new(),
         };
@@ -184,7 +187,7 @@ impl Keeper {
         if !fresh {
             let v = self.view.borrow().clone();
             let valid = self.session.as_ref().map(|s| s.1);
-            self.publish(v.mine, valid, v.owners, v.members, None);
+            self.publish(v.mine, valid, v.owners, v.members, self.mixed.clone());
         }
         if read || fresh || self.failed {
             match self.call(self.store.read(self.cfg.shards)).await {
@@ -259,13 +262,20 @@ impl Keeper {
         let Some((session, valid_until)) = self.session.clone() else {
             return;
         };
-        let members = self.members_of(&snap);
+        let (members, mixed) = self.members_of(&snap);
         let current: Vec<Option<String>> = snap
             .shards
             .iter()
             .map(|r| r.as_ref().map(|r| r.member.clone()))
             .collect();
-        let next = assign(&members, &current);
+        // Another N's ranges overlap ours: while a member with another N
+        // lives, nobody owns (each acquires only after a read, made after
+        // its own session is listed, that shows no other N: two sets can
+        // never hold at once).
+        let next = match mixed {
+            Some(_) => vec![None; current.len()],
+            None => assign(&members, &current),
+        };
         let mut mine = self.view.borrow().mine.clone();
         let held = Held {
             snap: &snap,
@@ -282,7 +292,8 @@ impl Keeper {
                 *o = None;
             }
         }
-        self.publish(mine, Some(valid_until), owners, members, None);
+        self.mixed.clone_from(&mixed);
+        self.publish(mine, Some(valid_until), owners, members, mixed);
     }
 
     /// Stop claiming the shards `next` gives to others, publish that, then
@@ -359,22 +370,34 @@ impl Keeper {
         }
     }
 
-    /// The members of the set: those with our `--shards` (others are said
-    /// once each and left out).
-    fn members_of(&mut self, snap: &ShardSnapshot) -> Vec<String> {
+    /// The members of the set: those with our `--shards`; and, when a live
+    /// member runs another N, the error that says so (each such member is
+    /// also logged once).
+    fn members_of(&mut self, snap: &ShardSnapshot) -> (Vec<String>, Option<String>) {
         let mut out = Vec::new();
+        let mut others = Vec::new();
         for m in &snap.members {
             if m.shards == self.cfg.shards {
                 out.push(m.identity.clone());
-            } else if self.refused.insert(m.identity.clone()) {
+                continue;
+            }
+            others.push(format!("{} (--shards {})", m.identity, m.shards));
+            if self.refused.insert(m.identity.clone()) {
                 warn!(member = %m.identity, its_shards = m.shards, shards = self.cfg.shards,
-                    "a member of this election runs with another --shards: left out of the set until it runs with the same number");
+                    "a member of this election runs with another --shards: their hash ranges overlap ours, so no member owns a shard until every member runs the same number");
             }
         }
         if !out.contains(&self.cfg.identity) {
             out.push(self.cfg.identity.clone());
         }
-        out
+        let mixed = (!others.is_empty()).then(|| {
+            format!(
+                "members with another --shards are live: {}; no member owns a shard until every member runs --shards {} (or all run theirs)",
+                others.join(", "),
+                self.cfg.shards
+            )
+        });
+        (out, mixed)
     }
 
     fn publish(
