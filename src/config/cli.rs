@@ -118,7 +118,7 @@ pub struct Cli {
     pub preempt_after: Duration,
 
     /// Own a share of N shards of the election (1-4096; 0 = off): each live, ready member holds about N/members of them, each with its fencing token, served on GET /shards. Election-wide: every member must run with the same N (one with another N is left out of the set and said once). etcd and one Redis server.
-    #[arg(long, default_value_t = 0, env = "LEADER_ELECTOR_SHARDS", value_parser = crate::flags::parse_u32, value_name = "N")]
+    #[arg(long, default_value_t = 0, env = "LEADER_ELECTOR_SHARDS", value_parser = crate::flags::parse_u32, allow_negative_numbers = true, value_name = "N")]
     pub shards: u32,
 
     /// The revision this candidate runs (the chart passes the Pod's pod-template-hash); a leader hands over to a ready candidate of a newer one; empty = unknown.

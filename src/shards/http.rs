@@ -117,6 +117,7 @@ impl ShardsBody {
 pub fn shards_router(state: ShardsState) -> Router {
     Router::new()
         .route("/shards", get(shards))
+        .layer(axum::middleware::from_fn(crate::http::json_errors))
         .with_state(state)
 }
 

@@ -328,4 +328,26 @@ async fn shards_answers_404_without_the_flag_and_the_flag_is_checked() {
         err.contains("--shards (5000) must be between 1 and 4096"),
         "{err}"
     );
+    // A negative number names the flag (clap's own message suggested `-- -1`).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args([
+            "--election",
+            "x",
+            "--etcd-endpoints",
+            &etcd.url,
+            "--shards",
+            "-1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--shards") && !err.contains("-- -1"), "{err}");
+    // A wrong method gets a JSON error, as on every other route.
+    let (status, body) =
+        crate::support::http::http_request(s.port, "POST", "/shards", None, Duration::from_secs(5))
+            .await
+            .unwrap();
+    assert_eq!(status, 405, "{body}");
+    assert!(body.contains("\"error\""), "{body}");
 }
