@@ -304,6 +304,23 @@ async fn redis_shards_scale_3_5_2_then_a_kill_and_a_stop_with_never_two_owners()
     scenario(&start).await;
 }
 
+/// The stderr of a start with `--shards <value>`, which must exit 2.
+fn refused_shards(etcd: &str, value: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
+        .args([
+            "--election",
+            "x",
+            "--etcd-endpoints",
+            etcd,
+            "--shards",
+            value,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "--shards {value}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[tokio::test]
 async fn shards_answers_404_without_the_flag_and_the_flag_is_checked() {
     let etcd = Etcd::start().await;
@@ -311,37 +328,13 @@ async fn shards_answers_404_without_the_flag_and_the_flag_is_checked() {
     let (status, body) = http_get(s.port, "/shards").await.unwrap();
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("--shards"), "{body}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
-        .args([
-            "--election",
-            "x",
-            "--etcd-endpoints",
-            &etcd.url,
-            "--shards",
-            "5000",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_shards(&etcd.url, "5000");
     assert!(
         err.contains("--shards (5000) must be between 1 and 4096"),
         "{err}"
     );
     // A negative number names the flag (clap's own message suggested `-- -1`).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leader-elector"))
-        .args([
-            "--election",
-            "x",
-            "--etcd-endpoints",
-            &etcd.url,
-            "--shards",
-            "-1",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_shards(&etcd.url, "-1");
     assert!(err.contains("--shards") && !err.contains("-- -1"), "{err}");
     // A wrong method gets a JSON error, as on every other route.
     let (status, body) =
